@@ -1,0 +1,1 @@
+"""Typer command-line interface (thin: parse, call one function per stage, print)."""

@@ -1,0 +1,52 @@
+"""The ``fedhype`` command: one Typer app, one module per subcommand."""
+
+from __future__ import annotations
+
+import typer
+
+from fedhype import __version__
+
+app = typer.Typer(
+    name="fedhype",
+    help="Differentially private synthetic embeddings from a federated hypernetwork CVAE.",
+    pretty_exceptions_show_locals=False,
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"fedhype {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """fedhype: DP synthetic embeddings (FedHypeVAE), privacy budgets, fidelity and utility."""
+
+
+#: Subcommand modules under ``fedhype.cli``, in help order; each exposes ``register(app)``.
+_COMMANDS: list[str] = []
+
+
+def _register() -> None:
+    # Each subcommand module exposes ``register(app)``. Add one line per command.
+    import importlib
+
+    for name in _COMMANDS:
+        importlib.import_module(f"fedhype.cli.{name}").register(app)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

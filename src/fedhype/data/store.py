@@ -1,0 +1,230 @@
+"""The embeddings store: the one file format every stage reads (real and synthetic alike).
+
+A store is a single safetensors file holding
+
+* ``embeddings`` — float32 ``[N, D]``
+* ``labels`` — int64 ``[N]`` class index in ``0 .. n_classes-1``
+* ``domains`` — int64 ``[N]`` domain / client-of-origin index
+
+and, in the safetensors header metadata under the key ``"fedhype"``, one JSON object with the
+format version, ``sample_ids`` (N unique strings, stable across runs), ``class_names``,
+``domain_names``, ``kind`` (``"real"`` or ``"synthetic"``), free-form provenance (encoder id and
+weights hash, preprocessing, source, skipped files, or for synthetic stores the run, ε, δ and
+code spec) and a SHA-256 digest of the tensors. Being one file, a store is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from fedhype.errors import ArtifactError, ValidationError
+from fedhype.io import atomic_save_tensors, tensor_digest
+
+FORMAT = "fedhype-embeddings/1"
+_META_KEY = "fedhype"
+
+
+@dataclass
+class EmbeddingStore:
+    """Embeddings with labels, domain ids and stable sample ids.
+
+    Attributes:
+        embeddings: float32 tensor ``[N, D]``.
+        labels: int64 tensor ``[N]``, values in ``[0, len(class_names))``.
+        domains: int64 tensor ``[N]``, values in ``[0, len(domain_names))``.
+        sample_ids: ``N`` unique strings.
+        class_names: names of the classes, index = label.
+        domain_names: names of the domains, index = domain id.
+        meta: JSON-serialisable provenance (``kind``, ``encoder``, ``source``, ...).
+
+    Raises:
+        ValidationError: on construction, if shapes, dtypes or ids are inconsistent.
+    """
+
+    embeddings: torch.Tensor
+    labels: torch.Tensor
+    domains: torch.Tensor
+    sample_ids: list[str]
+    class_names: list[str]
+    domain_names: list[str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.embeddings = torch.as_tensor(self.embeddings).to(torch.float32).contiguous()
+        self.labels = torch.as_tensor(self.labels).to(torch.int64).contiguous()
+        self.domains = torch.as_tensor(self.domains).to(torch.int64).contiguous()
+        self.sample_ids = [str(s) for s in self.sample_ids]
+        self.validate()
+
+    # ------------------------------------------------------------------ properties
+    def __len__(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension D."""
+        return int(self.embeddings.shape[1])
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta.get("kind", "real"))
+
+    def class_counts(self) -> list[int]:
+        """Number of records per class (length ``n_classes``)."""
+        return torch.bincount(self.labels, minlength=self.n_classes).tolist()
+
+    def domain_counts(self) -> list[int]:
+        """Number of records per domain (length ``len(domain_names)``)."""
+        return torch.bincount(self.domains, minlength=len(self.domain_names)).tolist()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self, where: str = "embeddings store") -> None:
+        """Check shapes, dtypes, label/domain ranges, finiteness and id uniqueness.
+
+        Raises:
+            ValidationError: naming ``where`` and the field at fault.
+        """
+        e = self.embeddings
+        if e.ndim != 2:
+            raise ValidationError(f"{where}: 'embeddings' must be 2-D [N, D], got shape {tuple(e.shape)}")
+        n = e.shape[0]
+        for name, t in (("labels", self.labels), ("domains", self.domains)):
+            if t.shape != (n,):
+                raise ValidationError(f"{where}: '{name}' must have shape [{n}], got {tuple(t.shape)}")
+        if len(self.sample_ids) != n:
+            raise ValidationError(f"{where}: {len(self.sample_ids)} sample_ids for {n} embeddings")
+        if len(set(self.sample_ids)) != n:
+            raise ValidationError(f"{where}: sample_ids are not unique")
+        if not self.class_names:
+            raise ValidationError(f"{where}: 'class_names' is empty")
+        if not self.domain_names:
+            raise ValidationError(f"{where}: 'domain_names' is empty")
+        if n:
+            if int(self.labels.min()) < 0 or int(self.labels.max()) >= len(self.class_names):
+                raise ValidationError(f"{where}: labels outside [0, {len(self.class_names)})")
+            if int(self.domains.min()) < 0 or int(self.domains.max()) >= len(self.domain_names):
+                raise ValidationError(f"{where}: domain ids outside [0, {len(self.domain_names)})")
+            if not torch.isfinite(e).all():
+                raise ValidationError(f"{where}: embeddings contain NaN or Inf")
+
+    # ------------------------------------------------------------------ selection
+    def subset(self, index: np.ndarray | torch.Tensor | list[int]) -> "EmbeddingStore":
+        """A new store with the rows ``index`` (int positions), metadata copied."""
+        idx = torch.as_tensor(np.asarray(index, dtype=np.int64))
+        return EmbeddingStore(
+            embeddings=self.embeddings[idx],
+            labels=self.labels[idx],
+            domains=self.domains[idx],
+            sample_ids=[self.sample_ids[i] for i in idx.tolist()],
+            class_names=list(self.class_names),
+            domain_names=list(self.domain_names),
+            meta=dict(self.meta),
+        )
+
+    def positions(self, sample_ids: list[str]) -> np.ndarray:
+        """Row positions of ``sample_ids``.
+
+        Raises:
+            ArtifactError: if an id is not in this store (a partition made from another store).
+        """
+        lookup = {s: i for i, s in enumerate(self.sample_ids)}
+        try:
+            return np.fromiter((lookup[s] for s in sample_ids), dtype=np.int64, count=len(sample_ids))
+        except KeyError as exc:
+            raise ArtifactError(
+                f"sample id {exc.args[0]!r} is not in this embeddings store; "
+                "the partition was made from a different store"
+            ) from None
+
+    # ------------------------------------------------------------------ persistence
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"embeddings": self.embeddings, "labels": self.labels, "domains": self.domains}
+
+    def digest(self) -> str:
+        """SHA-256 over the tensors (see :func:`fedhype.io.tensor_digest`)."""
+        return tensor_digest(self.tensors())
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the store atomically to ``path`` (a ``.safetensors`` file)."""
+        header = {
+            "format": FORMAT,
+            "n": len(self),
+            "dim": self.dim,
+            "class_names": self.class_names,
+            "domain_names": self.domain_names,
+            "sample_ids": self.sample_ids,
+            "digest": self.digest(),
+            "meta": self.meta,
+        }
+        return atomic_save_tensors(path, self.tensors(), {_META_KEY: json.dumps(header, default=str)})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "EmbeddingStore":
+        """Read and validate a store.
+
+        Raises:
+            ArtifactError: missing, truncated, corrupt or mismatched file (exit code 4).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise ArtifactError(f"embeddings store not found: {path} (create it with `fedhype embed`)")
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                raw = (fh.metadata() or {}).get(_META_KEY)
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except Exception as exc:
+            raise ArtifactError(f"embeddings store {path} is corrupt or truncated ({exc}); re-create it") from None
+        if raw is None:
+            raise ArtifactError(f"{path} is a safetensors file but not a fedhype embeddings store (no metadata)")
+        try:
+            header = json.loads(raw)
+        except json.JSONDecodeError:
+            raise ArtifactError(f"embeddings store {path}: metadata is not valid JSON") from None
+        if header.get("format") != FORMAT:
+            raise ArtifactError(f"embeddings store {path}: format {header.get('format')!r}, expected {FORMAT!r}")
+        missing = {"embeddings", "labels", "domains"} - set(tensors)
+        if missing:
+            raise ArtifactError(f"embeddings store {path}: missing tensors {sorted(missing)}")
+        if tensors["embeddings"].dtype != torch.float32 or tensors["labels"].dtype != torch.int64:
+            raise ArtifactError(f"embeddings store {path}: wrong dtypes (embeddings float32, labels int64 expected)")
+        if tensor_digest(tensors) != header.get("digest"):
+            raise ArtifactError(f"embeddings store {path}: tensor digest mismatch (file modified or corrupt)")
+        try:
+            store = cls(
+                embeddings=tensors["embeddings"],
+                labels=tensors["labels"],
+                domains=tensors["domains"],
+                sample_ids=header["sample_ids"],
+                class_names=header["class_names"],
+                domain_names=header["domain_names"],
+                meta=header.get("meta", {}),
+            )
+        except (ValidationError, KeyError) as exc:
+            raise ArtifactError(f"embeddings store {path}: {exc}") from None
+        if store.dim != header.get("dim") or len(store) != header.get("n"):
+            raise ArtifactError(f"embeddings store {path}: header says n={header.get('n')}, dim={header.get('dim')}")
+        return store
+
+    def summary(self) -> dict[str, Any]:
+        """Small JSON-able description (no data)."""
+        return {
+            "n": len(self),
+            "dim": self.dim,
+            "kind": self.kind,
+            "classes": self.class_names,
+            "domains": self.domain_names,
+            "class_counts": self.class_counts(),
+            "domain_counts": self.domain_counts(),
+        }
