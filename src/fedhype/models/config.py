@@ -1,0 +1,67 @@
+"""Model hyperparameters (one typed object, written into the run directory)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from fedhype.errors import ValidationError
+
+
+@dataclass
+class ModelConfig:
+    """Sizes and loss weights of the hypernetwork CVAE.
+
+    Defaults follow the predecessor DP-CVAE (Di Salvo et al. 2025: 3 hidden layers of width 256,
+    latent 100, β = 0.1) where FedHypeVAE (Gupta & Sethi 2026) is silent.
+
+    Attributes:
+        dim: D, embedding dimension.
+        n_classes: K.
+        latent: latent dimension L of z.
+        hidden: width of the CVAE's hidden layers (encoder and decoder: 3 each).
+        code_dim: dimension of each client code c_i.
+        hyper_hidden: width of the hypernetwork trunk (2 layers).
+        decoder: ``"film"`` — the hypernetwork generates FiLM scales/shifts (γ, β) for the
+            decoder's 3 hidden layers on top of a shared base decoder (our design, see
+            :mod:`fedhype.models.hypernet`); ``"shared"`` — no FiLM (ablation / DP-CVAE).
+        prior: ``"class"`` — class-conditional prior N(μ_{i,y}, diag σ²_{i,y}) generated from
+            the code; ``"standard"`` — fixed N(0, I) (ablation / DP-CVAE).
+        beta: weight β of the KL term.
+        lambda_mmd: weight of the MMD alignment term.
+        lambda_lip: weight of the Lipschitz penalty of h_Φ w.r.t. the code.
+        mmd_samples: synthetic samples per real example for the MMD cross term.
+        mmd_bandwidths: RBF bandwidths on the unit sphere (data-independent: no median heuristic
+            on private data, method.md decision 5).
+    """
+
+    dim: int
+    n_classes: int
+    latent: int = 100
+    hidden: int = 256
+    code_dim: int = 32
+    hyper_hidden: int = 128
+    decoder: str = "film"
+    prior: str = "class"
+    beta: float = 0.1
+    lambda_mmd: float = 5.0
+    lambda_lip: float = 1e-3
+    mmd_samples: int = 4
+    mmd_bandwidths: tuple[float, ...] = (0.5, 1.0, 2.0)
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_classes", "latent", "hidden", "code_dim", "hyper_hidden"):
+            if int(getattr(self, name)) < 1:
+                raise ValidationError(f"model.{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.decoder not in ("film", "shared"):
+            raise ValidationError(f"model.decoder must be 'film' or 'shared', got {self.decoder!r}")
+        if self.prior not in ("class", "standard"):
+            raise ValidationError(f"model.prior must be 'class' or 'standard', got {self.prior!r}")
+        for name in ("beta", "lambda_mmd", "lambda_lip"):
+            if float(getattr(self, name)) < 0:
+                raise ValidationError(f"model.{name} must be ≥ 0")
+        self.mmd_bandwidths = tuple(float(b) for b in self.mmd_bandwidths)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mmd_bandwidths"] = list(self.mmd_bandwidths)
+        return d

@@ -1,0 +1,86 @@
+"""The functional CVAE: a client's local encoder q_ψ(z | x, y) and the generated decoder.
+
+All functions are pure (parameters passed as dicts) so that ``torch.func`` can take per-example
+gradients over the whole loss (method.md, decision 2). Shapes: a single example (``x`` [D],
+``y1h`` [K]) or a batch (``x`` [B, D], ``y1h`` [B, K]) both work.
+
+Embedding space (method.md, decision 5 — no private statistics): the model works on
+``x̃ = √D · x / ‖x‖₂`` — L2 normalisation (a fixed transform) scaled so coordinates have unit
+mean square. Synthetic outputs are mapped back to the unit sphere (``x̂ / ‖x̂‖``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn import functional as F
+
+from fedhype.models.config import ModelConfig
+from fedhype.models.hypernet import _linear_init
+
+Params = dict[str, torch.Tensor]
+
+
+def to_model_space(x: torch.Tensor) -> torch.Tensor:
+    """``√D · x / ‖x‖`` for float32 ``x`` [..., D] (a fixed, data-independent transform)."""
+    return F.normalize(x, dim=-1) * math.sqrt(x.shape[-1])
+
+
+def to_output_space(x: torch.Tensor) -> torch.Tensor:
+    """Unit-norm embeddings ``x / ‖x‖`` [..., D] — the space synthetic stores are written in."""
+    return F.normalize(x, dim=-1)
+
+
+def init_local_encoder(cfg: ModelConfig, generator: torch.Generator) -> Params:
+    """Fresh ψ_i: 3 hidden layers (width ``hidden``) → (μ, log σ²) of size L each."""
+    h, D, K, L = cfg.hidden, cfg.dim, cfg.n_classes, cfg.latent
+    p: Params = {}
+    for (wn, bn, o, i) in [("w1", "b1", h, D + K), ("w2", "b2", h, h), ("w3", "b3", h, h),
+                           ("wmu", "bmu", L, h), ("wlv", "blv", L, h)]:
+        p[wn], p[bn] = _linear_init(o, i, generator)
+    p["wlv"] = p["wlv"] * 0.0
+    p["blv"] = p["blv"] * 0.0 - 2.0
+    return p
+
+
+def encode(local: Params, x: torch.Tensor, y1h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q_ψ(z | x, y): returns (μ, log σ²), each [..., L]."""
+    h = torch.cat([x, y1h], dim=-1)
+    for i in (1, 2, 3):
+        h = F.silu(F.linear(h, local[f"w{i}"], local[f"b{i}"]))
+    return F.linear(h, local["wmu"], local["bmu"]), 4.0 * torch.tanh(F.linear(h, local["wlv"], local["blv"]) / 4.0)
+
+
+def decode(theta: Params, z: torch.Tensor, y1h: torch.Tensor) -> torch.Tensor:
+    """p_θ(x | z, y) mean: [..., L] ⊕ [..., K] → [..., D] (model space), with FiLM if present."""
+    h = torch.cat([z, y1h], dim=-1)
+    film = "film.gamma" in theta
+    for i in (1, 2, 3):
+        h = F.linear(h, theta[f"dec.w{i}"], theta[f"dec.b{i}"])
+        if film:
+            h = theta["film.gamma"][i - 1] * h + theta["film.beta"][i - 1]
+        h = F.silu(h)
+    return F.linear(h, theta["dec.wo"], theta["dec.bo"])
+
+
+def prior(theta: Params, y1h: torch.Tensor, latent: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class-conditional prior (μ_{i,y}, log σ²_{i,y}) [..., L]; N(0, I) when not generated."""
+    if "prior.mu" in theta:
+        return y1h @ theta["prior.mu"], y1h @ theta["prior.logvar"]
+    zeros = torch.zeros(*y1h.shape[:-1], latent, dtype=y1h.dtype, device=y1h.device)
+    return zeros, zeros
+
+
+def sample(theta: Params, labels: torch.Tensor, cfg: ModelConfig, generator: torch.Generator,
+           temperature: float = 1.0) -> torch.Tensor:
+    """Draw synthetic embeddings: z ~ prior(y), x = decode(z, y), mapped to the unit sphere.
+
+    Args:
+        labels: int64 [N]. Returns float32 [N, D], unit norm.
+    """
+    y1h = F.one_hot(labels, cfg.n_classes).to(torch.float32)
+    mu, lv = prior(theta, y1h, cfg.latent)
+    eps = torch.randn(mu.shape, generator=generator, device=mu.device)
+    z = mu + temperature * torch.exp(0.5 * lv) * eps
+    return to_output_space(decode(theta, z, y1h))
