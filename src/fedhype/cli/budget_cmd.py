@@ -1,0 +1,186 @@
+"""``fedhype budget``: ε for a mechanism or a federated plan, or σ for a target ε.
+
+Single mechanism: ``--noise-multiplier S --sample-rate Q --steps T --delta D`` → ε by PRV (reported),
+RDP and PLD; ``--epsilon E`` instead of ``--noise-multiplier`` → the σ whose PRV ε ≤ E.
+
+Federated plan: ``--rounds R (--local-epochs E | --local-steps K) --batch-size B
+(--client-sizes N1,N2,… | --partition PART.json) [--participation P]``. Per client i with n_i
+training records: q_i = B / n_i (Poisson sampling, expected batch B), local steps per round
+K or E·⌈n_i / B⌉, and steps_i = ⌈P·R⌉ · local steps (the plan assumes each client takes part in
+⌈P·R⌉ rounds; no amplification from client sampling is claimed, and the run's ledger counts the
+steps actually run). ε per client and the worst client are reported; with ``--epsilon`` the common
+σ is the smallest for which every client stays ≤ E (the worst client binds). δ ≥ 1/min n_i is
+refused.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedhype.cli.common import JsonOpt, kv_table, run_command
+from fedhype.errors import ValidationError
+from fedhype.privacy.accountant import (
+    calibrate_noise,
+    calibrate_noise_plan,
+    check_delta,
+    epsilon_report,
+    validate_delta,
+    validate_noise_multiplier,
+    validate_sample_rate,
+    validate_steps,
+)
+
+def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier: float | None = None,
+                  target_epsilon: float | None = None) -> dict[str, Any]:
+    """ε of ``steps`` Poisson-subsampled Gaussian steps, or (with ``target_epsilon``) σ for a target ε."""
+    delta = validate_delta(delta, "--delta")
+    q = validate_sample_rate(sample_rate, "--sample-rate")
+    steps = validate_steps(steps, "--steps")
+    if target_epsilon is not None:
+        sigma = calibrate_noise(target_epsilon, delta, q, steps)
+    else:
+        sigma = validate_noise_multiplier(noise_multiplier, "--noise-multiplier")
+    rep = epsilon_report([(sigma, q, steps)], delta)
+    out = {"mode": "single", **rep, "noise_multiplier": sigma, "sample_rate": q}
+    if target_epsilon is not None:
+        out["target_epsilon"] = float(target_epsilon)
+    return out
+
+
+def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[str, str, int]],
+                local_epochs: int | None = None, local_steps: int | None = None, participation: float = 1.0,
+                noise_multiplier: float | None = None, target_epsilon: float | None = None) -> dict[str, Any]:
+    """Per-client ε of a federated DP-SGD plan (see the module docstring).
+
+    Args:
+        clients: ``[(id, name, n_train), ...]``.
+    """
+    delta = validate_delta(delta, "--delta")
+    rounds = validate_steps(rounds, "--rounds")
+    if (local_epochs is None) == (local_steps is None):
+        raise ValidationError("give exactly one of --local-epochs or --local-steps")
+    local_n = validate_steps(local_epochs if local_steps is None else local_steps,
+                             "--local-epochs" if local_steps is None else "--local-steps")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValidationError(f"--batch-size must be an integer ≥ 1, got {batch_size!r}")
+    p = validate_sample_rate(participation, "--participation")
+    if not clients:
+        raise ValidationError("the plan has no clients; give --client-sizes or --partition")
+    rounds_per_client = math.ceil(p * rounds - 1e-9)
+    rows = []
+    for cid, name, n in clients:
+        check_delta(delta, n, f"client {cid} ({n} training records)")
+        if batch_size > n:
+            raise ValidationError(f"--batch-size {batch_size} exceeds client {cid}'s {n} training records (q = B/n > 1)")
+        per_round = local_n * math.ceil(n / batch_size) if local_steps is None else local_n
+        rows.append({"client": cid, "name": name, "n": n, "sample_rate": batch_size / n,
+                     "steps": rounds_per_client * per_round})
+    if target_epsilon is not None:
+        sigma = calibrate_noise_plan(target_epsilon, delta, [(r["sample_rate"], r["steps"]) for r in rows])
+    else:
+        sigma = validate_noise_multiplier(noise_multiplier, "--noise-multiplier")
+    for r in rows:
+        rep = epsilon_report([(sigma, r["sample_rate"], r["steps"])], delta)
+        r.update({k: rep[k] for k in ("epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld")})
+    worst = max(rows, key=lambda r: r["epsilon"])
+    out = {"mode": "plan", "epsilon": worst["epsilon"], "accountant": "prv", "delta": delta,
+           "noise_multiplier": sigma, "sample_rate": worst["sample_rate"], "steps": worst["steps"],
+           **{k: worst[k] for k in ("epsilon_prv", "epsilon_rdp", "epsilon_pld")},
+           "worst_client": worst["client"], "rounds": rounds, "rounds_per_client": rounds_per_client,
+           "participation": p, "batch_size": batch_size, "local_epochs": local_epochs, "local_steps": local_steps,
+           "clients": rows}
+    if target_epsilon is not None:
+        out["target_epsilon"] = float(target_epsilon)
+    return out
+
+
+def parse_client_sizes(text: str) -> list[tuple[str, str, int]]:
+    """``"600,480"`` → ``[("0", "client 0", 600), ("1", "client 1", 480)]``."""
+    out = []
+    for i, part in enumerate(p.strip() for p in text.split(",")):
+        if not part.isdigit() or int(part) < 1:
+            raise ValidationError(f"--client-sizes: item {i} ({part!r}) is not a positive integer; use e.g. 600,480")
+        out.append((str(i), f"client {i}", int(part)))
+    return out
+
+
+def read_partition_sizes(path: Path) -> list[tuple[str, str, int]]:
+    """Client ids, names and training-set sizes (public counts) of a ``fedhype partition`` file.
+
+    Raises:
+        ArtifactError: missing, corrupt or not a ``fedhype-partition/1`` file.
+    """
+    from fedhype.data.partition import Partition
+
+    return [(str(s["client"]), str(s["name"]), int(s["train"])) for s in Partition.load(path).sizes()]
+
+
+def _render(result: dict[str, Any]) -> None:
+    out = Console()
+    if result["mode"] == "single":
+        keys = ("epsilon", "target_epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "delta",
+                "noise_multiplier", "sample_rate", "steps")
+        out.print(kv_table("privacy budget (PRV reported)", {k: result[k] for k in keys if k in result}))
+        return
+    table = Table(title=f"privacy budget per client (σ = {result['noise_multiplier']:.4g}, δ = {result['delta']:g})")
+    for col in ("client", "n", "q", "steps", "ε PRV", "ε RDP", "ε PLD"):
+        table.add_column(col, justify="left" if col == "client" else "right")
+    fmt = lambda v: "—" if v is None else f"{v:.4g}"  # noqa: E731
+    for r in result["clients"]:
+        mark = " (worst)" if r["client"] == result["worst_client"] else ""
+        table.add_row(f"{r['name']}{mark}", str(r["n"]), fmt(r["sample_rate"]), str(r["steps"]),
+                      fmt(r["epsilon_prv"]), fmt(r["epsilon_rdp"]), fmt(r["epsilon_pld"]))
+    out.print(table)
+    out.print(f"worst client: {result['worst_client']}  ε = {result['epsilon']:.4g} at δ = {result['delta']:g}")
+
+
+def budget(
+    noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", "-s", help="σ: noise std / clip norm."),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target ε: print the σ that meets it instead."),
+    delta: Optional[float] = typer.Option(None, "--delta", help="δ, in (0, 1) and below 1/n."),
+    sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="Poisson sampling rate q (single mechanism)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Number of steps (single mechanism)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Federated rounds (plan)."),
+    local_epochs: Optional[int] = typer.Option(None, "--local-epochs", help="Local epochs per round (plan)."),
+    local_steps: Optional[int] = typer.Option(None, "--local-steps", help="Local steps per round (plan)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Expected batch size B; q_i = B / n_i (plan)."),
+    client_sizes: Optional[str] = typer.Option(None, "--client-sizes", help="Training-set sizes, e.g. 600,480 (plan)."),
+    partition: Optional[Path] = typer.Option(None, "--partition", help="fedhype-partition/1 JSON (plan)."),
+    participation: float = typer.Option(1.0, "--participation", help="Fraction of rounds each client takes part in."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """ε (PRV, with RDP and PLD cross-checks) for a DP-SGD mechanism or federated plan, or σ for a target ε."""
+
+    def body() -> dict[str, Any]:
+        if delta is None:
+            raise ValidationError("--delta is required")
+        if (noise_multiplier is None) == (epsilon is None):
+            raise ValidationError("give exactly one of --noise-multiplier or --epsilon (a target)")
+        plan_flags = (rounds, local_epochs, local_steps, batch_size, client_sizes, partition)
+        if all(v is None for v in plan_flags):
+            if sample_rate is None or steps is None:
+                raise ValidationError("a single mechanism needs --sample-rate and --steps (or give a plan: --rounds …)")
+            return budget_single(delta, sample_rate, steps, noise_multiplier, epsilon)
+        if sample_rate is not None or steps is not None:
+            raise ValidationError("--sample-rate/--steps describe a single mechanism; a plan derives them (drop them)")
+        missing = [f for f, v in (("--rounds", rounds), ("--batch-size", batch_size)) if v is None]
+        if missing:
+            raise ValidationError(f"a federated plan needs {' and '.join(missing)}")
+        if (client_sizes is None) == (partition is None):
+            raise ValidationError("give exactly one of --client-sizes or --partition")
+        clients = parse_client_sizes(client_sizes) if client_sizes is not None else read_partition_sizes(partition)
+        return budget_plan(delta, rounds, batch_size, clients, local_epochs, local_steps, participation,
+                           noise_multiplier, epsilon)
+
+    run_command(body, json_mode, render=_render)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fedhype budget`` to ``app``."""
+    app.command("budget")(budget)

@@ -1,0 +1,277 @@
+"""Reading labelled image folders into an :class:`~fedhype.data.sources.ImageSource`.
+
+Two layouts are accepted (detected from the tree, see :func:`scan_image_folder`):
+
+* ImageFolder: ``root/<class>/<image>`` — one domain, named after ``root``;
+* domain tree: ``root/<domain>/<class>/<image>`` — one domain per sub-folder.
+
+Every file is checked when the folder is scanned, so a corrupt file is reported up front (in
+``ImageSource.skipped``, or as an error with ``strict=True``) instead of failing mid-encoding.
+:func:`to_rgb` turns any PIL image mode into 8-bit RGB the same way for every record, and
+:func:`stratified_subset` is the one place where a ``limit`` picks a subset of records.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from fedhype.data.sources import ImageRecord, ImageSource
+from fedhype.errors import ValidationError
+
+_ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
+_16BIT_MODES = {"I", "I;16", "I;16L", "I;16B", "I;16N"}
+
+
+# ---------------------------------------------------------------------------- pixel conversion
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert ``img`` to a new 8-bit RGB image, upright as a viewer shows it.
+
+    * EXIF orientation is applied (:func:`PIL.ImageOps.exif_transpose`).
+    * ``'1'``, ``'L'``, ``'CMYK'``, ``'YCbCr'``, ``'LAB'``, ``'HSV'``: converted by PIL.
+    * ``'P'``: palette expanded; a transparent palette entry is composited like alpha.
+    * Alpha (``'RGBA'``, ``'LA'``, ``'PA'``, or a ``transparency`` key): composited on white.
+    * 16-bit grey (``'I;16*'``, ``'I'``): the 0–65535 range is scaled to 0–255 as
+      ``round(v · 255 / 65535)`` (values outside 0–65535 in an ``'I'`` image are clipped first),
+      never clipped at 255 as a plain ``convert('L')`` would.
+    * ``'F'`` (float grey): read as 0–1 when the image's maximum is ≤ 1, else as 0–255.
+
+    Returns:
+        A new ``PIL.Image.Image`` in mode ``'RGB'``, independent of any open file.
+    """
+    img = ImageOps.exif_transpose(img) or img
+    mode = img.mode
+    if mode in _16BIT_MODES:
+        a = np.asarray(img).astype(np.float64)
+        a = np.clip(a, 0.0, 65535.0) * (255.0 / 65535.0)
+        return Image.fromarray(np.round(a).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        a = np.nan_to_num(np.asarray(img, dtype=np.float64))
+        if a.size and a.max() <= 1.0:
+            a = a * 255.0
+        return Image.fromarray(np.round(np.clip(a, 0, 255)).astype(np.uint8), "L").convert("RGB")
+    if mode in _ALPHA_MODES or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")  # a copy even when already RGB
+
+
+def _load_file(path: str) -> Image.Image:
+    """Open ``path``, decode it fully, close the file and return ``to_rgb`` of it."""
+    with Image.open(path) as im:
+        im.load()
+        return to_rgb(im)
+
+
+def check_image_file(path: str | os.PathLike) -> str | None:
+    """Check that ``path`` is a readable, complete image; return ``None`` or the reason it is not.
+
+    PNG files are checked by ``Image.verify`` (chunk CRCs up to IEND, so truncation is caught);
+    other formats, for which ``verify`` checks little, are also decoded (JPEG in draft mode at
+    1/8 scale, which still reads every entropy-coded byte).
+    """
+    try:
+        with Image.open(path) as im:
+            fmt = im.format
+            im.verify()
+        if fmt != "PNG":
+            with Image.open(path) as im:
+                im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+                im.load()
+    except UnidentifiedImageError:
+        return "not an image (PIL cannot identify the format)"
+    except Image.DecompressionBombError as exc:
+        return f"image too large ({exc})"
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        return f"corrupt or truncated image ({type(exc).__name__}: {exc})"
+    return None
+
+
+# ---------------------------------------------------------------------------- stratified subsets
+def stratified_subset(keys: list[tuple[int, int]], limit: int | None, seed: int) -> np.ndarray:
+    """Positions of a stratified random subset of at most ``limit`` items.
+
+    Strata are the distinct ``keys`` (e.g. ``(domain, label)``). When ``limit ≥ #strata`` every
+    stratum keeps one item and the remaining ``limit − #strata`` slots are shared in proportion
+    to the strata's remaining sizes (largest-remainder rounding, capped at each stratum's size);
+    when ``limit < #strata``, ``limit`` strata drawn at random keep one item each.
+
+    Args:
+        keys: one hashable stratum key per item.
+        limit: maximum number of items; ``None`` or ``≥ len(keys)`` keeps everything.
+        seed: seed of the ``numpy`` Generator that draws strata and items (deterministic).
+
+    Returns:
+        int64 array of sorted positions into ``keys``.
+
+    Raises:
+        ValidationError: if ``limit`` is < 1.
+    """
+    n = len(keys)
+    if limit is None or limit >= n:
+        return np.arange(n, dtype=np.int64)
+    if limit < 1:
+        raise ValidationError(f"limit must be a positive number of images, got {limit}")
+    rng = np.random.default_rng(seed)
+    strata: dict[tuple[int, int], list[int]] = {}
+    for i, k in enumerate(keys):
+        strata.setdefault(tuple(k), []).append(i)
+    names = sorted(strata)
+    sizes = np.array([len(strata[s]) for s in names], dtype=np.int64)
+    quota = np.zeros(len(names), dtype=np.int64)
+    if limit < len(names):
+        quota[rng.choice(len(names), size=limit, replace=False)] = 1
+    else:
+        quota[:] = 1
+        spare, room = limit - len(names), sizes - 1
+        share = spare * room / room.sum()
+        quota += np.floor(share).astype(np.int64)
+        left = spare - int(np.floor(share).sum())
+        order = np.lexsort((np.arange(len(names)), -(share - np.floor(share))))
+        for j in order:
+            if left == 0:
+                break
+            if quota[j] < sizes[j]:
+                quota[j] += 1
+                left -= 1
+    chosen = [rng.choice(strata[s], size=int(q), replace=False) for s, q in zip(names, quota) if q]
+    return np.sort(np.concatenate(chosen).astype(np.int64))
+
+
+def subset_source(source: ImageSource, limit: int | None, seed: int) -> ImageSource:
+    """``source`` reduced to a stratified subset by ``(domain, label)`` (see :func:`stratified_subset`)."""
+    if limit is None or limit >= len(source):
+        return source
+    pos = stratified_subset([(r.domain, r.label) for r in source.records], limit, seed)
+    return ImageSource(
+        records=[source.records[i] for i in pos],
+        class_names=source.class_names,
+        domain_names=source.domain_names,
+        source={**source.source, "limit": int(limit), "limit_seed": int(seed), "n_before_limit": len(source)},
+        skipped=source.skipped,
+    )
+
+
+# ---------------------------------------------------------------------------- folder scanning
+def _entries(folder: Path) -> list[os.DirEntry]:
+    with os.scandir(folder) as it:
+        return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """Non-hidden files below ``folder`` (recursively, hidden folders skipped), sorted."""
+    out: list[Path] = []
+    for e in _entries(folder):
+        if e.is_dir():
+            out.extend(_files_under(Path(e.path)))
+        elif e.is_file():
+            out.append(Path(e.path))
+    return out
+
+
+def scan_image_folder(
+    root: str | os.PathLike, *, strict: bool = False, limit: int | None = None, seed: int = 0
+) -> ImageSource:
+    """Scan a labelled image folder into an :class:`ImageSource` (images are decoded lazily).
+
+    Layout: if every non-empty sub-folder of ``root`` holds only folders, ``root`` is a domain
+    tree ``root/<domain>/<class>/...``; otherwise an ImageFolder tree ``root/<class>/...`` with
+    one domain named after ``root``. Images may sit in nested folders below a class folder.
+    Class names are the sorted union of class folder names; domain names the sorted domain
+    folder names. Sample ids are POSIX paths relative to ``root``. Hidden files and folders
+    (leading dot) are ignored.
+
+    Args:
+        root: the folder.
+        strict: raise on the first unusable file instead of skipping it.
+        limit: keep a stratified subset of at most ``limit`` images (:func:`stratified_subset`).
+        seed: seed for ``limit``.
+
+    Returns:
+        An ``ImageSource``; unusable files are listed in ``skipped`` as ``{"file", "reason"}``.
+
+    Raises:
+        ValidationError: missing root, root is a file, empty class or domain folder, a class
+            folder without a usable image, no usable image at all, or (``strict``) any
+            unusable file — each message names the path and what to do.
+    """
+    root = Path(root)
+    if not root.exists():
+        raise ValidationError(f"image folder not found: {root} (give an existing folder of <class>/<image> files)")
+    if not root.is_dir():
+        raise ValidationError(f"{root} is a file, not a folder: give the folder that holds the class folders")
+    tops = _entries(root)
+    subdirs = [Path(e.path) for e in tops if e.is_dir()]
+    content = {d: _entries(d) for d in subdirs}
+    is_domain_tree = any(content.values()) and all(all(e.is_dir() for e in c) for c in content.values())
+    layout = "domains" if is_domain_tree else "imagefolder"
+
+    skipped: list[dict[str, str]] = []
+
+    def skip(path: Path, reason: str) -> None:
+        rel = path.relative_to(root).as_posix()
+        if strict:
+            raise ValidationError(f"unusable file {root / rel}: {reason} (remove or fix it, or drop --strict)")
+        skipped.append({"file": rel, "reason": reason})
+
+    stray = [Path(e.path) for e in tops if e.is_file()]
+    if is_domain_tree:
+        domain_dirs = subdirs
+        for d in subdirs:
+            if not content[d]:
+                raise ValidationError(f"domain folder {d} is empty: add <class>/<image> folders to it or remove it")
+    else:
+        domain_dirs = [root]
+    for f in stray:
+        skip(f, "not inside a class folder")
+
+    found: list[tuple[Path, int, str]] = []  # (file, domain, class name)
+    for dom, ddir in enumerate(domain_dirs):
+        for cdir in (subdirs if ddir is root else [Path(e.path) for e in content[ddir]]):
+            files = _files_under(cdir)
+            if not files:
+                raise ValidationError(f"class folder {cdir} is empty: add images to it or remove it")
+            n_ok = 0
+            for f in files:
+                reason = check_image_file(f)
+                if reason is None:
+                    found.append((f, dom, cdir.name))
+                    n_ok += 1
+                else:
+                    skip(f, reason)
+            if n_ok == 0:
+                raise ValidationError(
+                    f"class folder {cdir} has no usable image ({len(files)} files skipped, e.g. "
+                    f"{skipped[-1]['file']}: {skipped[-1]['reason']}); fix or remove them"
+                )
+    if not found:
+        raise ValidationError(
+            f"no usable image under {root}: expected {root}/<class>/<image> or {root}/<domain>/<class>/<image>"
+            + (f" ({len(skipped)} files skipped)" if skipped else "")
+        )
+    class_names = sorted({c for _, _, c in found})
+    cindex = {c: i for i, c in enumerate(class_names)}
+    domain_names = [root.resolve().name or "images"] if not is_domain_tree else [d.name for d in domain_dirs]
+    records = [
+        ImageRecord(
+            sample_id=f.relative_to(root).as_posix(),
+            label=cindex[c],
+            domain=dom,
+            load=functools.partial(_load_file, str(f)),
+        )
+        for f, dom, c in found
+    ]
+    src = ImageSource(
+        records=records,
+        class_names=class_names,
+        domain_names=domain_names,
+        source={"dataset": "image-folder", "root": str(root), "layout": layout, "n_images": len(records),
+                "n_skipped": len(skipped)},
+        skipped=skipped,
+    )
+    return subset_source(src, limit, seed)

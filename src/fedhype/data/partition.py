@@ -1,0 +1,301 @@
+"""Client partitions: which sample ids each client holds, split into train / val / test.
+
+A :class:`Partition` is public structure (sample ids and counts), never data. It is made once
+from an :class:`~fedhype.data.store.EmbeddingStore` by :func:`make_partition` and saved as JSON
+(format tag ``"fedhype-partition/1"``); later stages select a client's rows with
+:meth:`Partition.client_store`. Because it holds ids, the same partition applies to any store of
+the same images (e.g. another encoder); :meth:`Partition.check_store` tests for the exact store.
+
+Schemes:
+
+* ``domain`` — one client per domain id; with more clients than domains, each domain is split
+  into several clients (clients are handed to the domain with the largest records-per-client,
+  D'Hondt apportionment, so client sizes are as even as possible; labels dealt stratified).
+* ``dirichlet`` — label skew: for each class, client shares ~ Dirichlet(α·1_K) (Hsu, Qi & Brown
+  2019, Sec. 3), with the NIID-Bench / FedLab ``hetero_dir_partition`` balancing (a client
+  already above N/K gets no more) and redraws (at most ``DIRICHLET_MAX_DRAWS``) until every
+  client can meet ``min_train_per_client``.
+* ``iid`` — every class dealt over clients with equal shares, or with client shares
+  ~ Dirichlet(quantity_skew·1_K) for quantity skew (Li et al., NIID-Bench, ICDE 2022, Sec. 4.2).
+
+Each client's records are then split per class into train/val/test (largest-remainder rounding
+that keeps every class and the client's totals within one record of the fractions).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedhype.data.store import EmbeddingStore
+from fedhype.errors import ArtifactError, ValidationError
+from fedhype.io import atomic_write_json, read_json
+
+FORMAT = "fedhype-partition/1"
+SCHEMES = ("domain", "dirichlet", "iid")
+SPLITS = ("train", "val", "test")
+DIRICHLET_MAX_DRAWS = 100
+
+
+@dataclass
+class ClientSplit:
+    """One client's sample ids per split."""
+
+    id: int
+    name: str
+    train: list[str]
+    val: list[str]
+    test: list[str]
+
+    def ids(self, split: str) -> list[str]:
+        """Sample ids of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
+        if split not in SPLITS:
+            raise ValidationError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        return getattr(self, split)
+
+
+@dataclass
+class Partition:
+    """Clients → train/val/test sample ids, with the parameters and store it was made from."""
+
+    scheme: str
+    params: dict[str, Any]
+    seed: int
+    store_digest: str
+    store_n: int
+    class_names: list[str]
+    clients: list[ClientSplit] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the partition atomically as JSON (format ``"fedhype-partition/1"``)."""
+        return atomic_write_json(path, {"format": FORMAT, **asdict(self)})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Partition":
+        """Read a partition file.
+
+        Raises:
+            ArtifactError: missing file, invalid JSON, wrong format tag, missing fields, or a
+                sample id listed twice.
+        """
+        raw = read_json(path, "partition file")
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+            raise ArtifactError(f"{path}: format {got!r}, expected {FORMAT!r} (make it with `fedhype partition`)")
+        try:
+            clients = [
+                ClientSplit(int(c["id"]), str(c["name"]), *[[str(s) for s in c[k]] for k in SPLITS])
+                for c in raw["clients"]
+            ]
+            part = cls(str(raw["scheme"]), dict(raw["params"]), int(raw["seed"]), str(raw["store_digest"]),
+                       int(raw["store_n"]), [str(c) for c in raw["class_names"]], clients)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"partition file {path} is missing or has a bad field ({exc!r}); re-create it") from None
+        all_ids = [s for c in clients for k in SPLITS for s in c.ids(k)]
+        if len(set(all_ids)) != len(all_ids):
+            raise ArtifactError(f"partition file {path}: a sample id is listed twice; re-create it")
+        if [c.id for c in clients] != list(range(len(clients))):
+            raise ArtifactError(f"partition file {path}: client ids must be 0..{len(clients) - 1} in order")
+        return part
+
+    # ------------------------------------------------------------------ use with a store
+    def check_store(self, store: EmbeddingStore) -> None:
+        """Raise :class:`ArtifactError` unless ``store`` is the store this partition was made from."""
+        if len(store) != self.store_n or store.digest() != self.store_digest:
+            raise ArtifactError(
+                f"partition was made from another store ({self.store_n} records, digest {self.store_digest[:12]}…), "
+                f"not this one ({len(store)} records, digest {store.digest()[:12]}…); re-run `fedhype partition`"
+            )
+
+    def client_store(self, store: EmbeddingStore, client_id: int, split: str) -> EmbeddingStore:
+        """The rows of ``store`` that client ``client_id`` holds in ``split``.
+
+        Raises:
+            ValidationError: unknown client or split.
+            ArtifactError: an id of the partition is not in ``store``.
+        """
+        if not 0 <= client_id < len(self.clients):
+            raise ValidationError(f"client {client_id} does not exist; the partition has {len(self.clients)} clients")
+        return store.subset(store.positions(self.clients[client_id].ids(split)))
+
+    def split_store(self, store: EmbeddingStore, split: str) -> EmbeddingStore:
+        """All clients' rows of ``split``, client after client; domains stay the store's domain ids.
+
+        Row ``i`` belongs to client ``client_ids(split)[i]``.
+        """
+        return store.subset(store.positions([s for c in self.clients for s in c.ids(split)]))
+
+    def client_ids(self, split: str) -> np.ndarray:
+        """int64 ``[n_split]``: the client index of each row of :meth:`split_store`."""
+        return np.concatenate([np.full(len(c.ids(split)), c.id, dtype=np.int64) for c in self.clients])
+
+    def sizes(self) -> list[dict[str, Any]]:
+        """Per client ``{"client", "name", "train", "val", "test"}`` record counts (public counts)."""
+        return [{"client": c.id, "name": c.name, **{k: len(c.ids(k)) for k in SPLITS}} for c in self.clients]
+
+    def summary(self) -> dict[str, Any]:
+        """Small JSON-able description: scheme, params, seed, store size, per-client counts."""
+        sizes = self.sizes()
+        return {"scheme": self.scheme, "params": self.params, "seed": self.seed, "n_clients": len(self.clients),
+                "store_n": self.store_n, "totals": {k: sum(s[k] for s in sizes) for k in SPLITS}, "clients": sizes}
+
+
+# ---------------------------------------------------------------------------- construction
+def _apportion(idx: np.ndarray, labels: np.ndarray, shares: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Split rows ``idx`` into ``len(shares)`` parts, stratified by label.
+
+    Each class's shuffled members are cut by largest-remainder rounding of ``m · shares``, the
+    remainders going to the parts furthest below their running target, so every class and every
+    part's total stays within one record of its share. Used both to deal records over clients
+    (``iid``, ``domain``) and to split a client train/val/test.
+    """
+    k = len(shares)
+    out: list[list[np.ndarray]] = [[] for _ in range(k)]
+    assigned, target = np.zeros(k), np.zeros(k)
+    for c in np.unique(labels[idx]):
+        members = rng.permutation(idx[labels[idx] == c])
+        m = len(members)
+        target += m * shares
+        cnt = np.floor(m * shares).astype(np.int64)
+        for j in np.argsort(-(target - assigned - cnt), kind="stable")[: m - int(cnt.sum())]:
+            cnt[j] += 1
+        assigned += cnt
+        for j, piece in enumerate(np.split(members, np.cumsum(cnt)[:-1])):
+            out[j].append(piece)
+    return [np.sort(np.concatenate(p)) if p else np.empty(0, np.int64) for p in out]
+
+
+def _dirichlet(labels: np.ndarray, k: int, alpha: float, need: int, rng: np.random.Generator) -> tuple[list[np.ndarray], int]:
+    """Label-skew split: per class, shares ~ Dirichlet(α·1_k) (Hsu et al. 2019), with FedLab's
+    ``hetero_dir_partition`` balancing (a client at ≥ n/k records gets no further share) and
+    redraws until every client holds ``need`` records. Returns (parts, number of draws)."""
+    n = len(labels)
+    max_draws = DIRICHLET_MAX_DRAWS if n >= need * k else 1  # no redraw can help then
+    for draw in range(1, max_draws + 1):
+        parts: list[list[int]] = [[] for _ in range(k)]
+        for c in range(int(labels.max()) + 1):
+            members = rng.permutation(np.flatnonzero(labels == c))
+            p = rng.dirichlet(np.full(k, alpha))
+            p = p * np.array([len(q) < n / k for q in parts])
+            p = p / p.sum() if p.sum() > 0 else np.full(k, 1.0 / k)
+            for j, piece in enumerate(np.split(members, (np.cumsum(p)[:-1] * len(members)).astype(int))):
+                parts[j].extend(piece.tolist())
+        if min(len(q) for q in parts) >= need:
+            break
+    return [np.asarray(q, dtype=np.int64) for q in parts], draw
+
+
+def _domain_clients(domains: np.ndarray, names: list[str], n_clients: int | None) -> tuple[list[int], list[str]]:
+    """Clients per present domain by D'Hondt apportionment; returns (count per domain, client names)."""
+    present = [int(d) for d in np.unique(domains)]
+    k = len(present) if n_clients is None else n_clients
+    if k < len(present) or k > len(domains):
+        raise ValidationError(
+            f"scheme 'domain' needs between {len(present)} (one per domain) and {len(domains)} clients, got {k}"
+        )
+    sizes = np.array([(domains == d).sum() for d in present], dtype=np.float64)
+    count = np.ones(len(present), dtype=np.int64)
+    for _ in range(k - len(present)):
+        count[int(np.argmax(sizes / count))] += 1
+    cnames = [names[d] if m == 1 else f"{names[d]}-{j}" for d, m in zip(present, count) for j in range(m)]
+    return count.tolist(), cnames
+
+
+def _check_args(scheme: str, n_clients, alpha, quantity_skew, splits, min_train) -> np.ndarray:
+    if scheme not in SCHEMES:
+        raise ValidationError(f"unknown scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
+    if scheme != "domain" and (n_clients is None or n_clients < 1):
+        raise ValidationError(f"scheme {scheme!r} needs the number of clients (--clients N, N ≥ 1), got {n_clients}")
+    if n_clients is not None and n_clients < 1:
+        raise ValidationError(f"the number of clients must be ≥ 1, got {n_clients}")
+    if scheme == "dirichlet" and not (math.isfinite(alpha) and alpha > 0):
+        raise ValidationError(f"alpha (Dirichlet concentration) must be a positive number, got {alpha}")
+    if quantity_skew is not None:
+        if scheme != "iid":
+            raise ValidationError("quantity skew (--quantity-skew) applies to the 'iid' scheme only")
+        if not (math.isfinite(quantity_skew) and quantity_skew > 0):
+            raise ValidationError(f"quantity skew must be a positive number, got {quantity_skew}")
+    s = np.asarray(splits, dtype=np.float64)
+    if s.shape != (3,) or not np.all(np.isfinite(s)) or s.min() < 0 or s[0] <= 0 or abs(s.sum() - 1) > 1e-6:
+        raise ValidationError(f"splits must be three fractions train,val,test ≥ 0 summing to 1 (train > 0), got {splits}")
+    if min_train < 0:
+        raise ValidationError(f"min_train_per_client must be ≥ 0, got {min_train}")
+    return s / s.sum()
+
+
+def make_partition(
+    store: EmbeddingStore,
+    *,
+    scheme: str,
+    n_clients: int | None = None,
+    alpha: float = 0.3,
+    quantity_skew: float | None = None,
+    splits: tuple[float, float, float] = (0.6, 0.2, 0.2),
+    min_train_per_client: int = 20,
+    seed: int = 0,
+) -> Partition:
+    """Partition ``store``'s records over clients, then split each client train/val/test.
+
+    Args:
+        store: the embeddings store (only its labels, domains and sample ids are used).
+        scheme: ``"domain"``, ``"dirichlet"`` or ``"iid"`` (see the module docstring).
+        n_clients: number of clients (required for ``dirichlet``/``iid``; for ``domain`` default
+            one per domain, more splits domains).
+        alpha: Dirichlet concentration α for ``dirichlet`` (smaller = more label skew).
+        quantity_skew: for ``iid``, client sizes ~ Dirichlet(quantity_skew); ``None`` = equal.
+        splits: train/val/test fractions per client.
+        min_train_per_client: refuse a partition where a client has fewer train records.
+        seed: seed of the numpy Generator drawing everything.
+
+    Raises:
+        ValidationError: bad arguments, or clients that are empty or below
+            ``min_train_per_client`` (all listed with their sizes, with a suggested fix).
+    """
+    s = _check_args(scheme, n_clients, alpha, quantity_skew, splits, min_train_per_client)
+    rng = np.random.default_rng(seed)
+    labels, domains = store.labels.numpy(), store.domains.numpy()
+    n = len(store)
+    if n == 0:
+        raise ValidationError("the embeddings store is empty; nothing to partition")
+    params: dict[str, Any] = {"splits": s.tolist(), "min_train_per_client": int(min_train_per_client)}
+    if scheme == "domain":
+        counts, names = _domain_clients(domains, store.domain_names, n_clients)
+        parts = []
+        for d, m in zip(np.unique(domains), counts):
+            parts += _apportion(np.flatnonzero(domains == d), labels, np.full(m, 1.0 / m), rng)
+        params["n_clients"] = len(parts)
+    elif scheme == "dirichlet":
+        need = max(1, math.ceil(min_train_per_client / s[0]))
+        parts, draws = _dirichlet(labels, n_clients, alpha, need, rng)
+        names = [f"client-{j}" for j in range(n_clients)]
+        params.update(n_clients=n_clients, alpha=float(alpha), dirichlet_draws=draws)
+    else:
+        shares = np.full(n_clients, 1.0 / n_clients)
+        if quantity_skew is not None:
+            shares = rng.dirichlet(np.full(n_clients, quantity_skew))
+            params["quantity_skew"] = float(quantity_skew)
+        parts = _apportion(np.arange(n), labels, shares, rng)
+        names = [f"client-{j}" for j in range(n_clients)]
+        params["n_clients"] = n_clients
+    clients = []
+    for j, (name, idx) in enumerate(zip(names, parts)):
+        tr, va, te = _apportion(idx, labels, s, rng)
+        clients.append(ClientSplit(j, name, *[[store.sample_ids[i] for i in p] for p in (tr, va, te)]))
+    floor = max(1, min_train_per_client)
+    bad = [c for c in clients if len(c.train) < floor]
+    if bad:
+        listed = ", ".join(f"{c.name} ({len(c.train)} train / {len(c.train) + len(c.val) + len(c.test)} records)" for c in bad)
+        hint = {"dirichlet": "use fewer clients (--clients) or a larger --alpha",
+                "iid": "use fewer clients (--clients) or a larger / no --quantity-skew",
+                "domain": "use fewer clients (--clients)"}[scheme]
+        raise ValidationError(
+            f"{len(bad)} of {len(clients)} clients have fewer than {floor} train records: {listed}; "
+            f"{hint}, or lower --min-train"
+        )
+    return Partition(scheme, params, int(seed), store.digest(), n, list(store.class_names), clients)

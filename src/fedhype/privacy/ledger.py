@@ -1,0 +1,337 @@
+"""The privacy ledger: every mechanism run on private data, as plain data; ε is always recomputed.
+
+In the style of Opacus's accountants (``opacus/accountants/accountant.py``): the state is a list of
+events, ``state_dict`` / ``load_state_dict`` (or ``from_state_dict``) round-trip it, and loading says
+exactly what is wrong.
+The ledger is append-only. Each event is one Poisson-subsampled Gaussian mechanism run
+``steps`` times (σ, q, C as in DP-SGD, Abadi et al. 2016, Alg. 1); ε per client comes from
+:func:`fedhype.privacy.accountant.epsilon` (PRV, the reported figure) on that client's events.
+
+File format ``fedhype-ledger/1`` (JSON, written atomically)::
+
+    {"format": "fedhype-ledger/1", "delta": δ, "meta": {...},
+     "events": [<event>, ...],            # one canonical JSON object per line
+     "chain": ["<sha256 hex>", ...],      # chain[i] = sha256(chain[i-1] + canonical(event i))
+     "checksum": "<sha256 hex>"}          # sha256 of the canonical JSON of everything above
+
+``chain[-1]`` (the genesis) is the sha256 of the canonical header ``{"format", "delta", "meta"}``,
+so editing δ or meta breaks every link. This is tamper *evidence* against edits and truncation,
+not a signature: someone who recomputes all hashes can forge a ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import numbers
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from fedhype.errors import ArtifactError, ValidationError
+from fedhype.io import atomic_write_text, read_json
+from fedhype.privacy.accountant import (
+    History,
+    validate_delta,
+    validate_sample_rate,
+    validate_noise_multiplier,
+    validate_steps,
+    epsilon,
+    epsilon_report,
+)
+
+FORMAT = "fedhype-ledger/1"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEvent:
+    """One mechanism run on one client's private records.
+
+    Attributes:
+        client: client id (str).
+        round: federated round (int ≥ 0), or -1 for a mechanism outside rounds.
+        mechanism: what ran, e.g. ``"dp-sgd"``, ``"hyperprototype-dp-gradient"``, ``"canary-audit"``.
+        noise_multiplier: σ ≥ 0 (noise std / clip norm); 0 with q > 0 means no DP (ε = ∞).
+        sample_rate: Poisson sampling rate q ∈ [0, 1] (0: no record touched).
+        steps: number of compositions (int ≥ 0).
+        clip_norm: clipping norm C ≥ 0 (L2, in the units of the clipped quantity).
+        note: free text (optional).
+        time: ISO 8601 timestamp (UTC now by default).
+
+    Raises:
+        ValidationError: on construction, naming the bad field.
+    """
+
+    client: str
+    round: int
+    mechanism: str
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    clip_norm: float
+    note: str = ""
+    time: str = dataclasses.field(default_factory=_now)
+
+    def __post_init__(self) -> None:
+        for name in ("client", "mechanism", "note", "time"):
+            if not isinstance(getattr(self, name), str):
+                raise ValidationError(f"LedgerEvent.{name} must be a string, got {getattr(self, name)!r}")
+        if not self.client or not self.mechanism:
+            raise ValidationError("LedgerEvent.client and LedgerEvent.mechanism must be non-empty")
+        if isinstance(self.round, bool) or not isinstance(self.round, numbers.Integral) or self.round < -1:
+            raise ValidationError(f"LedgerEvent.round must be an integer ≥ -1, got {self.round!r}")
+        # normalise numeric types (numpy/torch scalars → Python) so JSON and hashes are stable
+        set_ = object.__setattr__
+        set_(self, "round", int(self.round))
+        set_(self, "noise_multiplier", validate_noise_multiplier(self.noise_multiplier, "LedgerEvent.noise_multiplier"))
+        set_(self, "sample_rate", validate_sample_rate(self.sample_rate, "LedgerEvent.sample_rate", allow_zero=True))
+        set_(self, "steps", validate_steps(self.steps, "LedgerEvent.steps"))
+        set_(self, "clip_norm", validate_noise_multiplier(self.clip_norm, "LedgerEvent.clip_norm"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-ready)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LedgerEvent":
+        """Inverse of :meth:`to_dict`; unknown or missing fields raise :class:`ValidationError`."""
+        if not isinstance(data, dict):
+            raise ValidationError(f"an event must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}
+        if extra := sorted(set(data) - names):
+            raise ValidationError(f"unknown event field(s) {extra}")
+        if missing := sorted(required - set(data)):
+            raise ValidationError(f"missing event field(s) {missing}")
+        return cls(**data)
+
+
+class PrivacyLedger:
+    """Append-only record of mechanism events at one δ; ε per client recomputed from the events.
+
+    Args:
+        delta: the run's δ in (0, 1).
+        meta: JSON-ready run metadata (e.g. run id, config hash); fixed at creation.
+    """
+
+    def __init__(self, delta: float, meta: dict | None = None):
+        self.delta = validate_delta(delta)
+        self.meta = dict(meta or {})
+        try:
+            header = _canonical({"format": FORMAT, "delta": self.delta, "meta": self.meta})
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"ledger meta must be JSON-serialisable ({exc})") from None
+        self._genesis = _sha256(header)
+        self._events: list[LedgerEvent] = []
+        self._chain: list[str] = []
+
+    # ------------------------------------------------------------------ recording
+    def record(self, event: LedgerEvent) -> None:
+        """Append ``event`` (never rewrites earlier events)."""
+        if not isinstance(event, LedgerEvent):
+            raise ValidationError(f"record() takes a LedgerEvent, got {type(event).__name__}")
+        prev = self._chain[-1] if self._chain else self._genesis
+        self._chain.append(_sha256(prev + _canonical(event.to_dict())))
+        self._events.append(event)
+
+    @property
+    def events(self) -> tuple[LedgerEvent, ...]:
+        """All events in recording order (read-only)."""
+        return tuple(self._events)
+
+    def clients(self) -> list[str]:
+        """Client ids in order of first appearance."""
+        return list(dict.fromkeys(e.client for e in self._events))
+
+    # ------------------------------------------------------------------ ε
+    def history(self, client: str, extra: Iterable[LedgerEvent] = ()) -> History:
+        """``client``'s events as an Opacus history, consecutive equal (σ, q) events merged.
+
+        ``extra`` events (planned, not recorded) are appended first; other clients' are ignored.
+        A client without events has the empty history (ε = 0).
+        """
+        out: History = []
+        for e in [*self._events, *extra]:
+            if e.client != client:
+                continue
+            if out and out[-1][:2] == (e.noise_multiplier, e.sample_rate):
+                out[-1] = (e.noise_multiplier, e.sample_rate, out[-1][2] + e.steps)
+            else:
+                out.append((e.noise_multiplier, e.sample_rate, e.steps))
+        return out
+
+    def epsilon(self, client: str, accountant: str = "prv") -> float:
+        """ε spent by ``client`` at the ledger's δ (0 for a client with no events)."""
+        return epsilon(self.history(client), self.delta, accountant)
+
+    def epsilons(self, accountant: str = "prv") -> dict[str, float]:
+        """ε per client (order of first appearance)."""
+        return {c: self.epsilon(c, accountant) for c in self.clients()}
+
+    def worst(self) -> tuple[str | None, float]:
+        """``(client, ε)`` of the client with the largest PRV ε; ``(None, 0.0)`` for an empty ledger."""
+        eps = self.epsilons()
+        if not eps:
+            return None, 0.0
+        client = max(eps, key=lambda c: eps[c])
+        return client, eps[client]
+
+    def report(self) -> dict[str, Any]:
+        """Per-client ε by each accountant, total steps and event count; the worst client; δ."""
+        clients = {}
+        for c in self.clients():
+            rep = epsilon_report(self.history(c), self.delta)
+            rep["events"] = sum(1 for e in self._events if e.client == c)
+            clients[c] = rep
+        worst, worst_eps = self.worst()
+        return {"delta": self.delta, "accountant": "prv", "clients": clients,
+                "worst_client": worst, "worst_epsilon": worst_eps, "events": len(self._events)}
+
+    def would_exceed(self, planned: list[LedgerEvent], max_epsilon: float) -> dict[str, float]:
+        """ε each client would reach with ``planned`` added, for the clients that would exceed ``max_epsilon``.
+
+        Call it before spending (e.g. before each round) and refuse with exit 3 if non-empty.
+        Returns ``{}`` when every client stays within ``max_epsilon``.
+        """
+        if not isinstance(max_epsilon, numbers.Real) or not max_epsilon > 0:
+            raise ValidationError(f"max_epsilon must be > 0, got {max_epsilon!r}")
+        planned = list(planned)
+        for i, e in enumerate(planned):
+            if not isinstance(e, LedgerEvent):
+                raise ValidationError(f"planned[{i}] must be a LedgerEvent, got {type(e).__name__}")
+        out = {}
+        for c in dict.fromkeys(e.client for e in planned):
+            eps = epsilon(self.history(c, planned), self.delta)
+            if eps > max_epsilon:
+                out[c] = eps
+        return out
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data state: ``{"format", "delta", "meta", "events", "chain", "checksum"}``."""
+        body = {"format": FORMAT, "delta": self.delta, "meta": self.meta,
+                "events": [e.to_dict() for e in self._events], "chain": list(self._chain)}
+        return {**body, "checksum": _sha256(_canonical(body))}
+
+    @classmethod
+    def from_state_dict(cls, state: Any, source: str = "ledger") -> "PrivacyLedger":
+        """Rebuild a ledger, verifying format, every event, every chain link and the checksum.
+
+        Raises:
+            ArtifactError: naming ``source`` and the first thing wrong, e.g.
+                ``"ledger tampered: event 7 hash mismatch"``.
+        """
+        if not isinstance(state, dict):
+            raise ArtifactError(f"{source}: expected a JSON object, got {type(state).__name__}")
+        if state.get("format") != FORMAT:
+            raise ArtifactError(f"{source}: format is {state.get('format')!r}, expected {FORMAT!r}")
+        for key in ("delta", "meta", "events", "chain", "checksum"):
+            if key not in state:
+                raise ArtifactError(f"{source}: missing key {key!r} (truncated or not a fedhype ledger)")
+        events, chain = state["events"], state["chain"]
+        if not isinstance(events, list) or not isinstance(chain, list) or not isinstance(state["meta"], dict):
+            raise ArtifactError(f"{source}: 'events' and 'chain' must be lists and 'meta' an object")
+        if len(chain) != len(events):
+            raise ArtifactError(f"{source}: chain has {len(chain)} hashes for {len(events)} events (truncated or edited)")
+        try:
+            ledger = cls(state["delta"], state["meta"])
+        except ValidationError as exc:
+            raise ArtifactError(f"{source}: bad header: {exc}") from None
+        for i, (data, link) in enumerate(zip(events, chain)):
+            try:
+                event = LedgerEvent.from_dict(data)
+            except (ValidationError, TypeError) as exc:
+                raise ArtifactError(f"{source}: event {i} is invalid: {exc}") from None
+            ledger.record(event)
+            if ledger._chain[-1] != link:
+                raise ArtifactError(f"ledger tampered: event {i} hash mismatch ({source})")
+        body = {k: state[k] for k in ("format", "delta", "meta", "events", "chain")}
+        if _sha256(_canonical(body)) != state["checksum"]:
+            raise ArtifactError(f"ledger tampered: checksum mismatch ({source})")
+        return ledger
+
+    def load_state_dict(self, state: Any) -> None:
+        """Fill this (empty) ledger from ``state`` (Opacus-style), verifying it as :meth:`from_state_dict`.
+
+        Raises:
+            ValidationError: this ledger already has events (loading would rewrite them).
+            ArtifactError: ``state`` is invalid or tampered, or its δ differs from this ledger's.
+        """
+        if self._events:
+            raise ValidationError(f"load_state_dict into a ledger with {len(self)} events would rewrite them")
+        other = PrivacyLedger.from_state_dict(state)
+        if other.delta != self.delta:
+            raise ArtifactError(f"ledger state has delta={other.delta:g}, this run uses delta={self.delta:g}")
+        self.meta, self._genesis, self._events, self._chain = other.meta, other._genesis, other._events, other._chain
+
+    def save(self, path: str | Path) -> Path:
+        """Write the ledger atomically to ``path`` (JSON; one event per line, earlier lines never change)."""
+        state = self.state_dict()
+        lines = ["{", f'  "format": {json.dumps(FORMAT)},', f'  "delta": {json.dumps(self.delta)},',
+                 f'  "meta": {_canonical(self.meta)},', '  "events": [']
+        lines += [f"    {_canonical(e)}," for e in state["events"]]
+        if state["events"]:
+            lines[-1] = lines[-1][:-1]
+        lines += ["  ],", '  "chain": [', *[f'    "{h}",' for h in state["chain"]]]
+        if state["chain"]:
+            lines[-1] = lines[-1][:-1]
+        lines += ["  ],", f'  "checksum": "{state["checksum"]}"', "}", ""]
+        return atomic_write_text(path, "\n".join(lines))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PrivacyLedger":
+        """Read and verify a ledger file (see :meth:`from_state_dict`); ArtifactError if bad."""
+        return cls.from_state_dict(read_json(path, what="privacy ledger"), source=str(path))
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __repr__(self) -> str:
+        return f"PrivacyLedger(delta={self.delta:g}, events={len(self._events)}, clients={len(self.clients())})"
+
+
+def audit_consistency(ledger: PrivacyLedger, claims: dict[str, float], tol: float = 1e-6) -> list[dict[str, Any]]:
+    """Claimed ε figures that disagree with the ε recomputed (PRV) from the ledger's events.
+
+    Args:
+        ledger: the run's ledger.
+        claims: name → claimed ε; a name is a client id, or ``"worst"`` for the worst client's ε.
+        tol: allowed absolute difference in ε.
+
+    Returns:
+        ``[{"name", "claimed", "recomputed", "difference"}, ...]`` for each mismatch (``recomputed``
+        None and a ``"reason"`` when the name is unknown); ``[]`` when all claims hold.
+    """
+    known = set(ledger.clients())
+    out = []
+    for name, claimed in claims.items():
+        if name == "worst":
+            recomputed = ledger.worst()[1]
+        elif name in known:
+            recomputed = ledger.epsilon(name)
+        else:
+            out.append({"name": name, "claimed": claimed, "recomputed": None, "difference": None,
+                        "reason": f"no events for {name!r} in the ledger"})
+            continue
+        ok = isinstance(claimed, numbers.Real) and (
+            claimed == recomputed or abs(float(claimed) - recomputed) <= tol)
+        if not ok:
+            diff = float(claimed) - recomputed if isinstance(claimed, numbers.Real) else None
+            out.append({"name": name, "claimed": claimed, "recomputed": recomputed,
+                        "difference": None if diff is not None and math.isnan(diff) else diff})
+    return out

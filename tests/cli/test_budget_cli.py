@@ -1,0 +1,134 @@
+"""``fedhype budget``: values, the --json contract and exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fedhype.cli import budget_cmd
+from fedhype.privacy.accountant import epsilon
+
+MNIST = ["--noise-multiplier", "1.1", "--sample-rate", str(256 / 60000), "--steps", "10000", "--delta", "1e-5"]
+
+
+@pytest.fixture(scope="module")
+def app():
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """test root"""
+
+    budget_cmd.register(app)
+    return app
+
+
+def _run(app, *args):
+    result = CliRunner().invoke(app, ["budget", *args])
+    return result, (json.loads(result.stdout) if "--json" in args and result.stdout.strip() else None)
+
+
+def test_single_mechanism_known_values(app):
+    result, out = _run(app, *MNIST, "--json")
+    assert result.exit_code == 0, result.output
+    assert out["accountant"] == "prv" and out["epsilon"] == out["epsilon_prv"] == pytest.approx(1.99, rel=0.01)
+    assert out["epsilon_rdp"] == pytest.approx(2.16, rel=0.01)
+    assert out["epsilon_pld"] is None or out["epsilon_pld"] == pytest.approx(1.98, rel=0.01)
+    assert (out["noise_multiplier"], out["steps"], out["delta"]) == (1.1, 10_000, 1e-5)
+    assert out["sample_rate"] == pytest.approx(256 / 60000)
+
+
+def test_single_mechanism_table(app):
+    result, _ = _run(app, *MNIST)
+    assert result.exit_code == 0
+    assert "epsilon_rdp" in result.stdout and "1.988" in result.stdout
+
+
+def test_target_epsilon_gives_sigma_within_it(app):
+    result, out = _run(app, "--epsilon", "1.0", "--sample-rate", "0.05", "--steps", "300", "--delta", "1e-5", "--json")
+    assert result.exit_code == 0, result.output
+    assert out["target_epsilon"] == 1.0 and 0.97 <= out["epsilon"] <= 1.0
+    assert epsilon([(out["noise_multiplier"], 0.05, 300)], 1e-5) == out["epsilon"]
+
+
+def test_federated_plan_from_client_sizes(app):
+    result, out = _run(app, "--rounds", "3", "--local-epochs", "2", "--batch-size", "32", "--client-sizes", "2000,800,250",
+                       "--noise-multiplier", "1.5", "--delta", "1e-4", "--json")
+    assert result.exit_code == 0, result.output
+    rows = out["clients"]
+    assert [r["n"] for r in rows] == [2000, 800, 250]
+    assert [r["steps"] for r in rows] == [3 * 2 * math.ceil(n / 32) for n in (2000, 800, 250)] == [378, 150, 48]
+    assert [r["sample_rate"] for r in rows] == [32 / 2000, 32 / 800, 32 / 250]
+    for r in rows:
+        assert r["epsilon"] == epsilon([(1.5, r["sample_rate"], r["steps"])], 1e-4)
+    assert out["worst_client"] == "2" and out["epsilon"] == max(r["epsilon"] for r in rows)
+    assert (out["sample_rate"], out["steps"]) == (32 / 250, 48)
+
+
+def test_federated_plan_calibration_and_local_steps(app):
+    result, out = _run(app, "--rounds", "4", "--local-steps", "10", "--batch-size", "50", "--client-sizes", "1000,400",
+                       "--participation", "0.5", "--epsilon", "2", "--delta", "1e-4", "--json")
+    assert result.exit_code == 0, result.output
+    assert out["rounds_per_client"] == 2 and [r["steps"] for r in out["clients"]] == [20, 20]
+    assert out["worst_client"] == "1" and 0.97 * 2 <= out["epsilon"] <= 2.0
+    assert all(r["epsilon"] <= 2.0 for r in out["clients"])
+
+
+def test_federated_plan_from_partition_file(app, tmp_path):
+    clients = [{"id": i, "name": f"site-{i}", "train": [f"s{i}-{j}" for j in range(n)],
+                "val": [f"v{i}-{j}" for j in range(5)], "test": []} for i, n in enumerate((300, 120))]
+    part = {"format": "fedhype-partition/1", "scheme": "iid", "params": {}, "seed": 0, "store_digest": "x" * 64,
+            "store_n": 430, "class_names": ["a", "b"], "clients": clients}
+    (tmp_path / "part.json").write_text(json.dumps(part))
+    result, out = _run(app, "--rounds", "2", "--local-epochs", "1", "--batch-size", "30", "--partition",
+                       str(tmp_path / "part.json"), "--noise-multiplier", "1.0", "--delta", "1e-3", "--json")
+    assert result.exit_code == 0, result.output
+    assert [(r["name"], r["n"], r["steps"]) for r in out["clients"]] == [("site-0", 300, 20), ("site-1", 120, 8)]
+    result, _ = _run(app, "--rounds", "2", "--local-epochs", "1", "--batch-size", "30", "--partition",
+                     str(tmp_path / "missing.json"), "--noise-multiplier", "1.0", "--delta", "1e-3")
+    assert result.exit_code == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1"], "--delta"),
+        (["--noise-multiplier", "1", "--sample-rate", "1.5", "--steps", "10", "--delta", "1e-5"], "--sample-rate"),
+        (["--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "-1", "--delta", "1e-5"], "--steps"),
+        (["--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "10"], "--delta"),
+        (["--noise-multiplier", "1", "--epsilon", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5"],
+         "exactly one"),
+        (["--noise-multiplier", "1", "--sample-rate", "0.1", "--delta", "1e-5"], "--steps"),
+        (["--rounds", "2", "--local-epochs", "1", "--batch-size", "10", "--client-sizes", "60,900",
+          "--noise-multiplier", "1", "--delta", "0.005"], "client 1 (900 training records): delta = 0.005 is not below"),
+        (["--rounds", "2", "--local-epochs", "1", "--batch-size", "100", "--client-sizes", "600,90",
+          "--noise-multiplier", "1", "--delta", "1e-5"], "exceeds client 1"),
+        (["--rounds", "2", "--batch-size", "10", "--client-sizes", "600", "--noise-multiplier", "1", "--delta", "1e-5"],
+         "--local-epochs or --local-steps"),
+        (["--rounds", "2", "--local-steps", "5", "--batch-size", "10", "--client-sizes", "600,x",
+          "--noise-multiplier", "1", "--delta", "1e-5"], "--client-sizes"),
+    ],
+)
+def test_invalid_values_exit_2_with_json_error(app, args, message):
+    result, out = _run(app, *args, "--json")
+    assert result.exit_code == 2, result.output
+    assert out["exit_code"] == 2 and message in out["error"]
+
+
+def test_real_process_prints_one_json_object_and_exit_codes():
+    script = ("import typer\nfrom fedhype.cli import budget_cmd\napp = typer.Typer()\n"
+              "@app.callback()\ndef _r():\n    pass\nbudget_cmd.register(app)\napp()\n")
+    ok = subprocess.run([sys.executable, "-c", script, "budget", "--noise-multiplier", "2", "--sample-rate", "0.01",
+                         "--steps", "100", "--delta", "1e-5", "--json"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    lines = ok.stdout.strip().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["epsilon"] == epsilon([(2.0, 0.01, 100)], 1e-5)
+    bad = subprocess.run([sys.executable, "-c", script, "budget", "--noise-multiplier", "2", "--sample-rate", "0.01",
+                          "--steps", "100", "--delta", "2"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "delta" in bad.stderr and bad.stdout == ""

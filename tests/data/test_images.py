@@ -1,0 +1,244 @@
+"""Image-folder scanning and pixel conversion, on real digits (sklearn load_digits) written as files."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from fedhype.data.images import scan_image_folder, stratified_subset, to_rgb
+from fedhype.errors import ValidationError
+
+_DIGITS = load_digits()
+
+
+def digit(i: int, size: int = 32) -> np.ndarray:
+    """Real optdigits image ``i`` as uint8 ``[size, size]`` (0–16 scaled to 0–255, nearest upscaling)."""
+    px = np.round(_DIGITS.images[i] * 255 / 16).astype(np.uint8)
+    return np.asarray(Image.fromarray(px, "L").resize((size, size), Image.NEAREST))
+
+
+def first_of(label: int, k: int = 3) -> list[int]:
+    return np.flatnonzero(_DIGITS.target == label)[:k].tolist()
+
+
+def write_class_tree(root: Path, labels=(0, 1, 2), k: int = 3, ext: str = "png") -> dict[str, np.ndarray]:
+    """root/<label>/<i>.<ext> grey digits; returns {relative path: pixels}."""
+    written = {}
+    for lab in labels:
+        (root / str(lab)).mkdir(parents=True, exist_ok=True)
+        for i in first_of(lab, k):
+            rel = f"{lab}/{i}.{ext}"
+            Image.fromarray(digit(i), "L").save(root / rel)
+            written[rel] = digit(i)
+    return written
+
+
+def single(tmp_path: Path, name: str, save) -> np.ndarray:
+    """Scan a tree holding one file made by ``save(path)``; return the loaded RGB pixels."""
+    (tmp_path / "t" / "7").mkdir(parents=True)
+    save(tmp_path / "t" / "7" / name)
+    src = scan_image_folder(tmp_path / "t", strict=True)
+    assert len(src) == 1 and src.records[0].sample_id == f"7/{name}"
+    img = src.records[0].load()
+    assert img.mode == "RGB"
+    return np.asarray(img)
+
+
+# ---------------------------------------------------------------------------- layouts
+def test_imagefolder_tree_labels_ids_and_pixels(tmp_path):
+    root = tmp_path / "clinic-a"
+    written = write_class_tree(root)
+    src = scan_image_folder(root)
+    assert src.class_names == ["0", "1", "2"]
+    assert src.domain_names == ["clinic-a"]
+    assert sorted(r.sample_id for r in src.records) == sorted(written)
+    assert src.skipped == [] and src.source["layout"] == "imagefolder"
+    for r in src.records:
+        assert src.class_names[r.label] == r.sample_id.split("/")[0] and r.domain == 0
+        px = np.asarray(r.load())
+        assert px.shape == (32, 32, 3)
+        np.testing.assert_array_equal(px[..., 1], written[r.sample_id])
+
+
+def test_domain_tree_union_of_classes(tmp_path):
+    write_class_tree(tmp_path / "site-b", labels=(1, 2))
+    write_class_tree(tmp_path / "site-a", labels=(0, 1), k=2)
+    src = scan_image_folder(tmp_path)
+    assert src.source["layout"] == "domains"
+    assert src.domain_names == ["site-a", "site-b"] and src.class_names == ["0", "1", "2"]
+    got = Counter((src.domain_names[r.domain], src.class_names[r.label]) for r in src.records)
+    assert got == {("site-a", "0"): 2, ("site-a", "1"): 2, ("site-b", "1"): 3, ("site-b", "2"): 3}
+    assert all(r.sample_id.startswith(src.domain_names[r.domain] + "/") for r in src.records)
+
+
+# ---------------------------------------------------------------------------- modes
+def test_grey_L_png(tmp_path):
+    px = single(tmp_path, "a.png", lambda p: Image.fromarray(digit(5), "L").save(p))
+    assert (px == digit(5)[..., None]).all()
+
+
+def test_palette_png_with_transparency(tmp_path):
+    idx = (digit(3) > 100).astype(np.uint8)  # 0 = background, 1 = stroke
+    palette = [10, 20, 30, 200, 50, 60] + [0] * (256 * 3 - 6)
+
+    def save(p):
+        im = Image.fromarray(idx, "P")
+        im.putpalette(palette)
+        im.save(p, transparency=0)  # index 0 transparent → white
+
+    px = single(tmp_path, "p.png", save)
+    np.testing.assert_array_equal(px[idx == 1], np.tile([200, 50, 60], ((idx == 1).sum(), 1)))
+    assert (px[idx == 0] == 255).all()
+
+
+def test_rgba_composited_on_white(tmp_path):
+    d = digit(8)
+    rgba = np.zeros((32, 32, 4), np.uint8)
+    rgba[..., 2] = 255  # blue strokes
+    rgba[..., 3] = np.where(d > 0, 255, 0)
+    rgba[:4, :, 3] = np.where(d[:4] > 0, 255, 128)  # half-transparent black background rows
+    rgba[:4, :, 2] = np.where(d[:4] > 0, 255, 0)
+    px = single(tmp_path, "a.png", lambda p: Image.fromarray(rgba, "RGBA").save(p))
+    stroke, clear = d > 0, d == 0
+    clear[:4] = False
+    assert (px[stroke] == [0, 0, 255]).all() and (px[clear] == 255).all()
+    half = (d[:4] == 0)
+    assert np.all(np.abs(px[:4][half].astype(int) - 127) <= 1)
+
+
+def test_cmyk_jpeg(tmp_path):
+    rgb = np.stack([digit(2), 255 - digit(2), np.full((32, 32), 90, np.uint8)], -1)
+
+    def save(p):
+        Image.fromarray(rgb, "RGB").convert("CMYK").save(p, quality=95)
+
+    px = single(tmp_path, "c.jpg", save)
+    assert Image.open(tmp_path / "t" / "7" / "c.jpg").mode == "CMYK"
+    assert np.abs(px.astype(int) - rgb).mean() < 8  # JPEG loss only; inverted CMYK would be ~130
+
+
+def test_16bit_png_scaled_not_clipped(tmp_path):
+    v = _DIGITS.images[4].astype(np.uint16) * 4095  # 0..65520
+    px = single(tmp_path, "d.png", lambda p: Image.fromarray(v).save(p))
+    assert Image.open(tmp_path / "t" / "7" / "d.png").mode.startswith("I")
+    expected = np.round(v.astype(np.float64) * 255 / 65535).astype(np.uint8)
+    np.testing.assert_array_equal(px[..., 0], expected)
+    assert len(np.unique(px)) == len(np.unique(v))  # a clip at 255 would merge all non-zero levels
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    shown = np.zeros((48, 32), np.uint8)  # what a viewer should show: a digit in the top 32 rows
+    shown[:32] = digit(7)
+    stored = np.rot90(shown)  # orientation 6 = stored rotated 90° counter-clockwise
+
+    def save(p):
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        Image.fromarray(np.ascontiguousarray(stored), "L").save(p, exif=exif.tobytes(), quality=95)
+
+    px = single(tmp_path, "e.jpg", save)[..., 0].astype(float)
+    assert px.shape == shown.shape
+    assert np.abs(px - shown).mean() < 6
+    assert np.abs(px - np.flipud(np.fliplr(shown))).mean() > 20  # a wrong rotation would be far
+
+
+def test_to_rgb_grey_1bit():
+    img = Image.fromarray(digit(0) > 100).convert("1")
+    out = np.asarray(to_rgb(img))
+    assert out.shape == (32, 32, 3) and set(np.unique(out)) == {0, 255}
+    assert ((out[..., 0] == 255) == (digit(0) > 100)).all()
+
+
+# ---------------------------------------------------------------------------- bad inputs
+def test_truncated_files_are_skipped(tmp_path):
+    root = tmp_path / "r"
+    write_class_tree(root, labels=(0, 1))
+    Image.fromarray(digit(9), "L").save(tmp_path / "full.png")
+    Image.fromarray(digit(9), "L").save(tmp_path / "full.jpg", quality=95)
+    for ext in ("png", "jpg"):
+        data = (tmp_path / f"full.{ext}").read_bytes()
+        (root / "1" / f"cut.{ext}").write_bytes(data[: len(data) // 2])
+    src = scan_image_folder(root)
+    assert len(src) == 6
+    skipped = {s["file"]: s["reason"] for s in src.skipped}
+    assert set(skipped) == {"1/cut.png", "1/cut.jpg"}
+    assert all("truncated" in r or "corrupt" in r for r in skipped.values())
+
+
+def test_text_file_skipped_and_hidden_file_ignored(tmp_path):
+    write_class_tree(tmp_path, labels=(0, 1))
+    (tmp_path / "0" / "notes.txt").write_text("scanned by the clinic on Monday\n")
+    (tmp_path / "1" / ".DS_Store").write_bytes(b"\x00\x01junk")
+    src = scan_image_folder(tmp_path)
+    assert src.skipped == [{"file": "0/notes.txt", "reason": "not an image (PIL cannot identify the format)"}]
+    assert len(src) == 6
+
+
+def test_strict_aborts_naming_the_file(tmp_path):
+    write_class_tree(tmp_path, labels=(0, 1))
+    (tmp_path / "1" / "bad.png").write_bytes(b"not a png at all")
+    with pytest.raises(ValidationError, match=r"1/bad\.png.*not an image"):
+        scan_image_folder(tmp_path, strict=True)
+
+
+def test_empty_class_folder(tmp_path):
+    write_class_tree(tmp_path, labels=(0, 1))
+    (tmp_path / "2").mkdir()
+    with pytest.raises(ValidationError, match=r"class folder .*/2 is empty"):
+        scan_image_folder(tmp_path)
+
+
+def test_class_folder_without_usable_image(tmp_path):
+    write_class_tree(tmp_path, labels=(0,))
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "a.png").write_text("oops")
+    with pytest.raises(ValidationError, match=r"class folder .*/1 has no usable image"):
+        scan_image_folder(tmp_path)
+
+
+def test_empty_root(tmp_path):
+    (tmp_path / ".hidden").write_text("x")
+    with pytest.raises(ValidationError, match=r"no usable image under .*<class>/<image>"):
+        scan_image_folder(tmp_path)
+
+
+def test_missing_root(tmp_path):
+    with pytest.raises(ValidationError, match=r"image folder not found: .*nowhere"):
+        scan_image_folder(tmp_path / "nowhere")
+
+
+def test_root_is_a_file(tmp_path):
+    (tmp_path / "x.png").write_bytes(b"")
+    with pytest.raises(ValidationError, match=r"x\.png is a file, not a folder"):
+        scan_image_folder(tmp_path / "x.png")
+
+
+# ---------------------------------------------------------------------------- limits
+def test_limit_is_stratified_and_seeded(tmp_path):
+    write_class_tree(tmp_path / "a", labels=(0, 1, 2), k=6)
+    write_class_tree(tmp_path / "b", labels=(0, 1), k=6)
+    full = scan_image_folder(tmp_path)
+    assert len(full) == 30
+    sub = scan_image_folder(tmp_path, limit=10, seed=1)
+    strata = Counter((r.domain, r.label) for r in sub.records)
+    assert len(sub) == 10 and len(strata) == 5 and set(strata.values()) == {2}
+    again = scan_image_folder(tmp_path, limit=10, seed=1)
+    other = scan_image_folder(tmp_path, limit=10, seed=2)
+    ids = [r.sample_id for r in sub.records]
+    assert ids == [r.sample_id for r in again.records] and ids != [r.sample_id for r in other.records]
+    assert sub.source["limit"] == 10 and sub.source["n_before_limit"] == 30
+
+
+def test_stratified_subset_fewer_slots_than_strata():
+    keys = [(d, c) for d in range(2) for c in range(5) for _ in range(4)]
+    pos = stratified_subset(keys, 7, seed=0)
+    assert len(pos) == 7 and len({keys[i] for i in pos}) == 7
+    pos = stratified_subset(keys, 33, seed=0)
+    assert len(pos) == 33 and len(set(pos.tolist())) == 33 and len({keys[i] for i in pos}) == 10
+    with pytest.raises(ValidationError):
+        stratified_subset(keys, 0, seed=0)

