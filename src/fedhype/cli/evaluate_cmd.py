@@ -1,0 +1,147 @@
+"""``fedhype evaluate``: fidelity (MMD², FD, PRDC) and utility (TSTR/TRTR) of a synthetic store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedhype.cli.common import JsonOpt, console, run_command
+from fedhype.errors import ValidationError
+
+_FIDELITY = (("MMD²", "mmd2"), ("MMD² p-value", "mmd2_p_value"), ("MMD² multi-bandwidth", "mmd2_multi"),
+             ("MMD² multi p-value", "mmd2_multi_p_value"), ("RBF bandwidth σ", "mmd2_bandwidth"),
+             ("Fréchet distance", "fd"), ("precision", "precision"), ("recall", "recall"),
+             ("density", "density"), ("coverage", "coverage"))
+_UTILITY = ("accuracy", "balanced_accuracy", "macro_f1")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _render(r: dict[str, Any]) -> None:
+    out = Console()
+    fid = Table(title="fidelity", show_header=False)
+    fid.add_column("metric", style="bold")
+    fid.add_column("value", justify="right")
+    fid.add_row("space", r["space"])
+    fid.add_row("n real / synthetic", f"{r['n_real']}/{r['n_synthetic']}")
+    for label, key in _FIDELITY:
+        fid.add_row(label, _fmt(r.get(key)))
+    fid.add_row("MMD² samples (real/synthetic)", f"{r['mmd2_n_real']}/{r['mmd2_n_synthetic']}")
+    fid.add_row(f"PRDC samples (k={r['prdc_k']})", f"{r['prdc_n_real']}/{r['prdc_n_synthetic']}")
+    out.print(fid)
+    util = Table(title="utility (tested on held-out real)")
+    for col in ("metric", "TSTR", "TRTR"):
+        util.add_column(col, justify="left" if col == "metric" else "right", style="bold" if col == "metric" else None)
+    for m in _UTILITY:
+        util.add_row(m, _fmt(r.get(f"tstr_{m}")), _fmt(r.get(f"trtr_{m}")))
+    out.print(util)
+    per = r.get("per_domain") or {}
+    if per:
+        dom = Table(title="utility per domain / client of the real test set")
+        for col in ("domain", "n", "TSTR acc", "TRTR acc", "TSTR bal. acc", "TRTR bal. acc"):
+            dom.add_column(col, justify="left" if col == "domain" else "right")
+        for name, row in per.items():
+            dom.add_row(name, str(row["n"]), *[_fmt(row.get(f"{p}_{m}")) for m in ("accuracy", "balanced_accuracy")
+                                               for p in ("tstr", "trtr")])
+        out.print(dom)
+    lam = r.get("interpolation")
+    if lam:
+        t = Table(title=f"λ-interpolation protocol (λ chosen on validation {lam['select_by']})")
+        for col in ("client", "λ", *_UTILITY):
+            t.add_column(col, justify="left" if col == "client" else "right")
+        for name, c in lam["clients"].items():
+            t.add_row(name, _fmt(c["lambda"]), *[_fmt(c[m]) for m in _UTILITY])
+        t.add_row("mean", _fmt(lam["mean_lambda"]), *[_fmt(lam[f"mean_{m}"]) for m in _UTILITY])
+        out.print(t)
+
+
+def _by_client(part: Any, store: Any, split: str) -> Any:
+    """``split`` rows of ``store`` with domains replaced by the partition's client ids (per-client metrics)."""
+    from fedhype.data.store import EmbeddingStore
+
+    sub = part.split_store(store, split)
+    return EmbeddingStore(sub.embeddings, sub.labels, part.client_ids(split), sub.sample_ids, sub.class_names,
+                          [c.name for c in part.clients], dict(sub.meta))
+
+
+def evaluate(
+    real: Path = typer.Option(..., "--real", help="Real store: held-out test set (full store with --partition)."),
+    synthetic: Path = typer.Option(..., "--synthetic", help="Synthetic embeddings store (from `fedhype synthesize`)."),
+    real_train: Path | None = typer.Option(None, "--real-train", help="Real training store for the TRTR classifier."),
+    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --real is split by it."),
+    real_split: str | None = typer.Option(None, "--real-split", help="With --partition: held-out split (test)."),
+    interpolation: bool = typer.Option(False, "--interpolation", help="With --partition: per-client λ protocol."),
+    space: str = typer.Option("l2", "--space", help="Evaluation space: l2 (unit-norm rows) or raw."),
+    permutations: int = typer.Option(200, "--permutations", help="MMD² permutation-test permutations (0: no p-value)."),
+    max_samples: int = typer.Option(2000, "--max-samples", help="MMD² subsamples each set to at most this many rows."),
+    k: int = typer.Option(5, "--k", help="PRDC neighbourhood size k."),
+    seed: int = typer.Option(0, "--seed", help="Seed of subsampling, permutations and classifiers."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Compare a synthetic store with held-out real embeddings: MMD², FD, PRDC, TSTR/TRTR."""
+
+    def body() -> dict[str, Any]:
+        from fedhype.data.store import EmbeddingStore
+        from fedhype.eval import evaluate as run_eval
+        from fedhype.eval.inputs import check_compatible, check_space
+        from fedhype.eval.interpolation import ClientSplits, interpolation_protocol
+
+        check_space(space)
+        if partition is None and (real_split is not None or interpolation):
+            raise ValidationError("--real-split and --interpolation need --partition")
+        split = real_split or "test"
+        if split not in ("train", "val", "test"):
+            raise ValidationError(f"--real-split must be train, val or test, got {split!r}")
+        real_store = EmbeddingStore.load(real)
+        syn_store = EmbeddingStore.load(synthetic)
+        check_compatible(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}")
+        train_store = None
+        if real_train is not None:
+            train_store = EmbeddingStore.load(real_train)
+            check_compatible(train_store, syn_store, f"real train store {real_train}", f"synthetic store {synthetic}")
+        part = None
+        if partition is not None:
+            from fedhype.data.partition import Partition
+
+            part = Partition.load(partition)
+            part.check_store(real_store)
+            test_store = _by_client(part, real_store, split)
+            if train_store is None and split != "train":
+                train_store = _by_client(part, real_store, "train")
+        else:
+            test_store = real_store
+        if syn_store.kind != "synthetic":
+            console.print(f"[yellow]warning[/]: {synthetic} is marked kind={syn_store.kind!r}, not 'synthetic'",
+                          highlight=False)
+        console.print(f"evaluating {len(syn_store)} synthetic against {len(test_store)} real embeddings …",
+                      highlight=False)
+        result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
+                          max_samples=max_samples, k=k, seed=seed)
+        if result.get("fd_warning"):
+            console.print(f"[yellow]warning[/]: FD: {result['fd_warning']}", highlight=False)
+        if result.get("synthetic_missing_classes"):
+            console.print("[yellow]warning[/]: classes absent from the synthetic store: "
+                          f"{result['synthetic_missing_classes']}", highlight=False)
+        if interpolation:
+            clients = {c.name: ClientSplits(*(part.client_store(real_store, c.id, s) for s in ("train", "val", "test")))
+                       for c in part.clients}
+            result["interpolation"] = interpolation_protocol(clients, syn_store, space=space, seed=seed)
+        result.update(real=str(real), synthetic=str(synthetic),
+                      real_train=None if real_train is None else str(real_train),
+                      partition=None if partition is None else str(partition),
+                      real_split=split if partition is not None else None)
+        return result
+
+    run_command(body, json_mode, _render)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("evaluate")(evaluate)

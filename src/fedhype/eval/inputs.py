@@ -1,0 +1,122 @@
+"""Inputs of every evaluation metric: the evaluation space, compatibility checks, subsampling.
+
+Every metric in :mod:`fedhype.eval` reads embeddings through :func:`as_matrix`, so one choice of
+*evaluation space* applies to real and synthetic sets alike:
+
+* ``"l2"`` (default) — each row is divided by its Euclidean norm
+  (:func:`torch.nn.functional.normalize`, eps 1e-12). A fixed transform: no statistic of any data
+  set is used, so it leaks nothing and treats real and synthetic identically. Synthetic stores
+  are already unit-norm (``meta["space"] == "l2"``), so this puts the real set in their space.
+* ``"raw"`` — the embeddings as stored.
+
+Randomness (subsamples, permutations, bootstrap) comes from a seed or a numpy ``Generator``
+passed in; :func:`child_rngs` derives independent streams so that one metric's draws never
+depend on whether another metric ran.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from fedhype.data.store import EmbeddingStore
+from fedhype.errors import ValidationError
+
+SPACES = ("l2", "raw")
+
+ArrayLike = EmbeddingStore | torch.Tensor | np.ndarray
+
+
+def check_space(space: str) -> str:
+    """Return ``space`` if it is a known evaluation space.
+
+    Raises:
+        ValidationError: if ``space`` is not ``"l2"`` or ``"raw"``.
+    """
+    if space not in SPACES:
+        raise ValidationError(f"space must be one of {list(SPACES)}, got {space!r}")
+    return space
+
+
+def as_matrix(x: ArrayLike, space: str = "l2", name: str = "embeddings") -> torch.Tensor:
+    """Embeddings as a float32 CPU tensor ``[N, D]`` in the evaluation ``space``.
+
+    Args:
+        x: an :class:`EmbeddingStore`, or a ``[N, D]`` tensor / array.
+        space: ``"l2"`` (row-wise unit norm) or ``"raw"``.
+        name: used in error messages.
+
+    Raises:
+        ValidationError: if ``x`` is not 2-D, has non-finite values, or ``space`` is unknown.
+    """
+    check_space(space)
+    if isinstance(x, EmbeddingStore):
+        e = x.embeddings
+    else:
+        e = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    e = e.detach().to("cpu", torch.float32)
+    if e.ndim != 2:
+        raise ValidationError(f"{name}: expected a 2-D array [N, D], got shape {tuple(e.shape)}")
+    if e.numel() and not torch.isfinite(e).all():
+        raise ValidationError(f"{name}: embeddings contain NaN or Inf")
+    if space == "l2":
+        e = torch.nn.functional.normalize(e, p=2.0, dim=1)
+    return e.contiguous()
+
+
+def check_compatible(
+    a: EmbeddingStore, b: EmbeddingStore, a_name: str = "real store", b_name: str = "synthetic store"
+) -> None:
+    """Check two stores can be compared: same embedding dimension D and same class names.
+
+    Raises:
+        ValidationError: naming both stores and the differing field (exit code 2).
+    """
+    if a.dim != b.dim:
+        raise ValidationError(
+            f"embedding dimension differs: {a_name} has D={a.dim}, {b_name} has D={b.dim}; "
+            "compare stores made with the same encoder"
+        )
+    if list(a.class_names) != list(b.class_names):
+        raise ValidationError(
+            f"class names differ: {a_name} has {list(a.class_names)}, {b_name} has {list(b.class_names)}; "
+            "compare stores with the same label set in the same order"
+        )
+
+
+def check_min_rows(x: torch.Tensor, n: int, name: str, why: str) -> None:
+    """Raise :class:`ValidationError` if ``x`` has fewer than ``n`` rows (``why`` says for what)."""
+    if x.shape[0] < n:
+        raise ValidationError(f"{name}: {why} needs at least {n} samples, got {x.shape[0]}")
+
+
+def child_rngs(seed: int | np.random.SeedSequence, n: int) -> list[np.random.Generator]:
+    """``n`` independent numpy generators derived from ``seed`` (``SeedSequence.spawn``)."""
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(int(seed))
+    return [np.random.default_rng(s) for s in ss.spawn(n)]
+
+
+def subsample(x: torch.Tensor, max_n: int | None, rng: np.random.Generator) -> torch.Tensor:
+    """At most ``max_n`` rows of ``x`` drawn without replacement (all rows, in order, if fewer).
+
+    Args:
+        x: ``[N, D]``.
+        max_n: cap on the number of rows; ``None`` keeps all.
+        rng: the source of randomness.
+    """
+    if max_n is None or x.shape[0] <= max_n:
+        return x
+    idx = np.sort(rng.choice(x.shape[0], size=int(max_n), replace=False))
+    return x[torch.from_numpy(idx)]
+
+
+def labels_of(store: EmbeddingStore) -> np.ndarray:
+    """Labels as int64 numpy ``[N]``."""
+    return store.labels.numpy().astype(np.int64, copy=False)
+
+
+def present_domains(store: EmbeddingStore) -> Sequence[int]:
+    """Domain ids that occur in ``store``, ascending."""
+    return sorted(set(store.domains.tolist()))

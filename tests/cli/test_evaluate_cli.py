@@ -1,0 +1,117 @@
+"""``fedhype evaluate``: JSON keys, human output, partitions, exit codes 2 and 4."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from typer.testing import CliRunner
+
+from fedhype.cli.main import app
+from fedhype.data.store import EmbeddingStore
+
+CLASSES = [str(i) for i in range(10)]
+FAST = ["--permutations", "20", "--max-samples", "300"]
+
+
+def _store(x, y, prefix, kind="real"):
+    n = len(y)
+    return EmbeddingStore(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)), torch.from_numpy(np.arange(n) % 2),
+                          [f"{prefix}/{i}" for i in range(n)], CLASSES, ["a", "b"], {"kind": kind})
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = load_digits()
+    perm = np.random.default_rng(0).permutation(len(d.target))
+    x, y = (d.data[perm] / 16.0).astype(np.float32), d.target[perm]
+    root = tmp_path_factory.mktemp("evalcli")
+    paths = {
+        "real": _store(x[:300], y[:300], "te").save(root / "real.safetensors"),
+        "train": _store(x[300:700], y[300:700], "tr").save(root / "train.safetensors"),
+        "syn": _store(x[700:1000], y[700:1000], "sy", "synthetic").save(root / "syn.safetensors"),
+        "narrow": _store(x[700:1000, :32].copy(), y[700:1000], "na", "synthetic").save(root / "narrow.safetensors"),
+        "full": _store(x, y, "all").save(root / "full.safetensors"),
+    }
+    raw = paths["syn"].read_bytes()
+    (root / "corrupt.safetensors").write_bytes(raw[: len(raw) // 2])
+    paths["corrupt"] = root / "corrupt.safetensors"
+    return paths
+
+
+def _run(*args):
+    return CliRunner().invoke(app, ["evaluate", *map(str, args)])
+
+
+def test_json_output(stores):
+    r = _run("--real", stores["real"], "--synthetic", stores["syn"], "--real-train", stores["train"], *FAST,
+             "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    for key in ("mmd2", "mmd2_p_value", "fd", "precision", "recall", "density", "coverage", "tstr_accuracy",
+                "trtr_accuracy"):
+        assert isinstance(out[key], float), key
+    assert out["tstr_accuracy"] > 0.85 and out["trtr_accuracy"] > 0.85
+    assert out["mmd2_n_real"] == 300 and out["space"] == "l2"
+
+
+def test_human_output_is_a_table(stores):
+    r = _run("--real", stores["real"], "--synthetic", stores["syn"], *FAST)
+    assert r.exit_code == 0, r.output
+    assert "fidelity" in r.stdout and "TSTR" in r.stdout and "balanced_accuracy" in r.stdout
+    assert "per domain" in r.stdout
+
+
+def test_partition_gives_per_client_results(stores, tmp_path):
+    from fedhype.data.partition import make_partition
+
+    full = EmbeddingStore.load(stores["full"])
+    part = make_partition(full, scheme="iid", n_clients=3, seed=0, min_train_per_client=20)
+    part_path = part.save(tmp_path / "part.json")
+    r = _run("--real", stores["full"], "--synthetic", stores["syn"], "--partition", part_path, "--interpolation",
+             *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out["per_domain"]) == {c.name for c in part.clients}
+    assert out["n_real"] == sum(len(c.test) for c in part.clients)
+    assert out["trtr_accuracy"] is not None
+    assert set(out["interpolation"]["clients"]) == {c.name for c in part.clients}
+    # a partition made from another store is refused as a mismatched artifact
+    r = _run("--real", stores["real"], "--synthetic", stores["syn"], "--partition", part_path, *FAST, "--json")
+    assert r.exit_code == 4
+
+
+@pytest.mark.parametrize(
+    "extra, code",
+    [
+        (["--synthetic", "corrupt"], 4),
+        (["--synthetic", "narrow"], 2),
+        (["--synthetic", "syn", "--space", "cosine"], 2),
+        (["--synthetic", "syn", "--real-split", "test"], 2),
+        (["--synthetic", "syn", "--k", "0"], 2),
+        (["--synthetic", "syn", "--permutations", "many"], 2),
+    ],
+)
+def test_exit_codes(stores, extra, code):
+    extra = [str(stores[a]) if a in stores else a for a in extra]
+    r = _run("--real", stores["real"], *FAST, *extra, "--json")
+    assert r.exit_code == code, r.output
+    if code == 4 or "narrow" in " ".join(extra):
+        err = json.loads(r.stdout)
+        assert err["exit_code"] == code
+    if "narrow" in " ".join(extra):
+        assert "D=64" in err["error"] and "D=32" in err["error"] and "narrow.safetensors" in err["error"]
+
+
+def test_console_script_prints_one_json_object(stores):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, "-m", "fedhype.cli.main", "evaluate", "--real", str(stores["real"]),
+                        "--synthetic", str(stores["syn"]), *FAST, "--json"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "mmd2" in json.loads(lines[0])
