@@ -131,3 +131,27 @@ def test_dpconfig_validation():
         DPConfig(-1.0, 1.0)
     with pytest.raises(ValidationError):
         DPConfig(1.0, 0.0)
+
+
+@pytest.mark.parametrize("variant", [{}, {"decoder": "shared"}, {"prior": "standard", "lambda_mmd": 0.0}])
+def test_bookkeeping_equals_torch_func_reference(variant):
+    """The fast path clips exactly the per-example gradients that vmap(grad) computes."""
+    from fedhype.models.losses import make_batch_loss
+    from fedhype.privacy.bookkeeping import clipped_sum_bookkeeping
+
+    cfg, params, batch = _setup(torch.float64, B=7)
+    cfg = ModelConfig(**{**cfg.to_dict(), **variant})
+    g = torch.Generator().manual_seed(1)
+    hnet = HyperNetwork(cfg, g)
+    theta = {k: v.detach().double() + 0.01 * torch.randn(v.shape, generator=g, dtype=torch.float64)
+             for k, v in hnet(torch.randn(4, generator=g)).items()}
+    params = {**{f"shared.{k}": v for k, v in theta.items()},
+              **{k: v for k, v in params.items() if k.startswith("local.")}}
+    pe = per_example_grads(make_per_example_loss(cfg), params, batch)
+    for C in (0.05, 1e6):  # clipping active / inactive
+        ref, ref_norms = clip_and_sum(pe, C)
+        fast, norms = clipped_sum_bookkeeping(make_batch_loss(cfg), params, batch, C)
+        assert torch.allclose(norms, ref_norms, rtol=1e-6, atol=1e-8)
+        assert set(fast) == set(ref)
+        for k in ref:
+            assert torch.allclose(fast[k], ref[k], rtol=1e-6, atol=1e-8), k

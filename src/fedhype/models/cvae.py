@@ -44,30 +44,49 @@ def init_local_encoder(cfg: ModelConfig, generator: torch.Generator) -> Params:
     return p
 
 
-def encode(local: Params, x: torch.Tensor, y1h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q_ψ(z | x, y): returns (μ, log σ²), each [..., L]."""
+def _linear(p: Params, w: str, b: str, x: torch.Tensor, tape, prefix: str) -> torch.Tensor:
+    """``F.linear`` that reports the parameter use to a per-example-gradient tape if given."""
+    if tape is None:
+        return F.linear(x, p[w], p[b])
+    return tape.linear(prefix + w, prefix + b, x, p[w], p[b])
+
+
+def encode(local: Params, x: torch.Tensor, y1h: torch.Tensor, tape=None, prefix: str = "local.") -> tuple[torch.Tensor, torch.Tensor]:
+    """q_ψ(z | x, y): returns (μ, log σ²), each [..., L].
+
+    ``tape`` (optional, see :class:`fedhype.privacy.bookkeeping.GradTape`) records every
+    parameter use for per-example gradient norms; ``prefix`` names the parameters on it.
+    """
     h = torch.cat([x, y1h], dim=-1)
     for i in (1, 2, 3):
-        h = F.silu(F.linear(h, local[f"w{i}"], local[f"b{i}"]))
-    return F.linear(h, local["wmu"], local["bmu"]), 4.0 * torch.tanh(F.linear(h, local["wlv"], local["blv"]) / 4.0)
+        h = F.silu(_linear(local, f"w{i}", f"b{i}", h, tape, prefix))
+    mu = _linear(local, "wmu", "bmu", h, tape, prefix)
+    return mu, 4.0 * torch.tanh(_linear(local, "wlv", "blv", h, tape, prefix) / 4.0)
 
 
-def decode(theta: Params, z: torch.Tensor, y1h: torch.Tensor) -> torch.Tensor:
+def decode(theta: Params, z: torch.Tensor, y1h: torch.Tensor, tape=None, prefix: str = "shared.") -> torch.Tensor:
     """p_θ(x | z, y) mean: [..., L] ⊕ [..., K] → [..., D] (model space), with FiLM if present."""
     h = torch.cat([z, y1h], dim=-1)
     film = "film.gamma" in theta
     for i in (1, 2, 3):
-        h = F.linear(h, theta[f"dec.w{i}"], theta[f"dec.b{i}"])
+        h = _linear(theta, f"dec.w{i}", f"dec.b{i}", h, tape, prefix)
         if film:
-            h = theta["film.gamma"][i - 1] * h + theta["film.beta"][i - 1]
+            if tape is None:
+                h = theta["film.gamma"][i - 1] * h + theta["film.beta"][i - 1]
+            else:
+                h = tape.film(prefix + "film.gamma", prefix + "film.beta", i - 1, h,
+                              theta["film.gamma"][i - 1], theta["film.beta"][i - 1])
         h = F.silu(h)
-    return F.linear(h, theta["dec.wo"], theta["dec.bo"])
+    return _linear(theta, "dec.wo", "dec.bo", h, tape, prefix)
 
 
-def prior(theta: Params, y1h: torch.Tensor, latent: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prior(theta: Params, y1h: torch.Tensor, latent: int, tape=None, prefix: str = "shared.") -> tuple[torch.Tensor, torch.Tensor]:
     """Class-conditional prior (μ_{i,y}, log σ²_{i,y}) [..., L]; N(0, I) when not generated."""
     if "prior.mu" in theta:
-        return y1h @ theta["prior.mu"], y1h @ theta["prior.logvar"]
+        if tape is None:
+            return y1h @ theta["prior.mu"], y1h @ theta["prior.logvar"]
+        return (tape.matmul(prefix + "prior.mu", y1h, theta["prior.mu"]),
+                tape.matmul(prefix + "prior.logvar", y1h, theta["prior.logvar"]))
     zeros = torch.zeros(*y1h.shape[:-1], latent, dtype=y1h.dtype, device=y1h.device)
     return zeros, zeros
 

@@ -52,7 +52,7 @@ def split_params(params: Params) -> tuple[Params, Params]:
 
 
 def example_terms(theta: Params, psi: Params, x: torch.Tensor, y1h: torch.Tensor, eps_q: torch.Tensor,
-                  eps_s: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+                  eps_s: torch.Tensor, cfg: ModelConfig, tape=None) -> dict[str, torch.Tensor]:
     """Reconstruction, KL and MMD cross term for one example or a batch.
 
     Args:
@@ -60,19 +60,22 @@ def example_terms(theta: Params, psi: Params, x: torch.Tensor, y1h: torch.Tensor
         eps_q: N(0, I) noise [L] for z; eps_s: N(0, I) noise [m, L] for the synthetic samples.
     Returns: dict of ``recon``, ``kl``, ``mmd_cross`` (each a scalar or [B]).
     """
-    mu_q, lv_q = encode(psi, x, y1h)
+    mu_q, lv_q = encode(psi, x, y1h, tape)
     z = mu_q + torch.exp(0.5 * lv_q) * eps_q
-    xr = decode(theta, z, y1h)
-    recon = 0.5 * ((x - xr) ** 2).sum(-1)
-    mu_p, lv_p = prior(theta, y1h, cfg.latent)
+    mu_p, lv_p = prior(theta, y1h, cfg.latent, tape)
     kl = kl_diag_gauss(mu_q, lv_q, mu_p, lv_p)
     if cfg.lambda_mmd > 0:
+        # one decoder pass for the reconstruction and the m synthetic samples (one per-example
+        # gradient contribution per layer instead of two)
         zs = mu_p.unsqueeze(-2) + torch.exp(0.5 * lv_p).unsqueeze(-2) * eps_s  # [..., m, L]
-        ys = y1h.unsqueeze(-2).expand(*zs.shape[:-1], y1h.shape[-1])
-        xs = decode(theta, zs, ys)  # [..., m, D]
+        zall = torch.cat([z.unsqueeze(-2), zs], dim=-2)  # [..., 1+m, L]
+        out = decode(theta, zall, y1h.unsqueeze(-2).expand(*zall.shape[:-1], y1h.shape[-1]), tape)
+        xr, xs = out[..., 0, :], out[..., 1:, :]
         cross = -2.0 * rbf(x.unsqueeze(-2), xs, cfg.mmd_bandwidths).mean((-1, -2))
     else:
-        cross = torch.zeros_like(recon)
+        xr = decode(theta, z, y1h, tape)
+        cross = torch.zeros_like(kl)
+    recon = 0.5 * ((x - xr) ** 2).sum(-1)
     return {"recon": recon, "kl": kl, "mmd_cross": cross}
 
 
@@ -85,6 +88,21 @@ def make_per_example_loss(cfg: ModelConfig):
     def loss(params: Params, x, y1h, eps_q, eps_s):
         theta, psi = split_params(params)
         t = example_terms(theta, psi, x, y1h, eps_q, eps_s, cfg)
+        return t["recon"] + cfg.beta * t["kl"] + cfg.lambda_mmd * t["mmd_cross"]
+
+    return loss
+
+
+def make_batch_loss(cfg: ModelConfig):
+    """The same loss for a whole batch: ``loss(params, tape, x, y1h, eps_q, eps_s) -> [B]``.
+
+    Every parameter use is reported to ``tape`` (book-keeping per-example clipping,
+    :mod:`fedhype.privacy.bookkeeping`); equal to :func:`make_per_example_loss` row by row.
+    """
+
+    def loss(params: Params, tape, x, y1h, eps_q, eps_s):
+        theta, psi = split_params(params)
+        t = example_terms(theta, psi, x, y1h, eps_q, eps_s, cfg, tape)
         return t["recon"] + cfg.beta * t["kl"] + cfg.lambda_mmd * t["mmd_cross"]
 
     return loss

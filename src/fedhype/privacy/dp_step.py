@@ -46,11 +46,16 @@ class DPConfig:
         clip_norm: C, the per-example L2 clipping norm over all data-touching parameters.
         enabled: False only for an explicit ``--no-dp`` run: no clipping, no noise, outputs
             marked non-private.
+        grad_method: ``"bookkeeping"`` (default: per-example norms and clipped sums without
+            materialising per-example gradients, :mod:`fedhype.privacy.bookkeeping`) or
+            ``"vmap"`` (the torch.func reference: ``vmap(grad(...))``). Both clip the same
+            per-example gradients; they differ only in speed and memory.
     """
 
     noise_multiplier: float | None
     clip_norm: float
     enabled: bool = True
+    grad_method: str = "bookkeeping"
 
     def __post_init__(self) -> None:
         if self.enabled:
@@ -58,6 +63,8 @@ class DPConfig:
                 raise ValidationError(f"noise_multiplier σ must be a finite number ≥ 0, got {self.noise_multiplier}")
             if not (self.clip_norm > 0) or not math.isfinite(self.clip_norm):
                 raise ValidationError(f"clip_norm C must be > 0, got {self.clip_norm}")
+        if self.grad_method not in ("bookkeeping", "vmap"):
+            raise ValidationError(f"grad_method must be 'bookkeeping' or 'vmap', got {self.grad_method!r}")
 
 
 class PrivatizedUpdate:
@@ -125,11 +132,8 @@ def clip_and_sum(per_example: Params, clip_norm: float) -> tuple[Params, torch.T
     Factor ``min(1, C / (‖g_i‖ + 1e-6))`` as in Opacus. Returns the summed clipped gradients
     (name → ``param.shape``) and the per-example norms before clipping (float32 ``[B]``).
     """
-    sq = None
-    for g in per_example.values():
-        s = g.reshape(g.shape[0], -1).pow(2).sum(1)
-        sq = s if sq is None else sq + s
-    norms = sq.sqrt()
+    norms = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in per_example.values()], 1), dim=1)
     factor = (clip_norm / (norms + 1e-6)).clamp(max=1.0)
     summed = {k: torch.einsum("b,b...->...", factor.to(g.dtype), g) for k, g in per_example.items()}
     return summed, norms
@@ -177,21 +181,29 @@ class LocalDPSession:
     def local_optimizer(self) -> torch.optim.Optimizer:
         return self._opt_local
 
-    def noised_gradient(self, loss_fn: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...]) -> Params:
+    def noised_gradient(self, loss_fn: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
+                        batch_loss: Callable[..., torch.Tensor] | None = None) -> Params:
         """The privatized mean gradient over all parameters for one Poisson batch.
 
         ``(Σ_i clip_C(∇ℓ_i) + N(0, σ²C²)) / B`` over θ_i ∪ ψ_i; with DP disabled, the plain mean
         gradient over the batch. An empty batch gives noise only (still one mechanism step).
+        ``batch_loss`` (same loss, batched, reporting to a tape) enables the book-keeping path.
         """
         params = {**{f"shared.{k}": v.detach() for k, v in self.shared.items()},
                   **{f"local.{k}": v.detach() for k, v in self.local.items()}}
         n = int(batch[0].shape[0])
-        if n > 0:
+        if n > 0 and self.dp.enabled and batch_loss is not None and self.dp.grad_method == "bookkeeping":
+            from fedhype.privacy.bookkeeping import clipped_sum_bookkeeping
+
+            summed, self.last_norms = clipped_sum_bookkeeping(batch_loss, params, batch, self.dp.clip_norm)
+        elif n > 0 and self.dp.enabled:
             pe = per_example_grads(loss_fn, params, batch)
-            if self.dp.enabled:
-                summed, self.last_norms = clip_and_sum(pe, self.dp.clip_norm)
-            else:
-                summed = {k: g.sum(0) for k, g in pe.items()}
+            summed, self.last_norms = clip_and_sum(pe, self.dp.clip_norm)
+        elif n > 0:  # explicit --no-dp: the plain batch gradient, no per-example work
+            leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+            total = vmap(loss_fn, in_dims=(None,) + (0,) * len(batch), randomness="error")(leaves, *batch).sum()
+            summed = dict(zip(leaves, torch.autograd.grad(total, list(leaves.values()), allow_unused=True)))
+            summed = {k: (g if g is not None else torch.zeros_like(params[k])) for k, g in summed.items()}
         else:
             summed = {k: torch.zeros_like(v) for k, v in params.items()}
         if self.dp.enabled:
@@ -204,7 +216,8 @@ class LocalDPSession:
         return {k: g / denom for k, g in summed.items()}
 
     def step(self, loss_fn: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
-             public_grad: Callable[[Params], Params] | None = None) -> None:
+             public_grad: Callable[[Params], Params] | None = None,
+             batch_loss: Callable[..., torch.Tensor] | None = None) -> None:
         """One local DP-SGD step.
 
         Args:
@@ -213,8 +226,9 @@ class LocalDPSession:
             batch: the Poisson-sampled batch (leading dim = actual batch size, may be 0).
             public_grad: optional data-free term: ``public_grad(shared) -> {name: grad}``, a
                 function of the shared parameters only (no records); added after privatisation.
+            batch_loss: optional batched form of the same loss for the book-keeping path.
         """
-        g = self.noised_gradient(loss_fn, batch)
+        g = self.noised_gradient(loss_fn, batch, batch_loss)
         for k, v in self.shared.items():
             v.grad = g[f"shared.{k}"].clone()
         for k, v in self.local.items():

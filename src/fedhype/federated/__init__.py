@@ -1,0 +1,1 @@
+"""Stage 4: the in-process federation engine (server ⇄ clients) for FedHypeVAE."""

@@ -1,0 +1,141 @@
+"""A federated client: its private records, local encoder ψ_i and private state.
+
+What a client holds never leaves it: its records, ψ_i and ψ_i's optimiser state, and its
+noise / sampling generator states (they are stored in ``<run>/clients/<id>/`` — in a real
+deployment that folder lives on the institution's machine). What it returns is a
+:class:`~fedhype.privacy.dp_step.PrivatizedUpdate` from :meth:`Client.run_round`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from fedhype.io import atomic_save_tensors, load_tensors
+from fedhype.models.config import ModelConfig
+from fedhype.models.cvae import init_local_encoder, to_model_space
+from fedhype.models.losses import batch_elbo, make_batch_loss, make_per_example_loss, make_public_grad
+from fedhype.privacy.dp_step import DPConfig, LocalDPSession, PrivatizedUpdate, poisson_batch
+
+
+def _entropy_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+
+
+class Client:
+    """One institution in the in-process simulation.
+
+    Args:
+        client_id: public id (str).
+        index: position of the client (its code row on the server).
+        x: float32 ``[n_i, D]`` training embeddings (raw; mapped to model space here).
+        labels: int64 ``[n_i]``.
+        state_dir: private folder for ψ_i, optimiser and generator states.
+        seed: run seed, or None (noise seeded from OS entropy: not reproducible).
+    """
+
+    def __init__(self, client_id: str, index: int, x: torch.Tensor, labels: torch.Tensor, state_dir: Path,
+                 seed: int | None):
+        self.id = str(client_id)
+        self.index = index
+        self.x = to_model_space(x.to(torch.float32))
+        self.labels = labels.to(torch.int64)
+        self.state_dir = Path(state_dir)
+        self.seed = seed
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    # ------------------------------------------------------------------ private state
+    def _state_path(self, round_idx: int) -> Path:
+        return self.state_dir / f"state-r{round_idx}.safetensors"
+
+    def _fresh_state(self, cfg: ModelConfig) -> dict:
+        base = 0 if self.seed is None else self.seed
+        init_gen = torch.Generator().manual_seed((base * 1_000_003 + 7919 * (self.index + 1)) & ((1 << 63) - 1))
+        psi = dict(sorted(init_local_encoder(cfg, init_gen).items()))  # canonical order = optimiser index order
+        sample_gen = torch.Generator().manual_seed(
+            _entropy_seed() if self.seed is None else (self.seed * 7_777_777 + self.index + 11) & ((1 << 63) - 1))
+        noise_gen = torch.Generator().manual_seed(
+            _entropy_seed() if self.seed is None else (self.seed * 9_999_991 + self.index + 13) & ((1 << 63) - 1))
+        return {"psi": psi, "opt": None, "sample_gen": sample_gen, "noise_gen": noise_gen}
+
+    def load_state(self, round_idx: int, cfg: ModelConfig) -> dict:
+        """State at the start of ``round_idx`` (fresh at round 0). Unseeded runs re-seed noise."""
+        path = self._state_path(round_idx)
+        if round_idx == 0 or not path.exists():
+            return self._fresh_state(cfg)
+        t = load_tensors(path, what=f"client {self.id} state")
+        psi = dict(sorted((k[4:], v) for k, v in t.items() if k.startswith("psi.")))
+        opt = {k[4:]: v for k, v in t.items() if k.startswith("opt.")}
+        sample_gen, noise_gen = torch.Generator(), torch.Generator()
+        sample_gen.set_state(t["gen.sample"])
+        if self.seed is None:
+            noise_gen.manual_seed(_entropy_seed())  # fresh noise after a restart: never replayed
+        else:
+            noise_gen.set_state(t["gen.noise"])
+        return {"psi": psi, "opt": opt or None, "sample_gen": sample_gen, "noise_gen": noise_gen}
+
+    def save_state(self, round_idx: int, state: dict, optimizer: torch.optim.Optimizer) -> None:
+        t = {f"psi.{k}": v.detach() for k, v in state["psi"].items()}
+        for i, st in optimizer.state_dict()["state"].items():
+            for k, v in st.items():
+                t[f"opt.{i}.{k}"] = torch.as_tensor(v)
+        t["gen.sample"] = state["sample_gen"].get_state()
+        t["gen.noise"] = state["noise_gen"].get_state()
+        atomic_save_tensors(self._state_path(round_idx), t)
+
+    def drop_state_before(self, round_idx: int) -> None:
+        for p in self.state_dir.glob("state-r*.safetensors"):
+            if int(p.stem.split("-r")[1]) < round_idx:
+                p.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ training
+    def run_round(self, round_idx: int, theta0: dict[str, torch.Tensor], cfg: ModelConfig, dp: DPConfig,
+                  *, batch_size: int, steps: int, lr: float) -> PrivatizedUpdate:
+        """K local DP-SGD steps from θ_i^0; returns Δθ_i as a PrivatizedUpdate.
+
+        Saves the client's private state for round ``round_idx + 1``.
+        """
+        state = self.load_state(round_idx, cfg)
+        q = min(1.0, batch_size / self.n)
+        session = LocalDPSession(
+            self.id, theta0, state["psi"], dp, sample_rate=q, expected_batch_size=q * self.n,
+            generator=state["noise_gen"], make_optimizer=lambda ps: torch.optim.Adam(ps, lr=lr))
+        if state["opt"]:
+            _restore_adam(session.local_optimizer, state["opt"])
+        loss_fn, batch_loss = make_per_example_loss(cfg), make_batch_loss(cfg)
+        public = make_public_grad(cfg, state["sample_gen"])
+        g = state["sample_gen"]
+        for _ in range(steps):
+            idx = poisson_batch(self.n, q, g)
+            b = int(idx.numel())
+            x = self.x[idx]
+            y1h = F.one_hot(self.labels[idx], cfg.n_classes).to(torch.float32)
+            eps_q = torch.randn(b, cfg.latent, generator=g)
+            eps_s = torch.randn(b, cfg.mmd_samples, cfg.latent, generator=g)
+            session.step(loss_fn, (x, y1h, eps_q, eps_s), public_grad=public, batch_loss=batch_loss)
+        update = session.finish()
+        self.save_state(round_idx + 1, state, session.local_optimizer)
+        return update
+
+    def diagnostics(self, theta: dict[str, torch.Tensor], round_idx: int, cfg: ModelConfig, x_val: torch.Tensor,
+                    y_val: torch.Tensor) -> dict[str, float]:
+        """Held-out (validation) ELBO terms of this client's model — NOT covered by DP."""
+        state = self.load_state(round_idx, cfg)
+        gen = torch.Generator().manual_seed(1234)
+        return batch_elbo(theta, state["psi"], to_model_space(x_val), y_val, cfg, gen)
+
+
+def _restore_adam(opt: torch.optim.Optimizer, flat: dict[str, torch.Tensor]) -> None:
+    sd = opt.state_dict()
+    state: dict[int, dict] = {}
+    for key, v in flat.items():
+        i, name = key.split(".", 1)
+        state.setdefault(int(i), {})[name] = v
+    sd["state"] = state
+    opt.load_state_dict(sd)

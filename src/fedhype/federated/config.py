@@ -1,0 +1,98 @@
+"""Training configuration (one typed object, resolved once and written into the run directory)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from fedhype.errors import ValidationError
+from fedhype.models.config import ModelConfig
+
+METHODS = ("fedhypevae",)
+
+
+@dataclass
+class TrainConfig:
+    """How a run trains and what privacy it buys.
+
+    Attributes:
+        rounds: federated rounds R.
+        local_epochs: local epochs per round; client i runs K_i = ceil(E · n_i / B) DP steps
+            (ignored when ``local_steps`` is set).
+        local_steps: fixed K for every client (overrides ``local_epochs``).
+        batch_size: expected Poisson batch size B; client i samples with q_i = B / n_i.
+        participation: fraction of clients sampled per round (public randomness).
+        lr_local: Adam learning rate of the local steps (θ_i and ψ_i).
+        lr_server: SGD learning rate for the base decoder on the averaged Δθ (1.0 = FedAvg).
+        lr_hyper: SGD learning rate of the hypernetwork trunk and heads.
+        lr_code: SGD learning rate of the client codes.
+        epsilon: target ε (σ is calibrated for the plan actually run); None with ``noise_multiplier``.
+        delta: δ.
+        noise_multiplier: σ set directly (then ε is whatever the accountant says).
+        clip_norm: C.
+        no_dp: explicit non-private run (no clipping, no noise; outputs marked non-private).
+        max_epsilon: refuse (exit 3) before a round that would take any client over this ε.
+        seed: reproducible run (recorded as "not secure"); None = noise seeded from OS entropy.
+        min_records: smallest client training set accepted.
+    """
+
+    rounds: int = 30
+    local_epochs: float = 1.0
+    local_steps: int | None = None
+    batch_size: int = 64
+    participation: float = 1.0
+    lr_local: float = 1e-3
+    lr_server: float = 1.0
+    lr_hyper: float = 1.0
+    lr_code: float = 1.0
+    epsilon: float | None = 1.0
+    delta: float = 1e-4
+    noise_multiplier: float | None = None
+    clip_norm: float = 1.5
+    no_dp: bool = False
+    max_epsilon: float | None = None
+    seed: int | None = None
+    min_records: int = 20
+    method: str = "fedhypevae"
+    model: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValidationError(f"train.rounds must be ≥ 1, got {self.rounds}")
+        if self.local_steps is not None and self.local_steps < 1:
+            raise ValidationError(f"train.local_steps must be ≥ 1, got {self.local_steps}")
+        if not (self.local_epochs > 0):
+            raise ValidationError(f"train.local_epochs must be > 0, got {self.local_epochs}")
+        if self.batch_size < 1:
+            raise ValidationError(f"train.batch_size must be ≥ 1, got {self.batch_size}")
+        if not (0 < self.participation <= 1):
+            raise ValidationError(f"train.participation must be in (0, 1], got {self.participation}")
+        if not (0 < self.delta < 1):
+            raise ValidationError(f"train.delta must be in (0, 1), got {self.delta}")
+        if not (self.clip_norm > 0):
+            raise ValidationError(f"train.clip_norm must be > 0, got {self.clip_norm}")
+        if self.method not in METHODS:
+            raise ValidationError(f"train.method must be one of {METHODS}, got {self.method!r}")
+        if not self.no_dp:
+            if self.noise_multiplier is None and self.epsilon is None:
+                raise ValidationError("give --epsilon (target ε) or --noise-multiplier, or --no-dp for a non-private run")
+            if self.noise_multiplier is not None and self.noise_multiplier < 0:
+                raise ValidationError(f"noise multiplier σ must be ≥ 0, got {self.noise_multiplier}")
+            if self.noise_multiplier is None and not (self.epsilon > 0):
+                raise ValidationError(f"target ε must be > 0, got {self.epsilon}")
+
+    def steps_per_round(self, n_records: int) -> int:
+        """K_i for a client with ``n_records`` training records."""
+        if self.local_steps is not None:
+            return int(self.local_steps)
+        return max(1, math.ceil(self.local_epochs * n_records / self.batch_size))
+
+    def sample_rate(self, n_records: int) -> float:
+        """q_i = min(1, B / n_i)."""
+        return min(1.0, self.batch_size / n_records)
+
+    def model_config(self, dim: int, n_classes: int) -> ModelConfig:
+        return ModelConfig(dim=dim, n_classes=n_classes, **self.model)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

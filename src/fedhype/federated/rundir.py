@@ -1,0 +1,98 @@
+"""The run directory: what a training run writes, and its checkpoint/commit protocol.
+
+Layout::
+
+    run/
+      config.json          resolved configuration (train, model, data, privacy plan)
+      model.safetensors    Φ and the DP client codes (+ JSON metadata: model config, client ids,
+                           public client sizes, ε, δ, private flag) — what synthesis reads
+      ledger.json          the privacy ledger (every mechanism event; ε recomputed from it)
+      metrics.json         per-round metrics (ε so far; held-out diagnostics marked non-DP)
+      checkpoint.json      commit point: the last completed round
+      ckpt/server-r<R>.safetensors      server state after round R
+      clients/<id>/state-r<R>.safetensors   private client state (ψ_i, optimiser, generators)
+
+A round is committed by atomically rewriting ``checkpoint.json`` after every file of that
+round is on disk; older round files are removed afterwards. A crash leaves the previous commit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from fedhype.errors import ArtifactError
+from fedhype.io import atomic_save_tensors, atomic_write_json, load_tensors, read_json
+from fedhype.models.config import ModelConfig
+from fedhype.models.hypernet import HyperNetwork
+
+MODEL_FORMAT = "fedhype-model/1"
+
+
+class RunDir:
+    """Paths and (de)serialisation of one run directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    config = property(lambda self: self.root / "config.json")
+    model = property(lambda self: self.root / "model.safetensors")
+    ledger = property(lambda self: self.root / "ledger.json")
+    metrics = property(lambda self: self.root / "metrics.json")
+    checkpoint = property(lambda self: self.root / "checkpoint.json")
+
+    def server_ckpt(self, r: int) -> Path:
+        return self.root / "ckpt" / f"server-r{r}.safetensors"
+
+    def client_dir(self, client_id: str) -> Path:
+        return self.root / "clients" / str(client_id)
+
+    def committed_round(self) -> int:
+        """Number of completed rounds (0 if none)."""
+        if not self.checkpoint.exists():
+            return 0
+        return int(read_json(self.checkpoint, "checkpoint")["rounds_done"])
+
+    def commit(self, rounds_done: int, extra: dict | None = None) -> None:
+        atomic_write_json(self.checkpoint, {"rounds_done": rounds_done, **(extra or {})})
+        for p in (self.root / "ckpt").glob("server-r*.safetensors"):
+            if int(p.stem.split("-r")[1]) < rounds_done:
+                p.unlink(missing_ok=True)
+
+
+def save_model(path: Path, hnet: HyperNetwork, codes: torch.Tensor, meta: dict) -> None:
+    """Write Φ and the codes ``[n_clients, code_dim]`` with JSON metadata (atomic)."""
+    t = {f"hnet.{k}": v for k, v in hnet.state_dict().items()}
+    t["codes"] = codes.detach()
+    atomic_save_tensors(path, t, {"fedhype": json.dumps({"format": MODEL_FORMAT, **meta})})
+
+
+def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
+    """Read a trained model: (h_Φ, codes float32 [n_clients, code_dim], metadata).
+
+    Raises:
+        ArtifactError: missing/corrupt file or wrong format.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    t = load_tensors(path, what="model")
+    with safe_open(str(path), framework="pt") as fh:
+        raw = (fh.metadata() or {}).get("fedhype")
+    try:
+        meta = json.loads(raw or "{}")
+    except json.JSONDecodeError:
+        raise ArtifactError(f"model {path}: metadata is not valid JSON") from None
+    if meta.get("format") != MODEL_FORMAT:
+        raise ArtifactError(f"model {path}: not a fedhype model (format {meta.get('format')!r})")
+    cfg = ModelConfig(**{**meta["model"], "mmd_bandwidths": tuple(meta["model"]["mmd_bandwidths"])})
+    hnet = HyperNetwork(cfg, torch.Generator().manual_seed(0))
+    try:
+        hnet.load_state_dict({k[5:]: v for k, v in t.items() if k.startswith("hnet.")})
+    except RuntimeError as exc:
+        raise ArtifactError(f"model {path}: weights do not match its config ({exc})") from None
+    return hnet, t["codes"], meta

@@ -1,0 +1,100 @@
+"""The server: holds the hypernetwork Φ and the client codes, accepts only privatized updates.
+
+Aggregation (pFedHN-style, Shamsian et al. 2021, eq. 3, with a FedAvg base decoder): for the
+participating clients S with public training-set sizes n_i (public metadata, as the dataset
+size is in DP-SGD) and weights w_i = n_i / Σ_S n_j, the pseudo-gradient of the generated
+parameters is −Δθ_i. By the chain rule
+
+    ∇_Φ = − Σ_i w_i (∂θ_i/∂Φ)ᵀ Δθ_i + λ_Lip ∇_Φ R_Lip,    ∇_{c_i} = − w_i (∂θ_i/∂c_i)ᵀ Δθ_i + λ_Lip ∇_{c_i} R_Lip
+
+computed as one vector–Jacobian product of ⟨θ(c_i; Φ), −Δθ_i⟩. The base decoder is the
+identity part of h, so with ``lr_server = 1`` its update is exactly FedAvg of the clients' Δθ.
+Every Δθ_i is a PrivatizedUpdate, so Φ and the codes are post-processing of DP outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedhype.models.config import ModelConfig
+from fedhype.models.hypernet import HyperNetwork
+from fedhype.models.losses import lipschitz_penalty
+from fedhype.privacy.dp_step import PrivatizedUpdate
+
+
+class Server:
+    """Φ, the codes ``[n_clients, code_dim]`` and the update rule.
+
+    Args:
+        cfg: model configuration.
+        n_clients: number of clients (one code each).
+        generator: public randomness (init, client sampling, Lipschitz directions).
+        lr_server, lr_hyper, lr_code: SGD learning rates (see :class:`TrainConfig`).
+    """
+
+    def __init__(self, cfg: ModelConfig, n_clients: int, generator: torch.Generator, *,
+                 lr_server: float = 1.0, lr_hyper: float = 1.0, lr_code: float = 1.0, lambda_lip: float | None = None):
+        self.cfg = cfg
+        self.generator = generator
+        self.hnet = HyperNetwork(cfg, generator)
+        self.codes = torch.nn.Parameter(torch.randn(n_clients, cfg.code_dim, generator=generator) * 0.1)
+        self.lambda_lip = cfg.lambda_lip if lambda_lip is None else lambda_lip
+        self.opt = torch.optim.SGD([
+            {"params": list(self.hnet.base.parameters()), "lr": lr_server},
+            {"params": list(self.hnet.trunk.parameters()) + list(self.hnet.heads.parameters()), "lr": lr_hyper},
+            {"params": [self.codes], "lr": lr_code},
+        ])
+        self._inbox: list[tuple[int, float, PrivatizedUpdate]] = []
+
+    def theta_for(self, index: int) -> dict[str, torch.Tensor]:
+        """θ_i = h_Φ(c_i), detached (what client ``index`` downloads)."""
+        with torch.no_grad():
+            return {k: v.detach().clone() for k, v in self.hnet(self.codes[index]).items()}
+
+    def accept(self, index: int, weight: float, update: PrivatizedUpdate) -> None:
+        """Queue a client's update. Anything but a :class:`PrivatizedUpdate` is refused.
+
+        Raises:
+            TypeError: ``update`` is not a PrivatizedUpdate (the privacy boundary is a type).
+        """
+        if type(update) is not PrivatizedUpdate:
+            raise TypeError(f"the server accepts only PrivatizedUpdate, got {type(update).__name__}")
+        self._inbox.append((index, float(weight), update))
+
+    def aggregate(self) -> dict[str, float]:
+        """Apply the queued updates (weights renormalised over participants) and clear the inbox."""
+        if not self._inbox:
+            return {"participants": 0}
+        total_w = sum(w for _, w, _ in self._inbox)
+        self.opt.zero_grad(set_to_none=True)
+        surrogate = self.codes.new_zeros(())
+        for index, w, upd in self._inbox:
+            theta = self.hnet(self.codes[index])
+            for k, d in upd.tensors.items():
+                surrogate = surrogate - (w / total_w) * (theta[k] * d).sum()
+        lip = torch.zeros(())
+        if self.lambda_lip > 0:
+            idx = torch.tensor([i for i, _, _ in self._inbox])
+            lip = lipschitz_penalty(self.hnet, self.codes[idx], self.generator)
+            surrogate = surrogate + self.lambda_lip * lip
+        surrogate.backward()
+        with torch.no_grad():  # each code gets its own client's full pseudo-gradient (not w_i-scaled)
+            for index, w, _ in self._inbox:
+                self.codes.grad[index] /= (w / total_w)
+        self.opt.step()
+        n = len(self._inbox)
+        self._inbox.clear()
+        return {"participants": n, "lipschitz": float(lip.detach())}
+
+    # ------------------------------------------------------------------ persistence
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        t = {f"hnet.{k}": v.detach() for k, v in self.hnet.state_dict().items()}
+        t["codes"] = self.codes.detach()
+        t["gen.server"] = self.generator.get_state()
+        return t
+
+    def load_state_tensors(self, t: dict[str, torch.Tensor]) -> None:
+        self.hnet.load_state_dict({k[5:]: v for k, v in t.items() if k.startswith("hnet.")})
+        with torch.no_grad():
+            self.codes.copy_(t["codes"])
+        self.generator.set_state(t["gen.server"])

@@ -1,0 +1,83 @@
+"""Code specifications: which (meta-)code a synthetic set is drawn from.
+
+Grammar (``--code``):
+
+* ``client:<id>`` — that client's DP code c_i (id or client name);
+* ``neutral`` — the neutral meta-code c̄ = Σ_i n_i c_i / Σ_i n_i, the data-size-weighted mean of
+  the DP client codes with public client sizes n_i (method.md, decision 6);
+* ``mix:<id>=<w>,<id>=<w>,...`` — a convex combination in code space c = Σ w_i c_i;
+* ``mixture:<id>=<w>,...`` — a mixture of the per-code distributions: each sample first draws a
+  client with probability w_i, then decodes with θ_i = h(c_i).
+
+Weights are normalised to sum to 1; they must be ≥ 0 with a positive sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedhype.errors import ValidationError
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """A parsed ``--code``: ``kind`` in {client, neutral, mix, mixture}, client indices and weights."""
+
+    kind: str
+    indices: tuple[int, ...]
+    weights: tuple[float, ...]
+    text: str
+
+    def code(self, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """The single code for ``client`` / ``neutral`` / ``mix`` (``[code_dim]``)."""
+        if self.kind == "neutral":
+            w = torch.tensor(sizes, dtype=codes.dtype)
+            return (w[:, None] * codes).sum(0) / w.sum()
+        if self.kind == "mixture":
+            raise ValueError("a mixture has no single code")
+        w = torch.tensor(self.weights, dtype=codes.dtype)
+        return (w[:, None] * codes[list(self.indices)]).sum(0)
+
+
+def _resolve(token: str, clients: list[str], names: list[str], spec: str) -> int:
+    token = token.strip()
+    for table in (clients, names):
+        if token in table:
+            return table.index(token)
+    raise ValidationError(f"--code {spec!r}: unknown client {token!r}; known ids {clients} / names {names}")
+
+
+def parse_code_spec(spec: str, clients: list[str], names: list[str] | None = None) -> CodeSpec:
+    """Parse ``spec`` against the run's client ids (and names).
+
+    Raises:
+        ValidationError: malformed spec, unknown client, negative or all-zero weights.
+    """
+    names = names or clients
+    s = spec.strip()
+    if s == "neutral":
+        return CodeSpec("neutral", tuple(range(len(clients))), (), s)
+    kind, _, rest = s.partition(":")
+    if kind == "client" and rest:
+        return CodeSpec("client", (_resolve(rest, clients, names, spec),), (1.0,), s)
+    if kind in ("mix", "mixture") and rest:
+        idx, w = [], []
+        for part in rest.split(","):
+            key, eq, val = part.partition("=")
+            if not eq:
+                raise ValidationError(f"--code {spec!r}: expected <id>=<weight>, got {part!r}")
+            try:
+                weight = float(val)
+            except ValueError:
+                raise ValidationError(f"--code {spec!r}: weight {val!r} is not a number") from None
+            if weight < 0:
+                raise ValidationError(f"--code {spec!r}: weights must be ≥ 0")
+            idx.append(_resolve(key, clients, names, spec))
+            w.append(weight)
+        total = sum(w)
+        if total <= 0:
+            raise ValidationError(f"--code {spec!r}: weights must have a positive sum")
+        return CodeSpec(kind, tuple(idx), tuple(x / total for x in w), s)
+    raise ValidationError(f"--code {spec!r}: use client:<id>, neutral, mix:<id>=<w>,... or mixture:<id>=<w>,...")

@@ -1,0 +1,111 @@
+"""Draw a synthetic embeddings store from a trained model (post-processing of DP outputs).
+
+Reads only ``model.safetensors`` (Φ, the DP codes, public client sizes): never the clients'
+records or private state. Output: an :class:`~fedhype.data.store.EmbeddingStore` in the same
+format as ``fedhype embed`` writes, unit-norm embeddings (``meta["space"] = "l2"``), with
+provenance (run id, ε, δ, code spec, seed, private flag).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from fedhype import __version__
+from fedhype.data.store import EmbeddingStore
+from fedhype.errors import ValidationError
+from fedhype.federated.rundir import load_model
+from fedhype.models.cvae import sample
+from fedhype.synthesis.codes import parse_code_spec
+
+
+def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None = None,
+                 label_weights: list[float] | None = None, generator: torch.Generator) -> torch.Tensor:
+    """Labels int64 [N]: ``per_class`` each, or ``n`` split by ``label_weights`` (uniform default).
+
+    With ``n``, counts are the largest-remainder rounding of n·w (deterministic), so the class
+    proportions are exact up to one sample; order is shuffled with ``generator``.
+    """
+    if (per_class is None) == (n is None):
+        raise ValidationError("give exactly one of --per-class or --n")
+    if per_class is not None:
+        if per_class < 1:
+            raise ValidationError(f"--per-class must be ≥ 1, got {per_class}")
+        counts = [per_class] * n_classes
+    else:
+        if n < 1:
+            raise ValidationError(f"--n must be ≥ 1, got {n}")
+        w = torch.tensor(label_weights if label_weights is not None else [1.0] * n_classes, dtype=torch.float64)
+        if w.numel() != n_classes or (w < 0).any() or w.sum() <= 0:
+            raise ValidationError(f"--label-weights needs {n_classes} non-negative numbers with a positive sum")
+        exact = n * w / w.sum()
+        counts = exact.floor().long()
+        rest = n - int(counts.sum())
+        order = torch.argsort(exact - counts, descending=True)
+        counts[order[:rest]] += 1
+        counts = counts.tolist()
+    labels = torch.cat([torch.full((c,), k, dtype=torch.int64) for k, c in enumerate(counts)])
+    return labels[torch.randperm(labels.numel(), generator=generator)]
+
+
+def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | None = None, n: int | None = None,
+               label_weights: list[float] | None = None, seed: int | None = None, batch_size: int = 8192,
+               temperature: float = 1.0, device: str = "cpu") -> EmbeddingStore:
+    """Synthetic embeddings from a run's model.
+
+    Args:
+        model: run directory or its ``model.safetensors``.
+        code: code spec (see :mod:`fedhype.synthesis.codes`).
+        per_class / n / label_weights: how many of each class (see :func:`class_labels`).
+        seed: sampling seed (None = OS entropy); sampling randomness is not a privacy parameter.
+        batch_size: decoder batch size.
+        temperature: scale of the prior's standard deviation (1 = the model's distribution).
+
+    Returns:
+        EmbeddingStore with float32 [N, D] unit-norm embeddings; ``domains`` = source client for
+        ``mixture``, else 0 (one domain named after the code spec).
+
+    Raises:
+        ArtifactError: unreadable model; ValidationError: bad code spec or counts.
+    """
+    hnet, codes, meta = load_model(model)
+    cfg = hnet.cfg
+    clients, names = meta["clients"], meta.get("client_names") or meta["clients"]
+    spec = parse_code_spec(code, clients, [str(x) for x in names])
+    seed_used = seed if seed is not None else int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)
+    gen = torch.Generator().manual_seed(seed_used)
+    labels = class_labels(cfg.n_classes, per_class=per_class, n=n, label_weights=label_weights, generator=gen)
+    hnet = hnet.to(device).eval()
+    out = torch.empty(labels.numel(), cfg.dim)
+    domains = torch.zeros(labels.numel(), dtype=torch.int64)
+    with torch.no_grad():
+        if spec.kind == "mixture":
+            src = torch.multinomial(torch.tensor(spec.weights), labels.numel(), replacement=True, generator=gen)
+            domain_names = [str(names[i]) for i in spec.indices]
+            for j, ci in enumerate(spec.indices):
+                rows = (src == j).nonzero().flatten()
+                if rows.numel():
+                    theta = hnet(codes[ci])
+                    out[rows] = _decode(theta, labels[rows], cfg, gen, batch_size, temperature)
+                    domains[rows] = j
+        else:
+            theta = hnet(spec.code(codes, meta["client_sizes"]))
+            out = _decode(theta, labels, cfg, gen, batch_size, temperature)
+            domain_names = [spec.text]
+    provenance = {
+        "kind": "synthetic", "space": "l2", "run_id": meta.get("run_id"), "method": meta.get("method"),
+        "epsilon": meta.get("epsilon"), "delta": meta.get("delta"), "private": bool(meta.get("private")),
+        "privacy": "DP (post-processing of the run's DP outputs)" if meta.get("private") else "NON-PRIVATE (trained with --no-dp)",
+        "code": spec.text, "seed": seed_used, "seed_given": seed is not None, "temperature": temperature,
+        "counts": torch.bincount(labels, minlength=cfg.n_classes).tolist(), "fedhype_version": __version__,
+    }
+    return EmbeddingStore(embeddings=out, labels=labels, domains=domains,
+                          sample_ids=[f"syn/{i}" for i in range(labels.numel())],
+                          class_names=list(meta["class_names"]), domain_names=domain_names, meta=provenance)
+
+
+def _decode(theta, labels, cfg, gen, batch_size, temperature) -> torch.Tensor:
+    parts = [sample(theta, labels[i:i + batch_size], cfg, gen, temperature) for i in range(0, labels.numel(), batch_size)]
+    return torch.cat(parts) if parts else torch.empty(0, cfg.dim)
