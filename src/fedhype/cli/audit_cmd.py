@@ -1,0 +1,202 @@
+"""``fedhype audit``: check a run's privacy claims — ledger consistency, membership inference, canaries.
+
+* ``--run DIR``: verify the ledger and recompute ε (PRV; RDP cross-check); compare with every ε
+  the run reports (model metadata, each round of metrics.json, report.json) and the
+  ``--synthetic`` stores' metadata. A tampered ledger or any mismatch exits **4** (the JSON
+  object is still printed, with ``"exit_code": 4``).
+* ``--mia --store S --partition P``: DOMIAS and DCR membership inference on the run's
+  synthetic data (members = train split, non-members = test split, reference = val split).
+* ``--canaries white-box|black-box``: one-run audit (Steinke, Nasr & Jagielski 2023): an
+  empirical ε lower bound at ``--confidence``. A bound above the claimed ε is reported as
+  ``"exceeds_claim": true`` ("EXCEEDS CLAIM") with exit 0: it is a statistical finding (false
+  alarm rate 1 − confidence), not an artifact error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedhype.cli.common import JsonOpt, console, kv_table, run_command
+from fedhype.errors import ValidationError
+
+_CANARY_KEYS = ("claimed_epsilon", "empirical_epsilon_lower_bound", "exceeds_claim", "n_canaries", "guesses", "correct")
+
+
+def _fmt(v: Any) -> str:
+    return "—" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
+
+
+def _render(r: dict[str, Any]) -> None:
+    out = Console()
+    if r.get("run") is not None:
+        rows = {k: r.get(k) for k in ("run", "private", "ledger_ok", "epsilon", "epsilon_rdp", "delta", "worst_client",
+                                      "events", "consistent")}
+        rows["claims checked"] = len(r.get("checked", []))
+        out.print(kv_table("ledger consistency (ε recomputed: PRV; RDP cross-check)", rows))
+        if r.get("mismatches"):
+            t = Table(title="MISMATCHES", title_style="bold red")
+            for col in ("name", "claimed", "recomputed", "difference", "reason"):
+                t.add_column(col)
+            for m in r["mismatches"]:
+                t.add_row(*(_fmt(m.get(c)) for c in ("name", "claimed", "recomputed", "difference", "reason")))
+            out.print(t)
+        for w in r.get("warnings", []):
+            console.print(f"[yellow]warning[/]: {w}", highlight=False)
+    for mia in r.get("mia") or []:
+        t = Table(title=f"membership inference ({mia['synthetic']})")
+        for col in ("attack", "AUROC", "95% CI", "TPR@1%FPR"):
+            t.add_column(col)
+        for a in ("domias", "dcr"):
+            if mia.get(a):
+                ci = mia[a]["auroc_ci"]
+                t.add_row(a, _fmt(mia[a]["auroc"]), "—" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]",
+                          _fmt(mia[a]["tpr_at_1pct_fpr"]))
+        out.print(t)
+    can = r.get("canary")
+    if can:
+        out.print(kv_table(f"canary audit ({can['mode']})", {k: can.get(k) for k in (
+            *_CANARY_KEYS, "n_included", "confidence", "delta", "breakage", "steps", "output_privacy")}))
+        if can["exceeds_claim"]:
+            console.print("[bold red]EXCEEDS CLAIM[/]: the empirical lower bound is above the claimed ε", highlight=False)
+
+
+def _load_data(store: Optional[Path], partition: Optional[Path]):
+    from fedhype.data.partition import Partition
+    from fedhype.data.store import EmbeddingStore
+
+    s = EmbeddingStore.load(store) if store is not None else None
+    p = Partition.load(partition) if partition is not None else None
+    return s, p
+
+
+def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> dict:
+    from fedhype.eval.canary import MechanismPhase, default_model, run_mechanism, white_box_audit
+    from fedhype.eval.audit_mia import check_run_data
+
+    given = {"--noise-multiplier": sigma, "--sample-rate": q, "--steps": steps}
+    if any(v is not None for v in given.values()) and any(v is None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        raise ValidationError(f"white-box canaries: give all of --noise-multiplier, --sample-rate, --steps (missing {missing}) "
+                              "or none of them to replay the run's ledger")
+    if clip is not None and sigma is None:
+        raise ValidationError("--clip-norm goes with --noise-multiplier, --sample-rate and --steps")
+    if run is not None:
+        mech = run_mechanism(run, client)
+    elif s is not None:
+        cfg, theta = default_model(s.dim, s.n_classes, opts["seed"])
+        mech = {"client": client or "0", "phases": None, "delta": None, "model_cfg": cfg, "theta": theta}
+    else:
+        raise ValidationError("white-box canaries need --run (model and mechanism) or --store (data) with "
+                              "--noise-multiplier/--sample-rate/--steps")
+    if sigma is not None:
+        mech["phases"] = [MechanismPhase(sigma, q, steps, clip if clip is not None else 1.5)]
+    elif mech["phases"] is None:
+        raise ValidationError("without --run, give --noise-multiplier, --sample-rate and --steps")
+    records = None
+    if s is not None and p is not None:
+        if run is not None:
+            check_run_data(run, s, p)
+        tr = p.client_store(s, int(mech["client"]), "train")
+        records = (tr.embeddings, tr.labels)
+    else:
+        console.print("[yellow]note[/]: no --store/--partition: the mechanism runs on the canaries alone", highlight=False)
+    total = sum(ph.steps for ph in mech["phases"])
+    console.print(f"white-box audit: client {mech['client']}, {total} DP steps, {opts['n_canaries']} canaries …",
+                  highlight=False)
+    res = white_box_audit(mech["phases"], delta=delta if delta is not None else (mech["delta"] or 1e-4),
+                          model_cfg=mech["model_cfg"], theta=mech["theta"], records=records, **opts)
+    res["client"] = mech["client"]
+    return res
+
+
+def _black_box(run, s, p, client, audit_out, opts: dict) -> dict:
+    from fedhype.eval.canary_blackbox import black_box_audit
+    from fedhype.federated.config import TrainConfig
+    from fedhype.io import read_json
+
+    if run is None or s is None or p is None:
+        raise ValidationError("black-box canaries need --run (its training configuration), --store and --partition")
+    train = dict(read_json(Path(run) / "config.json", "run config")["train"])
+    cfg = TrainConfig(**train)
+    console.print(f"black-box audit: training a run with {opts['n_canaries']} input canaries in client "
+                  f"{client or '0'} …", highlight=False)
+    return black_box_audit(s, p, cfg, audit_out, client=int(client or 0), **opts)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("audit")
+    def audit_cmd(
+        run: Optional[Path] = typer.Option(None, "--run", help="Run directory to audit (ledger consistency)."),
+        synthetic: Optional[list[Path]] = typer.Option(None, "--synthetic", help="Synthetic store drawn from the run (repeatable): its ε is checked; --mia attacks it."),
+        tolerance: float = typer.Option(1e-6, "--tolerance", help="Allowed |claimed − recomputed| ε."),
+        mia: bool = typer.Option(False, "--mia", help="Membership inference (needs --store and --partition)."),
+        store: Optional[Path] = typer.Option(None, "--store", help="The run's real embeddings store."),
+        partition: Optional[Path] = typer.Option(None, "--partition", help="The run's partition."),
+        per_class: Optional[int] = typer.Option(None, "--per-class", help="--mia without --synthetic: samples per class to draw."),
+        canaries: Optional[str] = typer.Option(None, "--canaries", help="white-box | black-box one-run canary audit."),
+        n_canaries: int = typer.Option(1000, "--n-canaries", help="Number of canaries m."),
+        noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", help="White-box: σ (default: the run's ledger)."),
+        sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="White-box: Poisson rate q."),
+        steps: Optional[int] = typer.Option(None, "--steps", help="White-box: number of DP steps."),
+        clip_norm: Optional[float] = typer.Option(None, "--clip-norm", help="White-box: C (default 1.5)."),
+        delta: Optional[float] = typer.Option(None, "--delta", help="δ of the claim (default: the run's, else 1e-4)."),
+        client: Optional[str] = typer.Option(None, "--client", help="Client to audit (default: the worst client / 0)."),
+        breakage: Optional[str] = typer.Option(None, "--break", help="TEST ONLY: run a broken mechanism (noise | clipping) to demonstrate detection."),
+        guess_in: float = typer.Option(0.1, "--guess-in", help="Fraction of canaries guessed 'in' (top scores)."),
+        guess_out: float = typer.Option(0.0, "--guess-out", help="Fraction of canaries guessed 'out' (bottom scores)."),
+        confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the ε lower bound."),
+        audit_out: Optional[Path] = typer.Option(None, "--audit-out", help="Black-box: keep the canary run here."),
+        seed: int = typer.Option(0, "--seed", help="Seed of canaries, sampling, attacks."),
+        json_out: bool = JsonOpt,
+    ) -> None:
+        """Audit privacy claims: recompute ε from the ledger, attack the synthetic data, bound ε with canaries."""
+        state: dict[str, Any] = {}
+
+        def body() -> dict[str, Any]:
+            from fedhype.data.store import EmbeddingStore
+            from fedhype.eval.audit_ledger import audit_run
+            from fedhype.eval.audit_mia import run_mia
+
+            if run is None and canaries is None:
+                raise ValidationError("nothing to audit: give --run DIR and/or --canaries")
+            if canaries not in (None, "white-box", "black-box"):
+                raise ValidationError(f"--canaries must be white-box or black-box, got {canaries!r}")
+            if breakage is not None and canaries != "white-box":
+                raise ValidationError("--break applies to --canaries white-box only")
+            res: dict[str, Any] = audit_run(run, synthetic or [], tolerance) if run is not None else {"run": None}
+            s, p = _load_data(store, partition)
+            if mia:
+                if run is None or s is None or p is None:
+                    raise ValidationError("--mia needs --run, --store and --partition")
+                syns = [EmbeddingStore.load(x) for x in synthetic or []] or [None]
+                res["mia"] = [{**run_mia(run, s, p, x, per_class=per_class, seed=seed),
+                               **({"synthetic": str(path)} if x is not None else {})}
+                              for x, path in zip(syns, synthetic or [None])]
+            if canaries is not None:
+                opts = dict(n_canaries=n_canaries, guess_in=guess_in, guess_out=guess_out, confidence=confidence,
+                            seed=seed)
+                if canaries == "white-box":
+                    can = _white_box(run, s, p, client, noise_multiplier, sample_rate, steps, clip_norm, delta,
+                                     {**opts, "breakage": breakage})
+                else:
+                    can = _black_box(run, s, p, client, audit_out, opts)
+                res["canary"] = can
+                res.update({k: can[k] for k in _CANARY_KEYS})
+            if run is not None and not res["consistent"]:
+                res["exit_code"] = 4
+                res["error"] = ("ledger verification failed: " + str(res["ledger_error"]) if res["ledger_ok"] is False
+                                else f"{len(res['mismatches'])} reported ε figure(s) disagree with the ledger: "
+                                + "; ".join(m["name"] for m in res["mismatches"]))
+            state["res"] = res
+            return res
+
+        run_command(body, json_out, _render)
+        res = state.get("res") or {}
+        if res.get("exit_code") == 4:
+            console.print(f"[bold red]error[/]: {res['error']}", highlight=False, soft_wrap=True)
+            raise typer.Exit(4)

@@ -1,0 +1,193 @@
+"""Ledger consistency: every ε a run reports, checked against ε recomputed from its ledger.
+
+The ledger (:mod:`fedhype.privacy.ledger`) is verified (hash chain and checksum) and ε is
+recomputed from its events with the accountants of :mod:`fedhype.privacy.accountant` — Opacus
+PRV (Gopi et al. 2021; the reported figure) and RDP (Mironov 2017; a looser cross-check). The
+claims checked:
+
+* ``model.safetensors`` metadata ``epsilon`` (and ``delta``, ``private``);
+* ``metrics.json``, every round r: ``epsilon`` and ``epsilon_per_client`` against the ledger
+  truncated to the events with ``0 ≤ round ≤ r`` — the last round against the full ledger;
+* ``report.json``, if present: ``epsilon``, ``epsilon_per_client`` and ``delta`` — in the run
+  directory, or the job's one when the run is the ``run/`` folder of a ``fedhype run`` output;
+* synthetic stores given by the caller (and a job's ``synthetic.safetensors``): their
+  ``meta["epsilon"]`` and ``meta["delta"]``.
+
+``run_dir`` may be a run directory or a ``fedhype run`` output directory (``out/run/`` is audited).
+
+A run trained with ``--no-dp`` claims no ε: any ε figure it reports is a mismatch. A ledger that
+fails verification makes every claim unverifiable (``ledger_ok`` False). The caller (``fedhype
+audit``) exits 4 unless ``consistent``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from fedhype.data.store import EmbeddingStore
+from fedhype.errors import ArtifactError
+from fedhype.federated.rundir import RunDir, load_model
+from fedhype.io import read_json
+from fedhype.privacy.ledger import PrivacyLedger, audit_consistency
+
+#: ε computed by PRV is an upper bound within ~2·eps_error of the truth, RDP a looser upper bound:
+#: PRV above RDP by more than this is reported as a warning.
+CROSS_CHECK_SLACK = 0.05
+
+
+def _truncated(ledger: PrivacyLedger, last_round: int) -> PrivacyLedger:
+    out = PrivacyLedger(ledger.delta, ledger.meta)
+    for e in ledger.events:
+        if 0 <= e.round <= last_round:
+            out.record(e)
+    return out
+
+
+def _tamper_detail(path: Path, message: str) -> str:
+    """Add the content of the event named in a verification error (client, round, σ, q, steps)."""
+    m = re.search(r"event (\d+)", message)
+    if not m:
+        return message
+    try:
+        ev = json.loads(path.read_text(encoding="utf-8"))["events"][int(m.group(1))]
+        return (f"{message}: event {m.group(1)} = client {ev.get('client')!r}, round {ev.get('round')}, "
+                f"mechanism {ev.get('mechanism')!r}, σ={ev.get('noise_multiplier')}, q={ev.get('sample_rate')}, "
+                f"steps={ev.get('steps')} (edited after it was recorded)")
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return message
+
+
+def _check(ledger: PrivacyLedger, name: str, key: str, claimed: Any, tol: float) -> dict[str, Any]:
+    """One claim against ``ledger`` (``key``: ``"worst"`` or a client id), as a checked row."""
+    bad = audit_consistency(ledger, {key: claimed}, tol=tol)
+    recomputed = ledger.worst()[1] if key == "worst" else (ledger.epsilon(key) if key in ledger.clients() else None)
+    row = {"name": name, "claimed": claimed, "recomputed": recomputed,
+           "difference": (float(claimed) - recomputed) if isinstance(claimed, (int, float)) and recomputed is not None
+           and not isinstance(claimed, bool) else None, "ok": not bad}
+    if bad and bad[0].get("reason"):
+        row["reason"] = bad[0]["reason"]
+    return row
+
+
+def _equal(name: str, claimed: Any, expected: Any, tol: float = 0.0) -> dict[str, Any]:
+    if isinstance(expected, float) and isinstance(claimed, (int, float)) and not isinstance(claimed, bool):
+        ok = abs(float(claimed) - expected) <= tol * max(1.0, abs(expected))
+    else:
+        ok = claimed == expected
+    return {"name": name, "claimed": claimed, "recomputed": expected, "difference": None, "ok": bool(ok)}
+
+
+def _no_claim(name: str, claimed: Any) -> dict[str, Any]:
+    row = {"name": name, "claimed": claimed, "recomputed": None, "difference": None, "ok": claimed is None}
+    if claimed is not None:
+        row["reason"] = "a non-private (--no-dp) run claims an ε"
+    return row
+
+
+def locate(path: str | Path) -> tuple[Path, Path | None, list[Path]]:
+    """``(run directory, report.json or None, synthetic stores of a job)`` for a run or job directory."""
+    path = Path(path)
+    if not (path / "model.safetensors").exists() and (path / "run" / "model.safetensors").exists():
+        report = path / "report.json"
+        syn = path / "synthetic.safetensors"
+        return path / "run", report if report.exists() else None, [syn] if syn.exists() else []
+    for report in (path / "report.json", path.parent / "report.json"):
+        if report.exists() and (report.parent == path or (path.name == "run" and (report.parent / "run") == path)):
+            return path, report, []
+    return path, None, []
+
+
+def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float = 1e-6) -> dict[str, Any]:
+    """Check every ε the run (and the given synthetic stores) report against its ledger.
+
+    Args:
+        run_dir: a run directory written by ``fedhype train``.
+        synthetic: paths of synthetic stores drawn from this run.
+        tol: allowed absolute difference in ε (recomputation is deterministic: differences are edits).
+
+    Returns:
+        ``{"run", "private", "ledger_ok", "ledger_error", "epsilon", "delta", "epsilon_rdp",
+        "worst_client", "epsilon_per_client", "epsilon_rdp_per_client", "events", "checked",
+        "mismatches", "warnings", "consistent"}``; each mismatch is ``{"name", "claimed",
+        "recomputed", "difference"[, "reason"]}``.
+
+    Raises:
+        ArtifactError: the run directory or its model/metrics/config are missing or unreadable, or
+            a synthetic store is unreadable.
+    """
+    if not Path(run_dir).is_dir():
+        raise ArtifactError(f"run directory not found: {run_dir}")
+    root, report_path, job_synthetic = locate(run_dir)
+    run = RunDir(root)
+    _, _, meta = load_model(run.model)
+    config = read_json(run.config, "run config")
+    metrics = read_json(run.metrics, "metrics") if run.metrics.exists() else []
+    report = read_json(report_path, "run report") if report_path is not None else None
+    stores = [(str(p), EmbeddingStore.load(p)) for p in [*job_synthetic, *synthetic]]
+    private = bool(meta.get("private"))
+    res: dict[str, Any] = {"run": str(run.root), "report": None if report_path is None else str(report_path),
+                           "private": private, "ledger_ok": None, "ledger_error": None,
+                           "epsilon": None, "delta": meta.get("delta"), "epsilon_rdp": None, "worst_client": None,
+                           "epsilon_per_client": {}, "epsilon_rdp_per_client": {}, "events": 0, "warnings": []}
+    rows: list[dict[str, Any]] = []
+    no_dp = bool(config.get("train", {}).get("no_dp"))
+    rows.append(_equal("config.json: train.no_dp vs model private flag", no_dp, not private))
+    if not private:
+        rows.append(_no_claim("model.safetensors: epsilon", meta.get("epsilon")))
+        for m in metrics:
+            rows.append(_no_claim(f"metrics.json: round {m.get('round')} epsilon", m.get("epsilon")))
+        if report is not None:
+            rows.append(_no_claim(f"{report_path}: epsilon", report.get("epsilon")))
+        for path, s in stores:
+            rows.append(_no_claim(f"synthetic {path}: meta.epsilon", s.meta.get("epsilon")))
+        if run.ledger.exists():
+            res["warnings"].append("a non-private run has a ledger.json; its events are not part of any claim")
+    else:
+        try:
+            ledger = PrivacyLedger.load(run.ledger)
+        except ArtifactError as exc:
+            res.update(ledger_ok=False, ledger_error=_tamper_detail(run.ledger, str(exc)))
+            rows.append({"name": "ledger.json", "claimed": None, "recomputed": None, "difference": None, "ok": False,
+                         "reason": res["ledger_error"]})
+            return _finish(res, rows)
+        worst_client, worst = ledger.worst()
+        rdp = ledger.epsilons("rdp")
+        res.update(ledger_ok=True, epsilon=worst, delta=ledger.delta, worst_client=worst_client,
+                   epsilon_per_client=ledger.epsilons(), epsilon_rdp_per_client=rdp,
+                   epsilon_rdp=max(rdp.values()) if rdp else 0.0, events=len(ledger))
+        if worst > res["epsilon_rdp"] + CROSS_CHECK_SLACK:
+            res["warnings"].append(f"PRV ε {worst:.4g} exceeds the RDP upper bound {res['epsilon_rdp']:.4g}")
+        rows.append(_check(ledger, "model.safetensors: epsilon", "worst", meta.get("epsilon"), tol))
+        rows.append(_equal("model.safetensors: delta", meta.get("delta"), ledger.delta))
+        rows.append(_equal("config.json: train.delta", config.get("train", {}).get("delta"), ledger.delta))
+        last = max((m.get("round", -1) for m in metrics), default=None)
+        for m in metrics:
+            r = m.get("round")
+            lg = ledger if r == last else _truncated(ledger, r if isinstance(r, int) else -1)
+            rows.append(_check(lg, f"metrics.json: round {r} epsilon", "worst", m.get("epsilon"), tol))
+            for c, e in (m.get("epsilon_per_client") or {}).items():
+                rows.append(_check(lg, f"metrics.json: round {r} epsilon_per_client[{c}]", str(c), e, tol))
+        if report is not None:
+            rows.append(_check(ledger, f"{report_path}: epsilon", "worst", report.get("epsilon"), tol))
+            for c, e in (report.get("epsilon_per_client") or {}).items():
+                rows.append(_check(ledger, f"{report_path}: epsilon_per_client[{c}]", str(c), e, tol))
+            if "delta" in report:
+                rows.append(_equal(f"{report_path}: delta", report.get("delta"), ledger.delta))
+        for path, s in stores:
+            rows.append(_check(ledger, f"synthetic {path}: meta.epsilon", "worst", s.meta.get("epsilon"), tol))
+            rows.append(_equal(f"synthetic {path}: meta.delta", s.meta.get("delta"), ledger.delta))
+    return _finish(res, rows)
+
+
+def _finish(res: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    for r in rows:
+        if isinstance(r.get("difference"), float) and math.isnan(r["difference"]):
+            r["difference"] = None
+    res["checked"] = rows
+    res["mismatches"] = [{k: v for k, v in r.items() if k != "ok"} for r in rows if not r["ok"]]
+    res["consistent"] = not res["mismatches"]
+    return res

@@ -1,0 +1,132 @@
+"""``fedhype audit``: exit codes, the --json contract, tamper detection and canary flags."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fedhype.cli import audit_cmd
+from fedhype.data.partition import make_partition
+from fedhype.federated.config import TrainConfig
+from fedhype.federated.engine import train
+
+SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
+CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0, model=SMALL)
+
+
+@pytest.fixture(scope="module")
+def app():
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """test root"""
+
+    audit_cmd.register(app)
+    return app
+
+
+@pytest.fixture(scope="module")
+def shared(real_store, tmp_path_factory):
+    """The run shared with tests/eval/test_audit_*.py, plus its store and partition files."""
+    root = tmp_path_factory.getbasetemp() / "audit-shared"
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    if not (root / "run" / "checkpoint.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        train(real_store, part, TrainConfig(**CFG), root / "run-tmp", diagnostics=False)
+        (root / "run-tmp").rename(root / "run")
+    files = tmp_path_factory.mktemp("audit-cli-data")
+    real_store.save(files / "store.safetensors")
+    part.save(files / "part.json")
+    return {"run": root / "run", "store": files / "store.safetensors", "partition": files / "part.json"}
+
+
+@pytest.fixture
+def run_copy(shared, tmp_path):
+    shutil.copytree(shared["run"], tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _run(app, *args):
+    result = CliRunner().invoke(app, ["audit", *args])
+    return result, (json.loads(result.stdout) if "--json" in args and result.stdout.strip() else None)
+
+
+def test_clean_run_exits_0(app, shared):
+    result, out = _run(app, "--run", str(shared["run"]), "--json")
+    assert result.exit_code == 0, result.output
+    assert out["consistent"] and out["ledger_ok"] and out["mismatches"] == []
+    assert out["epsilon"] == pytest.approx(2.1016, abs=1e-3) and out["epsilon_rdp"] > out["epsilon"]
+    assert out["delta"] == 1e-4 and "exit_code" not in out
+    human, _ = _run(app, "--run", str(shared["run"]))
+    assert human.exit_code == 0 and "ledger consistency" in human.stdout
+
+
+def test_tampered_ledger_exits_4_naming_the_event(app, run_copy):
+    text = (run_copy / "ledger.json").read_text()
+    (run_copy / "ledger.json").write_text(text.replace('"noise_multiplier":1.0', '"noise_multiplier":0.5', 1))
+    result, out = _run(app, "--run", str(run_copy), "--json")
+    assert result.exit_code == 4
+    assert out["exit_code"] == 4 and out["ledger_ok"] is False and out["epsilon"] is None
+    assert "event 0 hash mismatch" in out["error"] and "client '0', round 0" in out["error"]
+
+
+def test_edited_metrics_and_synthetic_epsilon_exit_4_with_differences(app, run_copy, tmp_path):
+    from fedhype.synthesis.sample import synthesize
+
+    metrics = json.loads((run_copy / "metrics.json").read_text())
+    metrics[-1]["epsilon"] = 1.0
+    (run_copy / "metrics.json").write_text(json.dumps(metrics))
+    syn = synthesize(run_copy, "neutral", per_class=3, seed=0)
+    syn.meta["epsilon"] = 0.5
+    syn.save(tmp_path / "syn.safetensors")
+    result, out = _run(app, "--run", str(run_copy), "--synthetic", str(tmp_path / "syn.safetensors"), "--json")
+    assert result.exit_code == 4, result.output
+    got = {m["name"]: m for m in out["mismatches"]}
+    assert set(got) == {"metrics.json: round 1 epsilon", f"synthetic {tmp_path / 'syn.safetensors'}: meta.epsilon"}
+    eps = out["epsilon"]
+    assert got["metrics.json: round 1 epsilon"]["difference"] == pytest.approx(1.0 - eps)
+    assert got[f"synthetic {tmp_path / 'syn.safetensors'}: meta.epsilon"]["recomputed"] == eps
+    human, _ = _run(app, "--run", str(run_copy), "--synthetic", str(tmp_path / "syn.safetensors"))
+    assert human.exit_code == 4 and "MISMATCHES" in human.stdout and "metrics.json: round 1" in human.stdout
+
+
+def test_mia_and_white_box_canaries_in_one_call(app, shared):
+    result, out = _run(app, "--run", str(shared["run"]), "--mia", "--store", str(shared["store"]),
+                       "--partition", str(shared["partition"]), "--canaries", "white-box", "--break", "clipping",
+                       "--json")
+    assert result.exit_code == 0, result.output  # an exceeded claim is a finding, not an error
+    (mia,) = out["mia"]
+    assert mia["n_members"] == 480 and 0 <= mia["dcr"]["auroc"] <= 1
+    assert mia["dcr"]["auroc_ci"][0] <= mia["dcr"]["auroc"] <= mia["dcr"]["auroc_ci"][1]
+    assert out["exceeds_claim"] is True and out["canary"]["breakage"] == "clipping"
+    assert out["empirical_epsilon_lower_bound"] > out["claimed_epsilon"] == pytest.approx(out["epsilon"])
+    assert (out["n_canaries"], out["guesses"], out["correct"]) == (1000, 100, 100)
+
+
+def test_white_box_from_flags_without_a_run(app, shared):
+    # no run: a freshly initialised default-size model (dimensions from --store); no --partition: canaries only
+    result, out = _run(app, "--canaries", "white-box", "--store", str(shared["store"]), "--noise-multiplier", "2.0",
+                       "--sample-rate", "0.2", "--steps", "1", "--n-canaries", "200", "--json")
+    assert result.exit_code == 0, result.output
+    assert out["canary"]["n_real_records"] == 0 and out["canary"]["n_parameters"] > 10**5
+    assert out["run"] is None and out["canary"]["phases"] == [
+        {"noise_multiplier": 2.0, "sample_rate": 0.2, "steps": 1, "clip_norm": 1.5}]
+    assert out["guesses"] == 20 and not out["exceeds_claim"] and out["canary"]["delta"] == 1e-4
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "nothing to audit"),
+    (["--canaries", "black-box", "--break", "noise"], "--break applies"),
+    (["--canaries", "grey-box"], "white-box or black-box"),
+    (["--canaries", "white-box", "--noise-multiplier", "1.0"], "missing"),
+])
+def test_usage_errors_exit_2(app, shared, args, message):
+    if args and args[0] == "--canaries" and "--noise-multiplier" in args:
+        args = [*args, "--store", str(shared["store"])]
+    result, out = _run(app, *args, "--json")
+    assert result.exit_code == 2 and message in out["error"]

@@ -1,0 +1,140 @@
+"""Ledger consistency audit on a real short run, and membership inference with the run's splits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from fedhype.data.partition import make_partition
+from fedhype.errors import ArtifactError
+from fedhype.eval.audit_ledger import audit_run
+from fedhype.eval.audit_mia import run_mia
+from fedhype.federated.config import TrainConfig
+from fedhype.federated.engine import train
+from fedhype.synthesis.sample import synthesize
+
+SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
+CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0, model=SMALL)
+
+
+@pytest.fixture(scope="module")
+def shared(real_store, tmp_path_factory):
+    """One real DP run (σ = 1, 2 rounds × 2 steps, 2 iid clients of 240 train records), shared by audit tests."""
+    root = tmp_path_factory.getbasetemp() / "audit-shared"
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    if not (root / "run" / "checkpoint.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        train(real_store, part, TrainConfig(**CFG), root / "run-tmp", diagnostics=False)
+        (root / "run-tmp").rename(root / "run")
+    return root / "run", part
+
+
+@pytest.fixture
+def run_copy(shared, tmp_path):
+    dst = tmp_path / "run"
+    shutil.copytree(shared[0], dst)
+    return dst
+
+
+def test_clean_run_recomputes_every_claim(shared):
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    run, _ = shared
+    res = audit_run(run)
+    assert res["consistent"] and res["ledger_ok"] and res["private"] and res["mismatches"] == []
+    # the accountant's figures for what ran: σ = 1, q = 32/240, 2 × 2 steps, δ = 1e-4
+    prv, rdp = PRVAccountant(), RDPAccountant()
+    prv.history = rdp.history = [(1.0, 32 / 240, 4)]
+    assert res["epsilon"] == pytest.approx(prv.get_epsilon(delta=1e-4), rel=1e-9)
+    assert res["epsilon_rdp"] == pytest.approx(rdp.get_epsilon(delta=1e-4), rel=1e-9)
+    assert res["epsilon"] < res["epsilon_rdp"] and res["delta"] == 1e-4 and res["events"] == 4
+    names = {r["name"]: r for r in res["checked"]}
+    # round 0 is checked against the ledger truncated to round 0 (2 steps): a smaller ε
+    r0 = names["metrics.json: round 0 epsilon"]
+    prv0 = PRVAccountant()
+    prv0.history = [(1.0, 32 / 240, 2)]
+    assert r0["recomputed"] == pytest.approx(prv0.get_epsilon(delta=1e-4), rel=1e-9)
+    assert r0["recomputed"] < res["epsilon"]
+    assert names["metrics.json: round 1 epsilon_per_client[1]"]["recomputed"] == res["epsilon"]
+    assert names["model.safetensors: epsilon"]["difference"] == 0.0
+    assert len(res["checked"]) == 4 + 2 * 3  # flags, model ε, model δ, config δ; per round ε + 2 clients
+
+
+def test_edited_sigma_in_the_ledger_is_named(run_copy):
+    text = (run_copy / "ledger.json").read_text()
+    lines = text.split("\n")
+    i = next(i for i, ln in enumerate(lines) if '"round":1' in ln and '"client":"1"' in ln)
+    lines[i] = lines[i].replace('"noise_multiplier":1.0', '"noise_multiplier":3.0')
+    (run_copy / "ledger.json").write_text("\n".join(lines))
+    res = audit_run(run_copy)
+    assert res["ledger_ok"] is False and not res["consistent"] and res["epsilon"] is None
+    (bad,) = res["mismatches"]
+    assert bad["name"] == "ledger.json"
+    assert "event 3 hash mismatch" in bad["reason"] and "client '1', round 1" in bad["reason"] and "σ=3.0" in bad["reason"]
+
+
+def test_edited_metrics_epsilon_shows_the_difference(run_copy):
+    metrics = json.loads((run_copy / "metrics.json").read_text())
+    true0 = metrics[0]["epsilon"]
+    metrics[0]["epsilon"] = true0 - 0.5  # under-report round 0
+    metrics[1]["epsilon_per_client"]["0"] += 0.25
+    (run_copy / "metrics.json").write_text(json.dumps(metrics))
+    res = audit_run(run_copy)
+    assert res["ledger_ok"] and not res["consistent"]
+    got = {m["name"]: m for m in res["mismatches"]}
+    assert set(got) == {"metrics.json: round 0 epsilon", "metrics.json: round 1 epsilon_per_client[0]"}
+    assert got["metrics.json: round 0 epsilon"]["difference"] == pytest.approx(-0.5, abs=1e-12)
+    assert got["metrics.json: round 0 epsilon"]["recomputed"] == true0
+    assert got["metrics.json: round 1 epsilon_per_client[0]"]["difference"] == pytest.approx(0.25, abs=1e-12)
+
+
+def test_synthetic_store_and_report_claims(run_copy, tmp_path):
+    syn = synthesize(run_copy, "neutral", per_class=5, seed=0)
+    good = tmp_path / "good.safetensors"
+    syn.save(good)
+    assert audit_run(run_copy, [good])["consistent"]
+    # a `fedhype run` output layout: out/run, out/report.json, out/synthetic.safetensors
+    eps = audit_run(run_copy)["epsilon_per_client"]
+    syn.meta["epsilon"] = syn.meta["epsilon"] / 2
+    syn.save(tmp_path / "synthetic.safetensors")
+    (tmp_path / "report.json").write_text(json.dumps({"epsilon": 1.0, "delta": 1e-4, "epsilon_per_client": eps}))
+    for target in (tmp_path, run_copy):  # the job directory, or its run/ folder
+        res = audit_run(target, [good] if target == tmp_path else [good, tmp_path / "synthetic.safetensors"])
+        assert res["run"] == str(run_copy) and res["report"] == str(tmp_path / "report.json")
+        got = {m["name"]: m for m in res["mismatches"]}
+        bad = f"synthetic {tmp_path / 'synthetic.safetensors'}: meta.epsilon"
+        assert set(got) == {bad, f"{tmp_path / 'report.json'}: epsilon"}
+        assert got[bad]["difference"] == pytest.approx(-res["epsilon"] / 2)
+        assert got[f"{tmp_path / 'report.json'}: epsilon"]["difference"] == pytest.approx(1.0 - res["epsilon"])
+        assert sum(r["name"].startswith(f"{tmp_path / 'report.json'}: epsilon_per_client") for r in res["checked"]) == 2
+
+
+def test_non_private_run_claims_no_epsilon(real_store, shared, tmp_path):
+    _, part = shared
+    cfg = TrainConfig(**{**CFG, "rounds": 1, "local_steps": 1, "no_dp": True, "noise_multiplier": None})
+    train(real_store, part, cfg, tmp_path / "nodp", diagnostics=False)
+    res = audit_run(tmp_path / "nodp")
+    assert res["private"] is False and res["consistent"] and res["epsilon"] is None and res["ledger_ok"] is None
+    syn = synthesize(tmp_path / "nodp", "neutral", per_class=3, seed=0)
+    syn.meta["epsilon"] = 1.0  # a DP claim on non-private output
+    syn.save(tmp_path / "s.safetensors")
+    (bad,) = audit_run(tmp_path / "nodp", [tmp_path / "s.safetensors"])["mismatches"]
+    assert bad["claimed"] == 1.0 and "non-private" in bad["reason"]
+
+
+def test_mia_on_the_run_uses_disjoint_splits(real_store, shared):
+    run, part = shared
+    r = run_mia(run, real_store, part, seed=0, n_bootstrap=100)
+    assert (r["n_members"], r["n_non_members"], r["n_reference"]) == (480, 160, 160)
+    assert r["n_synthetic"] == 10 * 48  # ⌈480 / 10⌉ per class
+    for attack in ("domias", "dcr"):
+        a = r[attack]
+        assert 0.0 <= a["auroc"] <= 1.0 and a["auroc_ci"][0] <= a["auroc"] <= a["auroc_ci"][1]
+        # a DP run (ε ≈ 2.1, 4 steps) does not expose its members: the interval covers chance
+        assert a["auroc_ci"][0] < 0.5 < a["auroc_ci"][1]
+    assert r["synthetic_epsilon"] == pytest.approx(audit_run(run)["epsilon"])
+    other = make_partition(real_store, scheme="iid", n_clients=3, seed=0)
+    with pytest.raises(ArtifactError, match="partition"):
+        run_mia(run, real_store, other)
