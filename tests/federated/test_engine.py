@@ -141,3 +141,21 @@ def test_training_lowers_elbo_and_mmd_on_real_embeddings(real_store, part, tmp_p
     first, last = metrics[0]["diagnostics_not_dp"], metrics[-1]["diagnostics_not_dp"]
     assert last["val_neg_elbo"] < first["val_neg_elbo"]
     assert last["val_mmd2"] < first["val_mmd2"]
+
+
+@pytest.mark.parametrize("method", ["dp-cvae", "no-mmd", "fixed-prior", "shared-decoder", "no-lipschitz"])
+def test_baselines_and_ablations_train_with_exact_accounting(real_store, part, tmp_path, method):
+    from opacus.accountants import PRVAccountant
+
+    res = train(real_store, part, _cfg(method=method, rounds=1, local_steps=2), tmp_path / method, diagnostics=False)
+    hnet, codes, meta = load_model(tmp_path / method)
+    theta = hnet(codes[0])
+    if method in ("dp-cvae", "shared-decoder"):
+        assert "film.gamma" not in theta
+    if method in ("dp-cvae", "fixed-prior"):
+        assert "prior.mu" not in theta
+    smallest = min(len(c.train) for c in part.clients)
+    acc = PRVAccountant()
+    acc.history = [(res["noise_multiplier"], 32 / smallest, 2)]
+    assert res["epsilon"] == pytest.approx(acc.get_epsilon(delta=1e-4), rel=1e-9)
+    assert meta["method"] == method

@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
         participation: float = typer.Option(1.0, "--participation", help="Fraction of clients per round."),
         lr_local: float = typer.Option(1e-3, "--lr-local", help="Local Adam learning rate."),
         max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="Refuse (exit 3) before exceeding this ε."),
+        method: str = typer.Option("fedhypevae", "--method", help="fedhypevae | dp-cvae | no-mmd | no-lipschitz | fixed-prior | shared-decoder."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible run (recorded as 'not secure')."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),
         json_out: bool = JsonOpt,
@@ -54,7 +55,7 @@ def register(app: typer.Typer) -> None:
                               participation=participation, lr_local=lr_local,
                               epsilon=None if (noise_multiplier is not None or no_dp) else epsilon, delta=delta,
                               noise_multiplier=noise_multiplier, clip_norm=clip_norm, no_dp=no_dp,
-                              max_epsilon=max_epsilon, seed=seed)
+                              max_epsilon=max_epsilon, seed=seed, method=method)
             s = EmbeddingStore.load(store)
             p = Partition.load(partition)
             return train(s, p, cfg, out, resume=resume, progress=_progress_printer(rounds))

@@ -8,7 +8,19 @@ from dataclasses import asdict, dataclass, field
 from fedhype.errors import ValidationError
 from fedhype.models.config import ModelConfig
 
-METHODS = ("fedhypevae",)
+#: ``--method`` presets: model overrides applied on top of ``model`` (the user's keys win).
+#: ``dp-cvae`` is the predecessor (Di Salvo et al. 2025) with correct accounting: one shared
+#: decoder averaged by FedAvg (lr_server = 1), fixed N(0, I) prior, local encoders, no MMD, no
+#: Lipschitz term — the hypernetwork then has no heads and the codes are unused.
+METHOD_PRESETS: dict[str, dict] = {
+    "fedhypevae": {},
+    "dp-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0},
+    "no-mmd": {"lambda_mmd": 0.0},
+    "no-lipschitz": {"lambda_lip": 0.0},
+    "fixed-prior": {"prior": "standard"},
+    "shared-decoder": {"decoder": "shared"},
+}
+METHODS = tuple(METHOD_PRESETS)
 
 
 @dataclass
@@ -34,6 +46,8 @@ class TrainConfig:
         max_epsilon: refuse (exit 3) before a round that would take any client over this ε.
         seed: reproducible run (recorded as "not secure"); None = noise seeded from OS entropy.
         min_records: smallest client training set accepted.
+        method: a preset of :data:`METHOD_PRESETS` (ours, the DP-CVAE baseline, ablations).
+        model: :class:`ModelConfig` overrides.
     """
 
     rounds: int = 30
@@ -92,7 +106,8 @@ class TrainConfig:
         return min(1.0, self.batch_size / n_records)
 
     def model_config(self, dim: int, n_classes: int) -> ModelConfig:
-        return ModelConfig(dim=dim, n_classes=n_classes, **self.model)
+        """The model of this run: the method's preset, then the user's ``model`` overrides."""
+        return ModelConfig(dim=dim, n_classes=n_classes, **{**METHOD_PRESETS[self.method], **self.model})
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -79,7 +79,7 @@ class Server:
             surrogate = surrogate + self.lambda_lip * lip
         surrogate.backward()
         with torch.no_grad():  # each code gets its own client's full pseudo-gradient (not w_i-scaled)
-            for index, w, _ in self._inbox:
+            for index, w, _ in (self._inbox if self.codes.grad is not None else []):
                 self.codes.grad[index] /= (w / total_w)
         self.opt.step()
         n = len(self._inbox)

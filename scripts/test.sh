@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set everything up and run the test suite (the README's test command; CI runs exactly this).
+# Installs Debian's dataset-fashion-mnist when running as root (tests needing it skip otherwise).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" = "0" ] && [ ! -d /usr/share/datasets/fashion-mnist ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+    || echo "warning: could not install dataset-fashion-mnist; Fashion-MNIST tests will be skipped" >&2
+fi
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,110 @@
+"""The job configuration: one TOML file plus ``--set section.key=value`` overrides.
+
+Sections: ``[data]``, ``[partition]``, ``[train]`` (:class:`~fedhype.federated.config.TrainConfig`
+fields), ``[model]`` (:class:`~fedhype.models.config.ModelConfig` overrides), ``[synthesis]``,
+``[evaluate]``. Unknown sections or keys are errors (a typo must not silently use a default).
+The resolved configuration is written into the output directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from fedhype.errors import ValidationError
+from fedhype.federated.config import TrainConfig
+from fedhype.models.config import ModelConfig
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "data": {"dataset": "digits-domains", "images": "", "encoder": "dinov2-vits14", "image_size": 112,
+             "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "cache_dir": ""},
+    "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2], "min_train": 20, "seed": 0},
+    "train": {"rounds": 12, "local_epochs": 1.0, "batch_size": 64, "participation": 1.0, "lr_local": 3e-3,
+              "epsilon": 1.0, "delta": 1e-4, "noise_multiplier": None, "clip_norm": 1.5, "no_dp": False,
+              "max_epsilon": None, "seed": None, "method": "fedhypevae"},
+    "model": {},
+    "synthesis": {"code": "neutral", "per_class": 300, "seed": 0, "temperature": 1.0},
+    "evaluate": {"permutations": 200, "max_samples": 2000, "k": 5, "seed": 0, "interpolation": True,
+                 "prototypes": True},
+}
+
+_TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"model"}
+_MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"dim", "n_classes"}
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def resolve(config_file: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Defaults ← TOML file ← ``--set`` overrides, validated.
+
+    Raises:
+        ValidationError: unreadable TOML, unknown section/key, malformed ``--set``.
+    """
+    conf = copy.deepcopy(DEFAULTS)
+    if config_file:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ValidationError(f"--config {path}: file not found")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ValidationError(f"--config {path}: not valid TOML ({exc})") from None
+        for section, values in data.items():
+            if not isinstance(values, dict):
+                raise ValidationError(f"--config {path}: top-level key {section!r} must be a [section]")
+            for key, value in values.items():
+                _set(conf, section, key, value, where=f"--config {path}")
+    for item in overrides or []:
+        key, eq, value = item.partition("=")
+        if not eq or "." not in key:
+            raise ValidationError(f"--set {item!r}: expected section.key=value (e.g. train.rounds=20)")
+        section, _, name = key.strip().partition(".")
+        _set(conf, section, name, _parse_value(value.strip()), where=f"--set {item}")
+    # normalise "none" markers
+    for k in ("noise_multiplier", "max_epsilon", "seed", "epsilon"):
+        if isinstance(conf["train"].get(k), str) and conf["train"][k].lower() in ("none", "null", ""):
+            conf["train"][k] = None
+    if conf["train"]["no_dp"] or conf["train"]["noise_multiplier"] is not None:
+        conf["train"]["epsilon"] = None
+    return conf
+
+
+def _set(conf: dict, section: str, key: str, value: Any, where: str) -> None:
+    if section not in conf:
+        raise ValidationError(f"{where}: unknown section [{section}]; sections: {sorted(conf)}")
+    allowed = _MODEL_KEYS if section == "model" else (_TRAIN_KEYS if section == "train" else set(conf[section]))
+    if key not in allowed:
+        raise ValidationError(f"{where}: unknown key {section}.{key}; known: {sorted(allowed)}")
+    conf[section][key] = value
+
+
+def train_config(conf: dict) -> TrainConfig:
+    """The :class:`TrainConfig` of a resolved job configuration."""
+    t = {k: v for k, v in conf["train"].items() if k in _TRAIN_KEYS}
+    return TrainConfig(**t, model=dict(conf["model"]))
+
+
+def to_toml(conf: dict) -> str:
+    """Render a resolved configuration as TOML (None values are omitted, as TOML has no null)."""
+    lines = []
+    for section, values in conf.items():
+        lines.append(f"[{section}]")
+        for k, v in values.items():
+            if v is None:
+                lines.append(f"# {k} = (none)")
+            elif isinstance(v, bool):
+                lines.append(f"{k} = {'true' if v else 'false'}")
+            elif isinstance(v, str):
+                lines.append(f'{k} = "{v}"')
+            else:
+                lines.append(f"{k} = {list(v) if isinstance(v, tuple) else v}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""Report plots (matplotlib, Agg backend): embedding projection and training curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def projection_plot(real_x: np.ndarray, real_y: np.ndarray, syn_x: np.ndarray, syn_y: np.ndarray,
+                    class_names: list[str], path: Path, max_points: int = 1500, seed: int = 0) -> Path:
+    """2-D PCA (fit on the real held-out set) of real vs synthetic embeddings, one colour per class.
+
+    Inputs are unit-normalised float arrays [N, D]; labels int [N].
+    """
+    from sklearn.decomposition import PCA
+
+    plt = _plt()
+    rng = np.random.default_rng(seed)
+    ri = rng.permutation(len(real_x))[:max_points]
+    si = rng.permutation(len(syn_x))[:max_points]
+    pca = PCA(n_components=2, random_state=seed).fit(real_x)
+    r2, s2 = pca.transform(real_x[ri]), pca.transform(syn_x[si])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharex=True, sharey=True)
+    cmap = plt.get_cmap("tab10" if len(class_names) <= 10 else "tab20")
+    for ax, pts, lab, title in ((axes[0], r2, real_y[ri], "real (held-out test)"), (axes[1], s2, syn_y[si], "synthetic")):
+        for c, name in enumerate(class_names):
+            m = lab == c
+            ax.scatter(pts[m, 0], pts[m, 1], s=6, alpha=0.6, color=cmap(c % cmap.N), label=name)
+        ax.set_title(title)
+        ax.set_xlabel("PC1 (fit on real)")
+    axes[0].set_ylabel("PC2")
+    axes[1].legend(markerscale=3, fontsize=7, loc="best", ncol=2)
+    fig.suptitle("Real vs synthetic embeddings per class (PCA of the real test set)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def training_plot(metrics: list[dict], path: Path) -> Path:
+    """ε per round (accountant) and held-out diagnostics (−ELBO, MMD²; not covered by DP)."""
+    plt = _plt()
+    rounds = [m["round"] + 1 for m in metrics]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    eps = [m.get("epsilon") for m in metrics]
+    if any(e is not None for e in eps):
+        axes[0].plot(rounds, [e if e is not None else np.nan for e in eps], marker="o")
+    axes[0].set_title("ε so far (worst client, PRV)")
+    for ax, key, title in ((axes[1], "val_neg_elbo", "validation −ELBO"), (axes[2], "val_mmd2", "validation MMD² (fixed kernel)")):
+        vals = [m.get("diagnostics_not_dp", {}).get(key, np.nan) for m in metrics]
+        ax.plot(rounds, vals, marker="o", color="tab:orange")
+        ax.set_title(title + "\n(held-out diagnostics, not DP)", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("round")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,131 @@
+"""train / synthesize / run through the real CLI, with exit codes and the --json contract."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import REAL_STORE, TEST_CACHE
+from fedhype.cli.main import app
+from fedhype.data.store import EmbeddingStore
+
+SMALL = ["--rounds", "2", "--local-steps", "2", "--batch-size", "32", "--seed", "0"]
+SMALL_MODEL_SET = ["--set", "model.hidden=32", "--set", "model.latent=8", "--set", "model.hyper_hidden=16",
+                   "--set", "model.code_dim=8"]
+
+
+def _json(result):
+    assert result.stdout.count("\n") == 1, result.stdout  # exactly one JSON object on stdout
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def files(real_store, tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    real_store.save(d / "emb.safetensors")
+    r = CliRunner().invoke(app, ["partition", "--store", str(d / "emb.safetensors"), "--scheme", "domain",
+                                 "--out", str(d / "part.json"), "--json"])
+    assert r.exit_code == 0, r.output
+    return d
+
+
+def test_train_and_synthesize(files, tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(app, ["train", "--store", str(files / "emb.safetensors"), "--partition", str(files / "part.json"),
+                            "--out", str(tmp_path / "run"), "--epsilon", "2", "--json", *SMALL])
+    assert r.exit_code == 0, r.output
+    res = _json(r)
+    assert {"run_dir", "epsilon", "delta", "rounds", "clients"} <= set(res)
+    assert 1.5 < res["epsilon"] <= 2.0 and res["delta"] == 1e-4 and res["rounds"] == 2 and len(res["clients"]) == 4
+    assert res["seed_secure"] is False
+    r = runner.invoke(app, ["synthesize", "--run", str(tmp_path / "run"), "--code", "mixture:0=0.5,1=0.5",
+                            "--n", "101", "--seed", "3", "--out", str(tmp_path / "syn.safetensors"), "--json"])
+    assert r.exit_code == 0, r.output
+    out = _json(r)
+    syn = EmbeddingStore.load(tmp_path / "syn.safetensors")
+    assert len(syn) == 101 and out["epsilon"] == pytest.approx(res["epsilon"]) and syn.meta["private"] is True
+    assert syn.meta["code"] == "mixture:0=0.5,1=0.5" and syn.domain_names == ["mnist", "optdigits"]
+    assert torch.allclose(syn.embeddings.norm(dim=1), torch.ones(101), atol=1e-5)
+    # synthesis reads only the released model: a folder with model.safetensors alone gives the same samples
+    lone = tmp_path / "released"
+    lone.mkdir()
+    shutil.copy(tmp_path / "run" / "model.safetensors", lone / "model.safetensors")
+    r = runner.invoke(app, ["synthesize", "--run", str(lone), "--code", "mixture:0=0.5,1=0.5", "--n", "101",
+                            "--seed", "3", "--out", str(tmp_path / "syn2.safetensors"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert torch.equal(EmbeddingStore.load(tmp_path / "syn2.safetensors").embeddings, syn.embeddings)
+    # unknown client in a code spec → exit 2
+    r = runner.invoke(app, ["synthesize", "--run", str(lone), "--code", "client:nope", "--out", str(tmp_path / "x"), "--json"])
+    assert r.exit_code == 2 and "unknown client" in _json(r)["error"]
+
+
+def test_synthesis_never_opens_client_files(files, tmp_path, monkeypatch):
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import train
+    from fedhype.data.partition import Partition
+    from fedhype.synthesis import synthesize
+
+    store = EmbeddingStore.load(files / "emb.safetensors")
+    train(store, Partition.load(files / "part.json"),
+          TrainConfig(rounds=1, local_steps=1, batch_size=32, epsilon=4, seed=0,
+                      model={"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}), tmp_path / "run",
+          diagnostics=False)
+    opened = []
+    import builtins
+    import safetensors
+
+    real_open, real_safe_open = builtins.open, safetensors.safe_open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (opened.append(str(f)), real_open(f, *a, **k))[1])
+    monkeypatch.setattr(safetensors, "safe_open", lambda f, *a, **k: (opened.append(str(f)), real_safe_open(f, *a, **k))[1])
+    import fedhype.io as fio
+    real_load = fio.load_file
+    monkeypatch.setattr(fio, "load_file", lambda f, *a, **k: (opened.append(str(f)), real_load(f, *a, **k))[1])
+    synthesize(tmp_path / "run", "neutral", per_class=5, seed=0)
+    assert opened and all(p.endswith("model.safetensors") for p in opened), opened
+
+
+def test_train_exit_codes(files, tmp_path):
+    runner = CliRunner()
+    base = ["train", "--store", str(files / "emb.safetensors"), "--partition", str(files / "part.json"), "--json"]
+    r = runner.invoke(app, base + ["--out", str(tmp_path / "a"), "--delta", "0.5", *SMALL])
+    assert r.exit_code == 2 and "δ" in _json(r)["error"]
+    r = runner.invoke(app, base + ["--out", str(tmp_path / "b"), "--noise-multiplier", "0.5", "--max-epsilon", "1", *SMALL])
+    assert r.exit_code == 3 and _json(r)["epsilon"] > 1
+    (tmp_path / "bad.safetensors").write_bytes(b"not a store")
+    r = runner.invoke(app, ["train", "--store", str(tmp_path / "bad.safetensors"), "--partition",
+                            str(files / "part.json"), "--out", str(tmp_path / "c"), "--json"])
+    assert r.exit_code == 4
+    r = runner.invoke(app, base + ["--out", str(tmp_path / "d"), "--rounds", "0"])
+    assert r.exit_code == 2
+
+
+def test_run_end_to_end_and_resume(tmp_path):
+    runner = CliRunner()
+    args = ["run", "--out", str(tmp_path / "job"), "--json",
+            "--set", f"data.limit={REAL_STORE['limit']}", "--set", f"data.image_size={REAL_STORE['image_size']}",
+            "--set", f"data.cache_dir=\"{TEST_CACHE / 'embeddings'}\"", "--set", "train.rounds=2",
+            "--set", "train.batch_size=32", "--set", "train.seed=0", "--set", "evaluate.permutations=20",
+            *SMALL_MODEL_SET]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    rep = _json(r)
+    assert {"epsilon", "delta", "mmd2", "tstr_accuracy", "trtr_accuracy", "report"} <= set(rep)
+    assert 0.9 < rep["epsilon"] <= 1.0 and rep["delta"] == 1e-4 and rep["private"] is True
+    assert rep["trtr_accuracy"] > 0.5
+    job = tmp_path / "job"
+    for f in ("report.md", "report.json", "plots/projection.png", "plots/training.png", "synthetic.safetensors",
+              "evaluation.json", "partition.json", "config.toml", "run/ledger.json"):
+        assert (job / f).exists(), f
+    ledger = (job / "run" / "ledger.json").read_bytes()
+    # rerunning the same command resumes: nothing is trained (or charged) again
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert (job / "run" / "ledger.json").read_bytes() == ledger
+    assert _json(r)["epsilon"] == pytest.approx(rep["epsilon"])
+    # a different configuration into the same folder is refused
+    r = runner.invoke(app, args + ["--set", "train.epsilon=4"])
+    assert r.exit_code == 2 and "different configuration" in _json(r)["error"]
+    r = runner.invoke(app, ["run", "--out", str(tmp_path / "x"), "--set", "train.nonsense=1", "--json"])
+    assert r.exit_code == 2 and "unknown key" in _json(r)["error"]
