@@ -1,0 +1,95 @@
+"""``fedhype embed``: images (a folder or a built-in dataset) → embeddings store, via a frozen encoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedhype.cli.common import JsonOpt, console, run_command
+from fedhype.errors import ValidationError
+
+
+def _render(result: dict[str, Any]) -> None:
+    out = Console()
+    table = Table(title=f"embeddings store {result['store']}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for key in ("n", "dim", "encoder", "weights_hash", "images_per_s"):
+        table.add_row(key, str(result[key]))
+    table.add_row("classes", ", ".join(f"{k}: {v}" for k, v in result["class_counts"].items()))
+    table.add_row("domains", ", ".join(f"{k}: {v}" for k, v in result["domain_counts"].items()))
+    table.add_row("skipped", str(len(result["skipped"])))
+    out.print(table)
+    for s in result["skipped"][:20]:
+        out.print(f"  skipped {s['file']}: {s['reason']}", highlight=False, markup=False)
+    if len(result["skipped"]) > 20:
+        out.print(f"  ... and {len(result['skipped']) - 20} more (see --json)")
+
+
+def embed(
+    images: Path | None = typer.Option(None, "--images", help="Folder of <class>/<image> or <domain>/<class>/<image> files."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Built-in dataset: digits-domains | fashion-mnist."),
+    encoder: str = typer.Option("dinov2-vits14", "--encoder", help="dinov2-vits14 | efficientnet-lite0 | hf:<hub-id-or-dir> | timm:<name>."),
+    weights: Path | None = typer.Option(None, "--weights", help="Weights file for timm: encoders (safetensors or torch state dict)."),
+    pooling: str = typer.Option("cls", "--pooling", help="Transformer token pooling: cls | mean."),
+    image_size: int | None = typer.Option(None, "--image-size", help="Encoder input side in pixels (default: the encoder's)."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default bf16 on GPU, fp32 on CPU)."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
+    workers: int | None = typer.Option(None, "--workers", help="Image decoding worker processes (default: cores − 1, at most 4)."),
+    limit: int | None = typer.Option(None, "--limit", help="Keep a stratified (domain, class) subset of at most N images."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset."),
+    strict: bool = typer.Option(False, "--strict", help="Stop on the first unreadable image instead of skipping it."),
+    out: Path = typer.Option(..., "--out", help="Embeddings store to write (.safetensors)."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Embed images with a frozen pretrained encoder and write an embeddings store."""
+
+    def body() -> dict[str, Any]:
+        from fedhype.encoders import create_encoder
+        from fedhype.encoders.embed import embed_source
+
+        if (images is None) == (dataset is None):
+            raise ValidationError("give exactly one of --images DIR or --dataset NAME")
+        if limit is not None and limit < 1:
+            raise ValidationError(f"--limit must be ≥ 1, got {limit}")
+        if out.is_dir():
+            raise ValidationError(f"--out {out} is a folder; give a file name such as {out / 'store.safetensors'}")
+        if images is not None:
+            from fedhype.data.images import scan_image_folder
+
+            source = scan_image_folder(images, strict=strict, limit=limit, seed=seed)
+        else:
+            from fedhype.data.datasets import load_builtin
+
+            source = load_builtin(dataset, limit=limit, seed=seed)
+        for s in source.skipped[:5]:
+            console.print(f"[yellow]skipped[/] {s['file']}: {s['reason']}", highlight=False)
+        enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size,
+                             weights=str(weights) if weights else None)
+        console.print(f"encoder {enc.id}: {enc.dim}-d, {enc.preprocess['crop']} px, {enc.device}, "
+                      f"{enc.describe()['dtype']}; {len(source)} images", highlight=False)
+        store = embed_source(source, enc, batch_size=batch_size, num_workers=workers, strict=strict)
+        store.save(out)
+        console.print(f"wrote {out} ({len(store)} × {store.dim})", highlight=False)
+        return {
+            "store": str(out),
+            "n": len(store),
+            "dim": store.dim,
+            "encoder": enc.id,
+            "weights_hash": enc.weights_hash,
+            "class_counts": dict(zip(store.class_names, store.class_counts())),
+            "domain_counts": dict(zip(store.domain_names, store.domain_counts())),
+            "skipped": store.meta["skipped"],
+            "images_per_s": store.meta["images_per_s"],
+        }
+
+    run_command(body, json_mode, _render)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("embed")(embed)

@@ -1,0 +1,131 @@
+"""The :class:`Encoder`: a frozen image model that maps pixel batches to embeddings.
+
+Every encoder family (``hf:``, ``timm:``, bundled weights) builds one of these, so the embedding
+pipeline and later stages see a single type whatever the model behind it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from fedhype.errors import ValidationError
+from fedhype.io import tensor_digest
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` → CUDA when available, else CPU; ``"cpu"`` / ``"cuda"`` / ``"cuda:N"`` as given.
+
+    Raises:
+        ValidationError: unknown device string, or ``cuda`` asked for on a machine without CUDA.
+    """
+    name = str(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValidationError(f"--device must be auto, cpu or cuda, got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValidationError("--device cuda was asked for but CUDA is not available; use --device cpu or auto")
+    return torch.device(name)
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """Compute dtype: ``None`` → bfloat16 on GPU, float32 on CPU.
+
+    Raises:
+        ValidationError: a name other than float32, bfloat16, float16.
+    """
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValidationError(f"--dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class Encoder:
+    """A frozen image encoder (eval mode, no gradients, inference mode).
+
+    Attributes:
+        id: the encoder spec it was created from (e.g. ``"dinov2-vits14"``, ``"hf:/models/vit"``).
+        dim: embedding dimension D.
+        weights_hash: SHA-256 over the float32 state dict (names, shapes, bytes; see
+            :func:`fedhype.io.tensor_digest`), taken before any dtype cast.
+        preprocess: ``{"size", "crop", "mean", "std", "resample"}``: shorter side resized to
+            ``size`` pixels with ``resample``, centre crop ``crop`` × ``crop``, then normalised.
+        transform: PIL RGB image → float32 tensor ``[3, crop, crop]`` (picklable, runs in workers).
+        pooling: how tokens are pooled (``"cls"``, ``"mean"`` or ``"avg"`` for CNNs).
+        model: the frozen ``torch.nn.Module``.
+        device, dtype: where and in which precision the model runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        model: nn.Module,
+        features: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+        dim: int,
+        preprocess: dict[str, Any],
+        pooling: str,
+        device: str | torch.device = "auto",
+        dtype: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        from fedhype.encoders.preprocess import build_transform
+
+        self.id = id
+        self.dim = int(dim)
+        self.pooling = pooling
+        self.preprocess = dict(preprocess)
+        self.transform = build_transform(self.preprocess)
+        self.extra = dict(extra or {})
+        model = model.float().eval()
+        model.requires_grad_(False)
+        self.weights_hash = tensor_digest(model.state_dict())
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model = model.to(device=self.device, dtype=self.dtype)
+        self._features = features
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Embed a batch.
+
+        Args:
+            pixel_values: float32 ``[B, 3, H, W]``, normalised as :attr:`preprocess` says.
+
+        Returns:
+            float32 ``[B, D]`` on the CPU (not an inference-mode tensor).
+
+        Raises:
+            ValidationError: ``pixel_values`` is not ``[B, 3, H, W]``.
+        """
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
+            raise ValidationError(f"pixel_values must be [B, 3, H, W], got {tuple(pixel_values.shape)}")
+        with torch.inference_mode():
+            x = pixel_values.to(device=self.device, dtype=self.dtype, non_blocking=True)
+            out = self._features(self.model, x).to(device="cpu", dtype=torch.float32)
+        return out.clone()  # an ordinary tensor: later stages may modify it in place
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able provenance (no weights)."""
+        return {
+            "encoder": self.id,
+            "weights_hash": self.weights_hash,
+            "dim": self.dim,
+            "pooling": self.pooling,
+            "preprocess": self.preprocess,
+            "device": str(self.device),
+            "dtype": dtype_name(self.dtype),
+            **self.extra,
+        }
+
+    def __repr__(self) -> str:
+        return f"Encoder(id={self.id!r}, dim={self.dim}, pooling={self.pooling!r}, device={self.device}, dtype={dtype_name(self.dtype)})"

@@ -1,0 +1,136 @@
+"""`fedhype embed` at the CLI: image trees made from real digits, exit codes, --json contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from fedhype.cli.main import app
+from fedhype.data.store import EmbeddingStore
+
+runner = CliRunner()
+
+
+def _tree(root: Path, classes=("0", "1", "2"), per_class: int = 4) -> Path:
+    """root/<class>/<i>.png: real UCI optdigits upscaled 4× (32 × 32 grey PNGs)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        rows = np.flatnonzero(d.target == int(c))[:per_class]
+        for i in rows:
+            px = np.kron(np.round(d.images[i] * 255 / 16), np.ones((4, 4))).astype(np.uint8)
+            Image.fromarray(px, "L").save(root / c / f"{i:04d}.png")
+    return root
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _embed(*args: str):
+    return runner.invoke(app, ["embed", *args])
+
+
+@pytest.fixture()
+def tiny(tiny_dinov2_dir) -> list[str]:
+    return ["--encoder", f"hf:{tiny_dinov2_dir}", "--image-size", "28", "--device", "cpu", "--workers", "0"]
+
+
+def test_folder_with_bad_files_is_embedded_and_they_are_listed(tmp_path, tiny):
+    root = _tree(tmp_path / "imgs")
+    victim = sorted((root / "1").iterdir())[0]
+    _truncate(victim)
+    (root / "2" / "notes.txt").write_text("not an image")
+    out = tmp_path / "store.safetensors"
+    res = _embed("--images", str(root), *tiny, "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert set(got) == {"store", "n", "dim", "encoder", "weights_hash", "class_counts", "domain_counts", "skipped",
+                        "images_per_s"}
+    assert got["n"] == 11 and got["dim"] == 32 and got["class_counts"] == {"0": 4, "1": 3, "2": 4}
+    assert got["domain_counts"] == {"imgs": 11}
+    skipped = {s["file"]: s["reason"] for s in got["skipped"]}
+    assert set(skipped) == {f"1/{victim.name}", "2/notes.txt"}
+    assert "truncated" in skipped[f"1/{victim.name}"] and "not an image" in skipped["2/notes.txt"]
+    store = EmbeddingStore.load(out)
+    assert len(store) == 11 and store.meta["kind"] == "real" and store.meta["weights_hash"] == got["weights_hash"]
+    assert store.meta["skipped"] == got["skipped"] and store.meta["source"]["root"] == str(root)
+
+
+def test_strict_refuses_a_truncated_file(tmp_path, tiny):
+    root = _tree(tmp_path / "imgs")
+    victim = sorted((root / "0").iterdir())[1]
+    _truncate(victim)
+    res = _embed("--images", str(root), *tiny, "--strict", "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert res.exit_code == 2
+    assert victim.name in json.loads(res.stdout)["error"]
+    assert not (tmp_path / "s.safetensors").exists()
+
+
+def test_empty_class_folder_is_a_clear_error(tmp_path, tiny):
+    root = _tree(tmp_path / "imgs")
+    (root / "3").mkdir()
+    res = _embed("--images", str(root), *tiny, "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert res.exit_code == 2 and "class folder" in res.stdout and "is empty" in res.stdout
+
+
+def test_empty_input_folder_is_a_clear_error(tmp_path, tiny):
+    (tmp_path / "empty").mkdir()
+    res = _embed("--images", str(tmp_path / "empty"), *tiny, "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert res.exit_code == 2 and "no usable image" in json.loads(res.stdout)["error"]
+
+
+def test_only_non_image_files_is_a_clear_error(tmp_path, tiny):
+    (tmp_path / "imgs" / "cats").mkdir(parents=True)
+    (tmp_path / "imgs" / "cats" / "readme.md").write_text("# nothing here")
+    res = _embed("--images", str(tmp_path / "imgs"), *tiny, "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert res.exit_code == 2 and "no usable image" in json.loads(res.stdout)["error"]
+
+
+@pytest.mark.parametrize("args", [[], ["--images", "x", "--dataset", "digits-domains"]])
+def test_exactly_one_input(tmp_path, args):
+    res = _embed(*args, "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert res.exit_code == 2 and "exactly one of --images DIR or --dataset NAME" in res.stdout
+
+
+def test_unknown_dataset_lists_the_builtin_ones(tmp_path):
+    res = _embed("--dataset", "cifar-10", "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert res.exit_code == 2
+    err = json.loads(res.stdout)["error"]
+    assert "cifar-10" in err and "digits-domains" in err and "fashion-mnist" in err
+
+
+def test_unknown_encoder_lists_the_known_ones(tmp_path):
+    root = _tree(tmp_path / "imgs", per_class=1)
+    res = _embed("--images", str(root), "--encoder", "resnet-9000", "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert res.exit_code == 2
+    err = json.loads(res.stdout)["error"]
+    assert "resnet-9000" in err and "dinov2-vits14" in err and "hf:<hub-id-or-local-dir>" in err
+
+
+def test_hub_id_without_network_says_to_pass_a_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    root = _tree(tmp_path / "imgs", per_class=1)
+    res = _embed("--images", str(root), "--encoder", "hf:facebook/dinov2-base", "--out", str(tmp_path / "s.st"))
+    assert res.exit_code == 2 and "local directory" in res.output
+
+
+def test_builtin_dataset_with_the_default_bundled_encoder(tmp_path):
+    out = tmp_path / "digits.safetensors"
+    res = _embed("--dataset", "digits-domains", "--limit", "40", "--image-size", "28", "--device", "cpu",
+                 "--workers", "1", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert got["encoder"] == "dinov2-vits14" and got["dim"] == 384 and got["n"] == 40
+    assert list(got["domain_counts"]) == ["mnist", "optdigits", "mnist-m", "rotated-mnist"]
+    assert sum(got["class_counts"].values()) == 40 and got["skipped"] == []
+    store = EmbeddingStore.load(out)
+    assert store.meta["source"]["dataset"] == "digits-domains" and store.meta["preprocess"]["crop"] == 28

@@ -1,0 +1,41 @@
+"""Shared fixtures: one small real embeddings store, embedded once per machine and cached.
+
+``real_store``: digits-domains (real MNIST, UCI optdigits, MNIST-M blend, rotated MNIST), a
+stratified subset of ``REAL_STORE["limit"]`` images, embedded with the bundled real DINOv2
+ViT-S/14 at a small input size. Cached under ``$FEDHYPE_TEST_CACHE`` (default
+``/tmp/fedhype-test-cache``) and reused while its provenance key matches.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TEST_CACHE = Path(os.environ.get("FEDHYPE_TEST_CACHE") or "/tmp/fedhype-test-cache")
+
+#: The cache key of the shared real store (see fedhype.encoders.cache.cached_embed).
+REAL_STORE = {"dataset": "digits-domains", "encoder": "dinov2-vits14", "limit": 800, "seed": 0, "image_size": 84}
+
+
+@pytest.fixture(scope="session")
+def real_store():
+    """:class:`~fedhype.data.store.EmbeddingStore` of 800 real digits × 384-d DINOv2 features (float32)."""
+    from fedhype.encoders.cache import cached_embed
+
+    return cached_embed(**REAL_STORE, cache_dir=TEST_CACHE / "embeddings", device="cpu", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_dinov2_dir(tmp_path_factory) -> Path:
+    """A randomly initialised tiny ``Dinov2Model`` (hidden 32, 2 layers, patch 14) saved with save_pretrained."""
+    import torch
+    from transformers import Dinov2Config, Dinov2Model
+
+    torch.manual_seed(0)
+    cfg = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2, patch_size=14,
+                       image_size=56)
+    path = tmp_path_factory.mktemp("tiny-dinov2")
+    Dinov2Model(cfg).eval().save_pretrained(path)
+    return path
