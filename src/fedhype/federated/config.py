@@ -35,9 +35,9 @@ class TrainConfig:
         batch_size: expected Poisson batch size B; client i samples with q_i = B / n_i.
         participation: fraction of clients sampled per round (public randomness).
         lr_local: Adam learning rate of the local steps (θ_i and ψ_i).
-        lr_server: SGD learning rate for the base decoder on the averaged Δθ (1.0 = FedAvg).
-        lr_hyper: SGD learning rate of the hypernetwork trunk and heads.
-        lr_code: SGD learning rate of the client codes.
+        lr_server: SGD learning rate of the base decoder and head biases on the averaged Δθ (1.0 = FedAvg).
+        lr_hyper: Adam learning rate of the hypernetwork trunk and head weights.
+        lr_code: Adam learning rate of the client codes.
         epsilon: target ε (σ is calibrated for the plan actually run); None with ``noise_multiplier``.
         delta: δ.
         noise_multiplier: σ set directly (then ε is whatever the accountant says).
@@ -57,8 +57,8 @@ class TrainConfig:
     participation: float = 1.0
     lr_local: float = 1e-3
     lr_server: float = 1.0
-    lr_hyper: float = 1.0
-    lr_code: float = 1.0
+    lr_hyper: float = 1e-3
+    lr_code: float = 1e-3
     epsilon: float | None = 1.0
     delta: float = 1e-4
     noise_multiplier: float | None = None

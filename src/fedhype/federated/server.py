@@ -7,8 +7,10 @@ parameters is −Δθ_i. By the chain rule
 
     ∇_Φ = − Σ_i w_i (∂θ_i/∂Φ)ᵀ Δθ_i + λ_Lip ∇_Φ R_Lip,    ∇_{c_i} = − w_i (∂θ_i/∂c_i)ᵀ Δθ_i + λ_Lip ∇_{c_i} R_Lip
 
-computed as one vector–Jacobian product of ⟨θ(c_i; Φ), −Δθ_i⟩. The base decoder is the
-identity part of h, so with ``lr_server = 1`` its update is exactly FedAvg of the clients' Δθ.
+computed as one vector–Jacobian product of ⟨θ(c_i; Φ), −Δθ_i⟩. The base decoder and the head
+biases are identity parts of h, so with ``lr_server = 1`` (SGD) their update is exactly FedAvg of
+the clients' Δθ; the trunk, head weights and codes take Adam steps on the same pseudo-gradient
+(plain SGD at lr 1 there overshoots by a factor ‖trunk features‖² and diverged in our runs).
 Every Δθ_i is a PrivatizedUpdate, so Φ and the codes are post-processing of DP outputs.
 """
 
@@ -29,7 +31,8 @@ class Server:
         cfg: model configuration.
         n_clients: number of clients (one code each).
         generator: public randomness (init, client sampling, Lipschitz directions).
-        lr_server, lr_hyper, lr_code: SGD learning rates (see :class:`TrainConfig`).
+        lr_server: SGD learning rate of the identity parts (base decoder, head biases); 1 = FedAvg.
+        lr_hyper, lr_code: Adam learning rates of the trunk/head weights and of the codes.
     """
 
     def __init__(self, cfg: ModelConfig, n_clients: int, generator: torch.Generator, *,
@@ -39,9 +42,14 @@ class Server:
         self.hnet = HyperNetwork(cfg, generator)
         self.codes = torch.nn.Parameter(torch.randn(n_clients, cfg.code_dim, generator=generator) * 0.1)
         self.lambda_lip = cfg.lambda_lip if lambda_lip is None else lambda_lip
-        self.opt = torch.optim.SGD([
-            {"params": list(self.hnet.base.parameters()), "lr": lr_server},
-            {"params": list(self.hnet.trunk.parameters()) + list(self.hnet.heads.parameters()), "lr": lr_hyper},
+        head_bias = [p for n, p in self.hnet.heads.items() if n.endswith("_b")]
+        head_weight = [p for n, p in self.hnet.heads.items() if not n.endswith("_b")]
+        # identity parts (base decoder, head biases): SGD — with lr_server = 1 exactly FedAvg of Δθ;
+        # trunk, head weights and codes: Adam, whose per-coordinate scaling keeps the pseudo-gradient
+        # VJP (whose size grows with ‖trunk features‖²) from overshooting.
+        self.opt = torch.optim.SGD([{"params": list(self.hnet.base.parameters()) + head_bias, "lr": lr_server}])
+        self.opt_adam = torch.optim.Adam([
+            {"params": list(self.hnet.trunk.parameters()) + head_weight, "lr": lr_hyper},
             {"params": [self.codes], "lr": lr_code},
         ])
         self._inbox: list[tuple[int, float, PrivatizedUpdate]] = []
@@ -67,6 +75,7 @@ class Server:
             return {"participants": 0}
         total_w = sum(w for _, w, _ in self._inbox)
         self.opt.zero_grad(set_to_none=True)
+        self.opt_adam.zero_grad(set_to_none=True)
         surrogate = self.codes.new_zeros(())
         for index, w, upd in self._inbox:
             theta = self.hnet(self.codes[index])
@@ -82,6 +91,7 @@ class Server:
             for index, w, _ in (self._inbox if self.codes.grad is not None else []):
                 self.codes.grad[index] /= (w / total_w)
         self.opt.step()
+        self.opt_adam.step()
         n = len(self._inbox)
         self._inbox.clear()
         return {"participants": n, "lipschitz": float(lip.detach())}
@@ -91,6 +101,9 @@ class Server:
         t = {f"hnet.{k}": v.detach() for k, v in self.hnet.state_dict().items()}
         t["codes"] = self.codes.detach()
         t["gen.server"] = self.generator.get_state()
+        for i, st in self.opt_adam.state_dict()["state"].items():
+            for k, v in st.items():
+                t[f"adam.{i}.{k}"] = torch.as_tensor(v)
         return t
 
     def load_state_tensors(self, t: dict[str, torch.Tensor]) -> None:
@@ -98,3 +111,11 @@ class Server:
         with torch.no_grad():
             self.codes.copy_(t["codes"])
         self.generator.set_state(t["gen.server"])
+        sd = self.opt_adam.state_dict()
+        state: dict[int, dict] = {}
+        for key, v in t.items():
+            if key.startswith("adam."):
+                _, i, name = key.split(".", 2)
+                state.setdefault(int(i), {})[name] = v
+        sd["state"] = state
+        self.opt_adam.load_state_dict(sd)

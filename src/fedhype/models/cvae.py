@@ -93,7 +93,7 @@ def prior(theta: Params, y1h: torch.Tensor, latent: int, tape=None, prefix: str 
 
 def sample(theta: Params, labels: torch.Tensor, cfg: ModelConfig, generator: torch.Generator,
            temperature: float = 1.0) -> torch.Tensor:
-    """Draw synthetic embeddings: z ~ prior(y), x = decode(z, y), mapped to the unit sphere.
+    """Draw synthetic embeddings: z ~ prior(y), x ~ N(decode(z, y), diag σ_x²), mapped to the unit sphere.
 
     Args:
         labels: int64 [N]. Returns float32 [N, D], unit norm.
@@ -102,4 +102,7 @@ def sample(theta: Params, labels: torch.Tensor, cfg: ModelConfig, generator: tor
     mu, lv = prior(theta, y1h, cfg.latent)
     eps = torch.randn(mu.shape, generator=generator, device=mu.device)
     z = mu + temperature * torch.exp(0.5 * lv) * eps
-    return to_output_space(decode(theta, z, y1h))
+    x = decode(theta, z, y1h)
+    if "dec.logsx" in theta:
+        x = x + temperature * torch.exp(theta["dec.logsx"]) * torch.randn(x.shape, generator=generator, device=x.device)
+    return to_output_space(x)

@@ -41,7 +41,8 @@ class HyperNetwork(nn.Module):
     Keys of the output (shapes):
 
     * ``dec.w1`` [hidden, L+K], ``dec.b1`` [hidden], ``dec.w2``/``dec.w3`` [hidden, hidden],
-      ``dec.b2``/``dec.b3`` [hidden], ``dec.wo`` [D, hidden], ``dec.bo`` [D] (base decoder)
+      ``dec.b2``/``dec.b3`` [hidden], ``dec.wo`` [D, hidden], ``dec.bo`` [D] (base decoder),
+      ``dec.logsx`` [D] (log σ_x of the Gaussian likelihood, model space)
     * ``film.gamma``, ``film.beta`` [3, hidden] (only when ``cfg.decoder == "film"``)
     * ``prior.mu``, ``prior.logvar`` [K, L] (only when ``cfg.prior == "class"``)
     """
@@ -55,6 +56,8 @@ class HyperNetwork(nn.Module):
         for wn, bn, o, i in shapes:
             w, b = _linear_init(o, i, generator)
             self.base[wn], self.base[bn] = nn.Parameter(w), nn.Parameter(b)
+        # per-dimension log std of the Gaussian likelihood p(x|z,y) = N(dec(z,y), diag σ_x²)
+        self.base["logsx"] = nn.Parameter(torch.full((D,), -0.5))
         hh = cfg.hyper_hidden
         self.trunk = nn.ParameterDict()
         for name, (o, i) in {"t1": (hh, cfg.code_dim), "t2": (hh, hh)}.items():

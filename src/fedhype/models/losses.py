@@ -3,7 +3,7 @@
 (method.md, decision 3.) For a client with generated parameters θ and local encoder ψ, the
 per-example loss of a record (x, y) in model space is
 
-    ℓ(x, y) = ½‖x − dec_θ(z, y)‖² + β·KL(q_ψ(z|x,y) ‖ p_θ(z|y)) − 2·λ_MMD · (1/m) Σ_j k(x, x̃_j)
+    ℓ(x, y) = Σ_d [½(x_d − dec_θ(z, y)_d)² / σ_{x,d}² + log σ_{x,d}] + β·KL(q_ψ(z|x,y) ‖ p_θ(z|y)) − 2·λ_MMD · (1/m) Σ_j k(x, x̃_j)
 
 with z = μ_q + σ_q ⊙ ε (reparameterisation, Kingma & Welling 2014) and x̃_j = dec_θ(z̃_j, y),
 z̃_j ~ p_θ(z | y) — the *cross term* of the (class-conditional) MMD² (Gretton et al. 2012,
@@ -75,7 +75,11 @@ def example_terms(theta: Params, psi: Params, x: torch.Tensor, y1h: torch.Tensor
     else:
         xr = decode(theta, z, y1h, tape)
         cross = torch.zeros_like(kl)
-    recon = 0.5 * ((x - xr) ** 2).sum(-1)
+    if "dec.logsx" in theta:  # Gaussian NLL with learned per-dimension σ_x (up to ½·D·log 2π)
+        ls = theta["dec.logsx"] if tape is None else tape.per_example("shared.dec.logsx", theta["dec.logsx"], x.shape[0])
+        recon = (0.5 * (x - xr) ** 2 * torch.exp(-2.0 * ls) + ls).sum(-1)
+    else:
+        recon = 0.5 * ((x - xr) ** 2).sum(-1)
     return {"recon": recon, "kl": kl, "mmd_cross": cross}
 
 

@@ -67,6 +67,13 @@ class GradTape:
         self.ops.append(("matmul", key, None, a.detach(), e))
         return out
 
+    def per_example(self, key: str, p: torch.Tensor, batch: int) -> torch.Tensor:
+        """``p`` broadcast to ``[batch, *p.shape]``: each example's copy gets its own gradient."""
+        self._mark(key)
+        out, e = self._probe(p.expand(batch, *p.shape))
+        self.ops.append(("elementwise", key, None, None, e))
+        return out
+
     def film(self, gkey: str, bkey: str, row: int, h: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         """``gamma * h + beta`` where gamma, beta are row ``row`` of the parameters gkey, bkey."""
         self._mark((gkey, row), (bkey, row))
@@ -101,6 +108,11 @@ def clipped_sum_bookkeeping(batch_loss: Callable[..., torch.Tensor], params: Par
     parts = []
     for op, d in zip(tape.ops, deltas):
         kind, k1, k2, a, _ = op
+        if kind == "elementwise":  # per-example gradients are the probe gradients themselves
+            g = d.reshape(B, -1)
+            sq = sq + g.pow(2).sum(1)
+            parts.append((kind, k1, None, d, None, None))
+            continue
         a3, d3 = _as3(a), _as3(d)
         if kind in ("linear", "matmul"):
             if a3.shape[1] == 1:
@@ -123,6 +135,8 @@ def clipped_sum_bookkeeping(batch_loss: Callable[..., torch.Tensor], params: Par
             cd = d3 * c[:, None, None]
             out[k1] = torch.einsum("bto,bti->oi", cd, x)
             out[k2] = cd.sum((0, 1))
+        elif kind == "elementwise":
+            out[k1] = torch.einsum("b,b...->...", c, x)
         elif kind == "matmul":
             out[k1] = torch.einsum("btk,btl->kl", x, d3 * c[:, None, None])
         else:
