@@ -1,0 +1,211 @@
+"""``fedhype prototypes``: train and evaluate hyper-prototype (FedHPro) classifiers on embeddings."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedhype.cli.common import JsonOpt, console, kv_table, run_command
+from fedhype.errors import ValidationError
+
+sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
+
+_METRICS = ("accuracy", "balanced_accuracy", "macro_f1")
+
+
+def _fmt(v: Any) -> str:
+    return "—" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+
+
+def _check_split(split: str) -> str:
+    if split not in ("train", "val", "test"):
+        raise ValidationError(f"--split must be train, val or test, got {split!r}")
+    return split
+
+
+def _clients(part: Any, store: Any, split: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Partition client id (as the FedHypeVAE engine names them: ``str(id)``) → ``(X, y)`` of ``split``."""
+    out = {}
+    for c in part.clients:
+        s = part.client_store(store, c.id, split)
+        if len(s):
+            out[str(c.id)] = (s.embeddings, s.labels.numpy())
+    return out
+
+
+@sub.command("train")
+def train(
+    data: Path = typer.Option(..., "--data", help="Training store: synthetic (private workflow) or real."),
+    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON of the real store (real --data, "
+                                          "--federated, or --matching dp)."),
+    federated: bool = typer.Option(False, "--federated", help="FedHPro rounds over the partition's clients of --data "
+                                   "(real records; the result is NOT differentially private)."),
+    split: str = typer.Option("train", "--split", help="Partition split the clients train on."),
+    real: Path | None = typer.Option(None, "--real", help="Real store of the partition, for --matching dp when --data "
+                                     "is synthetic."),
+    head: str = typer.Option("both", "--head", help="prototype | linear | both (prediction head)."),
+    matching: str = typer.Option("synthetic", "--matching", help="synthetic (free on a synthetic store) | dp | none."),
+    epochs: int = typer.Option(30, "--epochs", help="Alternation epochs (federated: rounds)."),
+    local_epochs: int = typer.Option(1, "--local-epochs", help="--federated: client epochs per round."),
+    noise_multiplier: float = typer.Option(1.0, "--noise-multiplier", help="--matching dp: σ."),
+    clip_norm: float = typer.Option(1.0, "--clip-norm", help="--matching dp: clipping norm C."),
+    delta: float | None = typer.Option(None, "--delta", help="--matching dp: δ (default: the --ledger's, else 1e-5)."),
+    max_epsilon: float | None = typer.Option(None, "--max-epsilon", help="--matching dp: refuse (exit 3) above this ε."),
+    ledger: Path | None = typer.Option(None, "--ledger", help="--matching dp: the run's ledger.json; the matching events "
+                                       "are added to a copy in --out, so the reported ε composes both (the original "
+                                       "file is not changed)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of initialisation, shuffling and (not secure) DP noise."),
+    out: Path = typer.Option(..., "--out", help="Model directory to write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --out."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Train a hyper-prototype classifier (adapter + head + K×L prototypes) and save it to --out."""
+
+    def body() -> dict[str, Any]:
+        from fedhype.data.partition import Partition
+        from fedhype.data.store import EmbeddingStore
+        from fedhype.privacy.ledger import PrivacyLedger
+        from fedhype.prototypes import HyperPrototypeClassifier, fit_federated
+        from fedhype.prototypes.persistence import CONFIG
+
+        _check_split(split)
+        if (out / CONFIG).exists() and not overwrite:
+            raise ValidationError(f"{out} already holds a hyper-prototype model; choose another --out or pass --overwrite")
+        if federated and partition is None:
+            raise ValidationError("--federated needs --partition (the clients)")
+        if matching == "dp" and partition is None:
+            raise ValidationError("--matching dp needs --partition (the clients whose records give DP gradients)")
+        if matching != "dp" and (real is not None or ledger is not None):
+            raise ValidationError("--real and --ledger are only used with --matching dp")
+        t0 = time.perf_counter()
+        store = EmbeddingStore.load(data)
+        part = Partition.load(partition) if partition is not None else None
+        run_ledger = PrivacyLedger.load(ledger) if ledger is not None else None
+        if run_ledger is not None and delta is not None and run_ledger.delta != delta:
+            raise ValidationError(f"--delta {delta:g} differs from the ledger's δ = {run_ledger.delta:g}")
+        dlt = delta if delta is not None else (run_ledger.delta if run_ledger is not None else 1e-5)
+        clf = HyperPrototypeClassifier(head=head, matching=matching, epochs=epochs, noise_multiplier=noise_multiplier,
+                                       clip_norm=clip_norm, delta=dlt, max_epsilon=max_epsilon, seed=seed)
+        classes = np.arange(store.n_classes)
+        if federated:
+            if store.kind == "synthetic":
+                raise ValidationError(f"--federated trains on the clients' real records; {data} is a synthetic store")
+            part.check_store(store)
+            clients = _clients(part, store, split)
+            console.print(f"FedHPro: {epochs} rounds over {len(clients)} clients …", highlight=False)
+            fit_federated(clf, clients, classes=classes, local_epochs=local_epochs, ledger=run_ledger)
+            x_tr = np.concatenate([x.numpy() for x, _ in clients.values()])
+            y_tr = np.concatenate([y for _, y in clients.values()])
+        else:
+            train_store = store
+            if part is not None and store.kind != "synthetic":
+                part.check_store(store)
+                train_store = part.split_store(store, split)
+            dp_clients = None
+            if matching == "dp":
+                real_store = EmbeddingStore.load(real) if real is not None else store
+                if real_store.kind == "synthetic":
+                    raise ValidationError("--matching dp needs the clients' real store: pass --real")
+                part.check_store(real_store)
+                if real_store.dim != store.dim or real_store.class_names != store.class_names:
+                    raise ValidationError(f"--real {real} and --data {data} differ in dimension or class names")
+                dp_clients = _clients(part, real_store, split)
+            console.print(f"training on {len(train_store)} embeddings ({store.kind}) …", highlight=False)
+            x_tr, y_tr = train_store.embeddings.numpy(), train_store.labels.numpy()
+            clf.fit(x_tr, y_tr, classes=classes, dp_clients=dp_clients, ledger=run_ledger)
+        private = (not federated and store.kind == "synthetic" and bool(store.meta.get("private", False)))
+        meta = {"class_names": store.class_names, "data": str(data), "data_kind": store.kind,
+                "data_epsilon": store.meta.get("epsilon"), "data_private": store.meta.get("private"),
+                "encoder": store.meta.get("encoder"), "partition": None if partition is None else str(partition),
+                "split": split, "federated": federated, "private": private}
+        clf.save(out, meta)
+        eps = clf.privacy_.get("epsilon")
+        if not private:
+            console.print("[yellow]note[/]: this classifier was trained on real records (or a non-private store): "
+                          "it is NOT differentially private", highlight=False)
+        return {"model": str(out), "n_train": int(len(y_tr)), "n_clients": len(part.clients) if part else None,
+                "federated": federated, "matching": matching, "head": head, "epochs": epochs,
+                "classes": store.class_names, "private": private, "data_epsilon": store.meta.get("epsilon"),
+                "matching_epsilon": eps, "epsilon_composed_with_run": ledger is not None and matching == "dp",
+                "delta": clf.privacy_.get("delta"), "privacy": clf.privacy_,
+                "train_accuracy": float((clf.predict(x_tr) == y_tr).mean()), "seconds": time.perf_counter() - t0}
+
+    run_command(body, json_mode, lambda r: Console().print(kv_table("hyper-prototype classifier", {
+        k: v for k, v in r.items() if not isinstance(v, (dict, list))})))
+
+
+def _metrics_by(groups: np.ndarray, names: list[str], y: np.ndarray, pred: np.ndarray) -> dict[str, dict]:
+    from fedhype.eval.utility import classification_metrics
+
+    return {names[g]: {"n": int((groups == g).sum()), **classification_metrics(y[groups == g], pred[groups == g])}
+            for g in sorted(set(groups.tolist()))}
+
+
+def _render_eval(r: dict[str, Any]) -> None:
+    out = Console()
+    t = Table(title=f"hyper-prototype classifier on {r['n']} real embeddings (head {r['head']})")
+    for col in ("", *_METRICS):
+        t.add_column(col, justify="left" if col == "" else "right")
+    t.add_row("pooled", *[_fmt(r[m]) for m in _METRICS])
+    for title in ("per_client", "per_domain"):
+        for name, row in (r.get(title) or {}).items():
+            t.add_row(f"{title[4:]} {name} (n={row['n']})", *[_fmt(row[m]) for m in _METRICS])
+    out.print(t)
+    out.print("accuracy by head: " + ", ".join(f"{h} {_fmt(a)}" for h, a in r["heads"].items()))
+
+
+@sub.command("evaluate")
+def evaluate(
+    model: Path = typer.Option(..., "--model", help="Model directory from `fedhype prototypes train`."),
+    real: Path = typer.Option(..., "--real", help="Real store (held-out test set; the full store with --partition)."),
+    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --real is split by it."),
+    split: str = typer.Option("test", "--split", help="With --partition: the split to evaluate on."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Accuracy, balanced accuracy and macro-F1 on real embeddings, pooled and per client / domain."""
+
+    def body() -> dict[str, Any]:
+        from fedhype.data.partition import Partition
+        from fedhype.data.store import EmbeddingStore
+        from fedhype.eval.utility import classification_metrics
+        from fedhype.prototypes import HyperPrototypeClassifier
+
+        _check_split(split)
+        clf = HyperPrototypeClassifier.load(model)
+        store = EmbeddingStore.load(real)
+        if store.dim != clf.n_features_in_:
+            raise ValidationError(f"--real {real} has D={store.dim}, the model was trained on D={clf.n_features_in_} "
+                                  "(use embeddings from the same encoder)")
+        names = clf.meta_.get("class_names")
+        if names is not None and list(names) != store.class_names:
+            raise ValidationError(f"--real {real} has classes {store.class_names}, the model {names}")
+        per_client = None
+        if partition is not None:
+            part = Partition.load(partition)
+            part.check_store(store)
+            test = part.split_store(store, split)
+        else:
+            test = store
+        x, y = test.embeddings, test.labels.numpy()
+        probs = {h: clf.predict_proba(x, head=h) for h in ("linear", "prototype", "both")}
+        preds = {h: clf.classes_[p.argmax(1)] for h, p in probs.items()}
+        pred = preds[clf.head]
+        if partition is not None:
+            per_client = _metrics_by(part.client_ids(split), [c.name for c in part.clients], y, pred)
+        return {"model": str(model), "real": str(real), "partition": None if partition is None else str(partition),
+                "split": split if partition is not None else None, "n": len(test), "head": clf.head,
+                **classification_metrics(y, pred), "heads": {h: float((p == y).mean()) for h, p in preds.items()},
+                "per_domain": _metrics_by(test.domains.numpy(), test.domain_names, y, pred),
+                "per_client": per_client, "privacy": clf.privacy_, "model_meta": clf.meta_}
+
+    run_command(body, json_mode, _render_eval)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sub, name="prototypes")

@@ -1,0 +1,18 @@
+"""Hyper-prototypes (FedHPro, Wang et al., ICML 2026) for downstream classifiers on embeddings.
+
+A small trainable adapter on frozen embeddings, a linear head and K × L learnable hyper-prototypes
+matched to class-wise gradients with a whole-vector cosine distance (method.md, decision 7):
+
+* :class:`HyperPrototypeClassifier` — the scikit-learn estimator (fit / predict / save / load);
+* :func:`fit_federated` — FedHPro rounds over in-process clients (FedAvg of adapter + head);
+* :func:`prototypes_downstream` — the run pipeline's call: hyper-prototypes vs a linear probe,
+  trained on a synthetic store, tested on held-out real embeddings.
+"""
+
+from fedhype.prototypes.classifier import HEADS, MATCHING, HyperPrototypeClassifier
+from fedhype.prototypes.downstream import prototypes_downstream
+from fedhype.prototypes.federated import fedavg, fit_federated
+from fedhype.prototypes.matching import gradient_distance
+
+__all__ = ["HEADS", "MATCHING", "HyperPrototypeClassifier", "fedavg", "fit_federated", "gradient_distance",
+           "prototypes_downstream"]

@@ -1,0 +1,107 @@
+"""``fedhype prototypes train|evaluate``: JSON output, DP matching from the CLI, exit codes 2 and 4."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fedhype.cli.main import app
+from fedhype.data.partition import make_partition
+from fedhype.data.store import EmbeddingStore
+
+
+@pytest.fixture(scope="module")
+def files(real_store, tmp_path_factory):
+    root = tmp_path_factory.mktemp("protocli")
+    real = real_store.save(root / "real.safetensors")
+    part = make_partition(real_store, scheme="domain", seed=0)
+    part.save(root / "part.json")
+    val = part.split_store(real_store, "val")                 # stand-in for a DP synthetic store
+    syn = EmbeddingStore(val.embeddings, val.labels, val.domains * 0, [f"syn/{i}" for i in range(len(val))],
+                         val.class_names, ["neutral"], {"kind": "synthetic", "private": True, "epsilon": 1.0})
+    narrow = EmbeddingStore(real_store.embeddings[:, :32].clone(), real_store.labels, real_store.domains,
+                            real_store.sample_ids, real_store.class_names, real_store.domain_names, {"kind": "real"})
+    return {"root": root, "real": real, "part": root / "part.json", "syn": syn.save(root / "syn.safetensors"),
+            "narrow": narrow.save(root / "narrow.safetensors")}
+
+
+def _run(*args):
+    return CliRunner().invoke(app, ["prototypes", *map(str, args)])
+
+
+def test_train_on_real_partition_and_evaluate_per_client(files):
+    out = files["root"] / "real-model"
+    r = _run("train", "--data", files["real"], "--partition", files["part"], "--epochs", 6, "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["n_train"] == 480 and res["private"] is False and res["matching"] == "synthetic"
+    assert res["train_accuracy"] > 0.45                      # chance 0.1; 6 short epochs
+    r = _run("evaluate", "--model", out, "--real", files["real"], "--partition", files["part"], "--json")
+    assert r.exit_code == 0, r.output
+    ev = json.loads(r.stdout)
+    assert ev["n"] == 160 and 0.35 < ev["accuracy"] <= 1 and 0 < ev["macro_f1"] <= 1
+    assert set(ev["heads"]) == {"linear", "prototype", "both"}
+    assert set(ev["per_client"]) == {"mnist", "optdigits", "mnist-m", "rotated-mnist"}
+    assert sum(c["n"] for c in ev["per_client"].values()) == 160
+    # refuses to overwrite without --overwrite (exit 2)
+    r = _run("train", "--data", files["real"], "--partition", files["part"], "--epochs", 1, "--out", out, "--json")
+    assert r.exit_code == 2 and "--overwrite" in json.loads(r.stdout)["error"]
+
+
+def test_train_on_synthetic_with_dp_matching(files):
+    out = files["root"] / "dp-model"
+    r = _run("train", "--data", files["syn"], "--real", files["real"], "--partition", files["part"], "--matching", "dp",
+             "--epochs", 3, "--noise-multiplier", 1.5, "--delta", 1e-4, "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["private"] is True and res["data_epsilon"] == 1.0
+    assert 0 < res["matching_epsilon"] < 5 and res["privacy"]["events"] == 3 * 4
+    assert (out / "ledger.json").exists()
+    r = _run("evaluate", "--model", out, "--real", files["real"], "--json")      # the whole store, per domain
+    assert r.exit_code == 0, r.output
+    ev = json.loads(r.stdout)
+    assert ev["n"] == 800 and ev["per_client"] is None and len(ev["per_domain"]) == 4
+    assert ev["privacy"]["epsilon"] == res["matching_epsilon"]
+    # over budget: exit 3 before anything is spent
+    r = _run("train", "--data", files["syn"], "--real", files["real"], "--partition", files["part"], "--matching", "dp",
+             "--epochs", 3, "--max-epsilon", 0.01, "--delta", 1e-4, "--out", files["root"] / "x", "--json")
+    assert r.exit_code == 3 and json.loads(r.stdout)["epsilon"] > 0.01
+
+
+def test_federated_train(files):
+    out = files["root"] / "fed-model"
+    r = _run("train", "--data", files["real"], "--partition", files["part"], "--federated", "--epochs", 3,
+             "--local-epochs", 2, "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["federated"] is True and res["private"] is False and res["n_clients"] == 4 and res["n_train"] == 480
+    assert res["privacy"]["model_private"] is False and len(res["privacy"]["clients"]) == 4
+    r = _run("train", "--data", files["syn"], "--partition", files["part"], "--federated", "--out", out / "x", "--json")
+    assert r.exit_code == 2 and "synthetic store" in json.loads(r.stdout)["error"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--head", "knn"], "head must be one of"),
+    (["--federated"], "--federated needs --partition"),
+    (["--matching", "dp"], "--matching dp needs --partition"),
+    (["--split", "dev"], "--split must be"),
+])
+def test_train_usage_errors_exit_2(files, args, message):
+    r = _run("train", "--data", files["real"], "--epochs", 1, "--out", files["root"] / "bad", *args, "--json")
+    assert r.exit_code == 2, r.output
+    assert message in json.loads(r.stdout)["error"]
+
+
+def test_artifact_errors_exit_4_and_mismatch_exit_2(files):
+    r = _run("evaluate", "--model", files["root"] / "missing", "--real", files["real"], "--json")
+    assert r.exit_code == 4 and "not found" in json.loads(r.stdout)["error"]
+    out = files["root"] / "small"
+    assert _run("train", "--data", files["real"], "--epochs", 1, "--out", out, "--json").exit_code == 0
+    r = _run("evaluate", "--model", out, "--real", files["narrow"], "--json")
+    assert r.exit_code == 2 and "D=32" in json.loads(r.stdout)["error"]
+    raw = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(raw[:100])
+    r = _run("evaluate", "--model", out, "--real", files["real"], "--json")
+    assert r.exit_code == 4, r.output
+    r = _run("train", "--data", files["root"] / "nope.safetensors", "--out", files["root"] / "y", "--json")
+    assert r.exit_code == 4
