@@ -47,6 +47,7 @@ class ModelConfig:
     lambda_lip: float = 1e-3
     mmd_samples: int = 4
     mmd_bandwidths: tuple[float, ...] = (0.5, 1.0, 2.0)
+    likelihood: str = "learned"
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_classes", "latent", "hidden", "code_dim", "hyper_hidden"):
@@ -54,6 +55,8 @@ class ModelConfig:
                 raise ValidationError(f"model.{name} must be ≥ 1, got {getattr(self, name)}")
         if self.decoder not in ("film", "shared"):
             raise ValidationError(f"model.decoder must be 'film' or 'shared', got {self.decoder!r}")
+        if self.likelihood not in ("learned", "fixed"):
+            raise ValidationError(f"model.likelihood must be 'learned' or 'fixed', got {self.likelihood!r}")
         if self.prior not in ("class", "standard"):
             raise ValidationError(f"model.prior must be 'class' or 'standard', got {self.prior!r}")
         for name in ("beta", "lambda_mmd", "lambda_lip"):

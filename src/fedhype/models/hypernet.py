@@ -57,7 +57,8 @@ class HyperNetwork(nn.Module):
             w, b = _linear_init(o, i, generator)
             self.base[wn], self.base[bn] = nn.Parameter(w), nn.Parameter(b)
         # per-dimension log std of the Gaussian likelihood p(x|z,y) = N(dec(z,y), diag σ_x²)
-        self.base["logsx"] = nn.Parameter(torch.full((D,), -0.5))
+        if cfg.likelihood == "learned":
+            self.base["logsx"] = nn.Parameter(torch.full((D,), -0.5))
         hh = cfg.hyper_hidden
         self.trunk = nn.ParameterDict()
         for name, (o, i) in {"t1": (hh, cfg.code_dim), "t2": (hh, hh)}.items():
