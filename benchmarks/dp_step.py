@@ -69,14 +69,16 @@ def bench(device: str, dim: int, batch: int, repeats: int) -> dict:
         clip_and_sum(per_example_grads(per_ex, params, b), 1.0)
 
     out = {"device": device, "dim": dim, "batch": batch, "parameters": sum(v.numel() for v in params.values())}
-    base = timeit(nodp, repeats, device)
-    for name, fn in (("nodp", nodp), ("dp_bookkeeping", book), ("dp_vmap", vmap_path)):
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        s = base if name == "nodp" else timeit(fn, repeats, device)
-        out[name] = {"ms_per_step": 1000 * s, "samples_per_s": batch / s, "ratio_to_nodp": s / base}
-        if device == "cuda":
-            out[name]["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    paths = (("nodp", nodp), ("dp_bookkeeping", book), ("dp_vmap", vmap_path))
+    # interleaved rounds, median per path: robust to load changes on a shared machine
+    samples: dict[str, list[float]] = {name: [] for name, _ in paths}
+    for _ in range(repeats):
+        for name, fn in paths:
+            samples[name].append(timeit(fn, 1, device))
+    med = {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+    for name, _ in paths:
+        s = med[name]
+        out[name] = {"ms_per_step": 1000 * s, "samples_per_s": batch / s, "ratio_to_nodp": s / med["nodp"]}
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 

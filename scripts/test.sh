@@ -8,4 +8,6 @@ if [ "$(id -u)" = "0" ] && [ ! -d /usr/share/datasets/fashion-mnist ]; then
     || echo "warning: could not install dataset-fashion-mnist; Fashion-MNIST tests will be skipped" >&2
 fi
 bash scripts/setup.sh
+# sklearn/scipy BLAS threads on top of torch threads oversubscribe 2 cores (measured 10-40x slowdowns)
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 exec .venv/bin/python -m pytest -q "$@"
