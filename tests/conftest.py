@@ -39,3 +39,27 @@ def tiny_dinov2_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny-dinov2")
     Dinov2Model(cfg).eval().save_pretrained(path)
     return path
+
+
+#: The small DP run that the audit tests share (σ = 1, 2 rounds × 2 steps, 2 iid clients).
+AUDIT_SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
+AUDIT_CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
+                 model=AUDIT_SMALL)
+
+
+@pytest.fixture(scope="session")
+def audit_run(real_store, tmp_path_factory):
+    """``(run_dir, partition)`` of one real DP run, trained once per session (audit tests)."""
+    import shutil
+
+    from fedhype.data.partition import make_partition
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import train
+
+    root = tmp_path_factory.getbasetemp() / "audit-shared"
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    if not (root / "run" / "checkpoint.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        train(real_store, part, TrainConfig(**AUDIT_CFG), root / "run-tmp", diagnostics=False)
+        (root / "run-tmp").rename(root / "run")
+    return root / "run", part

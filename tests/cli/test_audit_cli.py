@@ -14,8 +14,7 @@ from fedhype.data.partition import make_partition
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.engine import train
 
-SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
-CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0, model=SMALL)
+from conftest import AUDIT_CFG as CFG  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +30,13 @@ def app():
 
 
 @pytest.fixture(scope="module")
-def shared(real_store, tmp_path_factory):
+def shared(audit_run, real_store, tmp_path_factory):
     """The run shared with tests/eval/test_audit_*.py, plus its store and partition files."""
-    root = tmp_path_factory.getbasetemp() / "audit-shared"
-    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
-    if not (root / "run" / "checkpoint.json").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        train(real_store, part, TrainConfig(**CFG), root / "run-tmp", diagnostics=False)
-        (root / "run-tmp").rename(root / "run")
+    run_dir, part = audit_run
     files = tmp_path_factory.mktemp("audit-cli-data")
     real_store.save(files / "store.safetensors")
     part.save(files / "part.json")
-    return {"run": root / "run", "store": files / "store.safetensors", "partition": files / "part.json"}
+    return {"run": run_dir, "store": files / "store.safetensors", "partition": files / "part.json"}
 
 
 @pytest.fixture

@@ -18,8 +18,7 @@ from fedhype.federated.config import TrainConfig
 from fedhype.federated.engine import train
 from fedhype.privacy.ledger import PrivacyLedger
 
-SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
-CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0, model=SMALL)
+from conftest import AUDIT_CFG as CFG  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- the bound
@@ -82,15 +81,10 @@ def test_audit_from_scores_guesses_the_top_fraction():
 
 # ---------------------------------------------------------------------------- audits of a real run
 @pytest.fixture(scope="module")
-def shared(real_store, tmp_path_factory):
+def shared(audit_run, real_store, tmp_path_factory):
     """The run shared with test_audit_ledger.py (same settings, trained once per session)."""
-    root = tmp_path_factory.getbasetemp() / "audit-shared"
-    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
-    if not (root / "run" / "checkpoint.json").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        train(real_store, part, TrainConfig(**CFG), root / "run-tmp", diagnostics=False)
-        (root / "run-tmp").rename(root / "run")
-    return root / "run", part
+    run_dir, part = audit_run
+    return run_dir, part
 
 
 @pytest.fixture(scope="module")

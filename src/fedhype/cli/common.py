@@ -103,3 +103,16 @@ def _fail(message: str, code: int, json_mode: bool, extra: dict[str, Any] | None
     if json_mode:
         emit_json({"error": message, "exit_code": code, **(extra or {})})
     raise typer.Exit(code)
+
+
+def round_printer(rounds: int) -> Callable[[dict], None]:
+    """A progress callback printing one stderr line per training round (ε and held-out diagnostics)."""
+
+    def show(m: dict) -> None:
+        eps = m.get("epsilon")
+        d = m.get("diagnostics_not_dp", {})
+        console.print(f"train: round {m['round'] + 1}/{rounds}  ε={'–' if eps is None else f'{eps:.3f}'}  "
+                      f"val −ELBO={d.get('val_neg_elbo', float('nan')):.1f}  "
+                      f"val MMD²={d.get('val_mmd2', float('nan')):.4f}  ({m['seconds']:.1f}s)", highlight=False)
+
+    return show

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, console, kv_table, run_command
+from fedhype.cli.common import JsonOpt, console, kv_table, round_printer, run_command
 
 
 def _render(r: dict) -> None:
@@ -32,15 +32,6 @@ def register(app: typer.Typer) -> None:
             from fedhype.pipeline.job import run_job
 
             conf = resolve(config, set_)
-            rounds = conf["train"]["rounds"]
-
-            def on_round(m: dict) -> None:
-                eps = m.get("epsilon")
-                d = m.get("diagnostics_not_dp", {})
-                console.print(f"train: round {m['round'] + 1}/{rounds}  ε={'–' if eps is None else f'{eps:.3f}'}  "
-                              f"val −ELBO={d.get('val_neg_elbo', float('nan')):.1f}  "
-                              f"val MMD²={d.get('val_mmd2', float('nan')):.4f}  ({m['seconds']:.1f}s)", highlight=False)
-
-            return run_job(conf, out, log=lambda s: console.print(s, highlight=False), on_round=on_round)
+            return run_job(conf, out, log=lambda s: console.print(s, highlight=False), on_round=round_printer(conf["train"]["rounds"]))
 
         run_command(body, json_out, _render)

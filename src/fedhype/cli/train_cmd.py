@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, console, kv_table, run_command
+from fedhype.cli.common import JsonOpt, console, kv_table, round_printer, run_command
 
 
 def _render(res: dict) -> None:
@@ -58,16 +58,6 @@ def register(app: typer.Typer) -> None:
                               max_epsilon=max_epsilon, seed=seed, method=method)
             s = EmbeddingStore.load(store)
             p = Partition.load(partition)
-            return train(s, p, cfg, out, resume=resume, progress=_progress_printer(rounds))
+            return train(s, p, cfg, out, resume=resume, progress=round_printer(rounds))
 
         run_command(body, json_out, _render)
-
-
-def _progress_printer(rounds: int):
-    def show(m: dict) -> None:
-        eps = m.get("epsilon")
-        d = m.get("diagnostics_not_dp", {})
-        console.print(f"round {m['round'] + 1}/{rounds}  ε={eps if eps is None else f'{eps:.3f}'}  "
-                      f"val −ELBO={d.get('val_neg_elbo', float('nan')):.2f}  val MMD²={d.get('val_mmd2', float('nan')):.4f}  "
-                      f"({m['seconds']:.1f}s)", highlight=False)
-    return show
