@@ -130,3 +130,14 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert r.exit_code == 2 and "different configuration" in _json(r)["error"]
     r = runner.invoke(app, ["run", "--out", str(tmp_path / "x"), "--set", "train.nonsense=1", "--json"])
     assert r.exit_code == 2 and "unknown key" in _json(r)["error"]
+
+
+def test_bad_values_are_refused_before_anything_is_written(files, tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(app, ["run", "--out", str(tmp_path / "job"), "--set", "train.epsilon=\"abc\"", "--json"])
+    assert r.exit_code == 2 and "wrong type" in _json(r)["error"]
+    assert not (tmp_path / "job").exists()
+    r = runner.invoke(app, ["train", "--store", str(files / "emb.safetensors"), "--partition", str(files / "part.json"),
+                            "--out", str(tmp_path / "typo"), "--resume", "--json", *SMALL])
+    assert r.exit_code == 2 and "no run to resume" in _json(r)["error"]
+    assert not (tmp_path / "typo" / "ledger.json").exists()

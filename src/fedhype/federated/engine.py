@@ -97,6 +97,9 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
                 "partition": {"scheme": partition.scheme, "clients": [c.name for c in partition.clients]},
                 "seed_note": "not secure: reproducible noise" if cfg.seed is not None else "noise seeded from OS entropy"}
     done = run.committed_round()
+    if resume and not run.config.exists():
+        raise ValidationError(f"--resume: {run.root} holds no run to resume (check the path); "
+                              "drop --resume to start a new run")
     if run.config.exists():
         if not resume:
             raise ValidationError(f"run directory {run.root} already holds a run; pass --resume to continue it "

@@ -91,7 +91,12 @@ def _set(conf: dict, section: str, key: str, value: Any, where: str) -> None:
 def train_config(conf: dict) -> TrainConfig:
     """The :class:`TrainConfig` of a resolved job configuration."""
     t = {k: v for k, v in conf["train"].items() if k in _TRAIN_KEYS}
-    return TrainConfig(**t, model=dict(conf["model"]))
+    try:
+        cfg = TrainConfig(**t, model=dict(conf["model"]))
+        cfg.model_config(1, 2)  # validates the [model] section too
+    except TypeError as exc:
+        raise ValidationError(f"[train]/[model]: a value has the wrong type ({exc}); numbers must not be quoted") from None
+    return cfg
 
 
 def to_toml(conf: dict) -> str:

@@ -13,7 +13,8 @@ Output directory::
 
 Rerunning the same command after an interruption continues where it stopped: embeddings come
 from the cache, the partition is reused, training resumes from its last committed round
-(never spending privacy budget twice: see :mod:`fedhype.federated.engine`), later stages rerun.
+(with a seed each step is charged once; without one the interrupted round is charged again, see
+:mod:`fedhype.federated.engine`), later stages rerun.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
         ValidationError: a different configuration already in ``out``; bad settings.
         BudgetExceededError: the training plan would exceed ``train.max_epsilon``.
     """
+    train_config(conf)  # validate every training setting before anything is written
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"

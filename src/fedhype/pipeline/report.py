@@ -60,8 +60,11 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
 
 
 def _markdown(r: dict, ev: dict, conf: dict) -> str:
+    target = conf["train"].get("epsilon")
+    over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
+            if r["private"] and target is not None and r["epsilon"] is not None and r["epsilon"] > target * (1 + 1e-9) else "")
     priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (Opacus PRV accountant, worst client, for the steps run; "
-            f"σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']})") if r["private"] else \
+            f"target {target}; σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}){over}") if r["private"] else \
         "**NON-PRIVATE run (--no-dp): no differential-privacy guarantee**"
     lines = [
         "# fedhype report", "",
