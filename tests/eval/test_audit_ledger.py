@@ -132,3 +132,28 @@ def test_mia_on_the_run_uses_disjoint_splits(real_store, shared):
     other = make_partition(real_store, scheme="iid", n_clients=3, seed=0)
     with pytest.raises(ArtifactError, match="partition"):
         run_mia(run, real_store, other)
+
+
+def test_interrupted_run_is_reported_as_interrupted_not_tampered(real_store, tmp_path, monkeypatch):
+    from fedhype.federated import client as client_mod
+
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    calls = {"n": 0}
+    orig = client_mod.Client.run_round
+
+    def crash(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:  # first client of round 2: its events were written ahead
+            raise KeyboardInterrupt
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(client_mod.Client, "run_round", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(real_store, part, TrainConfig(**{**CFG, "seed": None}), tmp_path / "run", diagnostics=False)
+    res = audit_run(tmp_path / "run")
+    assert res["ledger_ok"] and res["consistent"], res["mismatches"]
+    assert res["interrupted"] and any("interrupted run" in w for w in res["warnings"])
+    from fedhype.federated.rundir import load_model
+
+    # the spent ε (full ledger, 2 rounds charged) is above what the committed model claims (1 round)
+    assert res["events"] == 4 and res["epsilon"] > load_model(tmp_path / "run")[2]["epsilon"] * 1.1

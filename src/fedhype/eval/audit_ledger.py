@@ -161,13 +161,25 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                    epsilon_rdp=max(rdp.values()) if rdp else 0.0, events=len(ledger))
         if worst > res["epsilon_rdp"] + CROSS_CHECK_SLACK:
             res["warnings"].append(f"PRV ε {worst:.4g} exceeds the RDP upper bound {res['epsilon_rdp']:.4g}")
+        # An interrupted run has write-ahead events for rounds it never committed: they are spent
+        # (the report's ε is the full ledger's), but the committed artifacts predate them.
+        done = run.committed_round()
+        pending = [e for e in ledger.events if e.round >= done]
+        spent = ledger
+        if pending:
+            ledger = _truncated(ledger, done - 1)
+            res["interrupted"] = True
+            res["warnings"].append(
+                f"interrupted run: {len(pending)} ledger event(s) of round(s) ≥ {done + 1} were written ahead and are "
+                f"charged (ε spent {worst:.4g}), but the model, metrics and synthetic stores predate them "
+                f"(ε {ledger.worst()[1]:.4g}); resume the run to bring the claims up to date")
         rows.append(_check(ledger, "model.safetensors: epsilon", "worst", meta.get("epsilon"), tol))
         rows.append(_equal("model.safetensors: delta", meta.get("delta"), ledger.delta))
         rows.append(_equal("config.json: train.delta", config.get("train", {}).get("delta"), ledger.delta))
         last = max((m.get("round", -1) for m in metrics), default=None)
         for m in metrics:
             r = m.get("round")
-            lg = ledger if r == last else _truncated(ledger, r if isinstance(r, int) else -1)
+            lg = ledger if r == last else _truncated(spent, r if isinstance(r, int) else -1)
             rows.append(_check(lg, f"metrics.json: round {r} epsilon", "worst", m.get("epsilon"), tol))
             for c, e in (m.get("epsilon_per_client") or {}).items():
                 rows.append(_check(lg, f"metrics.json: round {r} epsilon_per_client[{c}]", str(c), e, tol))
