@@ -242,3 +242,18 @@ def test_stratified_subset_fewer_slots_than_strata():
     assert len(pos) == 33 and len(set(pos.tolist())) == 33 and len({keys[i] for i in pos}) == 10
     with pytest.raises(ValidationError):
         stratified_subset(keys, 0, seed=0)
+
+
+def test_mixed_layout_is_refused_not_flattened(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from fedhype.data.images import scan_image_folder
+    from fedhype.errors import ValidationError
+
+    img = Image.fromarray((np.arange(64, dtype=np.uint8).reshape(8, 8) * 4))
+    for rel in ("siteA/cat/a.png", "siteA/dog/b.png", "dog/c.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        img.save(tmp_path / rel)
+    with pytest.raises(ValidationError, match="mixed layout"):
+        scan_image_folder(tmp_path)

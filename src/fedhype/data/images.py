@@ -210,6 +210,12 @@ def scan_image_folder(
     content = {d: _entries(d) for d in subdirs}
     is_domain_tree = any(content.values()) and all(all(e.is_dir() for e in c) for c in content.values())
     layout = "domains" if is_domain_tree else "imagefolder"
+    if not is_domain_tree:
+        nested = sorted(d.name for d, c in content.items() if any(e.is_dir() for e in c))
+        if nested:
+            raise ValidationError(
+                f"{root}: mixed layout — folder(s) {nested[:5]} hold sub-folders while others hold images. Use either "
+                "<class>/<image> (ImageFolder) or <domain>/<class>/<image> for every sub-folder")
 
     skipped: list[dict[str, str]] = []
 
