@@ -95,8 +95,9 @@ def test_only_non_image_files_is_a_clear_error(tmp_path, tiny):
     assert res.exit_code == 2 and "no usable image" in json.loads(res.stdout)["error"]
 
 
-@pytest.mark.parametrize("args", [[], ["--images", "x", "--dataset", "digits-domains"]])
+@pytest.mark.parametrize("args", [[], ["--images", "{tmp}", "--dataset", "digits-domains"]])
 def test_exactly_one_input(tmp_path, args):
+    args = [str(tmp_path) if a == "{tmp}" else a for a in args]
     res = _embed(*args, "--out", str(tmp_path / "s.safetensors"), "--json")
     assert res.exit_code == 2 and "exactly one of --images DIR or --dataset NAME" in res.stdout
 

@@ -74,7 +74,8 @@ def test_table_output_domain_scheme(store_file, tmp_path):
         (["--scheme", "random", "--clients", "3"], "unknown scheme"),
         (["--scheme", "dirichlet", "--clients", "3", "--alpha", "-1"], "alpha"),
         (["--scheme", "iid", "--clients", "3", "--split", "0.6,0.4"], "--split"),
-        (["--scheme", "iid", "--clients", "200"], "fewer than 20 train records"),
+        (["--scheme", "iid", "--clients", "200"], "--clients 200 is too many"),
+        (["--scheme", "iid", "--clients", "56"], "fewer than 20 train records (--min-train)"),
     ],
 )
 def test_validation_errors_exit_2(store_file, tmp_path, extra, match):

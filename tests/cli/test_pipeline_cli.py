@@ -115,6 +115,13 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert {"epsilon", "delta", "mmd2", "tstr_accuracy", "trtr_accuracy", "report"} <= set(rep)
     assert 0.9 < rep["epsilon"] <= 1.0 and rep["delta"] == 1e-4 and rep["private"] is True
     assert rep["trtr_accuracy"] > 0.5
+    # ε per client is keyed by the client names of "clients"; the ledger ids stay in "client_epsilons"
+    assert list(rep["epsilon_per_client"]) == rep["clients"] == ["mnist", "optdigits", "mnist-m", "rotated-mnist"]
+    assert [(c["id"], c["name"]) for c in rep["client_epsilons"]] == list(zip("0123", rep["clients"]))
+    assert max(rep["epsilon_per_client"].values()) == pytest.approx(rep["epsilon"])
+    assert "| optdigits | 1 |" in (tmp_path / "job" / "report.md").read_text()
+    # progress: one plain line per stage and per round on a non-terminal stderr
+    assert "run: embed → partition → train (2 rounds)" in r.stderr and "train: round 2/2" in r.stderr
     job = tmp_path / "job"
     for f in ("report.md", "report.json", "plots/projection.png", "plots/training.png", "synthetic.safetensors",
               "evaluation.json", "partition.json", "config.toml", "run/ledger.json"):
@@ -130,6 +137,17 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert r.exit_code == 2 and "different configuration" in _json(r)["error"]
     r = runner.invoke(app, ["run", "--out", str(tmp_path / "x"), "--set", "train.nonsense=1", "--json"])
     assert r.exit_code == 2 and "unknown key" in _json(r)["error"]
+
+
+def test_run_min_records_names_the_job_keys(tmp_path):
+    args = ["run", "--out", str(tmp_path / "job"), "--json",
+            "--set", f"data.limit={REAL_STORE['limit']}", "--set", f"data.image_size={REAL_STORE['image_size']}",
+            "--set", f"data.cache_dir=\"{TEST_CACHE / 'embeddings'}\"", "--set", "train.min_records=10000"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2, r.output
+    err = _json(r)["error"]
+    assert "fewer than train.min_records 10000" in err and "lower train.min_records" in err
+    assert "partition.min_train = 10000" in err
 
 
 def test_bad_values_are_refused_before_anything_is_written(files, tmp_path):

@@ -94,7 +94,7 @@ def test_train_usage_errors_exit_2(files, args, message):
 
 def test_artifact_errors_exit_4_and_mismatch_exit_2(files):
     r = _run("evaluate", "--model", files["root"] / "missing", "--real", files["real"], "--json")
-    assert r.exit_code == 4 and "not found" in json.loads(r.stdout)["error"]
+    assert r.exit_code == 2 and "no such folder" in json.loads(r.stdout)["error"]  # a missing input is a usage error
     out = files["root"] / "small"
     assert _run("train", "--data", files["real"], "--epochs", 1, "--out", out, "--json").exit_code == 0
     r = _run("evaluate", "--model", out, "--real", files["narrow"], "--json")
@@ -104,4 +104,4 @@ def test_artifact_errors_exit_4_and_mismatch_exit_2(files):
     r = _run("evaluate", "--model", out, "--real", files["real"], "--json")
     assert r.exit_code == 4, r.output
     r = _run("train", "--data", files["root"] / "nope.safetensors", "--out", files["root"] / "y", "--json")
-    assert r.exit_code == 4
+    assert r.exit_code == 2 and "--data" in json.loads(r.stdout)["error"]

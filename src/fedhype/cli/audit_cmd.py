@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, console, kv_table, run_command
+from fedhype.cli.common import JsonOpt, LineProgress, console, existing, kv_table, round_printer, run_command
 from fedhype.errors import ValidationError
 
 _CANARY_KEYS = ("claimed_epsilon", "empirical_epsilon_lower_bound", "exceeds_claim", "n_canaries", "guesses", "correct")
@@ -108,8 +108,10 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
     total = sum(ph.steps for ph in mech["phases"])
     console.print(f"white-box audit: client {mech['client']}, {total} DP steps, {opts['n_canaries']} canaries …",
                   highlight=False)
+    lines = LineProgress("audit: white-box DP steps", total, "steps")
     res = white_box_audit(mech["phases"], delta=delta if delta is not None else (mech["delta"] or 1e-4),
-                          model_cfg=mech["model_cfg"], theta=mech["theta"], records=records, **opts)
+                          model_cfg=mech["model_cfg"], theta=mech["theta"], records=records,
+                          progress=lambda done, _total: lines.update(done - lines.done), **opts)
     res["client"] = mech["client"]
     return res
 
@@ -125,18 +127,23 @@ def _black_box(run, s, p, client, audit_out, opts: dict) -> dict:
     cfg = TrainConfig(**train)
     console.print(f"black-box audit: training a run with {opts['n_canaries']} input canaries in client "
                   f"{client or '0'} …", highlight=False)
-    return black_box_audit(s, p, cfg, audit_out, client=int(client or 0), **opts)
+    return black_box_audit(s, p, cfg, audit_out, client=int(client or 0), progress=round_printer(cfg.rounds), **opts)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("audit")
     def audit_cmd(
-        run: Optional[Path] = typer.Option(None, "--run", help="Run directory to audit (ledger consistency)."),
-        synthetic: Optional[list[Path]] = typer.Option(None, "--synthetic", help="Synthetic store drawn from the run (repeatable): its ε is checked; --mia attacks it."),
+        run: Optional[Path] = typer.Option(None, "--run", help="Run directory to audit (ledger consistency).",
+                                           callback=existing("run directory", "a `fedhype train` run or `fedhype run` output",
+                                                             kind="dir")),
+        synthetic: Optional[list[Path]] = typer.Option(None, "--synthetic", help="Synthetic store drawn from the run (repeatable): its ε is checked; --mia attacks it.",
+                                                      callback=existing("synthetic embeddings store", "create it with `fedhype synthesize`")),
         tolerance: float = typer.Option(1e-6, "--tolerance", help="Allowed |claimed − recomputed| ε."),
         mia: bool = typer.Option(False, "--mia", help="Membership inference (needs --store and --partition)."),
-        store: Optional[Path] = typer.Option(None, "--store", help="The run's real embeddings store."),
-        partition: Optional[Path] = typer.Option(None, "--partition", help="The run's partition."),
+        store: Optional[Path] = typer.Option(None, "--store", help="The run's real embeddings store.",
+                                             callback=existing("embeddings store", "create it with `fedhype embed`")),
+        partition: Optional[Path] = typer.Option(None, "--partition", help="The run's partition.",
+                                                 callback=existing("partition file", "create it with `fedhype partition`")),
         per_class: Optional[int] = typer.Option(None, "--per-class", help="--mia without --synthetic: samples per class to draw."),
         canaries: Optional[str] = typer.Option(None, "--canaries", help="white-box | black-box one-run canary audit."),
         n_canaries: int = typer.Option(1000, "--n-canaries", help="Number of canaries m."),
@@ -164,6 +171,10 @@ def register(app: typer.Typer) -> None:
 
             if run is None and canaries is None:
                 raise ValidationError("nothing to audit: give --run DIR and/or --canaries")
+            if run is not None and not any((run / f).exists() for f in ("model.safetensors", "config.json",
+                                                                        "ledger.json", "run")):
+                raise ValidationError(f"--run {run} is not a run directory (no model.safetensors, config.json or "
+                                      "ledger.json, no run/ folder): give the --out of `fedhype train` or `fedhype run`")
             if canaries not in (None, "white-box", "black-box"):
                 raise ValidationError(f"--canaries must be white-box or black-box, got {canaries!r}")
             if breakage is not None and canaries != "white-box":
@@ -189,6 +200,7 @@ def register(app: typer.Typer) -> None:
                 res.update({k: can[k] for k in _CANARY_KEYS})
             if run is not None and not res["consistent"]:
                 res["exit_code"] = 4
+                res["kind"] = "artifact"
                 res["error"] = ("ledger verification failed: " + str(res["ledger_error"]) if res["ledger_ok"] is False
                                 else f"{len(res['mismatches'])} reported ε figure(s) disagree with the ledger: "
                                 + "; ".join(m["name"] for m in res["mismatches"]))

@@ -11,6 +11,10 @@ K or E·⌈n_i / B⌉, and steps_i = ⌈P·R⌉ · local steps (the plan assumes
 steps actually run). ε per client and the worst client are reported; with ``--epsilon`` the common
 σ is the smallest for which every client stays ≤ E (the worst client binds). δ ≥ 1/min n_i is
 refused.
+
+An infinite ε (σ = 0: no noise, so no differential-privacy guarantee at any ε) is reported as
+``"epsilon": null`` with ``"epsilon_infinite": true`` and a ``"note"`` in JSON (strict JSON has no
+∞), and as ``ε = ∞`` in the table; ``"epsilon_infinite"`` is present (false) in every result.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, kv_table, run_command
+from fedhype.cli.common import JsonOpt, existing, kv_table, run_command
 from fedhype.errors import ValidationError
 from fedhype.privacy.accountant import (
     calibrate_noise,
@@ -35,6 +39,22 @@ from fedhype.privacy.accountant import (
     validate_sample_rate,
     validate_steps,
 )
+
+INFINITE_NOTE = "ε = ∞: σ = 0 adds no noise, so there is no differential-privacy guarantee"
+
+
+def _infinite(eps: Any) -> bool:
+    return isinstance(eps, float) and math.isinf(eps)
+
+
+def _mark(result: dict[str, Any], sigma: float, note: bool = True) -> dict[str, Any]:
+    """Add ``epsilon_infinite`` (and, with ``note``, a ``note`` saying why when it is true)."""
+    result["epsilon_infinite"] = _infinite(result.get("epsilon"))
+    if result["epsilon_infinite"] and note:
+        result["note"] = INFINITE_NOTE if sigma == 0 else \
+            "ε = ∞: the accountant finds no finite ε for this mechanism (no differential-privacy guarantee)"
+    return result
+
 
 def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier: float | None = None,
                   target_epsilon: float | None = None) -> dict[str, Any]:
@@ -50,7 +70,7 @@ def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier
     out = {"mode": "single", **rep, "noise_multiplier": sigma, "sample_rate": q}
     if target_epsilon is not None:
         out["target_epsilon"] = float(target_epsilon)
-    return out
+    return _mark(out, sigma)
 
 
 def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[str, str, int]],
@@ -88,6 +108,7 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     for r in rows:
         rep = epsilon_report([(sigma, r["sample_rate"], r["steps"])], delta)
         r.update({k: rep[k] for k in ("epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld")})
+        _mark(r, sigma, note=False)
     worst = max(rows, key=lambda r: r["epsilon"])
     out = {"mode": "plan", "epsilon": worst["epsilon"], "accountant": "prv", "delta": delta,
            "noise_multiplier": sigma, "sample_rate": worst["sample_rate"], "steps": worst["steps"],
@@ -97,7 +118,7 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
            "clients": rows}
     if target_epsilon is not None:
         out["target_epsilon"] = float(target_epsilon)
-    return out
+    return _mark(out, sigma)
 
 
 def parse_client_sizes(text: str) -> list[tuple[str, str, int]]:
@@ -121,27 +142,35 @@ def read_partition_sizes(path: Path) -> list[tuple[str, str, int]]:
     return [(str(s["client"]), str(s["name"]), int(s["train"])) for s in Partition.load(path).sizes()]
 
 
+def _fmt(v: Any) -> str:
+    return "—" if v is None else ("∞" if _infinite(v) else f"{v:.4g}")
+
+
 def _render(result: dict[str, Any]) -> None:
     out = Console()
     if result["mode"] == "single":
         keys = ("epsilon", "target_epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "delta",
                 "noise_multiplier", "sample_rate", "steps")
-        out.print(kv_table("privacy budget (PRV reported)", {k: result[k] for k in keys if k in result}))
-        return
-    table = Table(title=f"privacy budget per client (σ = {result['noise_multiplier']:.4g}, δ = {result['delta']:g})")
-    for col in ("client", "n", "q", "steps", "ε PRV", "ε RDP", "ε PLD"):
-        table.add_column(col, justify="left" if col == "client" else "right")
-    fmt = lambda v: "—" if v is None else f"{v:.4g}"  # noqa: E731
-    for r in result["clients"]:
-        mark = " (worst)" if r["client"] == result["worst_client"] else ""
-        table.add_row(f"{r['name']}{mark}", str(r["n"]), fmt(r["sample_rate"]), str(r["steps"]),
-                      fmt(r["epsilon_prv"]), fmt(r["epsilon_rdp"]), fmt(r["epsilon_pld"]))
-    out.print(table)
-    out.print(f"worst client: {result['worst_client']}  ε = {result['epsilon']:.4g} at δ = {result['delta']:g}")
+        out.print(kv_table("privacy budget (PRV reported)", {k: "∞" if _infinite(result[k]) else result[k]
+                                                              for k in keys if k in result}))
+    else:
+        table = Table(title=f"privacy budget per client (σ = {result['noise_multiplier']:.4g}, δ = {result['delta']:g})")
+        for col in ("client", "n", "q", "steps", "ε PRV", "ε RDP", "ε PLD"):
+            table.add_column(col, justify="left" if col == "client" else "right")
+        for r in result["clients"]:
+            mark = " (worst)" if r["client"] == result["worst_client"] else ""
+            table.add_row(f"{r['name']}{mark}", str(r["n"]), _fmt(r["sample_rate"]), str(r["steps"]),
+                          _fmt(r["epsilon_prv"]), _fmt(r["epsilon_rdp"]), _fmt(r["epsilon_pld"]))
+        out.print(table)
+        out.print(f"worst client: {result['worst_client']}  ε = {_fmt(result['epsilon'])} at δ = {result['delta']:g}")
+    if result.get("note"):
+        out.print(result["note"], style="bold red", highlight=False)
 
 
 def budget(
-    noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", "-s", help="σ: noise std / clip norm."),
+    noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", "-s", help="σ: noise std / clip norm. "
+                                                     "σ = 0 (no noise) gives ε = ∞: JSON \"epsilon\": null with "
+                                                     "\"epsilon_infinite\": true."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target ε: print the σ that meets it instead."),
     delta: Optional[float] = typer.Option(None, "--delta", help="δ, in (0, 1) and below 1/n."),
     sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="Poisson sampling rate q (single mechanism)."),
@@ -151,11 +180,16 @@ def budget(
     local_steps: Optional[int] = typer.Option(None, "--local-steps", help="Local steps per round (plan)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Expected batch size B; q_i = B / n_i (plan)."),
     client_sizes: Optional[str] = typer.Option(None, "--client-sizes", help="Training-set sizes, e.g. 600,480 (plan)."),
-    partition: Optional[Path] = typer.Option(None, "--partition", help="fedhype-partition/1 JSON (plan)."),
+    partition: Optional[Path] = typer.Option(None, "--partition", help="fedhype-partition/1 JSON (plan).",
+                                             callback=existing("partition file", "create it with `fedhype partition`")),
     participation: float = typer.Option(1.0, "--participation", help="Fraction of rounds each client takes part in."),
     json_mode: bool = JsonOpt,
 ) -> None:
-    """ε (PRV, with RDP and PLD cross-checks) for a DP-SGD mechanism or federated plan, or σ for a target ε."""
+    """ε (PRV, with RDP and PLD cross-checks) for a DP-SGD mechanism or federated plan, or σ for a target ε.
+
+    σ = 0 means no noise and ε = ∞ (no DP guarantee): shown as ∞; in JSON "epsilon" is null (strict
+    JSON has no infinity) and "epsilon_infinite" is true, with a "note".
+    """
 
     def body() -> dict[str, Any]:
         if delta is None:

@@ -2,7 +2,10 @@
 
 Contract (README, "CLI contract"): with ``--json`` a command prints exactly one JSON object on
 stdout; progress and logs go to stderr. Exit codes: 0 ok, 1 runtime error, 2 usage/validation
-error, 3 privacy budget would be exceeded, 4 corrupt or mismatched artifact.
+error, 3 privacy budget would be exceeded, 4 corrupt or mismatched artifact. An error under
+``--json`` is the object ``{"error": <message>, "kind": <KINDS[exit_code]>, "exit_code": <code>}``
+(plus ``epsilon``/``limit`` for a budget refusal), also when Typer's parser rejects the command
+line (unknown option, missing required option, a value of the wrong type: ``"kind": "usage"``).
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ import json
 import math
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from fedhype.errors import FedhypeError
 
@@ -23,6 +29,11 @@ from fedhype.errors import FedhypeError
 console = Console(stderr=True)
 
 JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON object on stdout (logs go to stderr).")
+
+#: The ``"kind"`` of an error object, by exit code (README, exit codes).
+KINDS = {1: "runtime", 2: "usage", 3: "budget", 4: "artifact"}
+
+_JSON_META = "fedhype.json"
 
 
 def _clean(obj: Any) -> Any:
@@ -68,8 +79,8 @@ def run_command(
     ``body`` returns the result object. With ``json_mode`` it is printed as one JSON object on
     stdout; otherwise ``render`` (or a key/value table) prints it to stdout for humans.
     A :class:`FedhypeError` exits with its ``exit_code`` after a one-line message on stderr (and,
-    with ``--json``, ``{"error", "exit_code"}`` on stdout). Any other exception exits 1 without a
-    traceback (set ``FEDHYPE_DEBUG=1`` to see one); locals are never printed.
+    with ``--json``, ``{"error", "kind", "exit_code"}`` on stdout). Any other exception exits 1
+    without a traceback (set ``FEDHYPE_DEBUG=1`` to see one); locals are never printed.
     """
     try:
         result = body()
@@ -98,21 +109,134 @@ def _error_extra(exc: FedhypeError) -> dict[str, Any]:
     return extra
 
 
+def error_object(message: str, code: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``--json`` error object: ``{"error", "kind", "exit_code", **extra}``."""
+    return {"error": message, "kind": KINDS.get(code, "runtime"), "exit_code": code, **(extra or {})}
+
+
 def _fail(message: str, code: int, json_mode: bool, extra: dict[str, Any] | None = None) -> None:
     console.print(f"[bold red]error[/]: {message}", highlight=False, markup=True, soft_wrap=True)
     if json_mode:
-        emit_json({"error": message, "exit_code": code, **(extra or {})})
+        emit_json(error_object(message, code, extra))
     raise typer.Exit(code)
 
 
+# ---------------------------------------------------------------------------- parser errors
+#: The parser's usage-error class (unknown option, missing option, bad value: exit code 2), found
+#: through Typer's public ``BadParameter`` so that the CLI never imports click itself.
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _usage_failure(exc: Exception) -> None:
+    """Print a parser (usage) error as the one ``--json`` error object; exit 2."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    _fail(exc.format_message() + hint, 2, True)  # type: ignore[attr-defined]
+
+
+class JsonUsageGroup(TyperGroup):
+    """The root command group: with ``--json`` among the arguments, a parser error (unknown option,
+    missing required option, a value of the wrong type, a missing input file) prints one JSON error
+    object on stdout, ``{"error", "kind": "usage", "exit_code": 2}``, and exits 2. Without
+    ``--json`` Typer's own message is kept. Used as ``typer.Typer(cls=JsonUsageGroup)``.
+    """
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        json_mode = "--json" in args
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as exc:
+            if json_mode:
+                _usage_failure(exc)
+            raise
+        ctx.meta[_JSON_META] = json_mode
+        return ctx
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            if ctx.meta.get(_JSON_META):
+                _usage_failure(exc)
+            raise
+
+
+# ---------------------------------------------------------------------------- input paths
+def existing(what: str, hint: str = "", *, kind: str = "file") -> Callable[[Any], Any]:
+    """A Typer option callback refusing a path that does not exist (a usage error, exit 2).
+
+    Args:
+        what: what the path should be, e.g. ``"embeddings store"``.
+        hint: what to do, e.g. ``"create it with `fedhype embed`"``.
+        kind: ``"file"``, ``"dir"`` or ``"any"`` (a file or a folder).
+
+    The message reads ``Invalid value for '--store': PATH: no such file (the embeddings store;
+    create it with `fedhype embed`)``. ``None`` (option not given) and lists (repeatable options)
+    are handled.
+    """
+
+    def check(value: Any) -> Any:
+        for p in (value if isinstance(value, (list, tuple)) else [value]):
+            if p is None:
+                continue
+            path = Path(p)
+            tail = f" (the {what}{'; ' + hint if hint else ''})"
+            if not path.exists():
+                noun = {"file": "file", "dir": "folder"}.get(kind, "file or folder")
+                raise typer.BadParameter(f"{path}: no such {noun}{tail}")
+            if kind == "file" and path.is_dir():
+                raise typer.BadParameter(f"{path} is a folder, not a file{tail}")
+            if kind == "dir" and not path.is_dir():
+                raise typer.BadParameter(f"{path} is a file, not a folder{tail}")
+        return value
+
+    return check
+
+
+# ---------------------------------------------------------------------------- progress on stderr
+def stderr_is_tty() -> bool:
+    """True when stderr is an interactive terminal (rich progress bars are visible there only)."""
+    return console.is_terminal
+
+
+def log_line(text: str) -> None:
+    """One plain progress/log line on stderr (never wrapped, so log files keep one line per event)."""
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+class LineProgress:
+    """Plain periodic progress lines on stderr, for logs and pipes where a rich bar is invisible.
+
+    ``update(n)`` adds ``n`` done items and prints ``"<label>: done/total (pct) rate unit/s, t s"``
+    at most every ``every_s`` seconds, and always when the total is reached.
+    """
+
+    def __init__(self, label: str, total: int, unit: str = "items", every_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.total, self.unit, self.every_s, self.clock = label, int(total), unit, float(every_s), clock
+        self.done = 0
+        self.start = self.last = clock()
+
+    def update(self, n: int) -> None:
+        self.done += int(n)
+        now = self.clock()
+        if self.done >= self.total or now - self.last >= self.every_s:
+            self.last = now
+            secs = max(now - self.start, 1e-9)
+            pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+            log_line(f"{self.label}: {self.done}/{self.total}{pct}  {self.done / secs:.1f} {self.unit}/s  "
+                     f"{secs:.0f} s")
+
+
 def round_printer(rounds: int) -> Callable[[dict], None]:
-    """A progress callback printing one stderr line per training round (ε and held-out diagnostics)."""
+    """A progress callback printing one plain stderr line per training round (ε and held-out
+    diagnostics); lines are never wrapped, so they read the same in a terminal, a pipe or a log."""
 
     def show(m: dict) -> None:
         eps = m.get("epsilon")
         d = m.get("diagnostics_not_dp", {})
-        console.print(f"train: round {m['round'] + 1}/{rounds}  ε={'–' if eps is None else f'{eps:.3f}'}  "
-                      f"val −ELBO={d.get('val_neg_elbo', float('nan')):.1f}  "
-                      f"val MMD²={d.get('val_mmd2', float('nan')):.4f}  ({m['seconds']:.1f}s)", highlight=False)
+        log_line(f"train: round {m['round'] + 1}/{rounds}  ε={'–' if eps is None else f'{eps:.3f}'}  "
+                 f"val −ELBO={d.get('val_neg_elbo', float('nan')):.1f}  "
+                 f"val MMD²={d.get('val_mmd2', float('nan')):.4f}  ({m['seconds']:.1f}s)")
 
     return show

@@ -9,8 +9,48 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, console, run_command
+from fedhype.cli.common import JsonOpt, LineProgress, console, existing, log_line, run_command, stderr_is_tty
 from fedhype.errors import ValidationError
+
+
+def _check_options(dataset: str | None, dtype: str | None, device: str, batch_size: int, workers: int | None,
+                   limit: int | None) -> None:
+    """The cheap checks, before a model is loaded or a folder scanned (``create_encoder`` then checks
+    --encoder, --pooling and --image-size before it loads weights).
+
+    Raises:
+        ValidationError: unknown --dataset, or a bad --dtype, --device, --batch-size, --workers or --limit.
+    """
+    from fedhype.encoders.base import resolve_device, resolve_dtype
+
+    if dataset is not None:
+        from fedhype.data.datasets import BUILTIN_DATASETS
+
+        if dataset not in BUILTIN_DATASETS:
+            raise ValidationError(f"unknown built-in dataset {dataset!r}; available: {', '.join(BUILTIN_DATASETS)}")
+    resolve_dtype(dtype, resolve_device(device))
+    if batch_size < 1:
+        raise ValidationError(f"--batch-size must be ≥ 1, got {batch_size}")
+    if workers is not None and workers < 0:
+        raise ValidationError(f"--workers must be ≥ 0, got {workers}")
+    if limit is not None and limit < 1:
+        raise ValidationError(f"--limit must be ≥ 1, got {limit}")
+
+
+class _Counted:
+    """An encoder that reports each batch it embeds (plain progress lines when stderr is not a terminal,
+    where the rich bar of :func:`~fedhype.encoders.embed.embed_source` shows only when it ends)."""
+
+    def __init__(self, encoder, progress: LineProgress) -> None:
+        self._encoder, self._progress = encoder, progress
+
+    def __getattr__(self, name: str):
+        return getattr(self._encoder, name)
+
+    def __call__(self, pixels):
+        out = self._encoder(pixels)
+        self._progress.update(len(pixels))
+        return out
 
 
 def _render(result: dict[str, Any]) -> None:
@@ -31,10 +71,13 @@ def _render(result: dict[str, Any]) -> None:
 
 
 def embed(
-    images: Path | None = typer.Option(None, "--images", help="Folder of <class>/<image> or <domain>/<class>/<image> files."),
+    images: Path | None = typer.Option(None, "--images", help="Folder of <class>/<image> or <domain>/<class>/<image> files.",
+                                       callback=existing("image folder", "one sub-folder per class, or per domain holding "
+                                                         "class folders", kind="dir")),
     dataset: str | None = typer.Option(None, "--dataset", help="Built-in dataset: digits-domains | fashion-mnist."),
     encoder: str = typer.Option("dinov2-vits14", "--encoder", help="dinov2-vits14 | efficientnet-lite0 | hf:<hub-id-or-dir> | timm:<name>."),
-    weights: Path | None = typer.Option(None, "--weights", help="Weights file for timm: encoders (safetensors or torch state dict)."),
+    weights: Path | None = typer.Option(None, "--weights", help="Weights file for timm: encoders (safetensors or torch state dict).",
+                                        callback=existing("encoder weights file")),
     pooling: str = typer.Option("cls", "--pooling", help="Transformer token pooling: cls | mean."),
     image_size: int | None = typer.Option(None, "--image-size", help="Encoder input side in pixels (default: the encoder's)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
@@ -55,10 +98,12 @@ def embed(
 
         if (images is None) == (dataset is None):
             raise ValidationError("give exactly one of --images DIR or --dataset NAME")
-        if limit is not None and limit < 1:
-            raise ValidationError(f"--limit must be ≥ 1, got {limit}")
         if out.is_dir():
             raise ValidationError(f"--out {out} is a folder; give a file name such as {out / 'store.safetensors'}")
+        _check_options(dataset, dtype, device, batch_size, workers, limit)
+        # create_encoder checks --encoder, --pooling and --image-size before it loads weights
+        enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size,
+                             weights=str(weights) if weights else None)
         if images is not None:
             from fedhype.data.images import scan_image_folder
 
@@ -69,11 +114,11 @@ def embed(
             source = load_builtin(dataset, limit=limit, seed=seed)
         for s in source.skipped[:5]:
             console.print(f"[yellow]skipped[/] {s['file']}: {s['reason']}", highlight=False)
-        enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size,
-                             weights=str(weights) if weights else None)
-        console.print(f"encoder {enc.id}: {enc.dim}-d, {enc.preprocess['crop']} px, {enc.device}, "
-                      f"{enc.describe()['dtype']}; {len(source)} images", highlight=False)
-        store = embed_source(source, enc, batch_size=batch_size, num_workers=workers, strict=strict)
+        log_line(f"encoder {enc.id}: {enc.dim}-d, {enc.preprocess['crop']} px, {enc.device}, "
+                 f"{enc.describe()['dtype']}; {len(source)} images")
+        tty = stderr_is_tty()
+        model = enc if tty else _Counted(enc, LineProgress(f"embed: {enc.id}", len(source), "img"))
+        store = embed_source(source, model, batch_size=batch_size, num_workers=workers, strict=strict, progress=tty)
         store.save(out)
         console.print(f"wrote {out} ({len(store)} × {store.dim})", highlight=False)
         return {

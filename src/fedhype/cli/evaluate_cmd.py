@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, console, run_command
+from fedhype.cli.common import JsonOpt, console, existing, run_command
 from fedhype.errors import ValidationError
 
 _FIDELITY = (("MMD²", "mmd2"), ("MMD² p-value", "mmd2_p_value"), ("MMD² multi-bandwidth", "mmd2_multi"),
@@ -73,10 +73,14 @@ def _by_client(part: Any, store: Any, split: str) -> Any:
 
 
 def evaluate(
-    real: Path = typer.Option(..., "--real", help="Real store: held-out test set (full store with --partition)."),
-    synthetic: Path = typer.Option(..., "--synthetic", help="Synthetic embeddings store (from `fedhype synthesize`)."),
-    real_train: Path | None = typer.Option(None, "--real-train", help="Real training store for the TRTR classifier."),
-    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --real is split by it."),
+    real: Path = typer.Option(..., "--real", help="Real store: held-out test set (full store with --partition).",
+                             callback=existing("embeddings store", "create it with `fedhype embed`")),
+    synthetic: Path = typer.Option(..., "--synthetic", help="Synthetic embeddings store (from `fedhype synthesize`).",
+                                  callback=existing("synthetic embeddings store", "create it with `fedhype synthesize`")),
+    real_train: Path | None = typer.Option(None, "--real-train", help="Real training store for the TRTR classifier.",
+                                           callback=existing("embeddings store", "create it with `fedhype embed`")),
+    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --real is split by it.",
+                                          callback=existing("partition file", "create it with `fedhype partition`")),
     real_split: str | None = typer.Option(None, "--real-split", help="With --partition: held-out split (test)."),
     interpolation: bool = typer.Option(False, "--interpolation", help="With --partition: per-client λ protocol."),
     space: str = typer.Option("l2", "--space", help="Evaluation space: l2 (unit-norm rows) or raw."),

@@ -5,8 +5,12 @@ from __future__ import annotations
 import typer
 
 from fedhype import __version__
+from fedhype.cli.common import JsonUsageGroup
 
+#: The root group prints parser errors (unknown option, missing option, bad value) as one JSON
+#: object when ``--json`` is among the arguments (see :class:`~fedhype.cli.common.JsonUsageGroup`).
 app = typer.Typer(
+    cls=JsonUsageGroup,
     name="fedhype",
     help="Differentially private synthetic embeddings from a federated hypernetwork CVAE.",
     pretty_exceptions_show_locals=False,
@@ -44,7 +48,8 @@ _register()
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (``[project.scripts] fedhype``): the Typer app, whose root group
+    also turns parser errors into the ``--json`` error object."""
     app()
 
 

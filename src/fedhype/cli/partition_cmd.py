@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, console, run_command
+from fedhype.cli.common import JsonOpt, console, existing, run_command
 from fedhype.errors import ValidationError
+
+#: Clients named in a "too few train records" refusal; the rest are counted.
+SHOWN = 5
+
+_TOO_SMALL = re.compile(r"^(\d+) of (\d+) clients have fewer than (\d+) train records: (.*); [^;]*$", re.S)
+_ENTRY = re.compile(r"(.+?) \((\d+) train / (\d+) records\)(?:, |$)")
 
 
 def _parse_split(text: str) -> tuple[float, float, float]:
@@ -22,6 +29,57 @@ def _parse_split(text: str) -> tuple[float, float, float]:
     if len(parts) != 3:
         raise ValidationError(f"--split must be three comma-separated fractions like 0.6,0.2,0.2, got {text!r}")
     return parts  # type: ignore[return-value]
+
+
+def _advice(scheme: str, clients: int | None, n_domains: int, max_clients: int | None) -> str:
+    """What to do about clients below --min-train, for ``scheme``."""
+    fewer = f"--clients ≤ {max_clients}" if max_clients and clients and clients > max_clients else "fewer --clients"
+    if scheme == "domain" and clients is None:
+        return ("with --scheme domain each domain is one client, so a small domain cannot be helped by client "
+                "counts: lower --min-train, raise the train fraction of --split, pool the domains with "
+                "--scheme iid or dirichlet, or leave the small domain out of the store")
+    if scheme == "domain":
+        return (f"use fewer --clients (at least {n_domains}: one per domain; omit --clients for exactly one per "
+                "domain) or lower --min-train")
+    if scheme == "dirichlet":
+        return f"use {fewer}, a larger --alpha (less label skew) or lower --min-train"
+    return f"use {fewer}, a larger or no --quantity-skew, or lower --min-train"
+
+
+def _precheck(n: int, clients: int | None, train_fraction: float, min_train: int) -> None:
+    """Refuse a client count that cannot give every client ``min_train`` train records, before partitioning.
+
+    A client's train split is within one record of its share, so the clients hold at most
+    ``n·fraction + clients`` train records together; a count needing more is refused with the
+    largest count that could fit. Borderline counts are left to :func:`make_partition`.
+    """
+    m = max(1, min_train)
+    if clients is None or clients < 1 or (clients <= n and clients * (m - 1) <= n * train_fraction):
+        return
+    fit = int(n * train_fraction // m)
+    raise ValidationError(
+        f"--clients {clients} is too many for {n} records: a train fraction of {train_fraction:g} (--split) gives "
+        f"about {round(n * train_fraction)} train records in all, fewer than the {clients} × {m} that --min-train "
+        f"{min_train} asks for; " + (f"use --clients {fit} or fewer, or lower --min-train" if fit >= 1
+                                     else "lower --min-train or use a larger store"))
+
+
+def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: int, max_clients: int) -> ValidationError:
+    """A "clients below --min-train" refusal with at most :data:`SHOWN` clients named and advice for ``scheme``.
+
+    Parses the message of :func:`fedhype.data.partition.make_partition` (which lists every client);
+    any other refusal is returned unchanged. tests/cli/test_cli_usability.py pins the format.
+    """
+    m = _TOO_SMALL.match(str(exc))
+    if not m:
+        return exc
+    entries = _ENTRY.findall(m.group(4))
+    shown = ", ".join(f"{name} ({tr} train / {tot} records)" for name, tr, tot in entries[:SHOWN])
+    more = f" and {len(entries) - SHOWN} more" if len(entries) > SHOWN else ""
+    what = "domains are too small to be clients" if scheme == "domain" and clients is None else \
+        f"clients have fewer than {m.group(3)} train records (--min-train)"
+    return ValidationError(f"{m.group(1)} of {m.group(2)} {what}: {shown}{more}; "
+                           f"{_advice(scheme, clients, n_domains, max_clients)}")
 
 
 def _render(result: dict[str, Any]) -> None:
@@ -35,13 +93,15 @@ def _render(result: dict[str, Any]) -> None:
 
 
 def partition(
-    store: Path = typer.Option(..., "--store", help="Embeddings store (.safetensors) made by `fedhype embed`."),
+    store: Path = typer.Option(..., "--store", help="Embeddings store (.safetensors) made by `fedhype embed`.",
+                               callback=existing("embeddings store", "create it with `fedhype embed`")),
     scheme: str = typer.Option(..., "--scheme", help="domain | dirichlet | iid"),
     clients: int | None = typer.Option(None, "--clients", help="Number of clients (dirichlet/iid: required; domain: ≥ #domains)."),
     alpha: float = typer.Option(0.3, "--alpha", help="Dirichlet concentration α (dirichlet scheme; smaller = more label skew)."),
     quantity_skew: float | None = typer.Option(None, "--quantity-skew", help="iid only: client sizes ~ Dirichlet(S)."),
     split: str = typer.Option("0.6,0.2,0.2", "--split", help="train,val,test fractions per client."),
-    min_train: int = typer.Option(20, "--min-train", help="Refuse clients with fewer train records."),
+    min_train: int = typer.Option(20, "--min-train", help="Refuse a partition in which a client has fewer train records "
+                                   "(`fedhype train --min-records` is the training-time minimum)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the partition."),
     out: Path = typer.Option(..., "--out", help="Partition JSON file to write."),
     json_mode: bool = JsonOpt,
@@ -54,8 +114,16 @@ def partition(
 
         splits = _parse_split(split)
         emb = EmbeddingStore.load(store)
-        part = make_partition(emb, scheme=scheme, n_clients=clients, alpha=alpha, quantity_skew=quantity_skew,
-                              splits=splits, min_train_per_client=min_train, seed=seed)
+        valid = min(splits) >= 0 and splits[0] > 0 and abs(sum(splits) - 1) <= 1e-6  # else make_partition says why
+        fraction = splits[0] / sum(splits) if valid else 1.0
+        if valid and min_train >= 0 and scheme in ("domain", "dirichlet", "iid"):
+            _precheck(len(emb), clients, fraction, min_train)
+        try:
+            part = make_partition(emb, scheme=scheme, n_clients=clients, alpha=alpha, quantity_skew=quantity_skew,
+                                  splits=splits, min_train_per_client=min_train, seed=seed)
+        except ValidationError as exc:
+            fit = int(len(emb) * fraction // max(1, min_train))
+            raise _shorten(exc, scheme, clients, len(emb.domain_names), fit) from None
         part.save(out)
         labels = emb.labels.numpy()
         rows = []

@@ -4,19 +4,35 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, console, kv_table, run_command
+from fedhype.cli.common import JsonOpt, console, existing, kv_table, run_command
 from fedhype.errors import ValidationError
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
 
 _METRICS = ("accuracy", "balanced_accuracy", "macro_f1")
+
+
+@sub.callback(invoke_without_command=True)
+def _group(ctx: typer.Context, json_mode: bool = JsonOpt) -> None:
+    """The ``prototypes`` group; --json may also come before the subcommand (``prototypes --json train``)."""
+    ctx.obj = {**(ctx.obj or {}), "json": json_mode}
+    if ctx.invoked_subcommand is None:
+        def missing() -> dict[str, Any]:
+            raise ValidationError("give a subcommand: train, evaluate or dp-linear (see `fedhype prototypes --help`)")
+
+        run_command(missing, json_mode)
+
+
+def _json(ctx: typer.Context, json_mode: bool) -> bool:
+    """``--json`` given to the subcommand or to the ``prototypes`` group."""
+    return json_mode or bool((ctx.obj or {}).get("json"))
 
 
 def _fmt(v: Any) -> str:
@@ -41,14 +57,16 @@ def _clients(part: Any, store: Any, split: str) -> dict[str, tuple[np.ndarray, n
 
 @sub.command("train")
 def train(
-    data: Path = typer.Option(..., "--data", help="Training store: synthetic (private workflow) or real."),
+    ctx: typer.Context,
+    data: Path = typer.Option(..., "--data", help="Training store: synthetic (private workflow) or real.",
+                              callback=existing("training embeddings store", "from `fedhype synthesize` or `fedhype embed`")),
     partition: Path | None = typer.Option(None, "--partition", help="Partition JSON of the real store (real --data, "
-                                          "--federated, or --matching dp)."),
+                                          "--federated, or --matching dp).", callback=existing("partition file", "create it with `fedhype partition`")),
     federated: bool = typer.Option(False, "--federated", help="FedHPro rounds over the partition's clients of --data "
                                    "(real records; the result is NOT differentially private)."),
     split: str = typer.Option("train", "--split", help="Partition split the clients train on."),
     real: Path | None = typer.Option(None, "--real", help="Real store of the partition, for --matching dp when --data "
-                                     "is synthetic."),
+                                     "is synthetic.", callback=existing("embeddings store", "create it with `fedhype embed`")),
     head: str = typer.Option("both", "--head", help="prototype | linear | both (prediction head)."),
     matching: str = typer.Option("synthetic", "--matching", help="synthetic (free on a synthetic store) | dp | none."),
     epochs: int = typer.Option(30, "--epochs", help="Alternation epochs (federated: rounds)."),
@@ -59,7 +77,8 @@ def train(
     max_epsilon: float | None = typer.Option(None, "--max-epsilon", help="--matching dp: refuse (exit 3) above this ε."),
     ledger: Path | None = typer.Option(None, "--ledger", help="--matching dp: the run's ledger.json; the matching events "
                                        "are added to a copy in --out, so the reported ε composes both (the original "
-                                       "file is not changed)."),
+                                       "file is not changed).",
+                                       callback=existing("privacy ledger", "the ledger.json of a `fedhype train` run")),
     seed: int = typer.Option(0, "--seed", help="Seed of initialisation, shuffling and (not secure) DP noise."),
     out: Path = typer.Option(..., "--out", help="Model directory to write."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --out."),
@@ -136,7 +155,7 @@ def train(
                 "delta": clf.privacy_.get("delta"), "privacy": clf.privacy_,
                 "train_accuracy": float((clf.predict(x_tr) == y_tr).mean()), "seconds": time.perf_counter() - t0}
 
-    run_command(body, json_mode, lambda r: Console().print(kv_table("hyper-prototype classifier", {
+    run_command(body, _json(ctx, json_mode), lambda r: Console().print(kv_table("hyper-prototype classifier", {
         k: v for k, v in r.items() if not isinstance(v, (dict, list))})))
 
 
@@ -162,9 +181,14 @@ def _render_eval(r: dict[str, Any]) -> None:
 
 @sub.command("evaluate")
 def evaluate(
-    model: Path = typer.Option(..., "--model", help="Model directory from `fedhype prototypes train`."),
-    real: Path = typer.Option(..., "--real", help="Real store (held-out test set; the full store with --partition)."),
-    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --real is split by it."),
+    ctx: typer.Context,
+    model: Path = typer.Option(..., "--model", help="Model directory from `fedhype prototypes train`.",
+                               callback=existing("hyper-prototype model directory",
+                                                 "train one with `fedhype prototypes train`", kind="dir")),
+    real: Path = typer.Option(..., "--real", help="Real store (held-out test set; the full store with --partition).",
+                              callback=existing("embeddings store", "create it with `fedhype embed`")),
+    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --real is split by it.",
+                                          callback=existing("partition file", "create it with `fedhype partition`")),
     split: str = typer.Option("test", "--split", help="With --partition: the split to evaluate on."),
     json_mode: bool = JsonOpt,
 ) -> None:
@@ -176,7 +200,11 @@ def evaluate(
         from fedhype.eval.utility import classification_metrics
         from fedhype.prototypes import HyperPrototypeClassifier
 
+        from fedhype.prototypes.persistence import CONFIG
+
         _check_split(split)
+        if not (model / CONFIG).exists():
+            raise ValidationError(f"--model {model} holds no {CONFIG}: not a `fedhype prototypes train` model directory")
         clf = HyperPrototypeClassifier.load(model)
         store = EmbeddingStore.load(real)
         if store.dim != clf.n_features_in_:
@@ -204,7 +232,65 @@ def evaluate(
                 "per_domain": _metrics_by(test.domains.numpy(), test.domain_names, y, pred),
                 "per_client": per_client, "privacy": clf.privacy_, "model_meta": clf.meta_}
 
-    run_command(body, json_mode, _render_eval)
+    run_command(body, _json(ctx, json_mode), _render_eval)
+
+
+@sub.command("dp-linear")
+def dp_linear(
+    ctx: typer.Context,
+    real: Path = typer.Option(..., "--real", help="Real embeddings store of the partition.",
+                              callback=existing("embeddings store", "create it with `fedhype embed`")),
+    partition: Path = typer.Option(..., "--partition", help="Partition JSON: clients train on their train split, "
+                                   "the test split is the held-out evaluation set.",
+                                   callback=existing("partition file", "create it with `fedhype partition`")),
+    epsilon: Optional[float] = typer.Option(1.0, "--epsilon", help="Target ε (σ calibrated for the whole plan)."),
+    delta: float = typer.Option(1e-4, "--delta", help="δ (must be < 1/n for every client)."),
+    noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", help="Set σ directly (overrides --epsilon)."),
+    no_dp: bool = typer.Option(False, "--no-dp", help="Explicitly NON-PRIVATE (no clipping, no noise)."),
+    rounds: int = typer.Option(10, "--rounds", help="FedAvg rounds."),
+    local_epochs: float = typer.Option(1.0, "--local-epochs", help="Local epochs per round (K_i = ceil(E·n_i/B))."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Expected Poisson batch size B (q_i = B/n_i)."),
+    lr: float = typer.Option(1.0, "--lr", help="Local SGD learning rate."),
+    clip_norm: float = typer.Option(1.0, "--clip-norm", help="Per-example clipping norm C."),
+    max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="Refuse (exit 3) a plan above this ε."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible sampling and noise (not secure)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for the model and its ledger.json."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """DP-SGD FedAvg logistic regression on the clients' REAL embeddings: the downstream reference.
+
+    A separate DP release (its own ε, in its own ledger), evaluated on the held-out real test split.
+    """
+
+    def body() -> dict[str, Any]:
+        from fedhype.data.partition import Partition
+        from fedhype.data.store import EmbeddingStore
+        from fedhype.prototypes.dp_linear import DPLinearConfig, dp_linear_downstream
+
+        if out is not None and (out / "model.safetensors").exists():
+            raise ValidationError(f"{out} already holds a model; choose another --out")
+        cfg = DPLinearConfig(rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, clip_norm=clip_norm,
+                             epsilon=None if (noise_multiplier is not None or no_dp) else epsilon, delta=delta,
+                             noise_multiplier=noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed)
+        store = EmbeddingStore.load(real)
+        if store.kind == "synthetic":
+            raise ValidationError(f"--real {real} is a synthetic store; this reference trains on real records")
+        console.print(f"DP FedAvg linear classifier: {rounds} rounds …", highlight=False)
+        return dp_linear_downstream(store, Partition.load(partition), cfg, out=out)
+
+    def render(r: dict[str, Any]) -> None:
+        t = Table(title=f"DP FedAvg linear classifier on {r['n_test']} held-out real embeddings")
+        for col in ("", *_METRICS):
+            t.add_column(col, justify="left" if col == "" else "right")
+        t.add_row("pooled", *[_fmt(r[m]) for m in _METRICS])
+        for title in ("per_client", "per_domain"):
+            for name, row in r[title].items():
+                t.add_row(f"{title[4:]} {name} (n={row['n']})", *[_fmt(row[m]) for m in _METRICS])
+        Console().print(t)
+        console.print(f"ε = {_fmt(r['epsilon'])} at δ = {r['delta']} (PRV, worst client)" if r["private"]
+                      else "[bold yellow]NON-PRIVATE (--no-dp)[/]", highlight=False)
+
+    run_command(body, _json(ctx, json_mode), render)
 
 
 def register(app: typer.Typer) -> None:

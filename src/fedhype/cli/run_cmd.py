@@ -8,19 +8,23 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, console, kv_table, round_printer, run_command
+from fedhype.cli.common import JsonOpt, existing, kv_table, log_line, round_printer, run_command
+from fedhype.cli.train_cmd import explain_min_records
+from fedhype.errors import ValidationError
 
 
 def _render(r: dict) -> None:
     keys = ("epsilon", "delta", "private", "mmd2", "mmd2_p_value", "fd", "precision", "recall", "coverage",
-            "tstr_accuracy", "trtr_accuracy", "interpolation_mean_accuracy", "report")
+            "tstr_accuracy", "trtr_accuracy", "interpolation_mean_accuracy", "dp_fedavg_linear_accuracy",
+            "dp_fedavg_linear_epsilon", "report")
     Console().print(kv_table("fedhype run", {k: r.get(k) for k in keys}))
 
 
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
-        config: Optional[Path] = typer.Option(None, "--config", help="TOML job configuration (see configs/)."),
+        config: Optional[Path] = typer.Option(None, "--config", help="TOML job configuration (see configs/).",
+                                              callback=existing("job configuration (TOML)", "see configs/ for examples")),
         set_: List[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable), e.g. train.epsilon=4."),
         out: Path = typer.Option(Path("runs/main"), "--out", help="Output directory (rerun the same command to resume)."),
         json_out: bool = JsonOpt,
@@ -32,6 +36,14 @@ def register(app: typer.Typer) -> None:
             from fedhype.pipeline.job import run_job
 
             conf = resolve(config, set_)
-            return run_job(conf, out, log=lambda s: console.print(s, highlight=False), on_round=round_printer(conf["train"]["rounds"]))
+            log_line(f"run: embed → partition → train ({conf['train']['rounds']} rounds) → synthesize → evaluate → "
+                     f"report, into {out}")
+            try:
+                return run_job(conf, out, log=log_line, on_round=round_printer(conf["train"]["rounds"]))
+            except ValidationError as exc:
+                raise explain_min_records(
+                    exc, records="train.min_records",
+                    partition="set partition.min_train = {need} (fewer partition.clients, or another partition.scheme) "
+                              "in a new --out") from None
 
         run_command(body, json_out, _render)

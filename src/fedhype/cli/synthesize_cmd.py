@@ -2,13 +2,47 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, console, kv_table, run_command
+from fedhype.cli.common import JsonOpt, console, existing, kv_table, run_command
+
+#: Samples per class when neither --per-class nor --n is given.
+DEFAULT_PER_CLASS = 100
+
+
+def _counts(per_class: Optional[int], n: Optional[int]) -> tuple[Optional[int], Optional[int]]:
+    """``(per_class, n)`` to draw, checked: exactly one is set (``per_class`` by default).
+
+    Raises:
+        ValidationError: both given, or a count below 1 (the message says what to give instead).
+    """
+    from fedhype.errors import ValidationError
+
+    if per_class is not None and n is not None:
+        raise ValidationError("give either --per-class N (samples of every class) or --n N (a total, split by "
+                              "--label-weights), not both")
+    if per_class is not None and per_class < 1:
+        raise ValidationError(f"--per-class must be ≥ 1 (synthetic embeddings drawn for every class), got {per_class}; "
+                              f"e.g. --per-class {DEFAULT_PER_CLASS}, or --n N for a total over all classes")
+    if n is not None and n < 1:
+        raise ValidationError(f"--n must be ≥ 1 (the total number of synthetic embeddings), got {n}; e.g. --n 1000, "
+                              "or --per-class N for N of every class")
+    return (DEFAULT_PER_CLASS if per_class is None and n is None else per_class), n
+
+
+def _check_temperature(t: float) -> float:
+    from fedhype.errors import ValidationError
+
+    if not (math.isfinite(t) and t > 0):
+        raise ValidationError(f"--temperature must be > 0, got {t:g}: it scales the prior's standard deviation "
+                              "(1 = the model's distribution, below 1 closer to the class means, above 1 more "
+                              "spread out); use e.g. --temperature 1")
+    return t
 
 
 def _weights(text: Optional[str]) -> Optional[list[float]]:
@@ -25,13 +59,16 @@ def _weights(text: Optional[str]) -> Optional[list[float]]:
 def register(app: typer.Typer) -> None:
     @app.command("synthesize")
     def synthesize_cmd(
-        run: Path = typer.Option(..., "--run", help="Run directory (or its model.safetensors)."),
+        run: Path = typer.Option(..., "--run", help="Run directory (or its model.safetensors).",
+                                 callback=existing("run directory or model.safetensors", "train one with `fedhype train`",
+                                                   kind="any")),
         out: Path = typer.Option(..., "--out", help="Synthetic embeddings store to write (.safetensors)."),
-        code: str = typer.Option("neutral", "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture:<id>=<w>,..."),
-        per_class: Optional[int] = typer.Option(None, "--per-class", help="Samples per class."),
+        code: str = typer.Option("neutral", "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture (all clients ∝ size) | mixture:<id>=<w>,..."),
+        per_class: Optional[int] = typer.Option(None, "--per-class", help=f"Samples per class (≥ 1; {DEFAULT_PER_CLASS} "
+                                                "when neither --per-class nor --n is given)."),
         n: Optional[int] = typer.Option(None, "--n", help="Total samples (split by --label-weights; uniform by default)."),
         label_weights: Optional[str] = typer.Option(None, "--label-weights", help="Comma-separated class weights for --n."),
-        temperature: float = typer.Option(1.0, "--temperature", help="Scale of the prior's std (1 = model distribution)."),
+        temperature: float = typer.Option(1.0, "--temperature", help="Scale of the prior's std, > 0 (1 = model distribution)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: OS entropy)."),
         json_out: bool = JsonOpt,
     ) -> None:
@@ -42,9 +79,16 @@ def register(app: typer.Typer) -> None:
 
             from fedhype.synthesis import synthesize
 
+            k, total = _counts(per_class, n)
+            _check_temperature(temperature)
+            weights = _weights(label_weights)
+            if run.is_dir() and not (run / "model.safetensors").exists():
+                from fedhype.errors import ValidationError
+
+                raise ValidationError(f"--run {run} holds no model.safetensors: not a `fedhype train` run directory, "
+                                      "or its first round has not finished; give the run directory (or the model file)")
             t0 = time.perf_counter()
-            store = synthesize(run, code, per_class=per_class if (per_class or n) else (None if n else 100), n=n,
-                               label_weights=_weights(label_weights), seed=seed, temperature=temperature)
+            store = synthesize(run, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature)
             secs = time.perf_counter() - t0
             store.save(out)
             m = store.meta

@@ -1,14 +1,111 @@
-"""``fedhype train``: federated FedHypeVAE training under record-level DP."""
+"""``fedhype train``: federated FedHypeVAE training under record-level DP.
+
+Every option's default is the main job's (``fedhype run``): the ``[train]`` and ``[model]`` sections
+of :data:`fedhype.pipeline.config.DEFAULTS`, read when the command runs (importing them costs a
+torch import, which ``fedhype --help`` and the other commands should not pay).
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
-from fedhype.cli.common import JsonOpt, console, kv_table, round_printer, run_command
+from fedhype.cli.common import JsonOpt, console, existing, kv_table, log_line, round_printer, run_command
+from fedhype.errors import ValidationError
+
+if TYPE_CHECKING:
+    from fedhype.federated.config import TrainConfig
+
+#: The engine's refusal of a client below ``TrainConfig.min_records``.
+_MIN_RECORDS = re.compile(r"^client (.+?) has (\d+) training records \(< min_records=(\d+)\)")
+
+
+def job_default(section: str, key: str) -> Callable[[], Any]:
+    """A ``default_factory`` for the value of ``section.key`` in ``fedhype run``'s defaults.
+
+    ``min_records`` (and any key the job does not set) falls back to the
+    :class:`~fedhype.federated.config.TrainConfig` / :class:`~fedhype.models.config.ModelConfig` default.
+    """
+
+    def factory() -> Any:
+        from dataclasses import MISSING, fields
+
+        from fedhype.federated.config import TrainConfig
+        from fedhype.pipeline.config import DEFAULTS
+
+        if key in DEFAULTS[section]:
+            return DEFAULTS[section][key]
+        if section == "train":
+            f = next(f for f in fields(TrainConfig) if f.name == key)
+            return f.default if f.default is not MISSING else None
+        return None  # [model]: ModelConfig's own default
+
+    factory.job_default = f"{section}.{key}"  # type: ignore[attr-defined]
+    return factory
+
+
+def _opt(key: str, *flags: str, help: str, section: str = "train") -> Any:
+    """An option defaulting to ``fedhype run``'s ``section.key``."""
+    return typer.Option(..., *flags, default_factory=job_default(section, key), help=help)
+
+
+class JobDefaultsCommand(TyperCommand):
+    """A command whose --help shows the values of its :func:`job_default` defaults (read only then)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for param in self.params:
+            if getattr(param.default, "job_default", None):
+                value = param.default()
+                param.default = value
+                param.show_default = value is not None and not isinstance(value, bool)
+        super().format_help(ctx, formatter)
+
+
+def build_config(options: dict[str, Any], model: dict[str, Any]) -> "TrainConfig":
+    """The :class:`~fedhype.federated.config.TrainConfig` of ``fedhype train`` options.
+
+    Keys of ``fedhype run``'s ``[train]`` defaults without a flag are taken from there too, and
+    ``model`` (the ``--hidden``/``--latent`` flags) overrides the job's ``[model]`` defaults, so
+    that ``fedhype train`` with no options trains what ``fedhype run`` trains.
+
+    Raises:
+        ValidationError: a bad value (the model sizes are checked too).
+    """
+    from dataclasses import fields
+
+    from fedhype.federated.config import TrainConfig
+    from fedhype.pipeline.config import DEFAULTS
+
+    names = {f.name for f in fields(TrainConfig)} - {"model"}
+    kw = {**{k: v for k, v in DEFAULTS["train"].items() if k in names}, **options}
+    if kw.get("noise_multiplier") is not None or kw.get("no_dp"):
+        kw["epsilon"] = None
+    cfg = TrainConfig(**kw, model={**DEFAULTS["model"], **{k: v for k, v in model.items() if v is not None}})
+    cfg.model_config(1, 2)  # validates --hidden/--latent before any data is read
+    return cfg
+
+
+def explain_min_records(exc: ValidationError, *, records: str, partition: str) -> ValidationError:
+    """The engine's "client below min_records" refusal, naming the options of this command.
+
+    Args:
+        records: how the user sets the training minimum, e.g. ``"--min-records"``.
+        partition: how the user re-partitions, e.g. ``"`fedhype partition` with fewer --clients and --min-train {need}"``
+            (``{need}`` is replaced by the minimum).
+    """
+    m = _MIN_RECORDS.match(str(exc))
+    if not m:
+        return exc
+    name, n, need = m.group(1), int(m.group(2)), int(m.group(3))
+    return ValidationError(
+        f"client {name} has {n} training records, fewer than {records} {need} (the smallest client training "
+        f"accepts); either lower {records} (to {n} or less) or re-partition so that every client has ≥ {need} "
+        f"train records: {partition.replace('{need}', str(need))}")
 
 
 def _render(res: dict) -> None:
@@ -20,44 +117,69 @@ def _render(res: dict) -> None:
         console.print("[bold yellow]NON-PRIVATE run (--no-dp): no DP guarantee on any output[/]")
 
 
+
 def register(app: typer.Typer) -> None:
-    @app.command("train")
+    @app.command("train", cls=JobDefaultsCommand)
     def train_cmd(
-        store: Path = typer.Option(..., "--store", help="Embeddings store (from `fedhype embed`)."),
-        partition: Path = typer.Option(..., "--partition", help="Partition file (from `fedhype partition`)."),
+        store: Path = typer.Option(..., "--store", help="Embeddings store (from `fedhype embed`).",
+                                   callback=existing("embeddings store", "create it with `fedhype embed`")),
+        partition: Path = typer.Option(..., "--partition", help="Partition file (from `fedhype partition`).",
+                                       callback=existing("partition file", "create it with `fedhype partition`")),
         out: Path = typer.Option(..., "--out", help="Run directory to write."),
-        epsilon: Optional[float] = typer.Option(1.0, "--epsilon", help="Target ε; σ is calibrated for the plan run."),
-        delta: float = typer.Option(1e-4, "--delta", help="δ (must be < 1/n for every client)."),
-        noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", help="Set σ directly (overrides --epsilon)."),
-        no_dp: bool = typer.Option(False, "--no-dp", help="Explicitly NON-PRIVATE: no clipping, no noise; outputs marked non-private."),
-        clip_norm: float = typer.Option(1.5, "--clip-norm", help="Per-example clipping norm C."),
-        rounds: int = typer.Option(30, "--rounds", help="Federated rounds."),
-        local_epochs: float = typer.Option(1.0, "--local-epochs", help="Local epochs per round (K_i = ceil(E·n_i/B))."),
-        local_steps: Optional[int] = typer.Option(None, "--local-steps", help="Fixed local steps per round (overrides --local-epochs)."),
-        batch_size: int = typer.Option(64, "--batch-size", help="Expected Poisson batch size B (q_i = B/n_i)."),
-        participation: float = typer.Option(1.0, "--participation", help="Fraction of clients per round."),
-        lr_local: float = typer.Option(1e-3, "--lr-local", help="Local Adam learning rate."),
-        max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="Refuse (exit 3) before exceeding this ε."),
-        method: str = typer.Option("fedhypevae", "--method", help="fedhypevae | dp-cvae | no-mmd | no-lipschitz | fixed-prior | shared-decoder."),
-        seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible run (recorded as 'not secure')."),
+        epsilon: Optional[float] = _opt("epsilon", "--epsilon", help="Target ε; σ is calibrated for the plan run."),
+        delta: float = _opt("delta", "--delta", help="δ (must be < 1/n for every client)."),
+        noise_multiplier: Optional[float] = _opt("noise_multiplier", "--noise-multiplier",
+                                                 help="Set σ directly (overrides --epsilon)."),
+        no_dp: bool = _opt("no_dp", "--no-dp", help="Explicitly NON-PRIVATE: no clipping, no noise; outputs marked non-private."),
+        clip_norm: float = _opt("clip_norm", "--clip-norm", help="Per-example clipping norm C."),
+        rounds: int = _opt("rounds", "--rounds", help="Federated rounds."),
+        local_epochs: float = _opt("local_epochs", "--local-epochs", help="Local epochs per round (K_i = ceil(E·n_i/B))."),
+        local_steps: Optional[int] = _opt("local_steps", "--local-steps",
+                                          help="Fixed local steps per round (overrides --local-epochs)."),
+        batch_size: int = _opt("batch_size", "--batch-size", help="Expected Poisson batch size B (q_i = B/n_i)."),
+        participation: float = _opt("participation", "--participation", help="Fraction of clients per round."),
+        lr_local: float = _opt("lr_local", "--lr-local", help="Local Adam learning rate."),
+        max_epsilon: Optional[float] = _opt("max_epsilon", "--max-epsilon", help="Refuse (exit 3) before exceeding this ε."),
+        min_records: int = _opt("min_records", "--min-records",
+                                help="Refuse a client with fewer training records (`fedhype partition --min-train` "
+                                     "is the partition-time minimum)."),
+        hidden: Optional[int] = _opt("hidden", "--hidden", section="model",
+                                     help="Width of the CVAE's hidden layers (model size)."),
+        latent: Optional[int] = _opt("latent", "--latent", section="model", help="Latent dimension L of z (model size)."),
+        method: str = _opt("method", "--method",
+                           help="fedhypevae | dp-cvae | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
+                                "local-cvae (each client alone) | central-cvae (pooled records, one client)."),
+        seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run (recorded as 'not secure')."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),
         json_out: bool = JsonOpt,
     ) -> None:
-        """Train the hypernetwork CVAE across clients; only clipped+noised updates leave a client."""
+        """Train the hypernetwork CVAE across clients; only clipped+noised updates leave a client.
+
+        Every default is `fedhype run`'s (the train and model sections of its job configuration,
+        fedhype.pipeline.config.DEFAULTS), so with no options this trains the model the main job trains.
+        """
 
         def body() -> dict:
             from fedhype.data.partition import Partition
             from fedhype.data.store import EmbeddingStore
-            from fedhype.federated.config import TrainConfig
             from fedhype.federated.engine import train
 
-            cfg = TrainConfig(rounds=rounds, local_epochs=local_epochs, local_steps=local_steps, batch_size=batch_size,
-                              participation=participation, lr_local=lr_local,
-                              epsilon=None if (noise_multiplier is not None or no_dp) else epsilon, delta=delta,
-                              noise_multiplier=noise_multiplier, clip_norm=clip_norm, no_dp=no_dp,
-                              max_epsilon=max_epsilon, seed=seed, method=method)
+            cfg = build_config(dict(rounds=rounds, local_epochs=local_epochs, local_steps=local_steps,
+                                    batch_size=batch_size, participation=participation, lr_local=lr_local,
+                                    epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
+                                    clip_norm=clip_norm, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
+                                    min_records=min_records, method=method),
+                               {"hidden": hidden, "latent": latent})
             s = EmbeddingStore.load(store)
             p = Partition.load(partition)
-            return train(s, p, cfg, out, resume=resume, progress=round_printer(rounds))
+            privacy = ("NON-PRIVATE" if cfg.no_dp else f"σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
+                       else f"target ε = {cfg.epsilon:g}")
+            log_line(f"train: {cfg.rounds} rounds over {len(p.clients)} clients ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
+            try:
+                return train(s, p, cfg, out, resume=resume, progress=round_printer(cfg.rounds))
+            except ValidationError as exc:
+                raise explain_min_records(
+                    exc, records="--min-records",
+                    partition="`fedhype partition --min-train {need}` with fewer --clients (or another --scheme)") from None
 
         run_command(body, json_out, _render)

@@ -1,0 +1,348 @@
+"""Findings of a fresh-user test of the CLI: parser errors under --json, missing inputs, messages,
+defaults and progress lines. Real optdigits pixels (sklearn ``load_digits``) stand in for embeddings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import typer
+from sklearn.datasets import load_digits
+from typer.testing import CliRunner
+
+from fedhype.cli.common import LineProgress
+from fedhype.cli.main import app
+from fedhype.data.partition import make_partition
+from fedhype.data.store import EmbeddingStore
+
+runner = CliRunner()
+
+
+def _invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _one_json(result) -> dict:
+    lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stdout
+    return json.loads(lines[0])
+
+
+def _digits_store(domains: np.ndarray, names: list[str]) -> EmbeddingStore:
+    d = load_digits()
+    return EmbeddingStore(torch.tensor(d.data, dtype=torch.float32), torch.tensor(d.target), torch.tensor(domains),
+                          [f"optdigits/{i:05d}" for i in range(len(d.target))], [str(c) for c in range(10)], names)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """digits store (two halves as domains), a skewed one (a 25-record domain), their domain partition."""
+    root = tmp_path_factory.mktemp("usability")
+    n = len(load_digits().target)
+    store = _digits_store((np.arange(n) >= n // 2).astype(int), ["first-half", "second-half"])
+    store.save(root / "digits.safetensors")
+    skew = np.zeros(n, dtype=int)
+    skew[:25] = 1
+    _digits_store(skew, ["big", "tiny"]).save(root / "skew.safetensors")
+    make_partition(store, scheme="domain").save(root / "part.json")
+    (root / "empty").mkdir()
+    (root / "corrupt.json").write_text("{not json")
+    return root
+
+
+# ----------------------------------------------------------------------------- 1: parser errors under --json
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--bogus", "--json"], "No such option"),
+    (["train", "--json"], "Missing option '--store'"),
+    (["synthesize", "--per-class", "abc", "--run", "r", "--out", "o", "--json"], "Invalid value for '--per-class'"),
+    (["--json", "--bogus"], "No such option"),
+    (["prototypes", "train", "--json", "--epochs", "many"], "Invalid value for '--epochs'"),
+    (["budget", "--delta", "x", "--json"], "Invalid value for '--delta'"),
+])
+def test_parser_errors_print_one_json_object(argv, needle):
+    r = _invoke(*argv)
+    assert r.exit_code == 2, r.output
+    obj = _one_json(r)
+    assert set(obj) == {"error", "kind", "exit_code"} and obj["kind"] == "usage" and obj["exit_code"] == 2
+    assert needle in obj["error"] and "--help" in obj["error"]
+
+
+def test_parser_errors_without_json_keep_typers_message():
+    r = _invoke("train", "--bogus")
+    assert r.exit_code == 2 and "No such option" in r.output and "{" not in r.stdout
+
+
+def test_console_script_entry_point_prints_json_usage_error():
+    p = subprocess.run([sys.executable, "-m", "fedhype.cli.main", "partition", "--scheme", "iid", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    obj = json.loads(p.stdout)
+    assert obj["kind"] == "usage" and "--store" in obj["error"] and "error" in p.stderr
+
+
+def test_run_command_errors_carry_a_kind(files, tmp_path):
+    r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "nope", "--out", tmp_path / "p.json",
+                "--json")
+    assert r.exit_code == 2 and _one_json(r)["kind"] == "usage"
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{trunc")
+    r = _invoke("partition", "--store", bad, "--scheme", "iid", "--clients", 2, "--out", tmp_path / "p.json", "--json")
+    assert r.exit_code == 4 and _one_json(r)["kind"] == "artifact"
+
+
+# ----------------------------------------------------------------------------- 2: --json everywhere
+def test_every_command_and_group_accepts_json():
+    def walk(cmd, path):
+        yield path, cmd
+        for name, sub in (getattr(cmd, "commands", None) or {}).items():
+            yield from walk(sub, f"{path} {name}")
+
+    seen = []
+    for path, cmd in walk(typer.main.get_command(app), "fedhype"):
+        if path == "fedhype":
+            continue
+        seen.append(path)
+        assert any("--json" in p.opts for p in cmd.params), f"{path} has no --json"
+    assert {"fedhype prototypes", "fedhype prototypes train", "fedhype prototypes evaluate"} <= set(seen)
+
+
+def test_prototypes_group_json(files, tmp_path):
+    r = _invoke("prototypes", "--json")
+    assert r.exit_code == 2 and "give a subcommand" in _one_json(r)["error"]
+    # --json before the subcommand applies to it
+    r = _invoke("prototypes", "--json", "train", "--data", files / "digits.safetensors", "--epochs", 1,
+                "--out", tmp_path / "proto")
+    assert r.exit_code == 0, r.output
+    assert _one_json(r)["n_train"] == 1797
+
+
+# ----------------------------------------------------------------------------- 3: missing inputs exit 2
+MISSING = "/nonexistent/fedhype-missing.safetensors"
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["partition", "--store", MISSING, "--scheme", "iid", "--clients", "2", "--out", "{tmp}/p.json"], "--store"),
+    (["train", "--store", MISSING, "--partition", "{part}", "--out", "{tmp}/run"], "--store"),
+    (["train", "--store", "{store}", "--partition", MISSING, "--out", "{tmp}/run"], "--partition"),
+    (["synthesize", "--run", MISSING, "--out", "{tmp}/s.safetensors"], "--run"),
+    (["evaluate", "--real", MISSING, "--synthetic", "{store}"], "--real"),
+    (["evaluate", "--real", "{store}", "--synthetic", MISSING], "--synthetic"),
+    (["evaluate", "--real", "{store}", "--synthetic", "{store}", "--real-train", MISSING], "--real-train"),
+    (["evaluate", "--real", "{store}", "--synthetic", "{store}", "--partition", MISSING], "--partition"),
+    (["budget", "--noise-multiplier", "1", "--delta", "1e-5", "--rounds", "2", "--local-steps", "1", "--batch-size",
+      "8", "--partition", MISSING], "--partition"),
+    (["audit", "--run", MISSING], "--run"),
+    (["audit", "--run", "{tmp}", "--synthetic", MISSING], "--synthetic"),
+    (["audit", "--canaries", "white-box", "--store", MISSING], "--store"),
+    (["audit", "--run", "{tmp}", "--mia", "--store", "{store}", "--partition", MISSING], "--partition"),
+    (["prototypes", "train", "--data", MISSING, "--out", "{tmp}/m"], "--data"),
+    (["prototypes", "train", "--data", "{store}", "--partition", MISSING, "--out", "{tmp}/m"], "--partition"),
+    (["prototypes", "train", "--data", "{store}", "--real", MISSING, "--out", "{tmp}/m"], "--real"),
+    (["prototypes", "train", "--data", "{store}", "--ledger", MISSING, "--out", "{tmp}/m"], "--ledger"),
+    (["prototypes", "evaluate", "--model", MISSING, "--real", "{store}"], "--model"),
+    (["prototypes", "evaluate", "--model", "{tmp}", "--real", MISSING], "--real"),
+    (["prototypes", "dp-linear", "--real", MISSING, "--partition", "{part}"], "--real"),
+    (["prototypes", "dp-linear", "--real", "{store}", "--partition", MISSING], "--partition"),
+    (["embed", "--images", MISSING, "--out", "{tmp}/e.safetensors"], "--images"),
+    (["embed", "--dataset", "digits-domains", "--weights", MISSING, "--out", "{tmp}/e.safetensors"], "--weights"),
+    (["run", "--config", MISSING, "--out", "{tmp}/job"], "--config"),
+])
+def test_missing_input_file_is_a_usage_error(files, tmp_path, argv, option):
+    fill = {"{tmp}": str(tmp_path), "{store}": str(files / "digits.safetensors"), "{part}": str(files / "part.json")}
+    args = [next((a.replace(k, v) for k, v in fill.items() if k in a), a) for a in argv]
+    r = _invoke(*args, "--json")
+    assert r.exit_code == 2, r.output
+    err = _one_json(r)["error"]
+    assert f"'{option}'" in err and MISSING in err and ("no such file" in err or "no such folder" in err)
+
+
+def test_wrong_kind_of_path_and_corrupt_files(files, tmp_path):
+    # a folder where a file is expected is a usage error too …
+    r = _invoke("partition", "--store", files, "--scheme", "iid", "--clients", 2, "--out", tmp_path / "p.json", "--json")
+    assert r.exit_code == 2 and "is a folder, not a file" in _one_json(r)["error"]
+    # … and a folder that is not a run
+    r = _invoke("synthesize", "--run", files / "empty", "--out", tmp_path / "s.safetensors", "--json")
+    assert r.exit_code == 2 and "holds no model.safetensors" in _one_json(r)["error"]
+    r = _invoke("audit", "--run", files / "empty", "--json")
+    assert r.exit_code == 2 and "is not a run directory" in _one_json(r)["error"]
+    r = _invoke("prototypes", "evaluate", "--model", files / "empty", "--real", files / "digits.safetensors", "--json")
+    assert r.exit_code == 2 and "not a `fedhype prototypes train` model directory" in _one_json(r)["error"]
+    # a file that exists but is corrupt stays an artifact error
+    r = _invoke("budget", "--noise-multiplier", 1, "--delta", 1e-5, "--rounds", 2, "--local-steps", 1, "--batch-size",
+                8, "--partition", files / "corrupt.json", "--json")
+    assert r.exit_code == 4 and _one_json(r)["kind"] == "artifact"
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "corrupt.json",
+                "--out", tmp_path / "run", "--json")
+    assert r.exit_code == 4
+
+
+# ----------------------------------------------------------------------------- 4: synthesize / budget values
+@pytest.mark.parametrize("args, needles", [
+    (["--n", "0"], ["--n must be ≥ 1", "--per-class N"]),
+    (["--per-class", "0"], ["--per-class must be ≥ 1", "--n N"]),
+    (["--n", "10", "--per-class", "5"], ["not both"]),
+    (["--temperature", "-1"], ["--temperature must be > 0", "--temperature 1"]),
+    (["--temperature", "0"], ["--temperature must be > 0"]),
+    (["--temperature", "nan"], ["--temperature must be > 0"]),
+])
+def test_synthesize_counts_and_temperature_are_checked_first(files, tmp_path, args, needles):
+    # checked before the model is read: --run is a folder without a model
+    r = _invoke("synthesize", "--run", files / "empty", "--out", tmp_path / "s.safetensors", *args, "--json")
+    assert r.exit_code == 2, r.output
+    err = _one_json(r)["error"]
+    assert all(n in err for n in needles), err
+    assert not (tmp_path / "s.safetensors").exists()
+
+
+def test_budget_zero_noise_is_infinite_epsilon():
+    base = ["budget", "--sample-rate", "0.01", "--steps", "100", "--delta", "1e-5"]
+    r = _invoke(*base, "--noise-multiplier", 0, "--json")
+    assert r.exit_code == 0, r.output
+    out = _one_json(r)
+    assert out["epsilon"] is None and out["epsilon_infinite"] is True and "∞" in out["note"]
+    assert "no differential-privacy guarantee" in out["note"]
+    human = _invoke(*base, "--noise-multiplier", 0)
+    assert human.exit_code == 0 and "∞" in human.stdout and "inf" not in human.stdout
+    finite = _one_json(_invoke(*base, "--noise-multiplier", 1, "--json"))
+    assert finite["epsilon_infinite"] is False and finite["epsilon"] > 0 and "note" not in finite
+    plan = _one_json(_invoke("budget", "--noise-multiplier", 0, "--delta", 1e-5, "--rounds", 2, "--local-steps", 1,
+                             "--batch-size", 10, "--client-sizes", "100,200", "--json"))
+    assert plan["epsilon_infinite"] is True and all(c["epsilon_infinite"] for c in plan["clients"])
+    assert "--noise-multiplier" in _invoke("budget", "--help").stdout and "epsilon_infinite" in _invoke(
+        "budget", "--help").stdout.replace("\n", "").replace("│", "").replace(" ", "")
+
+
+# ----------------------------------------------------------------------------- 5, 6: partition refusals
+def test_far_too_many_clients_is_short_and_says_what_to_do(files, tmp_path):
+    for scheme in ("iid", "dirichlet"):
+        r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", scheme, "--clients", 10000,
+                    "--out", tmp_path / "p.json", "--json")
+        assert r.exit_code == 2
+        err = _one_json(r)["error"]
+        assert len(err) < 400, err
+        # 1,797 records × 0.6 = 1,078 train records: at most 53 clients of ≥ 20
+        assert "--clients 10000 is too many for 1797 records" in err and "use --clients 53 or fewer" in err
+
+
+def test_clients_below_min_train_are_capped_in_the_message(files, tmp_path):
+    r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "dirichlet", "--clients", 50,
+                "--alpha", 0.01, "--out", tmp_path / "p.json", "--json")
+    assert r.exit_code == 2
+    err = _one_json(r)["error"]
+    assert err.count(" train / ") == 5 and " more;" in err and "(--min-train)" in err
+    assert "a larger --alpha" in err and "lower --min-train" in err and len(err) < 500
+    r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "iid", "--clients", 56,
+                "--out", tmp_path / "p.json", "--json")
+    err = _one_json(r)["error"]
+    assert r.exit_code == 2 and "use --clients ≤ 53" in err and "--quantity-skew" in err
+
+
+def test_domain_scheme_advice_fits_the_scheme(files, tmp_path):
+    r = _invoke("partition", "--store", files / "skew.safetensors", "--scheme", "domain", "--out", tmp_path / "p.json",
+                "--json")
+    assert r.exit_code == 2
+    err = _one_json(r)["error"]
+    assert "1 of 2 domains are too small to be clients: tiny (15 train / 25 records)" in err
+    assert "--scheme iid or dirichlet" in err and "lower --min-train" in err and "fewer --clients" not in err
+    r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--clients", 40,
+                "--min-train", 27, "--out", tmp_path / "p.json", "--json")
+    err = _one_json(r)["error"]
+    assert r.exit_code == 2 and "at least 2: one per domain" in err and "--alpha" not in err
+
+
+# ----------------------------------------------------------------------------- 7: the two minimums
+def test_train_min_records_names_its_option_and_both_remedies(files, tmp_path):
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
+                "--out", tmp_path / "run", "--min-records", 1000, "--no-dp", "--rounds", 1, "--json")
+    assert r.exit_code == 2, r.output
+    err = _one_json(r)["error"]
+    assert "fewer than --min-records 1000" in err and "lower --min-records" in err
+    assert "`fedhype partition --min-train 1000`" in err and "min_records=" not in err
+
+
+# ----------------------------------------------------------------------------- 8: embed checks cheap options first
+@pytest.mark.parametrize("args, needle", [
+    (["--encoder", "resnet-9000"], "unknown encoder 'resnet-9000'"),
+    (["--image-size", "0"], "--image-size must be a positive number"),
+    (["--pooling", "max"], "--pooling must be one of"),
+    (["--batch-size", "0"], "--batch-size must be ≥ 1"),
+    (["--workers", "-1"], "--workers must be ≥ 0"),
+    (["--dtype", "float8"], "--dtype must be one of"),
+    (["--limit", "0"], "--limit must be ≥ 1"),
+])
+def test_embed_validates_options_before_scanning(files, tmp_path, monkeypatch, args, needle):
+    import fedhype.data.images as images
+
+    scanned = []
+    monkeypatch.setattr(images, "scan_image_folder", lambda *a, **k: scanned.append(a) or pytest.fail("scanned"))
+    r = _invoke("embed", "--images", files / "empty", *args, "--device", "cpu", "--out", tmp_path / "e.safetensors",
+                "--json")
+    assert r.exit_code == 2, r.output
+    assert needle in _one_json(r)["error"] and scanned == []
+
+
+# ----------------------------------------------------------------------------- 9: progress lines without a TTY
+def test_line_progress_prints_periodic_plain_lines(capsys):
+    now = [0.0]
+    lp = LineProgress("embed: enc", 100, "img", every_s=10, clock=lambda: now[0])
+    for _ in range(9):
+        now[0] += 3
+        lp.update(10)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["embed: enc: 40/100 (40%)  3.3 img/s  12 s", "embed: enc: 80/100 (80%)  3.3 img/s  24 s"]
+    now[0] += 1
+    lp.update(10)
+    assert capsys.readouterr().err.strip() == "embed: enc: 100/100 (100%)  3.6 img/s  28 s"
+
+
+def test_embed_and_train_print_progress_lines_to_a_non_tty_stderr(files, tmp_path, tiny_dinov2_dir):
+    root = tmp_path / "imgs"
+    d = load_digits()
+    for c in ("0", "1"):
+        (root / c).mkdir(parents=True)
+        for i in np.flatnonzero(d.target == int(c))[:3]:
+            from PIL import Image
+
+            Image.fromarray(np.kron(d.images[i] * 15, np.ones((4, 4))).astype(np.uint8), "L").save(root / c / f"{i}.png")
+    r = _invoke("embed", "--images", root, "--encoder", f"hf:{tiny_dinov2_dir}", "--image-size", 28, "--device", "cpu",
+                "--workers", 0, "--batch-size", 4, "--out", tmp_path / "e.safetensors", "--json")
+    assert r.exit_code == 0, r.output
+    assert "6/6 (100%)" in r.stderr and "img/s" in r.stderr and "━" not in r.stderr
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
+                "--out", tmp_path / "run", "--rounds", 2, "--local-steps", 1, "--batch-size", 32, "--noise-multiplier", 1,
+                "--hidden", 16, "--latent", 4, "--seed", 0, "--json")
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("train: ")]
+    assert lines[0].startswith("train: 2 rounds over 2 clients (fedhypevae, σ = 1")
+    assert [ln.split("  ")[0] for ln in lines[1:]] == ["train: round 1/2", "train: round 2/2"]
+
+
+# ----------------------------------------------------------------------------- 10: train defaults = run defaults
+def test_train_defaults_are_the_jobs(files, tmp_path, monkeypatch):
+    import fedhype.federated.engine as engine
+    from fedhype.pipeline.config import DEFAULTS, resolve, train_config
+
+    seen = {}
+
+    def fake_train(store, part, cfg, out, **kw):
+        seen["cfg"] = cfg
+        return {"run_dir": str(out), "epsilon": 1.0, "delta": cfg.delta, "noise_multiplier": 1.0, "rounds": cfg.rounds,
+                "private": True, "seed_secure": True, "clients": ["0", "1"], "traffic": {"upload_bytes_per_round": 0}}
+
+    monkeypatch.setattr(engine, "train", fake_train)
+    base = ["train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out", tmp_path / "r"]
+    assert _invoke(*base, "--json").exit_code == 0
+    assert seen["cfg"].to_dict() == train_config(resolve()).to_dict()
+    assert _invoke(*base, "--hidden", 7, "--latent", 3, "--json").exit_code == 0
+    assert seen["cfg"].model == {**DEFAULTS["model"], "hidden": 7, "latent": 3}
+    r = _invoke(*base, "--hidden", 0, "--json")
+    assert r.exit_code == 2 and "model.hidden" in _one_json(r)["error"]
+    text = " ".join(runner.invoke(app, ["train", "--help"], env={"COLUMNS": "250"}).stdout.split())
+    assert "`fedhype run`'s" in text
+    for flag, value in (("--rounds", DEFAULTS["train"]["rounds"]), ("--batch-size", DEFAULTS["train"]["batch_size"]),
+                        ("--hidden", DEFAULTS["model"]["hidden"]), ("--latent", DEFAULTS["model"]["latent"])):
+        assert f"[default: {value}]" in text.split(flag, 1)[1].split(" --", 1)[0], flag

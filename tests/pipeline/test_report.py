@@ -1,0 +1,68 @@
+"""report.json's per-client ε: keyed by client name, ledger ids kept, and checked by `fedhype audit`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from fedhype.eval.audit_ledger import audit_run as audit
+from fedhype.pipeline.report import by_name, client_epsilons
+
+
+@pytest.fixture
+def job(audit_run, tmp_path):
+    """A `fedhype run`-style layout around the shared real DP run: job/run/ (2 iid clients)."""
+    shutil.copytree(audit_run[0], tmp_path / "job" / "run")
+    return tmp_path / "job"
+
+
+def test_client_epsilons_carry_ids_and_names(job, audit_run):
+    part = audit_run[1]
+    eps = audit(job / "run")["epsilon_per_client"]  # ledger id → ε
+    rows = client_epsilons(job / "run", eps)
+    assert rows == [{"id": str(c.id), "name": c.name, "epsilon": eps[str(c.id)]} for c in part.clients]
+    assert [r["name"] for r in rows] == ["client-0", "client-1"] and eps["0"] > 0
+    assert by_name(rows) == {"client-0": eps["0"], "client-1": eps["1"]}
+    # repeated names stay apart; a non-private run has no ε per client
+    assert by_name([{"id": "0", "name": "a", "epsilon": 1.0}, {"id": "1", "name": "a", "epsilon": 2.0}]) == {
+        "a [0]": 1.0, "a [1]": 2.0}
+    assert [r["epsilon"] for r in client_epsilons(job / "run", None)] == [None, None]
+
+
+def _write_report(job, per_name, rows, eps_worst):
+    (job / "report.json").write_text(json.dumps({"epsilon": eps_worst, "delta": 1e-4, "clients": list(per_name),
+                                                 "epsilon_per_client": per_name, "client_epsilons": rows}))
+
+
+def _report_mismatches(job) -> dict:
+    # only report.json's claims (the run's own claims are tests/eval/test_audit_ledger.py's)
+    return {m["name"]: m for m in audit(job)["mismatches"] if m["name"].startswith(str(job / "report.json"))}
+
+
+def test_audit_checks_name_keyed_report(job):
+    res = audit(job)
+    eps, worst = res["epsilon_per_client"], res["epsilon"]
+    rows = client_epsilons(job / "run", eps)
+    _write_report(job, by_name(rows), rows, worst)
+    res = audit(job)
+    assert _report_mismatches(job) == {}
+    names = [r["name"] for r in res["checked"] if "report.json" in r["name"]]
+    assert len(names) == 1 + 2 + 2 + 1  # epsilon, client_epsilons × 2, epsilon_per_client × 2, delta
+    assert f"{job / 'report.json'}: epsilon_per_client[client-1]" in names
+    assert f"{job / 'report.json'}: client_epsilons[1] (client-1)" in names
+    # an edited figure under a client's name is caught, against that client's ledger ε
+    per_name = by_name(rows)
+    per_name["client-1"] += 0.25
+    _write_report(job, per_name, rows, worst)
+    got = _report_mismatches(job)
+    assert set(got) == {f"{job / 'report.json'}: epsilon_per_client[client-1]"}
+    assert got[f"{job / 'report.json'}: epsilon_per_client[client-1]"]["difference"] == pytest.approx(0.25)
+    # a name that is no client of the run, and an edited id row, are mismatches too
+    rows[0]["epsilon"] = 0.0
+    _write_report(job, {**by_name(client_epsilons(job / "run", eps)), "client-9": 1.0}, rows, worst)
+    got = _report_mismatches(job)
+    assert set(got) == {f"{job / 'report.json'}: epsilon_per_client[client-9]",
+                        f"{job / 'report.json'}: client_epsilons[0] (client-0)"}
+    assert "not in client_epsilons" in got[f"{job / 'report.json'}: epsilon_per_client[client-9]"]["reason"]
