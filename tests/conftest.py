@@ -42,7 +42,9 @@ def tiny_dinov2_dir(tmp_path_factory) -> Path:
 
 
 #: The small DP run that the audit tests share (σ = 1, 2 rounds × 2 steps, 2 iid clients).
-AUDIT_SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
+# (without the DP class statistics, so the audit's arithmetic is that of the DP-SGD steps alone;
+# tests/federated/test_class_stats.py audits a run with them)
+AUDIT_SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8, "class_bias": False}
 AUDIT_CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
                  model=AUDIT_SMALL)
 

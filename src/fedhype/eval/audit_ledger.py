@@ -7,9 +7,11 @@ claims checked:
 
 * ``model.safetensors`` metadata ``epsilon`` (and ``delta``, ``private``);
 * ``metrics.json``, every round r: ``epsilon`` and ``epsilon_per_client`` against the ledger
-  truncated to the events with ``0 ≤ round ≤ r`` — the last round against the full ledger;
-* ``report.json``, if present: ``epsilon``, ``epsilon_per_client`` and ``delta`` — in the run
-  directory, or the job's one when the run is the ``run/`` folder of a ``fedhype run`` output;
+  truncated to the events with ``0 ≤ round ≤ r`` plus the DP class statistics released before
+  round 0 — the last round against the full ledger;
+* ``report.json``, if present: ``epsilon``, ``client_epsilons`` (by ledger id),
+  ``epsilon_per_client`` (by client name) and ``delta`` — in the run directory, or the job's one
+  when the run is the ``run/`` folder of a ``fedhype run`` output;
 * synthetic stores given by the caller (and a job's ``synthetic.safetensors``): their
   ``meta["epsilon"]`` and ``meta["delta"]``.
 
@@ -30,6 +32,7 @@ from typing import Any
 
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError
+from fedhype.federated.class_stats import MECHANISM as CLASS_STATS
 from fedhype.federated.rundir import RunDir, load_model
 from fedhype.io import read_json
 from fedhype.privacy.ledger import PrivacyLedger, audit_consistency
@@ -39,10 +42,11 @@ from fedhype.privacy.ledger import PrivacyLedger, audit_consistency
 CROSS_CHECK_SLACK = 0.05
 
 
+
 def _truncated(ledger: PrivacyLedger, last_round: int) -> PrivacyLedger:
     out = PrivacyLedger(ledger.delta, ledger.meta)
-    for e in ledger.events:
-        if 0 <= e.round <= last_round:
+    for e in ledger.events:  # the class statistics (round −1) are released before round 0
+        if 0 <= e.round <= last_round or e.mechanism == CLASS_STATS:
             out.record(e)
     return out
 
@@ -185,14 +189,38 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                 rows.append(_check(lg, f"metrics.json: round {r} epsilon_per_client[{c}]", str(c), e, tol))
         if report is not None:
             rows.append(_check(ledger, f"{report_path}: epsilon", "worst", report.get("epsilon"), tol))
-            for c, e in (report.get("epsilon_per_client") or {}).items():
-                rows.append(_check(ledger, f"{report_path}: epsilon_per_client[{c}]", str(c), e, tol))
+            rows += _report_client_rows(ledger, report, str(report_path), tol)
             if "delta" in report:
                 rows.append(_equal(f"{report_path}: delta", report.get("delta"), ledger.delta))
         for path, s in stores:
             rows.append(_check(ledger, f"synthetic {path}: meta.epsilon", "worst", s.meta.get("epsilon"), tol))
             rows.append(_equal(f"synthetic {path}: meta.delta", s.meta.get("delta"), ledger.delta))
     return _finish(res, rows)
+
+
+def _report_client_rows(ledger: PrivacyLedger, report: dict, where: str, tol: float) -> list[dict[str, Any]]:
+    """report.json's per-client ε claims as checked rows.
+
+    ``client_epsilons`` (``[{"id", "name", "epsilon"}]``) is checked by ledger id, and
+    ``epsilon_per_client`` (client name → ε) through the names it lists; a report without
+    ``client_epsilons`` (written before names were used) keys ``epsilon_per_client`` by ledger id.
+    """
+    listed = report.get("client_epsilons")
+    if not isinstance(listed, list):
+        return [_check(ledger, f"{where}: epsilon_per_client[{c}]", str(c), e, tol)
+                for c, e in (report.get("epsilon_per_client") or {}).items()]
+    rows, ids = [], {}
+    for item in listed:
+        cid, name = str(item.get("id")), str(item.get("name"))
+        ids[name] = ids[f"{name} [{cid}]"] = cid
+        rows.append(_check(ledger, f"{where}: client_epsilons[{cid}] ({name})", cid, item.get("epsilon"), tol))
+    for name, e in (report.get("epsilon_per_client") or {}).items():
+        if name in ids:
+            rows.append(_check(ledger, f"{where}: epsilon_per_client[{name}]", ids[name], e, tol))
+        else:
+            rows.append({"name": f"{where}: epsilon_per_client[{name}]", "claimed": e, "recomputed": None,
+                         "difference": None, "ok": False, "reason": f"client {name!r} is not in client_epsilons"})
+    return rows
 
 
 def _finish(res: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:

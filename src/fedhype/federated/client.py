@@ -18,7 +18,7 @@ from fedhype.io import atomic_save_tensors, load_tensors
 from fedhype.models.config import ModelConfig
 from fedhype.models.cvae import init_local_encoder, to_model_space
 from fedhype.models.losses import batch_elbo, make_batch_loss, make_per_example_loss, make_public_grad
-from fedhype.privacy.dp_step import DPConfig, LocalDPSession, PrivatizedUpdate, poisson_batch
+from fedhype.privacy.dp_step import DPConfig, LocalDPSession, PrivatizedUpdate, poisson_batch, privatize_class_sums
 
 
 def _entropy_seed() -> int:
@@ -41,10 +41,27 @@ class Client:
                  seed: int | None):
         self.id = str(client_id)
         self.index = index
-        self.x = to_model_space(x.to(torch.float32))
+        self._raw = x.to(torch.float32)
+        self.space = None  # (m, s) of the model space, set by set_space once the DP statistics are in
+        self.x = to_model_space(self._raw)
         self.labels = labels.to(torch.int64)
         self.state_dir = Path(state_dir)
         self.seed = seed
+
+    def set_space(self, space) -> None:
+        """Use the model space ``(m [D], s [])`` (public DP outputs) for this client's records."""
+        self.space = (space[0].detach().clone(), space[1].detach().clone())
+        self.x = to_model_space(self._raw, self.space)
+
+    def release_class_stats(self, n_classes: int, dp: DPConfig) -> PrivatizedUpdate:
+        """The client's per-class sums and counts through the Gaussian mechanism (one release).
+
+        The noise generator is seeded from the run seed (reproducible, not secure) or from OS
+        entropy, separately from the DP-SGD noise.
+        """
+        gen = torch.Generator().manual_seed(
+            _entropy_seed() if self.seed is None else (self.seed * 5_555_557 + self.index + 17) & ((1 << 63) - 1))
+        return privatize_class_sums(self.id, self._raw, self.labels, n_classes, dp, gen)
 
     @property
     def n(self) -> int:
@@ -128,7 +145,7 @@ class Client:
         """Held-out (validation) ELBO terms of this client's model — NOT covered by DP."""
         state = self.load_state(round_idx, cfg)
         gen = torch.Generator().manual_seed(1234)
-        return batch_elbo(theta, state["psi"], to_model_space(x_val), y_val, cfg, gen)
+        return batch_elbo(theta, state["psi"], to_model_space(x_val, self.space), y_val, cfg, gen)
 
 
 def _restore_adam(opt: torch.optim.Optimizer, flat: dict[str, torch.Tensor]) -> None:

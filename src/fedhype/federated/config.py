@@ -14,11 +14,17 @@ from fedhype.models.config import ModelConfig
 #: Lipschitz term — the hypernetwork then has no heads and the codes are unused.
 METHOD_PRESETS: dict[str, dict] = {
     "fedhypevae": {},
-    "dp-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0},
+    "dp-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0, "class_bias": False},
+    "no-class-stats": {"class_bias": False},
     "no-mmd": {"lambda_mmd": 0.0},
     "no-lipschitz": {"lambda_lip": 0.0},
     "fixed-prior": {"prior": "standard"},
     "shared-decoder": {"decoder": "shared"},
+    # no federation (fedhype.federated.baselines): the predecessor's CVAE (with the DP class
+    # statistics, unlike dp-cvae) trained by each client alone, or on the pooled training records of
+    # every client (one client; the upper bound with --no-dp)
+    "local-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0},
+    "central-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0},
 }
 METHODS = tuple(METHOD_PRESETS)
 
@@ -42,6 +48,12 @@ class TrainConfig:
         delta: δ.
         noise_multiplier: σ set directly (then ε is whatever the accountant says).
         clip_norm: C.
+        class_stats_share: share of the target ε that the DP class statistics released before
+            round 0 may cost on their own (their σ is calibrated for it; the DP-SGD σ is then
+            calibrated so that both compose to the target). Used when ``model.class_bias``.
+        class_stats_noise_multiplier: σ of that release set directly (default with an explicit
+            ``noise_multiplier``: calibrated so the release alone costs ``class_stats_share`` × the
+            DP-SGD steps' own ε).
         no_dp: explicit non-private run (no clipping, no noise; outputs marked non-private).
         max_epsilon: refuse (exit 3) before a round that would take any client over this ε.
         seed: reproducible run (recorded as "not secure"); None = noise seeded from OS entropy.
@@ -63,6 +75,8 @@ class TrainConfig:
     delta: float = 1e-4
     noise_multiplier: float | None = None
     clip_norm: float = 1.5
+    class_stats_share: float = 0.5
+    class_stats_noise_multiplier: float | None = None
     no_dp: bool = False
     max_epsilon: float | None = None
     seed: int | None = None
@@ -85,6 +99,10 @@ class TrainConfig:
             raise ValidationError(f"train.delta must be in (0, 1), got {self.delta}")
         if not (self.clip_norm > 0):
             raise ValidationError(f"train.clip_norm must be > 0, got {self.clip_norm}")
+        if not (0 < self.class_stats_share < 1):
+            raise ValidationError(f"train.class_stats_share must be in (0, 1), got {self.class_stats_share}")
+        if self.class_stats_noise_multiplier is not None and not (self.class_stats_noise_multiplier > 0):
+            raise ValidationError(f"train.class_stats_noise_multiplier must be > 0, got {self.class_stats_noise_multiplier}")
         if self.method not in METHODS:
             raise ValidationError(f"train.method must be one of {METHODS}, got {self.method!r}")
         if not self.no_dp:

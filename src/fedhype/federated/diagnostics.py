@@ -29,7 +29,7 @@ def round_diagnostics(server, clients, val, round_next: int, cfg: ModelConfig) -
         d = c.diagnostics(theta, round_next, cfg, xv, yv)
         gen = torch.Generator().manual_seed(4321)
         with torch.no_grad():
-            xs = sample(theta, yv, cfg, gen)
+            xs = sample(theta, yv, cfg, gen, space=c.space)
         out["val_neg_elbo"] += d["neg_elbo"]
         out["val_recon"] += d["recon"]
         out["val_kl"] += d["kl"]

@@ -6,6 +6,11 @@ DP-SGD steps from θ_i = h_Φ(c_i), hand the server only PrivatizedUpdates, aggr
 a checkpoint. An interrupted run resumes from its last commit; with a seed the resumed run is
 identical to an uninterrupted one and the ledger counts each step once, without a seed the
 interrupted round's spend stays in the ledger and the rerun is charged again.
+
+The round logic is :func:`run_federation`, shared by every deployment: it reaches the clients
+only through a :class:`~fedhype.federated.transport.ClientTransport` — in process for
+``train`` (:class:`~fedhype.federated.transport.InProcessTransport`), one Flower SuperNode per
+client for :mod:`fedhype.federated.flower` — which hands out RoundTasks and returns PrivatizedUpdates.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ import torch
 from fedhype.data.partition import Partition
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import BudgetExceededError, ValidationError
+from fedhype.federated.baselines import make_server, training_partition
+from fedhype.federated.class_stats import client_space, run_class_stats_stage
 from fedhype.federated.client import Client
 from fedhype.federated.config import TrainConfig
-from fedhype.federated.diagnostics import round_diagnostics
 from fedhype.federated.rundir import RunDir, save_model
 from fedhype.federated.server import Server
+from fedhype.federated.transport import ClientTransport, InProcessTransport, RoundTask
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
-from fedhype.privacy.accountant import calibrate_noise_plan, check_delta, epsilon
+from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon
 from fedhype.privacy.dp_step import DPConfig
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
 
@@ -41,26 +48,56 @@ def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
     Opacus-PRV ε at δ after ``rounds × K_i`` steps is ≤ target (the worst client binds).
     """
     plan = [(cfg.sample_rate(n), cfg.rounds * cfg.steps_per_round(n)) for n in sizes]
+    stats = bool(cfg.model_config(1, 1).class_bias)
     if cfg.no_dp:
-        return {"noise_multiplier": None, "plan": plan, "calibrated": False}
+        return {"noise_multiplier": None, "plan": plan, "calibrated": False, "class_stats_noise_multiplier": None,
+                "prefix": []}
     if cfg.noise_multiplier is not None:
-        return {"noise_multiplier": float(cfg.noise_multiplier), "plan": plan, "calibrated": False}
-    sigma = calibrate_noise_plan(cfg.epsilon, cfg.delta, plan)
-    return {"noise_multiplier": float(sigma), "plan": plan, "calibrated": True}
+        s0 = None
+        if stats:  # default: the release costs class_stats_share × the DP-SGD plan's own worst ε
+            s0 = cfg.class_stats_noise_multiplier
+            if s0 is None:
+                eps_sgd = max(epsilon([(float(cfg.noise_multiplier), q, t)], cfg.delta) for q, t in plan)
+                s0 = calibrate_noise(cfg.class_stats_share * eps_sgd, cfg.delta, 1.0, 1) if math.isfinite(eps_sgd) else 1.0
+        return {"noise_multiplier": float(cfg.noise_multiplier), "plan": plan, "calibrated": False,
+                "class_stats_noise_multiplier": s0, "prefix": [(s0, 1.0, 1)] if stats else []}
+    s0 = None
+    if stats:  # the class statistics: one un-subsampled Gaussian release, calibrated to its share of ε
+        s0 = cfg.class_stats_noise_multiplier or calibrate_noise(cfg.class_stats_share * cfg.epsilon, cfg.delta, 1.0, 1)
+    prefix = [(float(s0), 1.0, 1)] if stats else []
+    sigma = calibrate_noise_plan(cfg.epsilon, cfg.delta, plan, prefix=prefix)
+    return {"noise_multiplier": float(sigma), "plan": plan, "calibrated": True, "class_stats_noise_multiplier": s0,
+            "prefix": prefix}
+
+
+def check_client_sizes(partition: Partition, cfg: TrainConfig) -> None:
+    """Refuse a client below ``cfg.min_records`` training records or with δ ≥ 1/n_i (public sizes).
+
+    Raises:
+        ValidationError: naming the client.
+    """
+    for c in partition.clients:
+        n = len(c.train)
+        if n < cfg.min_records:
+            raise ValidationError(f"client {c.name!r} has {n} training records (< min_records={cfg.min_records}); "
+                                  "re-partition with fewer clients")
+        if not cfg.no_dp:
+            check_delta(cfg.delta, n, where=f"client {c.name!r}")
+
+
+def build_client(store: EmbeddingStore, partition: Partition, index: int, state_dir: str | Path,
+                 seed: int | None) -> Client:
+    """Client ``index`` of ``partition`` with its training rows of ``store`` — in this process, or on
+    the client's own machine (:mod:`fedhype.federated.flower.node`)."""
+    c = partition.clients[index]
+    tr = partition.client_store(store, c.id, "train")
+    return Client(str(c.id), index, tr.embeddings, tr.labels, Path(state_dir), seed)
 
 
 def _build_clients(store: EmbeddingStore, partition: Partition, run: RunDir, cfg: TrainConfig):
-    clients, val = [], []
-    for i, c in enumerate(partition.clients):
-        tr = partition.client_store(store, c.id, "train")
-        va = partition.client_store(store, c.id, "val")
-        if len(tr) < cfg.min_records:
-            raise ValidationError(f"client {c.name!r} has {len(tr)} training records (< min_records={cfg.min_records}); "
-                                  "re-partition with fewer clients")
-        if not cfg.no_dp:
-            check_delta(cfg.delta, len(tr), where=f"client {c.name!r}")
-        clients.append(Client(str(c.id), i, tr.embeddings, tr.labels, run.client_dir(c.id), cfg.seed))
-        val.append((va.embeddings, va.labels))
+    check_client_sizes(partition, cfg)
+    clients = [build_client(store, partition, i, run.client_dir(c.id), cfg.seed) for i, c in enumerate(partition.clients)]
+    val = [(va.embeddings, va.labels) for va in (partition.client_store(store, c.id, "val") for c in partition.clients)]
     return clients, val
 
 
@@ -87,13 +124,47 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
         BudgetExceededError: the plan or the next round would exceed ``cfg.max_epsilon``.
         ArtifactError: mismatched partition/store or corrupt checkpoint.
     """
+    partition = training_partition(partition, cfg.method)  # central-cvae: one client with every record
     partition.check_store(store)
+
+    def connect(run: RunDir) -> InProcessTransport:
+        clients, val = _build_clients(store, partition, run, cfg)
+        return InProcessTransport(clients, val if diagnostics else None)
+
+    return run_federation(partition, cfg, out, store_info=describe_store(store), n_classes=store.n_classes,
+                          connect=connect, resume=resume, progress=progress, stop_after=stop_after)
+
+
+def describe_store(store: EmbeddingStore) -> dict[str, Any]:
+    """The store's public description kept in the run's config: digest, size, dim, encoder."""
+    return {"digest": store.digest(), "n": len(store), "dim": store.dim, "encoder": store.meta.get("encoder")}
+
+
+def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, store_info: dict[str, Any],
+                   n_classes: int, connect: Callable[[RunDir], ClientTransport], resume: bool = False,
+                   progress: Callable[[dict], None] | None = None, stop_after: int | None = None) -> dict[str, Any]:
+    """The round logic of every deployment (:func:`train` in process, the Flower ServerApp across machines).
+
+    Resolves and checks the run's configuration, writes it, then asks ``connect(run)`` for the
+    transport to the clients and runs the rounds as described in the module docstring; the run
+    directory is written here only.
+
+    Args:
+        partition: clients → sample ids (public); its sizes are the clients' public n_i.
+        cfg, out, resume, progress, stop_after: as for :func:`train`.
+        store_info: :func:`describe_store` of the clients' store (public: digest, n, dim, encoder).
+        n_classes: K.
+        connect: ``connect(run) -> ClientTransport``, called once the run's config is written.
+
+    Returns and raises as :func:`train` (and whatever the transport raises when a client fails:
+    the round is then not aggregated and nothing of it is committed).
+    """
     run = RunDir(out)
     sizes = [len(c.train) for c in partition.clients]
-    mcfg = cfg.model_config(store.dim, store.n_classes)
+    mcfg = cfg.model_config(store_info["dim"], n_classes)
     privacy = plan_privacy(cfg, sizes)
     resolved = {"train": cfg.to_dict(), "model": mcfg.to_dict(), "privacy_plan": privacy,
-                "store": {"digest": store.digest(), "n": len(store), "dim": store.dim, "encoder": store.meta.get("encoder")},
+                "store": dict(store_info),
                 "partition": {"scheme": partition.scheme, "clients": [c.name for c in partition.clients]},
                 "seed_note": "not secure: reproducible noise" if cfg.seed is not None else "noise seeded from OS entropy"}
     done = run.committed_round()
@@ -112,16 +183,18 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
         done = 0
     sigma = privacy["noise_multiplier"]
     if cfg.max_epsilon is not None and not cfg.no_dp:
-        worst_plan = max(epsilon([(sigma, q, s)], cfg.delta) for q, s in privacy["plan"])
+        worst_plan = max(epsilon(privacy["prefix"] + [(sigma, q, s)], cfg.delta) for q, s in privacy["plan"])
         if worst_plan > cfg.max_epsilon:
             raise BudgetExceededError(
                 f"the planned run would reach ε = {worst_plan:.4g} > --max-epsilon {cfg.max_epsilon} (δ = {cfg.delta}); "
                 "nothing was trained", epsilon=worst_plan, limit=cfg.max_epsilon)
     atomic_write_json(run.config, resolved)
 
-    clients, val = _build_clients(store, partition, run, cfg)
+    transport = connect(run)
+    clients = transport.clients
     gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else 0)
-    server = Server(mcfg, len(clients), gen, lr_server=cfg.lr_server, lr_hyper=cfg.lr_hyper, lr_code=cfg.lr_code)
+    server = make_server(mcfg, len(clients), gen, cfg.method,  # local-cvae: one server per client
+                         lr_server=cfg.lr_server, lr_hyper=cfg.lr_hyper, lr_code=cfg.lr_code)
     ledger = PrivacyLedger.load(run.ledger) if (done > 0 or run.ledger.exists()) else PrivacyLedger(
         cfg.delta, meta={"run": str(run.root), "method": cfg.method})
     metrics: list[dict] = read_json(run.metrics, "metrics") if (done > 0 and run.metrics.exists()) else []
@@ -129,6 +202,13 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
     if done > 0:
         server.load_state_tensors(load_tensors(run.server_ckpt(done), what="server checkpoint"))
     dp = DPConfig(sigma, cfg.clip_norm, enabled=not cfg.no_dp)
+    if mcfg.class_bias:  # DP class statistics → model space and class bias (fedhype.federated.class_stats)
+        if done == 0:
+            dp_stats = DPConfig(privacy["class_stats_noise_multiplier"], math.sqrt(2.0), enabled=not cfg.no_dp)
+            run_class_stats_stage(clients, server, mcfg.n_classes, dp_stats, ledger, run.ledger,
+                                  seeded=all(transport.replays_noise(i) for i in range(len(clients))), already=_already, rerun=_rerun)
+        for i, c in enumerate(clients):
+            c.set_space(client_space(server, i))
     weights = [float(n) for n in sizes]  # public client sizes
     ran = 0
     for r in range(done, cfg.rounds):
@@ -138,10 +218,11 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
         k = max(1, round(cfg.participation * len(clients)))
         chosen = sorted(torch.randperm(len(clients), generator=gen)[:k].tolist()) if k < len(clients) else list(range(len(clients)))
         if not cfg.no_dp:
-            planned = [LedgerEvent(client=clients[i].id, round=r, mechanism=MECHANISM, noise_multiplier=sigma,
-                                   sample_rate=cfg.sample_rate(clients[i].n), steps=cfg.steps_per_round(clients[i].n),
-                                   clip_norm=cfg.clip_norm) for i in chosen]
-            planned = [e for e in planned if not (cfg.seed is not None and _already(ledger, e))]
+            planned = [(i, LedgerEvent(client=clients[i].id, round=r, mechanism=MECHANISM, noise_multiplier=sigma,
+                                       sample_rate=cfg.sample_rate(clients[i].n), steps=cfg.steps_per_round(clients[i].n),
+                                       clip_norm=cfg.clip_norm)) for i in chosen]
+            # a rerun that replays the same (seeded) noise releases nothing new: not charged again
+            planned = [e for i, e in planned if not (transport.replays_noise(i) and _already(ledger, e))]
             if cfg.max_epsilon is not None:
                 over = ledger.would_exceed(planned, cfg.max_epsilon)
                 if over:
@@ -152,26 +233,24 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
             for e in planned:  # write-ahead: recorded before the data is touched
                 ledger.record(e if not _already(ledger, e) else _rerun(e))
             ledger.save(run.ledger)
-        for i in chosen:
-            c = clients[i]
-            upd = c.run_round(r, server.theta_for(i), mcfg, dp, batch_size=cfg.batch_size,
-                              steps=cfg.steps_per_round(c.n), lr=cfg.lr_local)
-            server.accept(i, weights[i], upd)
-        for i in set(range(len(clients))) - set(chosen):  # carry private state forward unchanged
-            _carry_state(clients[i], r)
+        tasks = [RoundTask(round=r, index=i, client=clients[i].id, theta=server.theta_for(i), model=mcfg, dp=dp,
+                           batch_size=cfg.batch_size, steps=cfg.steps_per_round(clients[i].n), lr=cfg.lr_local)
+                 for i in chosen]
+        for t, upd in zip(tasks, transport.run_round(r, tasks), strict=True):  # PrivatizedUpdates only
+            server.accept(t.index, weights[t.index], upd)
         agg = server.aggregate()
         atomic_save_tensors(run.server_ckpt(r + 1), server.state_tensors())
         eps = _epsilons(ledger, cfg)
         m = {"round": r, "participants": [clients[i].id for i in chosen], "seconds": time.perf_counter() - t0,
              "epsilon": max(eps.values()) if eps else None, "epsilon_per_client": eps, "lipschitz": agg.get("lipschitz")}
-        if diagnostics:
-            m["diagnostics_not_dp"] = round_diagnostics(server, clients, val, r + 1, mcfg)
+        diag = transport.diagnostics(server, r + 1, mcfg)
+        if diag is not None:
+            m["diagnostics_not_dp"] = diag
         metrics.append(m)
         atomic_write_json(run.metrics, metrics)
         _write_model(run, server, clients, sizes, cfg, ledger, partition)
         run.commit(r + 1)
-        for c in clients:
-            c.drop_state_before(r + 1)
+        transport.after_commit(r + 1)
         ran += 1
         if progress:
             progress(m)
@@ -179,6 +258,7 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
     return {"run_dir": str(run.root), "epsilon": (max(eps.values()) if eps else None) if not cfg.no_dp else None,
             "delta": cfg.delta, "rounds": run.committed_round(), "rounds_planned": cfg.rounds,
             "clients": [c.id for c in clients], "noise_multiplier": sigma, "private": not cfg.no_dp,
+            "class_stats_noise_multiplier": privacy["class_stats_noise_multiplier"],
             "epsilon_per_client": eps, "clip_norm": cfg.clip_norm, "seed": cfg.seed,
             "seed_secure": cfg.seed is None, "traffic": server.hnet.traffic(), "complete": run.committed_round() >= cfg.rounds}
 
@@ -203,12 +283,6 @@ def _epsilons(ledger: PrivacyLedger, cfg: TrainConfig) -> dict[str, float]:
     if cfg.no_dp:
         return {}
     return ledger.epsilons()
-
-
-def _carry_state(client: Client, r: int) -> None:
-    src = client.state_dir / f"state-r{r}.safetensors"
-    if src.exists():
-        atomic_save_tensors(client.state_dir / f"state-r{r + 1}.safetensors", load_tensors(src))
 
 
 def _write_model(run: RunDir, server: Server, clients: list[Client], sizes: list[int], cfg: TrainConfig,

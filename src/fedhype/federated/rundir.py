@@ -6,6 +6,7 @@ Layout::
       config.json          resolved configuration (train, model, data, privacy plan)
       model.safetensors    Φ and the DP client codes (+ JSON metadata: model config, client ids,
                            public client sizes, ε, δ, private flag) — what synthesis reads
+                           (local-cvae: one Φ_i per client as ``hnet.models.<i>.*``)
       ledger.json          the privacy ledger (every mechanism event; ε recomputed from it)
       metrics.json         per-round metrics (ε so far; held-out diagnostics marked non-DP)
       checkpoint.json      commit point: the last completed round
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from fedhype.errors import ArtifactError
+from fedhype.federated.baselines import is_local, load_local_models
 from fedhype.io import atomic_save_tensors, atomic_write_json, load_tensors, read_json
 from fedhype.models.config import ModelConfig
 from fedhype.models.hypernet import HyperNetwork
@@ -72,6 +74,9 @@ def save_model(path: Path, hnet: HyperNetwork, codes: torch.Tensor, meta: dict) 
 def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
     """Read a trained model: (h_Φ, codes float32 [n_clients, code_dim], metadata).
 
+    For a ``local-cvae`` run h is a :class:`~fedhype.federated.baselines.LocalModels` (one model
+    per client; ``h(codes[i])`` is client i's θ_i, any other code raises ValidationError).
+
     Raises:
         ArtifactError: missing/corrupt file or wrong format.
     """
@@ -90,7 +95,10 @@ def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
     if meta.get("format") != MODEL_FORMAT:
         raise ArtifactError(f"model {path}: not a fedhype model (format {meta.get('format')!r})")
     cfg = ModelConfig(**{**meta["model"], "mmd_bandwidths": tuple(meta["model"]["mmd_bandwidths"])})
-    hnet = HyperNetwork(cfg, torch.Generator().manual_seed(0))
+    if is_local(meta):  # local-cvae: one model per client, keyed by its code (fedhype.federated.baselines)
+        hnet = load_local_models(cfg, len(meta["clients"]), t["codes"])
+    else:
+        hnet = HyperNetwork(cfg, torch.Generator().manual_seed(0))
     try:
         hnet.load_state_dict({k[5:]: v for k, v in t.items() if k.startswith("hnet.")})
     except RuntimeError as exc:

@@ -32,6 +32,11 @@ class ModelConfig:
         mmd_samples: synthetic samples per real example for the MMD cross term.
         mmd_bandwidths: RBF bandwidths on the unit sphere (data-independent: no median heuristic
             on private data, method.md decision 5).
+        likelihood: ``"learned"`` per-dimension σ_x of the Gaussian likelihood, or ``"fixed"`` σ_x = 1.
+        class_bias: a class-dependent output bias ``dec.cb`` [K, D] on the decoder, initialised
+            from DP class means released before training, and a model space centred on the DP
+            mean (:func:`fedhype.privacy.dp_step.privatize_class_sums`; ours, see
+            :mod:`fedhype.federated.class_stats`). ``False``: the predecessor's un-centred space.
     """
 
     dim: int
@@ -48,6 +53,7 @@ class ModelConfig:
     mmd_samples: int = 4
     mmd_bandwidths: tuple[float, ...] = (0.5, 1.0, 2.0)
     likelihood: str = "learned"
+    class_bias: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_classes", "latent", "hidden", "code_dim", "hyper_hidden"):

@@ -22,13 +22,26 @@ from fedhype.models.hypernet import _linear_init
 Params = dict[str, torch.Tensor]
 
 
-def to_model_space(x: torch.Tensor) -> torch.Tensor:
-    """``√D · x / ‖x‖`` for float32 ``x`` [..., D] (a fixed, data-independent transform)."""
-    return F.normalize(x, dim=-1) * math.sqrt(x.shape[-1])
+Space = tuple[torch.Tensor, torch.Tensor]
 
 
-def to_output_space(x: torch.Tensor) -> torch.Tensor:
-    """Unit-norm embeddings ``x / ‖x‖`` [..., D] — the space synthetic stores are written in."""
+def to_model_space(x: torch.Tensor, space: Space | None = None) -> torch.Tensor:
+    """``(x/‖x‖ − m) / s`` for float32 ``x`` [..., D].
+
+    ``space = (m [D], s [])`` comes from DP class statistics (:mod:`fedhype.federated.class_stats`);
+    without it, m = 0 and s = 1/√D: the fixed transform ``√D · x / ‖x‖``.
+    """
+    u = F.normalize(x, dim=-1)
+    if space is None:
+        return u * math.sqrt(x.shape[-1])
+    return (u - space[0]) / space[1]
+
+
+def to_output_space(x: torch.Tensor, space: Space | None = None) -> torch.Tensor:
+    """Back from model space to unit-norm embeddings ``y / ‖y‖``, ``y = m + s·x̃`` [..., D] — the
+    space synthetic stores are written in."""
+    if space is not None:
+        x = space[0] + space[1] * x
     return F.normalize(x, dim=-1)
 
 
@@ -77,7 +90,10 @@ def decode(theta: Params, z: torch.Tensor, y1h: torch.Tensor, tape=None, prefix:
                 h = tape.film(prefix + "film.gamma", prefix + "film.beta", i - 1, h,
                               theta["film.gamma"][i - 1], theta["film.beta"][i - 1])
         h = F.silu(h)
-    return _linear(theta, "dec.wo", "dec.bo", h, tape, prefix)
+    out = _linear(theta, "dec.wo", "dec.bo", h, tape, prefix)
+    if "dec.cb" in theta:  # class output bias (ours): out += onehot(y) @ cb
+        out = out + (y1h @ theta["dec.cb"] if tape is None else tape.matmul(prefix + "dec.cb", y1h, theta["dec.cb"]))
+    return out
 
 
 def prior(theta: Params, y1h: torch.Tensor, latent: int, tape=None, prefix: str = "shared.") -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,11 +108,11 @@ def prior(theta: Params, y1h: torch.Tensor, latent: int, tape=None, prefix: str 
 
 
 def sample(theta: Params, labels: torch.Tensor, cfg: ModelConfig, generator: torch.Generator,
-           temperature: float = 1.0) -> torch.Tensor:
+           temperature: float = 1.0, space: Space | None = None) -> torch.Tensor:
     """Draw synthetic embeddings: z ~ prior(y), x ~ N(decode(z, y), diag σ_x²), mapped to the unit sphere.
 
     Args:
-        labels: int64 [N]. Returns float32 [N, D], unit norm.
+        labels: int64 [N]. space: the model space (:func:`to_model_space`). Returns float32 [N, D], unit norm.
     """
     y1h = F.one_hot(labels, cfg.n_classes).to(torch.float32)
     mu, lv = prior(theta, y1h, cfg.latent)
@@ -105,4 +121,4 @@ def sample(theta: Params, labels: torch.Tensor, cfg: ModelConfig, generator: tor
     x = decode(theta, z, y1h)
     if "dec.logsx" in theta:
         x = x + temperature * torch.exp(theta["dec.logsx"]) * torch.randn(x.shape, generator=generator, device=x.device)
-    return to_output_space(x)
+    return to_output_space(x, space)

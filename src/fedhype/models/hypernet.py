@@ -42,7 +42,8 @@ class HyperNetwork(nn.Module):
 
     * ``dec.w1`` [hidden, L+K], ``dec.b1`` [hidden], ``dec.w2``/``dec.w3`` [hidden, hidden],
       ``dec.b2``/``dec.b3`` [hidden], ``dec.wo`` [D, hidden], ``dec.bo`` [D] (base decoder),
-      ``dec.logsx`` [D] (log σ_x of the Gaussian likelihood, model space)
+      ``dec.logsx`` [D] (log σ_x of the Gaussian likelihood, model space), ``dec.cb`` [K, D] (class
+      output bias, only when ``cfg.class_bias``)
     * ``film.gamma``, ``film.beta`` [3, hidden] (only when ``cfg.decoder == "film"``)
     * ``prior.mu``, ``prior.logvar`` [K, L] (only when ``cfg.prior == "class"``)
     """
@@ -56,6 +57,12 @@ class HyperNetwork(nn.Module):
         for wn, bn, o, i in shapes:
             w, b = _linear_init(o, i, generator)
             self.base[wn], self.base[bn] = nn.Parameter(w), nn.Parameter(b)
+        if cfg.class_bias:  # class-conditional output bias, set from DP class means before round 0
+            self.base["cb"] = nn.Parameter(torch.zeros(K, D))
+        # model space x̃ = (x/‖x‖ − m) / s (buffers: DP outputs, saved with the model). The
+        # defaults m = 0, s = 1/√D give the fixed transform √D·x/‖x‖.
+        self.register_buffer("space_mean", torch.zeros(D))
+        self.register_buffer("space_scale", torch.tensor(1.0 / math.sqrt(D)))
         # per-dimension log std of the Gaussian likelihood p(x|z,y) = N(dec(z,y), diag σ_x²)
         if cfg.likelihood == "learned":
             self.base["logsx"] = nn.Parameter(torch.full((D,), -0.5))
@@ -76,6 +83,14 @@ class HyperNetwork(nn.Module):
             self.heads["mu_b"] = nn.Parameter(torch.randn(K * L, generator=generator) * 0.5)
             self.heads["lv_w"] = nn.Parameter(torch.zeros(K * L, hh))
             self.heads["lv_b"] = nn.Parameter(torch.zeros(K * L))
+
+    def space(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m float32 [D], s float32 []) of the model space x̃ = (x/‖x‖ − m)/s (public DP outputs)."""
+        return self.space_mean, self.space_scale
+
+    def space_for(self, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model space of the client with ``code`` (one space for all clients of a federation)."""
+        return self.space()
 
     def trunk_features(self, code: torch.Tensor) -> torch.Tensor:
         t = torch.relu(nn.functional.linear(code, self.trunk["t1_w"], self.trunk["t1_b"]))

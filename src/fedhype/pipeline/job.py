@@ -9,6 +9,8 @@ Output directory::
       run/                         the training run (model, ledger, metrics, checkpoints)
       synthetic.safetensors        synthetic embeddings (DP by post-processing)
       evaluation.json              fidelity and utility against held-out real test embeddings
+      dp_linear/                   [evaluate] dp_linear: the DP-SGD FedAvg linear classifier trained on
+                                   the clients' real embeddings (model + its own ledger: a separate release)
       report.json, report.md       the summary; plots/*.png
 
 Rerunning the same command after an interruption continues where it stopped: embeddings come
@@ -74,6 +76,26 @@ def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log) -> Partit
     return part
 
 
+def _check_synthesis_code(conf: dict) -> None:
+    from fedhype.federated.baselines import is_local
+
+    code = str(conf["synthesis"]["code"]).strip()
+    if is_local(conf["train"]["method"]) and (code == "neutral" or code.startswith("mix:")):
+        raise ValidationError(f"synthesis.code = {code!r} is not meaningful for train.method = \"local-cvae\" (each "
+                              "client trains its own model: there is no shared code space); set synthesis.code = "
+                              "\"mixture\" (all clients in proportion to their public sizes) or "
+                              "\"mixture:<client>=<w>,...\"")
+
+
+def dp_linear_config(conf: dict):
+    """The DP linear reference's settings: the job's ``[train]`` privacy settings and seed, module defaults otherwise."""
+    from fedhype.prototypes.dp_linear import DPLinearConfig
+
+    t = conf["train"]
+    return DPLinearConfig(epsilon=t["epsilon"], delta=t["delta"], noise_multiplier=t["noise_multiplier"],
+                          no_dp=bool(t["no_dp"]), max_epsilon=t["max_epsilon"], seed=t["seed"])
+
+
 def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Run (or resume) the whole job into ``out``; returns the report dict.
 
@@ -82,6 +104,7 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
         BudgetExceededError: the training plan would exceed ``train.max_epsilon``.
     """
     train_config(conf)  # validate every training setting before anything is written
+    _check_synthesis_code(conf)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
@@ -134,8 +157,16 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
         from fedhype.prototypes import prototypes_downstream
 
         ev["prototypes"] = prototypes_downstream(syn, test, real_train=train_split, seed=e["seed"])
-    atomic_write_json(out / "evaluation.json", ev)
     timings["evaluate_s"] = time.perf_counter() - t
+    if e.get("dp_linear"):
+        from fedhype.prototypes.dp_linear import dp_linear_downstream
+
+        t = time.perf_counter()
+        ev["dp_linear"] = dp_linear_downstream(store, part, dp_linear_config(conf), out=out / "dp_linear")
+        timings["dp_linear_s"] = time.perf_counter() - t
+        log(f"dp linear: accuracy {ev['dp_linear']['accuracy']:.3f} on real test embeddings "
+            f"(its own ε = {ev['dp_linear']['epsilon']})")
+    atomic_write_json(out / "evaluation.json", ev)
 
     from fedhype.pipeline.report import write_report
 

@@ -21,6 +21,30 @@ def _fmt(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
+def client_epsilons(run_dir: Path, epsilon_per_client: dict[str, float] | None) -> list[dict[str, Any]]:
+    """``[{"id", "name", "epsilon"}, ...]``: each trained client's ε, with its ledger id and its name.
+
+    Args:
+        run_dir: the run directory; ids and names come from its ``model.safetensors`` metadata
+            (the clients training ran over, in ledger-id order).
+        epsilon_per_client: ledger client id (``"0"``, ``"1"``, …) → ε, as the engine returns it
+            (None or empty for a ``--no-dp`` run: every ``epsilon`` is then None).
+    """
+    from fedhype.federated.rundir import load_model
+
+    _, _, meta = load_model(run_dir)
+    ids = [str(i) for i in meta["clients"]]
+    names = [str(n) for n in (meta.get("client_names") or ids)]
+    eps = epsilon_per_client or {}
+    return [{"id": i, "name": n, "epsilon": eps.get(i)} for i, n in zip(ids, names)]
+
+
+def by_name(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Client name → ε of :func:`client_epsilons` rows (``"name [id]"`` where names repeat)."""
+    names = [r["name"] for r in rows]
+    return {(r["name"] if names.count(r["name"]) == 1 else f"{r['name']} [{r['id']}]"): r["epsilon"] for r in rows}
+
+
 def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dict, timings: dict) -> dict[str, Any]:
     """Write report.json / report.md / plots; return the report dict."""
     from torch.nn import functional as F
@@ -34,11 +58,15 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
                     syn.labels.numpy(), store.class_names, plots / "projection.png")
     metrics = read_json(out / "run" / "metrics.json", "metrics")
     training_plot(metrics, plots / "training.png")
+    per_client = client_epsilons(out / "run", trained.get("epsilon_per_client"))
     report = {
         "epsilon": trained["epsilon"], "delta": trained["delta"], "private": trained["private"],
         "accountant": "prv", "noise_multiplier": trained["noise_multiplier"], "clip_norm": trained["clip_norm"],
+        "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
         "rounds": trained["rounds"], "clients": [c.name for c in part.clients],
-        "client_sizes": [len(c.train) for c in part.clients], "epsilon_per_client": trained["epsilon_per_client"],
+        "client_sizes": [len(c.train) for c in part.clients],
+        # ε per client keyed by client name (as in "clients"); "client_epsilons" keeps the ledger ids
+        "epsilon_per_client": by_name(per_client), "client_epsilons": per_client,
         "seed_secure": trained["seed_secure"],
         "mmd2": ev["mmd2"], "mmd2_p_value": ev["mmd2_p_value"], "fd": ev["fd"],
         "precision": ev["precision"], "recall": ev["recall"], "density": ev["density"], "coverage": ev["coverage"],
@@ -47,6 +75,8 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "interpolation_mean_accuracy": ev.get("interpolation", {}).get("mean_accuracy"),
         "interpolation_mean_lambda": ev.get("interpolation", {}).get("mean_lambda"),
         "prototypes": ev.get("prototypes"),
+        **_dp_linear_keys(ev.get("dp_linear")),
+        "method": conf["train"].get("method"),
         "n_real": len(store), "dim": store.dim, "encoder": store.meta.get("encoder"),
         "n_synthetic": len(syn), "code": syn.meta.get("code"),
         "timings_s": timings, "traffic": trained.get("traffic"),
@@ -59,18 +89,31 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     return report
 
 
+def _dp_linear_keys(d: dict | None) -> dict[str, Any]:
+    """``dp_fedavg_linear_*`` report keys (None when ``[evaluate] dp_linear`` is off): a separate release."""
+    keys = ("accuracy", "balanced_accuracy", "macro_f1", "epsilon", "delta", "private", "noise_multiplier")
+    out = {f"dp_fedavg_linear_{k}": (d or {}).get(k) for k in keys}
+    out["dp_fedavg_linear_per_client_accuracy"] = (
+        {name: row["accuracy"] for name, row in d["per_client"].items()} if d else None)
+    return out
+
+
 def _markdown(r: dict, ev: dict, conf: dict) -> str:
     target = conf["train"].get("epsilon")
     over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
             if r["private"] and target is not None and r["epsilon"] is not None and r["epsilon"] > target * (1 + 1e-9) else "")
     priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (Opacus PRV accountant, worst client, for the steps run; "
-            f"target {target}; σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}){over}") if r["private"] else \
+            f"target {target}; DP-SGD σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}"
+            + (f"; class statistics released once with σ = {_fmt(r['class_stats_noise_multiplier'])}, Δ = √2"
+               if r.get("class_stats_noise_multiplier") else "") + f"){over}") if r["private"] else \
         "**NON-PRIVATE run (--no-dp): no differential-privacy guarantee**"
+    eps_rows = [f"| {c['name']} | {c['id']} | {_fmt(c['epsilon'])} |" for c in r.get("client_epsilons") or []]
     lines = [
         "# fedhype report", "",
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
         "", f"Privacy: {priv}.", "",
+        *(["| client | ledger id | ε (PRV, at δ) |", "|---|---|---|", *eps_rows, ""] if r["private"] and eps_rows else []),
         "## Fidelity (synthetic vs held-out real test embeddings, L2-normalised)", "",
         "| MMD² | p-value | FD | precision | recall | density | coverage |", "|---|---|---|---|---|---|---|",
         "| " + " | ".join(_fmt(r[k]) for k in ("mmd2", "mmd2_p_value", "fd", "precision", "recall", "density", "coverage")) + " |",
@@ -88,6 +131,15 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
                   "| classifier | accuracy | balanced accuracy | macro-F1 |", "|---|---|---|---|",
                   f"| hyper-prototypes | {_fmt(p.get('hyperproto_accuracy'))} | {_fmt(p.get('hyperproto_balanced_accuracy'))} | {_fmt(p.get('hyperproto_macro_f1'))} |",
                   f"| linear probe | {_fmt(p.get('linear_probe_accuracy'))} | {_fmt(p.get('linear_probe_balanced_accuracy'))} | {_fmt(p.get('linear_probe_macro_f1'))} |"]
+    if r.get("dp_fedavg_linear_accuracy") is not None:
+        eps = (f"its own ε = {_fmt(r['dp_fedavg_linear_epsilon'])} at δ = {r['dp_fedavg_linear_delta']} (PRV, worst "
+               "client) — a separate release from the generator's ε above; a client in both spends both"
+               if r["dp_fedavg_linear_private"] else "NON-PRIVATE (--no-dp)")
+        lines += ["", "## Reference: DP-SGD FedAvg linear classifier on the clients' real embeddings", "",
+                  f"Trained directly on the real training records ({eps}); tested on the same held-out real set.", "",
+                  "| | accuracy | balanced accuracy | macro-F1 |", "|---|---|---|---|",
+                  f"| DP FedAvg logistic regression | {_fmt(r['dp_fedavg_linear_accuracy'])} | "
+                  f"{_fmt(r['dp_fedavg_linear_balanced_accuracy'])} | {_fmt(r['dp_fedavg_linear_macro_f1'])} |"]
     per = ev.get("per_domain") or {}
     if per:
         lines += ["", "## Per domain (TSTR / TRTR accuracy)", "", "| domain | TSTR | TRTR |", "|---|---|---|"]

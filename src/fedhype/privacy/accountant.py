@@ -283,8 +283,12 @@ def calibrate_noise(
     steps: int,
     accountant: str = "prv",
     rtol: float = 0.005,
+    prefix: History = (),
 ) -> float:
     """Smallest σ (up to ``rtol``) whose ε over ``steps`` steps at rate ``q`` is ≤ ``target_epsilon``.
+
+    ``prefix``: events already spent by the same records (e.g. the DP class statistics); the ε
+    checked is that of ``prefix + [(σ, q, steps)]`` composed.
 
     Bracketing starts from the σ calibrated on Opacus's RDP accountant (cheap, within 1 %) and is
     refined on ``accountant`` by bracketed secant steps on log ε vs log σ (Illinois rule). The
@@ -304,8 +308,13 @@ def calibrate_noise(
     if steps == 0:
         return 0.0
 
+    prefix = list(prefix)
+    if prefix and epsilon(prefix, delta, accountant) >= target:
+        raise ValidationError(f"the events already spent reach ε ≥ target_epsilon {target:g}; nothing is left for "
+                              "DP-SGD — raise the target or spend less on the earlier release")
+
     def f(sigma: float) -> float:
-        return epsilon([(sigma, q, steps)], delta, accountant)
+        return epsilon(prefix + [(sigma, q, steps)], delta, accountant)
 
     guess = _rdp_sigma(target, delta, q, steps)
     hi, lo = guess, guess
@@ -376,8 +385,11 @@ def calibrate_noise_plan(
     plan: list[tuple[float, int]],
     accountant: str = "prv",
     rtol: float = 0.005,
+    prefix: History = (),
 ) -> float:
     """Smallest common σ such that every client's ``(q_i, steps_i)`` has ε ≤ ``target_epsilon``.
+
+    ``prefix``: events every client has already spent (composed before each client's steps).
 
     ε grows as σ falls, so the common σ is the largest per-client calibrated σ: the worst client
     binds. Clients are tried in order of their RDP-calibrated σ (cheap) and the running σ is
@@ -401,10 +413,11 @@ def calibrate_noise_plan(
         return 0.0
     unique.sort(key=lambda p: _rdp_sigma(target_epsilon, delta, *p), reverse=True)
     sigma = 0.0
+    prefix = list(prefix)
     for q, steps in unique:
-        if sigma == 0.0 or epsilon([(sigma, q, steps)], delta, accountant) > target_epsilon:
-            sigma = max(sigma, calibrate_noise(target_epsilon, delta, q, steps, accountant, rtol))
+        if sigma == 0.0 or epsilon(prefix + [(sigma, q, steps)], delta, accountant) > target_epsilon:
+            sigma = max(sigma, calibrate_noise(target_epsilon, delta, q, steps, accountant, rtol, prefix))
     # ε falls as σ grows, so earlier clients still hold; verify anyway (a discretised bound may wobble)
-    while any(epsilon([(sigma, q, t)], delta, accountant) > target_epsilon for q, t in unique):
+    while any(epsilon(prefix + [(sigma, q, t)], delta, accountant) > target_epsilon for q, t in unique):
         sigma *= 1.001
     return sigma

@@ -15,7 +15,9 @@ reads :class:`LocalDPSession` and :class:`PrivatizedUpdate`:
 * local optimiser steps use only these noised gradients plus *data-free* terms (functions of the
   parameters alone, e.g. the synthetic–synthetic MMD term: method.md, decision 3);
 * the only object a client returns is a :class:`PrivatizedUpdate` ``Δθ_i = θ_i^K − θ_i^0`` built by
-  :meth:`LocalDPSession.finish`; its constructor refuses any other caller.
+  :meth:`LocalDPSession.finish`; its constructor refuses any other caller. (On a server that
+  receives updates over a network, :meth:`PrivatizedUpdate.from_wire` re-types the received
+  Δθ_i after checking it is shaped exactly like the θ_i that was sent; it adds no privacy.)
 
 Record-level guarantee: the sequence of noised gradients is the subsampled Gaussian mechanism
 with noise multiplier σ and Poisson rate q per step; everything else is post-processing.
@@ -31,7 +33,7 @@ from typing import Callable, Mapping
 import torch
 from torch.func import functional_call, grad, vmap  # noqa: F401  (functional_call re-exported)
 
-from fedhype.errors import ValidationError
+from fedhype.errors import ArtifactError, ValidationError
 
 Params = dict[str, torch.Tensor]
 _TOKEN = object()
@@ -70,8 +72,9 @@ class DPConfig:
 class PrivatizedUpdate:
     """The only message that carries information derived from a client's records.
 
-    Built exclusively by :meth:`LocalDPSession.finish` from noised gradients (the constructor
-    raises ``TypeError`` for any other caller). Tensors are read-only copies.
+    Built by :meth:`LocalDPSession.finish` from noised gradients (the constructor raises
+    ``TypeError`` for any other caller); a server receiving it over a network rebuilds it with
+    :meth:`from_wire`, which validates it against θ_i. Tensors are read-only copies.
 
     Attributes:
         client: client id (str).
@@ -101,6 +104,56 @@ class PrivatizedUpdate:
     @property
     def tensors(self) -> Mapping[str, torch.Tensor]:
         return self._tensors
+
+    @classmethod
+    def from_wire(cls, *, client: str, tensors: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor],
+                  steps: int, noise_multiplier: float | None, clip_norm: float, sample_rate: float,
+                  private: bool) -> "PrivatizedUpdate":
+        """Server side of a network transport: re-type an update built by a *remote* :meth:`LocalDPSession.finish`.
+
+        The only way to obtain a PrivatizedUpdate outside this module's mechanisms. It neither adds nor removes
+        privacy: the clip-and-noise step ran on the client's machine, whose ClientApp can serialise
+        nothing but a PrivatizedUpdate (:func:`fedhype.federated.flower.wire.encode_update`). It
+        exists so that the server's type check (:meth:`fedhype.federated.server.Server.accept`)
+        still holds for updates that arrive over a network, and it refuses anything that is not
+        shaped exactly like the θ_i the server sent. The public scalars are checked against the
+        round's plan by the caller (:func:`fedhype.federated.flower.wire.decode_update`).
+
+        Args:
+            client: client id.
+            tensors: received Δθ_i, name → float32 tensor.
+            like: θ_i^0 as the server sent it (name → tensor): keys and shapes must match exactly.
+            steps, noise_multiplier, clip_norm, sample_rate, private: the public metadata of the
+                update (as in the attributes above).
+
+        Raises:
+            ArtifactError: unexpected or missing names, a wrong shape or dtype, a non-finite value,
+                or metadata out of range (the message names the client and the field).
+        """
+        where = f"update from client {client!r}"
+        if set(tensors) != set(like):
+            extra, missing = sorted(set(tensors) - set(like)), sorted(set(like) - set(tensors))
+            raise ArtifactError(f"{where}: tensor names differ from θ (unexpected {extra}, missing {missing}); refused")
+        for k, v in tensors.items():
+            if not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or tuple(v.shape) != tuple(like[k].shape):
+                got = (getattr(v, "dtype", type(v).__name__), tuple(getattr(v, "shape", ())))
+                raise ArtifactError(f"{where}: {k!r} must be float32 {tuple(like[k].shape)}, got {got}; refused")
+            if not bool(torch.isfinite(v).all()):
+                raise ArtifactError(f"{where}: {k!r} has non-finite values; refused")
+        ok = (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 and isinstance(private, bool)
+              and isinstance(clip_norm, (int, float)) and math.isfinite(clip_norm) and clip_norm > 0
+              and isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1)
+        if private:
+            ok = ok and isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier) \
+                and noise_multiplier >= 0
+        else:
+            ok = ok and noise_multiplier is None
+        if not ok:
+            raise ArtifactError(f"{where}: bad metadata (steps={steps!r}, σ={noise_multiplier!r}, C={clip_norm!r}, "
+                                f"q={sample_rate!r}, private={private!r}); refused")
+        return cls(_token=_TOKEN, client=client, tensors=tensors, steps=steps,
+                   noise_multiplier=None if noise_multiplier is None else float(noise_multiplier),
+                   clip_norm=clip_norm, sample_rate=sample_rate, private=private)
 
     def nbytes(self) -> int:
         """Size of the payload in bytes (what a client uploads per round)."""
@@ -251,6 +304,44 @@ class LocalDPSession:
             noise_multiplier=self.dp.noise_multiplier if self.dp.enabled else None,
             clip_norm=self.dp.clip_norm, sample_rate=self.sample_rate, private=self.dp.enabled,
         )
+
+
+#: L2 sensitivity of the class statistics released by :func:`privatize_class_sums`: adding or removing
+#: one unit-norm record changes one row of the class sums by that record (norm 1) and one count by 1.
+CLASS_STATS_SENSITIVITY = math.sqrt(2.0)
+
+
+def privatize_class_sums(client: str, x: torch.Tensor, labels: torch.Tensor, n_classes: int, dp: DPConfig,
+                         generator: torch.Generator) -> PrivatizedUpdate:
+    """Per-class sums and counts of a client's unit-norm embeddings, through the Gaussian mechanism.
+
+    The statistics ``S_k = Σ_{i: y_i = k} x_i / ‖x_i‖`` (float32 ``[K, D]``) and ``n_k`` (float32
+    ``[K]``) are released as ``S + N(0, σ²Δ²)``, ``n + N(0, σ²Δ²)`` with Δ = √2 =
+    :data:`CLASS_STATS_SENSITIVITY` (Dwork & Roth 2014, Thm. A.1 / Opacus's accounting of one
+    un-subsampled step: ``(σ, q = 1, steps = 1)``). Normalising each row to unit L2 norm is the
+    clipping (a fixed transform). With DP disabled the exact statistics are returned, marked
+    non-private.
+
+    Args:
+        client: client id. x: float32 ``[n, D]`` raw embeddings. labels: int64 ``[n]`` in ``[0, K)``.
+        n_classes: K. dp: mechanism settings (``noise_multiplier`` = σ of this release).
+        generator: the client's noise generator.
+
+    Returns:
+        PrivatizedUpdate with tensors ``class_sums`` [K, D] and ``class_counts`` [K]; ``steps = 1``,
+        ``sample_rate = 1``, ``clip_norm = Δ``.
+    """
+    x = torch.nn.functional.normalize(x.to(torch.float32), dim=-1)
+    onehot = torch.nn.functional.one_hot(labels.to(torch.int64), n_classes).to(torch.float32)
+    sums, counts = onehot.T @ x, onehot.sum(0)
+    if dp.enabled and float(dp.noise_multiplier) > 0:
+        std = float(dp.noise_multiplier) * CLASS_STATS_SENSITIVITY
+        sums = sums + gaussian_noise_like(sums, std, generator)
+        counts = counts + gaussian_noise_like(counts, std, generator)
+    return PrivatizedUpdate(
+        _token=_TOKEN, client=client, tensors={"class_sums": sums, "class_counts": counts}, steps=1,
+        noise_multiplier=dp.noise_multiplier if dp.enabled else None, clip_norm=CLASS_STATS_SENSITIVITY,
+        sample_rate=1.0, private=dp.enabled)
 
 
 def poisson_batch(n: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:

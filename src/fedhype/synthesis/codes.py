@@ -7,7 +7,10 @@ Grammar (``--code``):
   the DP client codes with public client sizes n_i (method.md, decision 6);
 * ``mix:<id>=<w>,<id>=<w>,...`` — a convex combination in code space c = Σ w_i c_i;
 * ``mixture:<id>=<w>,...`` — a mixture of the per-code distributions: each sample first draws a
-  client with probability w_i, then decodes with θ_i = h(c_i).
+  client with probability w_i, then decodes with θ_i = h(c_i);
+* ``mixture`` — the mixture over all clients with w_i ∝ n_i (public client sizes): the
+  distribution-space counterpart of ``neutral``, and the only all-client spec of a ``local-cvae``
+  run, which has no shared code space (:mod:`fedhype.federated.baselines`).
 
 Weights are normalised to sum to 1; they must be ≥ 0 with a positive sum.
 """
@@ -49,16 +52,24 @@ def _resolve(token: str, clients: list[str], names: list[str], spec: str) -> int
     raise ValidationError(f"--code {spec!r}: unknown client {token!r}; known ids {clients} / names {names}")
 
 
-def parse_code_spec(spec: str, clients: list[str], names: list[str] | None = None) -> CodeSpec:
-    """Parse ``spec`` against the run's client ids (and names).
+def parse_code_spec(spec: str, clients: list[str], names: list[str] | None = None,
+                    sizes: list[int] | None = None) -> CodeSpec:
+    """Parse ``spec`` against the run's client ids (and names, and public sizes for ``mixture``).
 
     Raises:
-        ValidationError: malformed spec, unknown client, negative or all-zero weights.
+        ValidationError: malformed spec, unknown client, negative or all-zero weights, or a bare
+            ``mixture`` without ``sizes``.
     """
     names = names or clients
     s = spec.strip()
     if s == "neutral":
         return CodeSpec("neutral", tuple(range(len(clients))), (), s)
+    if s == "mixture":
+        if sizes is None or len(sizes) != len(clients) or sum(sizes) <= 0:
+            raise ValidationError(f"--code {spec!r}: a bare mixture needs the run's public client sizes; "
+                                  "use mixture:<id>=<w>,...")
+        total = float(sum(sizes))
+        return CodeSpec("mixture", tuple(range(len(clients))), tuple(n / total for n in sizes), s)
     kind, _, rest = s.partition(":")
     if kind == "client" and rest:
         return CodeSpec("client", (_resolve(rest, clients, names, spec),), (1.0,), s)
@@ -80,4 +91,5 @@ def parse_code_spec(spec: str, clients: list[str], names: list[str] | None = Non
         if total <= 0:
             raise ValidationError(f"--code {spec!r}: weights must have a positive sum")
         return CodeSpec(kind, tuple(idx), tuple(x / total for x in w), s)
-    raise ValidationError(f"--code {spec!r}: use client:<id>, neutral, mix:<id>=<w>,... or mixture:<id>=<w>,...")
+    raise ValidationError(f"--code {spec!r}: use client:<id>, neutral, mix:<id>=<w>,..., mixture or "
+                          "mixture:<id>=<w>,...")

@@ -16,6 +16,7 @@ import torch
 from fedhype import __version__
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ValidationError
+from fedhype.federated.baselines import is_local
 from fedhype.federated.rundir import load_model
 from fedhype.models.cvae import sample
 from fedhype.synthesis.codes import parse_code_spec
@@ -73,7 +74,12 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
     hnet, codes, meta = load_model(model)
     cfg = hnet.cfg
     clients, names = meta["clients"], meta.get("client_names") or meta["clients"]
-    spec = parse_code_spec(code, clients, [str(x) for x in names])
+    spec = parse_code_spec(code, clients, [str(x) for x in names], meta.get("client_sizes"))
+    if is_local(meta) and spec.kind in ("neutral", "mix"):
+        raise ValidationError(f"--code {code!r}: {model} is a local-cvae run (every client trained its own model, "
+                              "there is no shared code space), so neutral and mix: codes are not meaningful; use "
+                              "--code mixture (all clients in proportion to their public sizes), "
+                              "mixture:<id>=<w>,... or client:<id>")
     seed_used = seed if seed is not None else int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)
     gen = torch.Generator().manual_seed(seed_used)
     labels = class_labels(cfg.n_classes, per_class=per_class, n=n, label_weights=label_weights, generator=gen)
@@ -88,11 +94,12 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
                 rows = (src == j).nonzero().flatten()
                 if rows.numel():
                     theta = hnet(codes[ci])
-                    out[rows] = _decode(theta, labels[rows], cfg, gen, batch_size, temperature)
+                    out[rows] = _decode(theta, labels[rows], cfg, gen, batch_size, temperature, _space(hnet, codes[ci]))
                     domains[rows] = j
         else:
-            theta = hnet(spec.code(codes, meta["client_sizes"]))
-            out = _decode(theta, labels, cfg, gen, batch_size, temperature)
+            code_vec = spec.code(codes, meta["client_sizes"])
+            theta = hnet(code_vec)
+            out = _decode(theta, labels, cfg, gen, batch_size, temperature, _space(hnet, code_vec))
             domain_names = [spec.text]
     provenance = {
         "kind": "synthetic", "space": "l2", "run_id": meta.get("run_id"), "method": meta.get("method"),
@@ -106,6 +113,12 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
                           class_names=list(meta["class_names"]), domain_names=domain_names, meta=provenance)
 
 
-def _decode(theta, labels, cfg, gen, batch_size, temperature) -> torch.Tensor:
-    parts = [sample(theta, labels[i:i + batch_size], cfg, gen, temperature) for i in range(0, labels.numel(), batch_size)]
+def _space(hnet, code: torch.Tensor):
+    """The model space (m, s) of the model that ``code`` selects (DP outputs stored with Φ)."""
+    return hnet.space_for(code) if hasattr(hnet, "space_for") else None
+
+
+def _decode(theta, labels, cfg, gen, batch_size, temperature, space=None) -> torch.Tensor:
+    parts = [sample(theta, labels[i:i + batch_size], cfg, gen, temperature, space)
+             for i in range(0, labels.numel(), batch_size)]
     return torch.cat(parts) if parts else torch.empty(0, cfg.dim)

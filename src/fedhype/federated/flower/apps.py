@@ -1,0 +1,135 @@
+"""fedhype's Flower ServerApp and ClientApp (Message API, flwr ≥ 1.42).
+
+* :data:`server_app` runs on the SuperLink's machine. It reads the public ``federation.json``
+  (:mod:`fedhype.federated.flower.federation`), waits for one SuperNode per client, and runs the
+  engine's round logic (:func:`fedhype.federated.engine.run_federation`: sampling, write-ahead
+  ledger, aggregation, commits) with a :class:`~fedhype.federated.flower.grid_transport.FlowerTransport`.
+  It writes the run directory exactly as ``fedhype train`` does — except ``clients/``: the clients'
+  private state stays on their own machines.
+* :data:`client_app` runs on each SuperNode. It answers ``query`` (its public client id),
+  ``train.class_stats`` (the DP class statistics, once) and ``train`` (one round of local DP-SGD
+  steps) with :mod:`fedhype.federated.flower.node`; its replies are PrivatizedUpdates only
+  (:mod:`fedhype.federated.flower.wire`).
+
+Server run config (``[tool.flwr.app.config]``, see :func:`~fedhype.federated.flower.federation.write_app`):
+``federation``, ``run-dir``, ``resume``, ``connect-timeout``, ``round-timeout``, ``straggler-timeout``,
+``wire-log``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from logging import ERROR, INFO
+from pathlib import Path
+from typing import Any, Mapping
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from fedhype.errors import FedhypeError, ValidationError
+from fedhype.federated.flower.handshake import node_identity
+
+# Every message runs in a fresh ``flwr-clientapp`` process that imports this module: the torch
+# stack is imported only by the handlers that need it (the identity answer stays cheap).
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The ServerApp's run config."""
+
+    federation: Path
+    run_dir: Path
+    resume: bool = False
+    connect_timeout: float = 300.0
+    round_timeout: float = 3600.0
+    straggler_timeout: float = 600.0
+    wire_log: Path | None = None
+
+    @classmethod
+    def from_run_config(cls, rc: Mapping[str, Any]) -> "ServerSettings":
+        """Raises ValidationError naming a missing or bad key."""
+        for key in ("federation", "run-dir"):
+            if not str(rc.get(key, "")):
+                raise ValidationError(f"run config lacks {key!r}; set it in the app's pyproject.toml or with "
+                                      f"flwr run ... --run-config '{key}=\"/path\"'")
+        try:
+            timeouts = [float(rc.get(k, d)) for k, d in (("connect-timeout", 300.0), ("round-timeout", 3600.0),
+                                                        ("straggler-timeout", 600.0))]
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"run config: timeouts must be numbers of seconds ({exc})") from None
+        if min(timeouts) <= 0:
+            raise ValidationError(f"run config: timeouts must be > 0 seconds, got {timeouts}")
+        resume = rc.get("resume", False)
+        if not isinstance(resume, bool):
+            raise ValidationError(f"run config: resume must be true or false (TOML), got {resume!r}")
+        wire_log = str(rc.get("wire-log", ""))
+        return cls(Path(str(rc["federation"])), Path(str(rc["run-dir"])), resume, *timeouts,
+                   Path(wire_log) if wire_log else None)
+
+
+def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
+    """Train the federation of ``settings`` over ``grid``; returns :func:`run_federation`'s result.
+
+    Raises:
+        ValidationError: bad settings, a non-federated method, a too-small client.
+        NodeFailure: SuperNodes missing, or a client failed in a round (nothing of that round is committed).
+        ArtifactError: a bad federation file, or a reply that is not a valid PrivatizedUpdate.
+        BudgetExceededError: as for ``fedhype train``.
+    """
+    from fedhype.federated.baselines import federation as federation_kind
+    from fedhype.federated.engine import check_client_sizes, run_federation
+    from fedhype.federated.flower.federation import Federation
+    from fedhype.federated.flower.grid_transport import FlowerTransport
+
+    fed = Federation.load(settings.federation)
+    if federation_kind(fed.train.method) == "pooled":
+        raise ValidationError(f"method {fed.train.method!r} pools all records on one machine; use `fedhype train`")
+    check_client_sizes(fed.partition, fed.train)
+    transport = FlowerTransport.connect(grid, fed.partition, int(fed.store["dim"]),
+                                        connect_timeout=settings.connect_timeout, round_timeout=settings.round_timeout,
+                                        straggler_timeout=settings.straggler_timeout, wire_log=settings.wire_log)
+    result = run_federation(fed.partition, fed.train, settings.run_dir, store_info=fed.store, n_classes=fed.n_classes,
+                            connect=transport.bind, resume=settings.resume, progress=_log_round)
+    log(INFO, "fedhype: %s", json.dumps({k: result[k] for k in ("run_dir", "rounds", "rounds_planned", "epsilon",
+                                                                 "delta", "complete")}))
+    return result
+
+
+def _log_round(m: dict) -> None:
+    eps = m.get("epsilon")
+    log(INFO, "fedhype: round %d committed (participants %s, ε so far %s, %.1f s)", m["round"] + 1,
+        m["participants"], "n/a" if eps is None else f"{eps:.4g}", m["seconds"])
+
+
+@server_app.main()
+def _server_main(grid: Grid, context: Context) -> None:
+    try:
+        run_server(grid, ServerSettings.from_run_config(context.run_config))
+    except FedhypeError as exc:
+        log(ERROR, "fedhype: %s: %s", type(exc).__name__, exc)
+        raise
+
+
+@client_app.query()
+def _identity(msg: Message, context: Context) -> Message:
+    return Message(node_identity(context.node_config), reply_to=msg)
+
+
+@client_app.train("class_stats")
+def _class_stats(msg: Message, context: Context) -> Message:
+    from fedhype.federated.flower import node
+
+    return Message(node.run_class_stats(context.node_config, msg.content), reply_to=msg)
+
+
+@client_app.train()
+def _train(msg: Message, context: Context) -> Message:
+    from fedhype.federated.flower import node
+
+    return Message(node.run_train(context.node_config, msg.content), reply_to=msg)

@@ -1,0 +1,238 @@
+"""The server side of a Flower deployment: a :class:`~fedhype.federated.transport.ClientTransport`
+over a Flower ``Grid`` (one SuperNode per client).
+
+:meth:`FlowerTransport.connect` waits for the SuperNodes and asks each for its public client id
+(``query``); :meth:`FlowerTransport.run_round` sends every sampled client its ``train`` message
+(θ_i^0 and public settings) at once and decodes the replies with
+:func:`fedhype.federated.flower.wire.decode_update`. A round returns all updates or raises
+:class:`NodeFailure` — it is then not aggregated, :func:`fedhype.federated.engine.run_federation`
+stops before its commit, and a later run with ``resume = true`` reruns it (the write-ahead ledger
+already holds its events: a node with seeded noise replays them and is not charged again, an
+unseeded node is charged again).
+
+Waiting is bounded: ``connect_timeout`` for the nodes to appear, ``round_timeout`` per round, and
+``straggler_timeout`` after the first reply of a round (a node that died mid-round is detected
+after that long, well before Flower's heartbeat expiry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import Message
+from flwr.common.logger import log
+
+from fedhype.data.partition import Partition
+from fedhype.errors import FedhypeError
+from fedhype.federated.flower import handshake, wire
+from fedhype.federated.rundir import RunDir
+from fedhype.federated.transport import RoundTask
+from fedhype.privacy.dp_step import DPConfig, PrivatizedUpdate
+
+
+class NodeFailure(FedhypeError):
+    """A SuperNode is missing, did not answer in time, or answered with an error (exit code 1)."""
+
+
+class RemoteClient:
+    """The server's handle of a client that lives on a SuperNode: public id, name and size only."""
+
+    def __init__(self, transport: "FlowerTransport", index: int, client_id: str, name: str, n: int):
+        self._transport = transport
+        self.index, self.id, self.name, self.n = index, client_id, name, n
+        self.space: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def release_class_stats(self, n_classes: int, dp: DPConfig) -> PrivatizedUpdate:
+        """This client's DP class statistics (all clients are asked at once, on the first call)."""
+        return self._transport.class_stats(n_classes, dp)[self.index]
+
+    def set_space(self, space: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """The public model space ``(mean [D], scale [])`` sent with this client's round tasks."""
+        self.space = (space[0].detach().clone(), space[1].detach().clone())
+
+
+class FlowerTransport:
+    """Round tasks to SuperNodes and PrivatizedUpdates back, through a Flower ``Grid``.
+
+    Build it with :meth:`connect`; :meth:`bind` attaches the run directory (done by the ServerApp
+    as the engine's ``connect`` callback).
+    """
+
+    def __init__(self, grid, partition: Partition, dim: int, nodes: dict[int, int], seeded: dict[int, bool], *,
+                 round_timeout: float, straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None):
+        self.grid = grid
+        self.partition, self.dim = partition, int(dim)
+        self.nodes, self.seeded = nodes, seeded
+        self.round_timeout, self.straggler_timeout, self.poll = float(round_timeout), float(straggler_timeout), poll
+        self.wire_log = wire_log
+        self.clients = [RemoteClient(self, i, str(c.id), c.name, len(c.train)) for i, c in enumerate(partition.clients)]
+        self.run_key: str | None = None
+        self._stats: dict[tuple, list[PrivatizedUpdate]] = {}
+
+    # ------------------------------------------------------------------ connection
+    @classmethod
+    def connect(cls, grid, partition: Partition, dim: int, *, connect_timeout: float, round_timeout: float,
+                straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None) -> "FlowerTransport":
+        """Wait for one SuperNode per partition client and learn which node holds which client.
+
+        Args:
+            grid: the ServerApp's Flower ``Grid``.
+            partition: the public partition (one SuperNode per client).
+            dim: D of the store (shape of the class statistics).
+            connect_timeout, round_timeout, straggler_timeout: seconds (see the module docstring).
+            poll: seconds between pulls of replies.
+            wire_log: append the structure of every message sent and received here (JSON lines).
+
+        Raises:
+            NodeFailure: a client's node did not answer within ``connect_timeout`` seconds, two
+                nodes claim the same client, or a node's answer is an error (e.g. a bad node config).
+        """
+        self = cls(grid, partition, dim, {}, {}, round_timeout=round_timeout, straggler_timeout=straggler_timeout,
+                   poll=poll, wire_log=wire_log)
+        ids = {str(c.id): i for i, c in enumerate(partition.clients)}
+        pending: dict[str, int] = {}  # message id → node id
+        asked: set[int] = set()
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            new = [n for n in grid.get_node_ids() if n not in asked]
+            if new:
+                msgs = [Message(handshake.encode_query(), dst_node_id=n, message_type=handshake.QUERY_TYPE,
+                                ttl=connect_timeout + 60) for n in new]
+                for n, m in zip(new, msgs):
+                    self._log("server→node", handshake.QUERY_TYPE, None, None, m.content)
+                pending.update(zip(grid.push_messages(msgs), new))
+                asked.update(new)
+            for rep in grid.pull_messages(list(pending)):
+                node = pending.pop(rep.metadata.reply_to_message_id, None)
+                if node is None:
+                    continue
+                if rep.has_error():
+                    raise NodeFailure(f"SuperNode {node} could not say which client it holds: {rep.error.reason}")
+                self._log("node→server", handshake.QUERY_TYPE, None, None, rep.content)
+                ident = handshake.decode_identity(rep.content, f"identity of SuperNode {node}")
+                if ident["client"] not in ids:
+                    raise NodeFailure(f"SuperNode {node} holds client {ident['client']!r}, which is not in the server's "
+                                      f"partition (clients {sorted(ids)}); use the same partition file everywhere")
+                index = ids[ident["client"]]
+                if index in self.nodes and self.nodes[index] != node:
+                    raise NodeFailure(f"client {ident['client']} is held by two SuperNodes ({self.nodes[index]}, {node}); "
+                                      "start exactly one SuperNode per client")
+                self.nodes[index], self.seeded[index] = node, ident["seeded"]
+            if len(self.nodes) == len(ids):
+                log(INFO, "fedhype: %d SuperNodes connected (client → node: %s)", len(ids),
+                    {partition.clients[i].id: n for i, n in sorted(self.nodes.items())})
+                return self
+            if time.monotonic() > deadline:
+                missing = [c.id for i, c in enumerate(partition.clients) if i not in self.nodes]
+                raise NodeFailure(f"waited {connect_timeout:g} s for the SuperNodes: no answer for client(s) {missing} "
+                                  f"({len(asked)} node(s) seen); start one SuperNode per client (--node-config "
+                                  "client=...) against this SuperLink, then run again")
+            time.sleep(poll)
+
+    def bind(self, run: RunDir) -> "FlowerTransport":
+        """Attach the run: its key names the nodes' private state folders (same key on resume)."""
+        root = Path(run.root).resolve()
+        self.run_key = f"{root.name[:60]}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+        return self
+
+    # ------------------------------------------------------------------ ClientTransport
+    def replays_noise(self, index: int) -> bool:
+        return bool(self.seeded.get(index, False))
+
+    def diagnostics(self, server, rounds_done: int, model) -> None:
+        return None  # held-out diagnostics would read the clients' validation records: not on a deployment
+
+    def after_commit(self, rounds_done: int) -> None:
+        return None  # each node drops its older private state when the next round reaches it
+
+    def run_round(self, round_idx: int, tasks: list[RoundTask]) -> list[PrivatizedUpdate]:
+        """Send every task at once; return the decoded updates in task order, or raise NodeFailure."""
+        ttl = self.round_timeout + 60
+        msgs = []
+        for t in tasks:
+            content = wire.encode_task(t, run_key=self._key(), n_train=self.clients[t.index].n,
+                                       store_digest=self.partition.store_digest, space=self.clients[t.index].space)
+            msgs.append(Message(content, dst_node_id=self.nodes[t.index], message_type=wire.TRAIN,
+                                group_id=str(round_idx), ttl=ttl))
+        replies = self._exchange([t.index for t in tasks], msgs, wire.TRAIN, round_idx)
+        self._raise_failures(replies, [t.index for t in tasks], f"round {round_idx + 1}",
+                             f"The round was not aggregated and nothing of it is committed (completed rounds: "
+                             f"{round_idx}).")
+        # q_i as planned (TrainConfig.sample_rate) and as the client computes it (Client.run_round)
+        return [wire.decode_update(replies[t.index].content,
+                                   wire.Expected.of_task(t, min(1.0, t.batch_size / self.clients[t.index].n)))
+                for t in tasks]
+
+    def class_stats(self, n_classes: int, dp: DPConfig) -> list[PrivatizedUpdate]:
+        """Every client's DP class statistics (one ``train.class_stats`` message each, asked once)."""
+        key = (n_classes, dp)
+        if key not in self._stats:
+            everyone = list(range(len(self.clients)))
+            msgs = [Message(wire.encode_stats_request(self.clients[i].id, n_classes, dp, run_key=self._key(),
+                                                      n_train=self.clients[i].n, store_digest=self.partition.store_digest),
+                            dst_node_id=self.nodes[i], message_type=wire.STATS_TYPE, ttl=self.round_timeout + 60)
+                    for i in everyone]
+            replies = self._exchange(everyone, msgs, wire.STATS_TYPE, -1)
+            self._raise_failures(replies, everyone, "the class statistics",
+                                 "No round was trained (completed rounds: 0).")
+            self._stats[key] = [wire.decode_update(replies[i].content,
+                                                   wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp))
+                                for i in everyone]
+        return self._stats[key]
+
+    # ------------------------------------------------------------------ plumbing
+    def _key(self) -> str:
+        if self.run_key is None:
+            raise RuntimeError("FlowerTransport.bind(run) must be called before any round")
+        return self.run_key
+
+    def _exchange(self, labels: list[int], msgs: list[Message], kind: str, round_idx: int) -> dict[int, Message]:
+        for lab, m in zip(labels, msgs):
+            self._log("server→node", kind, round_idx, self.clients[lab].id, m.content)
+        pending = dict(zip(self.grid.push_messages(msgs), labels))
+        replies: dict[int, Message] = {}
+        deadline = time.monotonic() + self.round_timeout
+        while pending:
+            for rep in self.grid.pull_messages(list(pending)):
+                lab = pending.pop(rep.metadata.reply_to_message_id, None)
+                if lab is None:
+                    continue
+                replies[lab] = rep
+                if rep.has_content():
+                    self._log("node→server", kind, round_idx, self.clients[lab].id, rep.content)
+                if len(replies) == 1:  # a live node should answer soon after the first one
+                    deadline = min(deadline, time.monotonic() + self.straggler_timeout)
+            if pending and time.monotonic() >= deadline:
+                break
+            if pending:
+                time.sleep(self.poll)
+        return replies
+
+    def _raise_failures(self, replies: dict[int, Message], labels: list[int], what: str, state: str) -> None:
+        problems = []
+        for lab in labels:
+            c = self.clients[lab]
+            if lab not in replies:
+                problems.append(f"client {c.id} ({c.name}, SuperNode {self.nodes[lab]}): no reply in time "
+                                "(node stopped or unreachable?)")
+            elif replies[lab].has_error():
+                problems.append(f"client {c.id} ({c.name}): error on its node: {replies[lab].error.reason}")
+        if problems:
+            raise NodeFailure(f"{what}: no update from {len(problems)} client(s): " + "; ".join(problems) + f". {state} "
+                              "Restart the SuperNode(s), then run again with resume=true (the write-ahead ledger "
+                              "keeps these events: seeded nodes replay them uncharged, unseeded nodes are charged again).")
+
+    def _log(self, direction: str, kind: str, round_idx: int | None, client: str | None, content: Any) -> None:
+        """Append the structure of a message (never values) to the wire log, if one is kept."""
+        if self.wire_log is None:
+            return
+        entry = {"time": round(time.time(), 3), "direction": direction, "type": kind, "round": round_idx,
+                 "client": client, "records": wire.describe(content)}
+        with open(self.wire_log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")

@@ -1,0 +1,133 @@
+"""Who is who: a SuperNode's node config and the identity handshake (no torch import: cheap).
+
+At the start of every Flower run the server sends each SuperNode a ``query`` message
+(``query`` ConfigRecord ``{want: "identity"}``); the node answers with its public client id:
+``identity`` ConfigRecord ``{client, seeded, fedhype-version}``. Flower's node ids are random per
+SuperNode start, so this is how the server learns which node holds which partition client.
+
+A SuperNode is started with a node config naming its own files (they are never sent anywhere)::
+
+    flower-supernode ... --node-config 'client="0" embeddings="/data/store.safetensors"
+                                       partition="/data/partition.json" state-dir="/data/fedhype-state"'
+
+* ``client`` — the partition client this node holds (its id, e.g. ``"0"``, or its name);
+* ``embeddings`` — an embeddings store holding (at least) that client's records;
+* ``partition`` — the public partition file (the same file as the server's);
+* ``state-dir`` — a private folder for the client's local encoder ψ_i, optimiser and generator
+  states (``<state-dir>/<run key>/client-<id>/state-r<R>.safetensors``);
+* ``seed`` (optional, tests only) — reproducible noise; never set it in a real deployment;
+* ``min-noise-multiplier`` (optional, default 0) — the node refuses a task whose σ is below it;
+* ``allow-no-dp`` (optional, default false) — the node refuses a non-private (``--no-dp``) task
+  unless this is true: an institution opts in to releasing un-noised updates.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from flwr.app import ConfigRecord, RecordDict
+
+from fedhype import __version__
+from fedhype.errors import ArtifactError, ValidationError
+
+QUERY_TYPE, QUERY, IDENTITY = "query", "query", "identity"
+IDENTITY_KEYS = {"client", "seeded", "fedhype-version"}
+NODE_KEYS = ("client", "embeddings", "partition", "state-dir")
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """A SuperNode's ``--node-config`` (see the module docstring)."""
+
+    client: str
+    embeddings: Path
+    partition: Path
+    state_dir: Path
+    seed: int | None = None
+    min_noise_multiplier: float = 0.0
+    allow_no_dp: bool = False
+
+    @classmethod
+    def from_node_config(cls, nc: Mapping[str, Any]) -> "NodeSettings":
+        """Raises ValidationError naming a missing or bad key."""
+        missing = [k for k in NODE_KEYS if k not in nc or str(nc[k]) == ""]
+        if missing:
+            raise ValidationError(f"SuperNode --node-config lacks {missing}; give "
+                                  + " ".join(f'{k}="..."' for k in NODE_KEYS))
+        seed = nc.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValidationError(f"SuperNode --node-config seed must be an integer, got {seed!r}")
+        floor, allow = nc.get("min-noise-multiplier", 0.0), nc.get("allow-no-dp", False)
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor >= 0:
+            raise ValidationError(f"SuperNode --node-config min-noise-multiplier must be a number ≥ 0, got {floor!r}")
+        if not isinstance(allow, bool):
+            raise ValidationError(f"SuperNode --node-config allow-no-dp must be true or false, got {allow!r}")
+        return cls(str(nc["client"]), Path(str(nc["embeddings"])), Path(str(nc["partition"])),
+                   Path(str(nc["state-dir"])), seed, float(floor), allow)
+
+    def check_mechanism(self, enabled: bool, noise_multiplier: float | None) -> None:
+        """Refuse a task whose mechanism this institution did not agree to (its own policy).
+
+        Raises:
+            ValidationError: a non-private task without ``allow-no-dp=true``, or σ below
+                ``min-noise-multiplier``.
+        """
+        if not enabled and not self.allow_no_dp:
+            raise ValidationError("this SuperNode refuses non-private (--no-dp) training; set allow-no-dp=true in its "
+                                  "--node-config to allow releasing un-noised updates")
+        if enabled and float(noise_multiplier) < self.min_noise_multiplier:
+            raise ValidationError(f"this SuperNode refuses σ = {noise_multiplier:g} < its min-noise-multiplier "
+                                  f"{self.min_noise_multiplier:g}")
+
+    def client_index(self, clients: list[tuple[str, str]]) -> int:
+        """Index of this node's client among ``[(id, name), ...]`` (by id, else by name)."""
+        for key in (0, 1):
+            for i, c in enumerate(clients):
+                if c[key] == self.client:
+                    return i
+        raise ValidationError(f"SuperNode --node-config client={self.client!r} is not a client of {self.partition} "
+                              f"(ids, names: {clients})")
+
+
+def check_version(c: Mapping[str, Any], where: str) -> None:
+    """Refuse a message written by another fedhype version."""
+    if c.get("fedhype-version") != __version__:
+        raise ArtifactError(f"{where}: sent by fedhype {c.get('fedhype-version')}, this side runs {__version__}; "
+                            "install the same fedhype version on every machine")
+
+
+def encode_query() -> RecordDict:
+    return RecordDict({QUERY: ConfigRecord({"want": "identity"})})
+
+
+def node_identity(nc: Mapping[str, Any]) -> RecordDict:
+    """This node's reply to ``query``: its public client id and whether its noise is seeded.
+
+    Reads only the public partition file (JSON), so answering needs no torch import.
+    """
+    node = NodeSettings.from_node_config(nc)
+    try:
+        raw = json.loads(node.partition.read_text(encoding="utf-8"))
+        clients = [(str(c["id"]), str(c["name"])) for c in raw["clients"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"SuperNode partition file {node.partition} is unreadable ({exc})") from None
+    client = clients[node.client_index(clients)][0]
+    return RecordDict({IDENTITY: ConfigRecord({"client": client, "seeded": node.seed is not None,
+                                               "fedhype-version": __version__})})
+
+
+def decode_identity(content: RecordDict, where: str) -> dict[str, Any]:
+    """``{"client", "seeded"}`` of a node's identity reply (server side).
+
+    Raises:
+        ArtifactError: other records or keys, or another fedhype version on the node.
+    """
+    if set(content) != {IDENTITY} or not isinstance(content[IDENTITY], ConfigRecord) \
+            or set(content[IDENTITY]) != IDENTITY_KEYS:
+        raise ArtifactError(f"{where}: expected exactly a {IDENTITY!r} record with keys {sorted(IDENTITY_KEYS)}; refused")
+    c = dict(content[IDENTITY])
+    check_version(c, where)
+    return {"client": str(c["client"]), "seeded": bool(c["seeded"])}

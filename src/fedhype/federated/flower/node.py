@@ -1,0 +1,88 @@
+"""The SuperNode side: one institution's client, rebuilt from its node config for each message.
+
+The node config (:class:`~fedhype.federated.flower.handshake.NodeSettings`) names the node's own
+files: its embeddings store, the public partition, a private state folder. For a ``train`` message
+the node builds the same :class:`~fedhype.federated.client.Client` as the in-process engine
+(:func:`fedhype.federated.engine.build_client`), runs
+:meth:`~fedhype.federated.client.Client.run_round` and replies with the resulting
+:class:`~fedhype.privacy.dp_step.PrivatizedUpdate` (:func:`fedhype.federated.flower.wire.encode_update`).
+Its private state lives in ``<state-dir>/<run key>/client-<id>/``, never on the wire.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from flwr.app import RecordDict
+
+from fedhype.data.partition import Partition
+from fedhype.data.store import EmbeddingStore
+from fedhype.errors import ArtifactError, ValidationError
+from fedhype.federated.client import Client
+from fedhype.federated.engine import build_client
+from fedhype.federated.flower import wire
+from fedhype.federated.flower.handshake import NodeSettings
+from fedhype.io import atomic_save_tensors, load_tensors
+
+_SAFE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def _client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> Client:
+    """This node's Client for the server's request, after checking it matches what the server planned."""
+    part = Partition.load(node.partition)
+    index = node.client_index([(str(c.id), c.name) for c in part.clients])
+    if str(part.clients[index].id) != client_id:
+        raise ValidationError(f"this SuperNode holds client {part.clients[index].id}, the server asked client "
+                              f"{client_id}; check --node-config client=")
+    if part.store_digest != extra["store-digest"]:
+        raise ArtifactError(f"partition {node.partition} belongs to another store than the server's "
+                            "(store digest differs); use the same partition file on every machine")
+    if not _SAFE.match(extra["run"]):
+        raise ArtifactError(f"bad run key {extra['run']!r} from the server")
+    store = EmbeddingStore.load(node.embeddings)
+    state_dir = node.state_dir / extra["run"] / f"client-{client_id}"
+    client = build_client(store, part, index, state_dir, node.seed)
+    if client.n != extra["n-train"]:
+        raise ArtifactError(f"client {client_id} has {client.n} training records here, the server planned for "
+                            f"{extra['n-train']}; use the same partition file on every machine")
+    return client
+
+
+def prepare_state(state_dir: Path, round_idx: int) -> None:
+    """Bring the private state to the start of round ``round_idx``.
+
+    The server commits round r − 1 before it sends round r, so older states are no longer needed.
+    A node that was not sampled since its last round carries its latest state forward unchanged
+    (what :class:`~fedhype.federated.transport.InProcessTransport` does round by round).
+    """
+    found = {int(p.stem.split("-r")[1]): p for p in state_dir.glob("state-r*.safetensors")}
+    older = [k for k in found if k < round_idx]
+    if round_idx not in found and older:
+        atomic_save_tensors(state_dir / f"state-r{round_idx}.safetensors", load_tensors(found[max(older)]))
+    for k in older:
+        found[k].unlink(missing_ok=True)
+
+
+def run_train(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
+    """Handle a ``train`` message: K local DP-SGD steps from θ_i^0; reply with the PrivatizedUpdate."""
+    task, extra = wire.decode_task(content)
+    node = NodeSettings.from_node_config(nc)
+    node.check_mechanism(task.dp.enabled, task.dp.noise_multiplier)
+    client = _client(node, extra, task.client)
+    if extra["space"] is not None:
+        client.set_space(extra["space"])
+    prepare_state(client.state_dir, task.round)
+    update = client.run_round(task.round, task.theta, task.model, task.dp, batch_size=task.batch_size,
+                              steps=task.steps, lr=task.lr)
+    return wire.encode_update(update, task.round)
+
+
+def run_class_stats(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
+    """Handle a ``train.class_stats`` message: release the client's DP class sums and counts once."""
+    req, extra = wire.decode_stats_request(content)
+    node = NodeSettings.from_node_config(nc)
+    node.check_mechanism(req["dp"].enabled, req["dp"].noise_multiplier)
+    client = _client(node, extra, req["client"])
+    return wire.encode_update(client.release_class_stats(req["n-classes"], req["dp"]), -1)

@@ -1,0 +1,129 @@
+"""How the server reaches its clients: a round's DP work, wherever the clients run.
+
+The round logic — sample clients with public randomness, write the ledger ahead of spending,
+hand θ_i to each sampled client, aggregate the returned updates, commit a checkpoint — is
+:func:`fedhype.federated.engine.run_rounds`, the same for every deployment. A *transport* only
+carries one :class:`RoundTask` per sampled client to that client and brings back its
+:class:`~fedhype.privacy.dp_step.PrivatizedUpdate`:
+
+* :class:`InProcessTransport` — the clients are :class:`~fedhype.federated.client.Client` objects
+  in this process (``fedhype train``);
+* :class:`fedhype.federated.flower.grid_transport.FlowerTransport` — each client is a Flower
+  SuperNode on its institution's machine (optional extra ``fedhype[flower]``).
+
+A transport either returns one update per task or raises: a round with a missing update is
+never aggregated (the engine then stops before its commit; ``resume`` reruns it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from fedhype.federated.diagnostics import round_diagnostics
+from fedhype.io import atomic_save_tensors, load_tensors
+from fedhype.models.config import ModelConfig
+from fedhype.privacy.dp_step import DPConfig, PrivatizedUpdate
+
+
+@dataclass(frozen=True)
+class RoundTask:
+    """What one sampled client is asked to run in one round: public values only, no data.
+
+    Attributes:
+        round: r, 0-based.
+        index: the client's position in the partition (its code row on the server).
+        client: the client's public id (str).
+        theta: θ_i^0 = h_Φ(c_i), name → float32 tensor of the generated parameter's shape.
+        model: the run's :class:`~fedhype.models.config.ModelConfig`.
+        dp: σ and C of the DP-SGD steps (:class:`~fedhype.privacy.dp_step.DPConfig`).
+        batch_size: expected Poisson batch size B (the client samples with q_i = min(1, B / n_i)).
+        steps: K_i, the number of local DP-SGD steps.
+        lr: learning rate of the local Adam steps.
+    """
+
+    round: int
+    index: int
+    client: str
+    theta: dict[str, torch.Tensor]
+    model: ModelConfig
+    dp: DPConfig
+    batch_size: int
+    steps: int
+    lr: float
+
+
+class ClientTransport(Protocol):
+    """The server's only channel to the clients (see the module docstring).
+
+    Attributes:
+        clients: one handle per client in partition order, with the public ``id``, ``index`` and
+            ``n`` (training-set size), ``release_class_stats(n_classes, dp) -> PrivatizedUpdate``
+            (the DP class statistics before round 0) and ``set_space(space)`` (the public model
+            space the client trains in): a :class:`~fedhype.federated.client.Client` in process,
+            a remote handle for a SuperNode.
+    """
+
+    clients: list
+
+    def run_round(self, round_idx: int, tasks: list[RoundTask]) -> list[PrivatizedUpdate]:
+        """Run every task of round ``round_idx``; one PrivatizedUpdate per task, in task order.
+
+        Raises:
+            FedhypeError (or a subclass): a client failed or did not answer; nothing is returned.
+        """
+
+    def replays_noise(self, index: int) -> bool:
+        """True if a rerun of an interrupted round reproduces client ``index``'s noise exactly
+        (seeded noise restored from its private state), so the rerun is not charged again."""
+
+    def diagnostics(self, server, rounds_done: int, model: ModelConfig) -> dict[str, float] | None:
+        """Held-out diagnostics NOT covered by DP (``None``: not computed by this transport)."""
+
+    def after_commit(self, rounds_done: int) -> None:
+        """Called once round ``rounds_done`` is committed (clients may drop older private state)."""
+
+
+class InProcessTransport:
+    """Clients as objects in this process (the simulation behind ``fedhype train``).
+
+    Args:
+        clients: every client, in partition order.
+        val: per client ``(x_val [n, D] float32, y_val [n] int64)`` for the non-DP held-out
+            diagnostics, or ``None`` to skip them.
+    """
+
+    def __init__(self, clients: list, val: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+        self.clients = clients
+        self.val = val
+
+    def run_round(self, round_idx: int, tasks: list[RoundTask]) -> list[PrivatizedUpdate]:
+        updates = [self.clients[t.index].run_round(t.round, t.theta, t.model, t.dp, batch_size=t.batch_size,
+                                                   steps=t.steps, lr=t.lr) for t in tasks]
+        chosen = {t.index for t in tasks}
+        for i, c in enumerate(self.clients):  # carry the others' private state forward unchanged
+            if i not in chosen:
+                carry_state(c.state_dir, round_idx)
+        return updates
+
+    def replays_noise(self, index: int) -> bool:
+        return self.clients[index].seed is not None
+
+    def diagnostics(self, server, rounds_done: int, model: ModelConfig) -> dict[str, float] | None:
+        if self.val is None:
+            return None
+        return round_diagnostics(server, self.clients, self.val, rounds_done, model)
+
+    def after_commit(self, rounds_done: int) -> None:
+        for c in self.clients:
+            c.drop_state_before(rounds_done)
+
+
+def carry_state(state_dir: str | Path, round_idx: int) -> None:
+    """Copy a client's private state of round ``round_idx`` to ``round_idx + 1`` (not sampled)."""
+    src = Path(state_dir) / f"state-r{round_idx}.safetensors"
+    if src.exists():
+        atomic_save_tensors(Path(state_dir) / f"state-r{round_idx + 1}.safetensors", load_tensors(src))

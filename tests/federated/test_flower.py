@@ -1,0 +1,313 @@
+"""Flower deployment: a real SuperLink and two SuperNodes on 127.0.0.1 (loopback, insecure mode).
+
+One scenario, run once per module (real processes are slow to start), checked by the tests below:
+a 2-round DP run (:data:`CFG`: the default model with its DP class statistics, small sizes) on
+two iid clients of the real digits embeddings; after round 1 is committed, SuperNode 1 is killed
+(SIGKILL); the server stops the round with a clear error; the node is restarted and the run
+resumed. The result must equal the in-process engine's (same seed), the ledger must equal its
+ledger (nothing charged twice), and only the records of :mod:`fedhype.federated.flower.wire` may
+have crossed the wire. Every wait is bounded; every process started here (and its children) is
+killed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
+
+from fedhype.data.partition import make_partition  # noqa: E402
+from fedhype.federated.config import TrainConfig  # noqa: E402
+from fedhype.federated.engine import train  # noqa: E402
+from fedhype.federated.rundir import RunDir, load_model  # noqa: E402
+from fedhype.io import load_tensors  # noqa: E402
+
+BIN = Path(sys.executable).parent
+#: Small sizes, the default model otherwise (DP class statistics before round 1 included).
+CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
+           model={"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8})
+STRAGGLER_S = 15.0  # the live node of the killed round answers; the dead one is given up this long after
+SCENARIO_BUDGET_S = 420.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(ppid, []).append(int(d.name))
+    return tree
+
+
+def _tree(pid: int) -> set[int]:
+    """``pid`` and all its descendants (SuperExec, flwr-serverapp, flwr-clientapp processes)."""
+    tree, out, todo = _children(), set(), [pid]
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        todo.extend(tree.get(p, []))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class Deployment:
+    """A SuperLink and SuperNodes on free 127.0.0.1 ports, each in its own process group."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.link_port = _free_port()
+        home = root / "flwr-home"
+        home.mkdir()
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.link_port}"\ninsecure = true\n')
+        self.env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": str(home),
+                    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.pids: set[int] = set()
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "a")
+        p = subprocess.Popen([str(BIN / args[0]), *args[1:]], stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                             start_new_session=True, cwd=self.root)
+        log.close()
+        self.procs[name] = p
+        return p
+
+    def start_link(self) -> None:
+        self.start("superlink", ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+                                 "--host", "127.0.0.1", "--port", str(self.link_port)])
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.link_port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.procs["superlink"].poll() is not None:
+                    raise RuntimeError("the SuperLink did not start:\n" + self.log("superlink")) from None
+                time.sleep(0.2)
+
+    def start_node(self, i: int, node_config: str) -> None:
+        self.start(f"node{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.link_port}",
+                                "--port", str(_free_port()), "--node-config", node_config])
+
+    def kill(self, name: str) -> set[int]:
+        """SIGKILL ``name``'s process group and every descendant; returns the pids killed."""
+        p = self.procs.pop(name)
+        pids = _tree(p.pid)
+        self.pids |= pids
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for q in pids:  # SuperExec of the SuperLink runs in its own session
+            try:
+                os.kill(q, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        p.wait(timeout=30)
+        return pids
+
+    def flwr_run(self, app: Path, *extra: str, timeout: float = 240) -> str:
+        r = subprocess.run([str(BIN / "flwr"), "run", str(app), "local", "--stream", *extra], env=self.env,
+                           capture_output=True, text=True, timeout=timeout, cwd=self.root)
+        return r.stdout + r.stderr
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def close(self) -> list[int]:
+        """Kill everything started here; returns the pids still alive 10 s later (should be none)."""
+        for name in list(self.procs):
+            self.kill(name)
+        deadline = time.monotonic() + 10
+        while (alive := [p for p in self.pids if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return alive
+
+
+def _wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (v := cond()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.2)
+    return v
+
+
+@pytest.fixture(scope="module")
+def scenario(real_store, tmp_path_factory):
+    """Run the kill-and-resume scenario once; returns what the tests check."""
+    from fedhype.federated.flower.federation import write_app, write_federation
+
+    if not (BIN / "flower-superlink").exists() or not (BIN / "flwr").exists():
+        pytest.skip(f"Flower's executables are not in {BIN}")
+    t0 = time.monotonic()
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    root = tmp_path_factory.mktemp("flower")
+    real_store.save(root / "store.safetensors")
+    part.save(root / "partition.json")
+    write_federation(root / "server", real_store, part, TrainConfig(**CFG))
+    app, run = root / "app", root / "run"
+    write_app(app, federation=root / "server" / "federation.json", run_dir=run, connect_timeout=90,
+              round_timeout=180, straggler_timeout=STRAGGLER_S, wire_log=root / "wire.jsonl")
+    node_cfg = [f'client="{c.id}" embeddings="{root / "store.safetensors"}" partition="{root / "partition.json"}" '
+                f'state-dir="{root / f"node{i}-private"}" seed={CFG["seed"]}' for i, c in enumerate(part.clients)]
+    dep = Deployment(root)
+    out: dict = {"root": root, "run": run, "ref": root / "in-process", "part": part}
+    try:
+        dep.start_link()
+        for i, nc in enumerate(node_cfg):
+            dep.start_node(i, nc)
+        # the in-process reference, same settings and seed (while the SuperNodes connect)
+        train(real_store, part, TrainConfig(**CFG), out["ref"], diagnostics=False)
+        # run 1 in the background; kill node 1 as soon as round 1 is committed
+        with open(root / "flwr-run-1.log", "w") as log:
+            first = subprocess.Popen([str(BIN / "flwr"), "run", str(app), "local", "--stream"], env=dep.env,
+                                     stdout=log, stderr=subprocess.STDOUT, cwd=root)
+        try:
+            _wait_for(lambda: RunDir(run).committed_round() >= 1 or first.poll() is not None, 240,
+                      "round 1 to be committed")
+            out["killed_pids"] = dep.kill("node1")
+            out["killed_at"] = time.monotonic()
+            first.wait(timeout=240)
+        finally:
+            if first.poll() is None:
+                first.kill()
+        out["first_output"] = (root / "flwr-run-1.log").read_text(errors="replace")
+        out["first_seconds_after_kill"] = time.monotonic() - out["killed_at"]
+        out["after_failure"] = {"rounds": RunDir(run).committed_round(),
+                                "ledger": json.loads((run / "ledger.json").read_text())["events"]}
+        # restart node 1 (same private state folder) and resume
+        dep.start_node(1, node_cfg[1])
+        out["second_output"] = dep.flwr_run(app, "--run-config", "resume=true")
+        out["seconds"] = time.monotonic() - t0
+        if not (run / "checkpoint.json").exists() or RunDir(run).committed_round() < CFG["rounds"]:
+            pytest.fail("the resumed Flower run did not complete:\n" + out["second_output"][-3000:]
+                        + "\n--- superlink ---\n" + dep.log("superlink") + "\n--- node0 ---\n" + dep.log("node0"))
+        yield out
+    finally:
+        out["left_alive"] = dep.close()
+        assert not out["left_alive"], f"processes left alive: {out['left_alive']}"
+
+
+def _events(path: Path) -> list[dict]:
+    return [{k: v for k, v in e.items() if k != "time"} for e in json.loads(path.read_text())["events"]]
+
+
+def test_killed_supernode_stops_the_round_with_a_clear_error(scenario):
+    text = scenario["first_output"]
+    assert "NodeFailure" in text and "round 2: no update from 1 client(s): client 1" in text, text[-3000:]
+    assert "nothing of it is committed (completed rounds: 1)" in text and "resume=true" in text
+    # bounded: given up STRAGGLER_S after the live node's answer, not after Flower's heartbeat expiry
+    assert scenario["first_seconds_after_kill"] < STRAGGLER_S + 60
+    assert scenario["after_failure"]["rounds"] == 1
+    # the killed node's processes are gone, not left behind
+    assert not [p for p in scenario["killed_pids"] if _alive(p)]
+
+
+def test_ledger_was_written_ahead_and_resume_charges_nothing_twice(scenario):
+    ref = _events(scenario["ref"] / "ledger.json")
+    got = _events(scenario["run"] / "ledger.json")
+    # before the kill: round 2 was charged to both sampled clients before any data was touched
+    at_failure = [{k: v for k, v in e.items() if k != "time"} for e in scenario["after_failure"]["ledger"]]
+    assert at_failure == ref
+    # after the resume (seeded nodes replay the same noise): exactly the in-process ledger
+    assert got == ref
+    assert [(e["client"], e["round"], e["mechanism"]) for e in got] == \
+        [(e["client"], e["round"], e["mechanism"]) for e in ref] and not any("rerun" in e["note"] for e in got)
+    # the accountant's figures agree too
+    m_ref = json.loads((scenario["ref"] / "metrics.json").read_text())
+    m_got = json.loads((scenario["run"] / "metrics.json").read_text())
+    assert [m["epsilon_per_client"] for m in m_got] == [m["epsilon_per_client"] for m in m_ref]
+    assert [m["participants"] for m in m_got] == [["0", "1"], ["0", "1"]]
+
+
+def test_result_matches_the_in_process_engine(scenario):
+    h_ref, c_ref, meta_ref = load_model(scenario["ref"])
+    h_got, c_got, meta_got = load_model(scenario["run"])
+    torch.testing.assert_close(c_got, c_ref, rtol=0, atol=1e-5)
+    for (k, a), (_, b) in zip(h_got.state_dict().items(), h_ref.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=k)
+    assert {k: v for k, v in meta_got.items() if k != "run_id"} == {k: v for k, v in meta_ref.items() if k != "run_id"}
+    ck_ref = load_tensors(RunDir(scenario["ref"]).server_ckpt(2))
+    ck_got = load_tensors(RunDir(scenario["run"]).server_ckpt(2))
+    assert set(ck_got) == set(ck_ref)
+    for k in ck_ref:
+        torch.testing.assert_close(ck_got[k].float(), ck_ref[k].float(), rtol=0, atol=1e-5, msg=k)
+    # the same run directory: config and commit point equal; private client state stayed on the nodes
+    assert json.loads((scenario["run"] / "config.json").read_text()) == \
+        json.loads((scenario["ref"] / "config.json").read_text())
+    assert not (scenario["run"] / "clients").exists()
+    assert list((scenario["root"] / "node1-private").rglob("state-r2.safetensors"))
+
+
+def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
+    from fedhype.federated.flower.wire import META_KEYS, TASK_KEYS
+
+    h, codes, _ = load_model(scenario["ref"])
+    theta = {k: [str(v.dtype).replace("torch.", ""), list(v.shape)] for k, v in h(codes[0]).items()}
+    d, k = real_dim(scenario), len(scenario["part"].class_names)
+    stats_on = bool(getattr(TrainConfig(**CFG).model_config(d, k), "class_bias", False))
+    stats = {"class_sums": ["float32", [k, d]], "class_counts": ["float32", [k]]}
+    log = [json.loads(line) for line in (scenario["root"] / "wire.jsonl").read_text().splitlines()]
+    seen = set()
+    for e in log:
+        rec, kind = e["records"], e["type"]
+        seen.add((e["direction"], kind))
+        if e["direction"] == "node→server":
+            if kind == "query":
+                assert rec == {"identity": {"type": "ConfigRecord",
+                                            "keys": {"client": "str", "seeded": "bool", "fedhype-version": "str"}}}
+                continue
+            assert set(rec) == {"update", "update-meta"}, e
+            assert rec["update"]["arrays"] == (theta if kind == "train" else stats), e
+            assert rec["update-meta"]["type"] == "ConfigRecord"
+            assert set(rec["update-meta"]["keys"]) == META_KEYS | {"noise-multiplier"}
+        else:
+            if kind == "train":
+                assert set(rec) == {"theta", "task"} | ({"space"} if stats_on else set())
+                assert rec["theta"]["arrays"] == theta
+                if stats_on:
+                    assert rec["space"]["arrays"] == {"mean": ["float32", [d]], "scale": ["float32", []]}
+                assert set(rec["task"]["keys"]) == TASK_KEYS | {"noise-multiplier"}
+            else:
+                assert set(rec) == ({"query"} if kind == "query" else {"stats-task"}), e
+    kinds = ("query", "train.class_stats", "train") if stats_on else ("query", "train")
+    assert seen == {(a, t) for a in ("server→node", "node→server") for t in kinds}
+    n_updates = sum(e["direction"] == "node→server" and e["type"] == "train" for e in log)
+    assert n_updates == 2 + 1 + 2  # round 1, round 2 (node 1 killed: no reply), round 2 again
+
+
+def real_dim(scenario) -> int:
+    return int(json.loads((scenario["run"] / "config.json").read_text())["store"]["dim"])
+
+
+def test_scenario_time(scenario):
+    """The whole scenario (two Flower runs, a kill, a resume) stays bounded."""
+    assert scenario["seconds"] < SCENARIO_BUDGET_S
