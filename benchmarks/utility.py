@@ -97,6 +97,14 @@ def client_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _run_star(args: tuple) -> dict:
+    return run_one(*args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=None)
@@ -108,6 +116,8 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], dest="extra")
     ap.add_argument("--out", default="runs/bench-utility")
     ap.add_argument("--readme", action="store_true", help="update the README table")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="parallel processes (one torch thread each); 1 = in this process")
     ap.add_argument("--results", default=str(Path(__file__).parent / "results"),
                     help="folder for utility.json / utility.md (default benchmarks/results)")
     a = ap.parse_args()
@@ -116,26 +126,36 @@ def main() -> None:
     if a.dataset:
         a.config = DATASETS[a.dataset]
         a.out = f"{a.out}-{a.dataset}" if a.out == "runs/bench-utility" else a.out
-    rows = []
-    for m in a.methods:
-        for e in a.epsilons:
-            for s in a.seeds:
-                rows.append(run_one(a.config, m, e, s, Path(a.out), a.extra))
-                print(json.dumps(rows[-1]), flush=True)
-    head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU, {torch.get_num_threads()} threads, "
+    grid = [(a.config, m, e, s, Path(a.out), a.extra) for m in a.methods for e in a.epsilons for s in a.seeds]
+    if a.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(a.jobs, initializer=_one_thread) as ex:
+            rows = list(ex.map(_run_star, grid))
+        for r in rows:
+            print(json.dumps(r), flush=True)
+    else:
+        rows = []
+        for g in grid:
+            rows.append(run_one(*g))
+            print(json.dumps(rows[-1]), flush=True)
+    threads = f"{a.jobs} processes × 1 thread" if a.jobs > 1 else f"{torch.get_num_threads()} threads"
+    head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU, {threads}, "
             f"config: {a.config or 'built-in default (digits-domains, dinov2-vits14 @112 px, 4 domain clients)'}_")
     md = head + "\n\n" + table(rows) + "\n"
     if client_table(rows):
         md += "\n" + client_table(rows) + "\n"
     res = Path(a.results)
     res.mkdir(parents=True, exist_ok=True)
-    (res / "utility.json").write_text(json.dumps({"rows": rows, "header": head}, indent=2) + "\n")
-    (res / "utility.md").write_text(md)
+    name = f"utility-{a.dataset}" if a.dataset else "utility"
+    (res / f"{name}.json").write_text(json.dumps({"rows": rows, "header": head}, indent=2) + "\n")
+    (res / f"{name}.md").write_text(md)
     print(md)
     if a.readme:
         readme = Path(__file__).parents[1] / "README.md"
         text = readme.read_text()
-        new = re.sub(r"(<!-- utility:start -->\n).*?(<!-- utility:end -->)", lambda m_: m_.group(1) + md + m_.group(2), text,
+        tag = f"utility-{a.dataset}" if a.dataset and a.dataset != "digits" else "utility"
+        new = re.sub(rf"(<!-- {tag}:start -->\n).*?(<!-- {tag}:end -->)", lambda m_: m_.group(1) + md + m_.group(2), text,
                      flags=re.S)
         readme.write_text(new)
 

@@ -64,8 +64,8 @@ def test_release_is_in_the_ledger_and_composed_by_the_accountant(real_store, par
     assert sorted(e.client for e in pre) == sorted(str(c.id) for c in part.clients)
     s0 = pre[0].noise_multiplier
     assert all(e.round == -1 and e.sample_rate == 1.0 and e.steps == 1 and e.noise_multiplier == s0 for e in pre)
-    # σ of the release is calibrated to its share of ε on its own (default share 0.5)
-    assert epsilon([(s0, 1.0, 1)], 1e-4) == pytest.approx(0.5 * 2.0, abs=0.02)
+    # σ of the release is calibrated to its share of ε on its own (default share 0.8)
+    assert epsilon([(s0, 1.0, 1)], 1e-4) == pytest.approx(0.8 * 2.0, abs=0.02)
     worst = 0.0
     for c in part.clients:
         q = 32 / len(c.train)

@@ -94,13 +94,19 @@ def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
         raise ArtifactError(f"model {path}: metadata is not valid JSON") from None
     if meta.get("format") != MODEL_FORMAT:
         raise ArtifactError(f"model {path}: not a fedhype model (format {meta.get('format')!r})")
-    cfg = ModelConfig(**{**meta["model"], "mmd_bandwidths": tuple(meta["model"]["mmd_bandwidths"])})
+    # models written before the DP class statistics (fedhype 0.1.0) have no class bias and the
+    # fixed √D·x/‖x‖ space (the buffers' defaults)
+    cfg = ModelConfig(**{"class_bias": False, **meta["model"], "mmd_bandwidths": tuple(meta["model"]["mmd_bandwidths"])})
     if is_local(meta):  # local-cvae: one model per client, keyed by its code (fedhype.federated.baselines)
         hnet = load_local_models(cfg, len(meta["clients"]), t["codes"])
     else:
         hnet = HyperNetwork(cfg, torch.Generator().manual_seed(0))
+    state = {k[5:]: v for k, v in t.items() if k.startswith("hnet.")}
+    for k, v in hnet.state_dict().items():
+        if k.endswith(("space_mean", "space_scale")) and k not in state:
+            state[k] = v
     try:
-        hnet.load_state_dict({k[5:]: v for k, v in t.items() if k.startswith("hnet.")})
+        hnet.load_state_dict(state)
     except RuntimeError as exc:
         raise ArtifactError(f"model {path}: weights do not match its config ({exc})") from None
     return hnet, t["codes"], meta
