@@ -10,6 +10,7 @@ from sklearn.base import clone
 from fedhype.data.partition import make_partition
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.prototypes import HyperPrototypeClassifier, fedavg, fit_federated, prototypes_downstream
+from fedhype.prototypes.network import AdapterNet, init_parameters, orthogonal_anchors
 
 FAST = dict(epochs=6, match_steps=3)
 
@@ -41,10 +42,21 @@ def test_fit_predict_on_real_embeddings(fitted, split):
     assert len(fitted.history_) == 6 and fitted.privacy_["dp_matching"] is False
 
 
+def test_default_keeps_the_orthonormal_anchors(fitted):
+    """matching="none" is the default (benchmarks/prototypes.py): no matching phase, P = the initial anchors."""
+    assert HyperPrototypeClassifier().matching == "none"
+    assert all("match_before" not in r for r in fitted.history_)
+    p = fitted.prototypes_.flatten(0, 1)
+    assert torch.allclose(p @ p.T, torch.eye(50), atol=1e-5)
+    g = torch.Generator().manual_seed(0)
+    init_parameters(AdapterNet(384, 10), g)
+    assert torch.allclose(fitted.prototypes_, orthogonal_anchors(10, 5, 128, g), atol=1e-6)   # drawn after the net
+
+
 def test_same_seed_same_model_and_sklearn_clone(split):
     _, train, _ = split
     x, y = train.embeddings[:200], train.labels.numpy()[:200]
-    a = HyperPrototypeClassifier(epochs=2, match_steps=2, seed=3).fit(x, y)
+    a = HyperPrototypeClassifier(epochs=2, matching="synthetic", match_steps=2, seed=3).fit(x, y)
     b = clone(a).fit(x, y)
     assert torch.equal(a.prototypes_, b.prototypes_)
     assert np.array_equal(a.predict_proba(x), b.predict_proba(x))
@@ -108,8 +120,8 @@ def test_federated_training_over_domain_clients(split, real_store):
     part, _, test = split
     clients = {str(c.id): (part.client_store(real_store, c.id, "train").embeddings,
                            part.client_store(real_store, c.id, "train").labels.numpy()) for c in part.clients}
-    clf = fit_federated(HyperPrototypeClassifier(epochs=6, match_steps=3, seed=0), clients, classes=np.arange(10),
-                        local_epochs=2)
+    clf = fit_federated(HyperPrototypeClassifier(epochs=6, matching="synthetic", match_steps=3, seed=0), clients,
+                        classes=np.arange(10), local_epochs=2)
     acc = float((clf.predict(test.embeddings) == test.labels.numpy()).mean())
     assert acc > 0.3, acc                                     # chance 0.1; 6 short rounds on ~120 records/client
     assert clf.privacy_["model_private"] is False and clf.privacy_["federated"] is True

@@ -68,7 +68,8 @@ def train(
     real: Path | None = typer.Option(None, "--real", help="Real store of the partition, for --matching dp when --data "
                                      "is synthetic.", callback=existing("embeddings store", "create it with `fedhype embed`")),
     head: str = typer.Option("both", "--head", help="prototype | linear | both (prediction head)."),
-    matching: str = typer.Option("synthetic", "--matching", help="synthetic (free on a synthetic store) | dp | none."),
+    matching: str = typer.Option("none", "--matching", help="none (default: measured best, see benchmarks/prototypes.py) | "
+                                 "synthetic (free on a synthetic store) | dp."),
     epochs: int = typer.Option(30, "--epochs", help="Alternation epochs (federated: rounds)."),
     local_epochs: int = typer.Option(1, "--local-epochs", help="--federated: client epochs per round."),
     noise_multiplier: float = typer.Option(1.0, "--noise-multiplier", help="--matching dp: σ."),

@@ -5,7 +5,8 @@ Both classifiers are trained on the same synthetic store and tested on held-out 
 (TRTR, the reference). The linear probe is :class:`fedhype.eval.utility.Probe` (scikit-learn
 StandardScaler + LogisticRegression on L2-normalised rows); the hyper-prototype classifier is
 :class:`~fedhype.prototypes.classifier.HyperPrototypeClassifier` with its defaults
-(``matching="synthetic"``: free, post-processing of the synthetic store). Metrics: accuracy,
+(``matching="none"``: fixed prototypes, the measured best; ``matching="synthetic"`` would also be
+free, post-processing of the synthetic store). Metrics: accuracy,
 balanced accuracy, macro-F1 (:func:`fedhype.eval.utility.classification_metrics`).
 """
 
