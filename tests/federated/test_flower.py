@@ -86,7 +86,10 @@ class Deployment:
         home.mkdir()
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.link_port}"\ninsecure = true\n')
-        self.env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": str(home),
+        # Flower's processes start helpers (flower-superexec, flwr-clientapp) from PATH: put the
+        # interpreter's bin first, as an activated venv would (CI runs .venv/bin/python unactivated)
+        self.env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                    "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": str(home),
                     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
         self.procs: dict[str, subprocess.Popen] = {}
         self.pids: set[int] = set()
