@@ -23,7 +23,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "cache_dir": ""},
     "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2], "min_train": 20, "seed": 0},
     "train": {"rounds": 8, "local_epochs": 2.0, "batch_size": 256, "participation": 1.0, "lr_local": 1e-2,
-              "epsilon": 1.0, "delta": 1e-4, "noise_multiplier": None, "clip_norm": 1.5, "no_dp": False,
+              "epsilon": 1.0, "delta": 1e-4, "noise_multiplier": None, "clip_norm": 1.5, "class_stats_share": 0.8, "no_dp": False,
               "max_epsilon": None, "seed": None, "method": "fedhypevae"},
     # smaller than the predecessor's 256/100: at ε = 1 the 256/100 model's noise swamped its
     # gradients (TSTR at chance on digits-domains); 128/32 learned class structure (see README).
