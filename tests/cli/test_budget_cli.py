@@ -58,9 +58,12 @@ def test_target_epsilon_gives_sigma_within_it(app):
 
 
 def test_federated_plan_from_client_sizes(app):
+    # --class-stats-share 0: the DP-SGD steps alone (as for dp-cvae); the default composes the
+    # class-statistics release first (tests/federated/test_refusals.py checks it against the engine)
     result, out = _run(app, "--rounds", "3", "--local-epochs", "2", "--batch-size", "32", "--client-sizes", "2000,800,250",
-                       "--noise-multiplier", "1.5", "--delta", "1e-4", "--json")
+                       "--noise-multiplier", "1.5", "--delta", "1e-4", "--class-stats-share", "0", "--json")
     assert result.exit_code == 0, result.output
+    assert out["class_stats_noise_multiplier"] is None and out["class_stats_epsilon"] == 0.0
     rows = out["clients"]
     assert [r["n"] for r in rows] == [2000, 800, 250]
     assert [r["steps"] for r in rows] == [3 * 2 * math.ceil(n / 32) for n in (2000, 800, 250)] == [378, 150, 48]

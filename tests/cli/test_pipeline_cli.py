@@ -153,7 +153,7 @@ def test_run_min_records_names_the_job_keys(tmp_path):
 def test_bad_values_are_refused_before_anything_is_written(files, tmp_path):
     runner = CliRunner()
     r = runner.invoke(app, ["run", "--out", str(tmp_path / "job"), "--set", "train.epsilon=\"abc\"", "--json"])
-    assert r.exit_code == 2 and "wrong type" in _json(r)["error"]
+    assert r.exit_code == 2 and "train.epsilon must be a number" in _json(r)["error"]
     assert not (tmp_path / "job").exists()
     r = runner.invoke(app, ["train", "--store", str(files / "emb.safetensors"), "--partition", str(files / "part.json"),
                             "--out", str(tmp_path / "typo"), "--resume", "--json", *SMALL])

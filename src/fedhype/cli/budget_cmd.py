@@ -75,8 +75,15 @@ def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier
 
 def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[str, str, int]],
                 local_epochs: int | None = None, local_steps: int | None = None, participation: float = 1.0,
-                noise_multiplier: float | None = None, target_epsilon: float | None = None) -> dict[str, Any]:
+                noise_multiplier: float | None = None, target_epsilon: float | None = None,
+                class_stats_share: float = 0.0, class_stats_noise_multiplier: float | None = None) -> dict[str, Any]:
     """Per-client ε of a federated DP-SGD plan (see the module docstring).
+
+    With ``class_stats_share > 0`` the plan includes the DP class statistics that ``fedhype train``
+    releases once per client before round 0 (one un-subsampled Gaussian step of σ₀, composed first):
+    with a target ε, σ₀ is calibrated so the release alone costs ``class_stats_share × ε`` and σ so
+    that both compose to ε — exactly what ``fedhype train --epsilon`` does; with an explicit σ,
+    σ₀ is ``class_stats_noise_multiplier`` or calibrated as ``fedhype train --noise-multiplier`` does.
 
     Args:
         clients: ``[(id, name, n_train), ...]``.
@@ -101,12 +108,24 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
         per_round = local_n * math.ceil(n / batch_size) if local_steps is None else local_n
         rows.append({"client": cid, "name": name, "n": n, "sample_rate": batch_size / n,
                      "steps": rounds_per_client * per_round})
+    if not (0 <= class_stats_share < 1):
+        raise ValidationError(f"--class-stats-share must be in [0, 1) (0: no class-statistics release), got {class_stats_share}")
+    s0 = class_stats_noise_multiplier
     if target_epsilon is not None:
-        sigma = calibrate_noise_plan(target_epsilon, delta, [(r["sample_rate"], r["steps"]) for r in rows])
+        if class_stats_share > 0 and s0 is None:
+            s0 = calibrate_noise(class_stats_share * target_epsilon, delta, 1.0, 1)
+        prefix = [(float(s0), 1.0, 1)] if class_stats_share > 0 else []
+        sigma = calibrate_noise_plan(target_epsilon, delta, [(r["sample_rate"], r["steps"]) for r in rows], prefix=prefix)
     else:
         sigma = validate_noise_multiplier(noise_multiplier, "--noise-multiplier")
+        if class_stats_share > 0 and s0 is None:
+            from fedhype.privacy.accountant import epsilon as _eps
+
+            eps_sgd = max(_eps([(sigma, r["sample_rate"], r["steps"])], delta) for r in rows)
+            s0 = calibrate_noise(class_stats_share * eps_sgd, delta, 1.0, 1) if math.isfinite(eps_sgd) else 1.0
+        prefix = [(float(s0), 1.0, 1)] if class_stats_share > 0 else []
     for r in rows:
-        rep = epsilon_report([(sigma, r["sample_rate"], r["steps"])], delta)
+        rep = epsilon_report(prefix + [(sigma, r["sample_rate"], r["steps"])], delta)
         r.update({k: rep[k] for k in ("epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld")})
         _mark(r, sigma, note=False)
     worst = max(rows, key=lambda r: r["epsilon"])
@@ -115,7 +134,9 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
            **{k: worst[k] for k in ("epsilon_prv", "epsilon_rdp", "epsilon_pld")},
            "worst_client": worst["client"], "rounds": rounds, "rounds_per_client": rounds_per_client,
            "participation": p, "batch_size": batch_size, "local_epochs": local_epochs, "local_steps": local_steps,
-           "clients": rows}
+           "clients": rows, "class_stats_share": class_stats_share,
+           "class_stats_noise_multiplier": float(s0) if prefix else None,
+           "class_stats_epsilon": epsilon_report(prefix, delta)["epsilon"] if prefix else 0.0}
     if target_epsilon is not None:
         out["target_epsilon"] = float(target_epsilon)
     return _mark(out, sigma)
@@ -163,6 +184,11 @@ def _render(result: dict[str, Any]) -> None:
                           _fmt(r["epsilon_prv"]), _fmt(r["epsilon_rdp"]), _fmt(r["epsilon_pld"]))
         out.print(table)
         out.print(f"worst client: {result['worst_client']}  ε = {_fmt(result['epsilon'])} at δ = {result['delta']:g}")
+        if result.get("class_stats_noise_multiplier"):
+            out.print(f"includes the DP class statistics released once before round 0: σ₀ = "
+                      f"{_fmt(result['class_stats_noise_multiplier'])} (alone ε = {_fmt(result['class_stats_epsilon'])}); "
+                      "`fedhype train --epsilon` recalibrates both, or pass --noise-multiplier and "
+                      "--class-stats-noise-multiplier", highlight=False)
     if result.get("note"):
         out.print(result["note"], style="bold red", highlight=False)
 
@@ -183,6 +209,10 @@ def budget(
     partition: Optional[Path] = typer.Option(None, "--partition", help="fedhype-partition/1 JSON (plan).",
                                              callback=existing("partition file", "create it with `fedhype partition`")),
     participation: float = typer.Option(1.0, "--participation", help="Fraction of rounds each client takes part in."),
+    class_stats_share: float = typer.Option(0.8, "--class-stats-share",
+                                            help="Plan: share of the target ε spent on the DP class statistics that "
+                                                 "`fedhype train` releases once before round 0 (its default 0.8; 0 for "
+                                                 "methods without them: dp-cvae, no-class-stats)."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """ε (PRV, with RDP and PLD cross-checks) for a DP-SGD mechanism or federated plan, or σ for a target ε.
@@ -210,7 +240,7 @@ def budget(
             raise ValidationError("give exactly one of --client-sizes or --partition")
         clients = parse_client_sizes(client_sizes) if client_sizes is not None else read_partition_sizes(partition)
         return budget_plan(delta, rounds, batch_size, clients, local_epochs, local_steps, participation,
-                           noise_multiplier, epsilon)
+                           noise_multiplier, epsilon, class_stats_share=class_stats_share)
 
     run_command(body, json_mode, render=_render)
 

@@ -18,7 +18,7 @@ from fedhype.errors import ValidationError
 SHOWN = 5
 
 _TOO_SMALL = re.compile(r"^(\d+) of (\d+) clients have fewer than (\d+) train records: (.*); [^;]*$", re.S)
-_ENTRY = re.compile(r"(.+?) \((\d+) train / (\d+) records\)(?:, |$)")
+_ENTRY = re.compile(r"(.+?) \((\d+) train / (\d+) records\)(?:, |(?= and \d+ more$)|$)")
 
 
 def _parse_split(text: str) -> tuple[float, float, float]:
@@ -75,7 +75,9 @@ def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: 
         return exc
     entries = _ENTRY.findall(m.group(4))
     shown = ", ".join(f"{name} ({tr} train / {tot} records)" for name, tr, tot in entries[:SHOWN])
-    more = f" and {len(entries) - SHOWN} more" if len(entries) > SHOWN else ""
+    hidden = re.search(r" and (\d+) more", m.group(4))  # make_partition itself lists at most 5
+    rest = len(entries) + (int(hidden.group(1)) if hidden else 0) - min(len(entries), SHOWN)
+    more = f" and {rest} more" if rest > 0 else ""
     what = "domains are too small to be clients" if scheme == "domain" and clients is None else \
         f"clients have fewer than {m.group(3)} train records (--min-train)"
     return ValidationError(f"{m.group(1)} of {m.group(2)} {what}: {shown}{more}; "

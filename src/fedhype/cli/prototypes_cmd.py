@@ -80,7 +80,8 @@ def train(
                                        "are added to a copy in --out, so the reported ε composes both (the original "
                                        "file is not changed).",
                                        callback=existing("privacy ledger", "the ledger.json of a `fedhype train` run")),
-    seed: int = typer.Option(0, "--seed", help="Seed of initialisation, shuffling and (not secure) DP noise."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of initialisation, shuffling and (not secure) DP "
+                                       "noise. Default: 0, except with --matching dp: OS entropy (secure noise)."),
     out: Path = typer.Option(..., "--out", help="Model directory to write."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --out."),
     json_mode: bool = JsonOpt,
@@ -111,7 +112,8 @@ def train(
             raise ValidationError(f"--delta {delta:g} differs from the ledger's δ = {run_ledger.delta:g}")
         dlt = delta if delta is not None else (run_ledger.delta if run_ledger is not None else 1e-5)
         clf = HyperPrototypeClassifier(head=head, matching=matching, epochs=epochs, noise_multiplier=noise_multiplier,
-                                       clip_norm=clip_norm, delta=dlt, max_epsilon=max_epsilon, seed=seed)
+                                       clip_norm=clip_norm, delta=dlt, max_epsilon=max_epsilon,
+                                       seed=seed if seed is not None else (None if matching == "dp" else 0))
         classes = np.arange(store.n_classes)
         if federated:
             if store.kind == "synthetic":

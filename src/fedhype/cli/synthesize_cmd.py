@@ -82,13 +82,16 @@ def register(app: typer.Typer) -> None:
             k, total = _counts(per_class, n)
             _check_temperature(temperature)
             weights = _weights(label_weights)
-            if run.is_dir() and not (run / "model.safetensors").exists():
+            src = run
+            if src.is_dir() and not (src / "model.safetensors").exists() and (src / "run" / "model.safetensors").exists():
+                src = src / "run"  # a `fedhype run` output folder: its model is in run/
+            if src.is_dir() and not (src / "model.safetensors").exists():
                 from fedhype.errors import ValidationError
 
                 raise ValidationError(f"--run {run} holds no model.safetensors: not a `fedhype train` run directory, "
                                       "or its first round has not finished; give the run directory (or the model file)")
             t0 = time.perf_counter()
-            store = synthesize(run, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature)
+            store = synthesize(src, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature)
             secs = time.perf_counter() - t0
             store.save(out)
             m = store.meta

@@ -137,6 +137,10 @@ def register(app: typer.Typer) -> None:
                                              "before round 0 (the rest goes to DP-SGD; both compose to the target). "
                                              "0.8 measured best on the bundled job (TSTR at ε = 1: 0.3 → 0.19, "
                                              "0.5 → 0.26, 0.8 → 0.32)."),
+        class_stats_noise_multiplier: Optional[float] = typer.Option(
+            None, "--class-stats-noise-multiplier",
+            help="σ₀ of the class-statistics release set directly (with --noise-multiplier; default: calibrated "
+                 "from --class-stats-share, see `fedhype budget`)."),
         rounds: int = _opt("rounds", "--rounds", help="Federated rounds."),
         local_epochs: float = _opt("local_epochs", "--local-epochs", help="Local epochs per round (K_i = ceil(E·n_i/B))."),
         local_steps: Optional[int] = _opt("local_steps", "--local-steps",
@@ -152,7 +156,7 @@ def register(app: typer.Typer) -> None:
                                      help="Width of the CVAE's hidden layers (model size)."),
         latent: Optional[int] = _opt("latent", "--latent", section="model", help="Latent dimension L of z (model size)."),
         method: str = _opt("method", "--method",
-                           help="fedhypevae | dp-cvae | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
+                           help="fedhypevae | dp-cvae | no-class-stats | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
                                 "local-cvae (each client alone) | central-cvae (pooled records, one client)."),
         seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run (recorded as 'not secure')."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),
@@ -172,7 +176,8 @@ def register(app: typer.Typer) -> None:
             cfg = build_config(dict(rounds=rounds, local_epochs=local_epochs, local_steps=local_steps,
                                     batch_size=batch_size, participation=participation, lr_local=lr_local,
                                     epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
-                                    clip_norm=clip_norm, class_stats_share=class_stats_share, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
+                                    clip_norm=clip_norm, class_stats_share=class_stats_share,
+                                    class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
                                     min_records=min_records, method=method),
                                {"hidden": hidden, "latent": latent})
             s = EmbeddingStore.load(store)

@@ -290,7 +290,8 @@ def make_partition(
     floor = max(1, min_train_per_client)
     bad = [c for c in clients if len(c.train) < floor]
     if bad:
-        listed = ", ".join(f"{c.name} ({len(c.train)} train / {len(c.train) + len(c.val) + len(c.test)} records)" for c in bad)
+        listed = ", ".join(f"{c.name} ({len(c.train)} train / {len(c.train) + len(c.val) + len(c.test)} records)"
+                           for c in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         hint = {"dirichlet": "use fewer clients (--clients) or a larger --alpha",
                 "iid": "use fewer clients (--clients) or a larger / no --quantity-skew",
                 "domain": "use fewer clients (--clients)"}[scheme]

@@ -102,6 +102,10 @@ class TrainConfig:
             raise ValidationError(f"train.delta must be in (0, 1), got {self.delta}")
         if not (self.clip_norm > 0):
             raise ValidationError(f"train.clip_norm must be > 0, got {self.clip_norm}")
+        for name in ("lr_local", "lr_server", "lr_hyper", "lr_code"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValidationError(f"train.{name} must be a finite number > 0, got {v}")
         if not (0 < self.class_stats_share < 1):
             raise ValidationError(f"train.class_stats_share must be in (0, 1), got {self.class_stats_share}")
         if self.class_stats_noise_multiplier is not None and not (self.class_stats_noise_multiplier > 0):
@@ -111,8 +115,9 @@ class TrainConfig:
         if not self.no_dp:
             if self.noise_multiplier is None and self.epsilon is None:
                 raise ValidationError("give --epsilon (target ε) or --noise-multiplier, or --no-dp for a non-private run")
-            if self.noise_multiplier is not None and self.noise_multiplier < 0:
-                raise ValidationError(f"noise multiplier σ must be ≥ 0, got {self.noise_multiplier}")
+            if self.noise_multiplier is not None and not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
+                raise ValidationError(f"noise multiplier σ must be a finite number > 0, got {self.noise_multiplier} "
+                                      "(σ = 0 gives no privacy: use --no-dp for an explicitly non-private run)")
             if self.noise_multiplier is None and not (self.epsilon > 0):
                 raise ValidationError(f"target ε must be > 0, got {self.epsilon}")
 

@@ -15,6 +15,7 @@ client for :mod:`fedhype.federated.flower` — which hands out RoundTasks and re
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import asdict
@@ -177,7 +178,9 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
                                   "or choose another --out")
         old = read_json(run.config, "run config")
         if _comparable(old) != _comparable(resolved):
-            raise ValidationError(f"--resume: the configuration differs from the one in {run.config}; "
+            diff = _differences(_comparable(old), _comparable(json.loads(json.dumps(resolved))))
+            raise ValidationError(f"--resume: the configuration differs from the one in {run.config} "
+                                  f"({'; '.join(diff[:5]) or 'details differ'}); "
                                   "resume with the same settings or start a new run")
     else:
         done = 0
@@ -217,6 +220,8 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
         t0 = time.perf_counter()
         k = max(1, round(cfg.participation * len(clients)))
         chosen = sorted(torch.randperm(len(clients), generator=gen)[:k].tolist()) if k < len(clients) else list(range(len(clients)))
+        if hasattr(transport, "preflight"):  # a corrupt private state fails here, before the ledger is charged
+            transport.preflight(r, chosen, mcfg)
         if not cfg.no_dp:
             planned = [(i, LedgerEvent(client=clients[i].id, round=r, mechanism=MECHANISM, noise_multiplier=sigma,
                                        sample_rate=cfg.sample_rate(clients[i].n), steps=cfg.steps_per_round(clients[i].n),
@@ -261,6 +266,16 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
             "class_stats_noise_multiplier": privacy["class_stats_noise_multiplier"],
             "epsilon_per_client": eps, "clip_norm": cfg.clip_norm, "seed": cfg.seed,
             "seed_secure": cfg.seed is None, "traffic": server.hnet.traffic(), "complete": run.committed_round() >= cfg.rounds}
+
+
+def _differences(old: Any, new: Any, path: str = "") -> list[str]:
+    """``key: old → new`` for every leaf that differs between two JSON-like configs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += _differences(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
+        return out
+    return [] if old == new else [f"{path}: {old!r} → {new!r}"]
 
 
 def _comparable(conf: dict) -> dict:

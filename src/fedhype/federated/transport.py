@@ -100,6 +100,15 @@ class InProcessTransport:
         self.clients = clients
         self.val = val
 
+    def preflight(self, round_idx: int, indices: list[int], model: ModelConfig) -> None:
+        """Read the chosen clients' private state for ``round_idx`` before anything is charged.
+
+        Raises:
+            ArtifactError: a corrupt or truncated state file (nothing was spent).
+        """
+        for i in indices:
+            self.clients[i].load_state(round_idx, model)
+
     def run_round(self, round_idx: int, tasks: list[RoundTask]) -> list[PrivatizedUpdate]:
         updates = [self.clients[t.index].run_round(t.round, t.theta, t.model, t.dp, batch_size=t.batch_size,
                                                    steps=t.steps, lr=t.lr) for t in tasks]

@@ -85,6 +85,17 @@ def _set(conf: dict, section: str, key: str, value: Any, where: str) -> None:
     allowed = _MODEL_KEYS if section == "model" else (_TRAIN_KEYS if section == "train" else set(conf[section]))
     if key not in allowed:
         raise ValidationError(f"{where}: unknown key {section}.{key}; known: {sorted(allowed)}")
+    default = DEFAULTS.get(section, {}).get(key)
+    # a number or switch must stay one (a typo like rounds=abc would otherwise fail much later)
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise ValidationError(f"{where}: {section}.{key} must be true or false, got {value!r}")
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+            isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValidationError(f"{where}: {section}.{key} must be a number, got {value!r}")
+    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and not value.is_integer():
+        raise ValidationError(f"{where}: {section}.{key} must be an integer, got {value!r}")
+    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
+        value = int(value)
     conf[section][key] = value
 
 

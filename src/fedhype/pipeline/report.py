@@ -63,6 +63,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "epsilon": trained["epsilon"], "delta": trained["delta"], "private": trained["private"],
         "accountant": "prv", "noise_multiplier": trained["noise_multiplier"], "clip_norm": trained["clip_norm"],
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
+        **_class_stats_claims(out / "run", trained),
         "rounds": trained["rounds"], "clients": [c.name for c in part.clients],
         "client_sizes": [len(c.train) for c in part.clients],
         # ε per client keyed by client name (as in "clients"); "client_epsilons" keeps the ledger ids
@@ -98,13 +99,33 @@ def _dp_linear_keys(d: dict | None) -> dict[str, Any]:
     return out
 
 
+def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
+    """ε of the class-statistics release alone and how many times each client was charged for it."""
+    s0 = trained.get("class_stats_noise_multiplier")
+    if not s0 or not trained.get("private"):
+        return {"class_stats_epsilon": None, "class_stats_releases": None}
+    from fedhype.federated.class_stats import MECHANISM
+    from fedhype.privacy.accountant import epsilon
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    events = [e for e in PrivacyLedger.load(Path(run_dir) / "ledger.json").events if e.mechanism == MECHANISM]
+    per_client: dict[str, int] = {}
+    for e in events:
+        per_client[e.client] = per_client.get(e.client, 0) + 1
+    return {"class_stats_epsilon": epsilon([(float(s0), 1.0, 1)], trained["delta"]),
+            "class_stats_releases": max(per_client.values()) if per_client else 0}
+
+
 def _markdown(r: dict, ev: dict, conf: dict) -> str:
     target = conf["train"].get("epsilon")
     over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
             if r["private"] and target is not None and r["epsilon"] is not None and r["epsilon"] > target * (1 + 1e-9) else "")
     priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (Opacus PRV accountant, worst client, for the steps run; "
             f"target {target}; DP-SGD σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}"
-            + (f"; class statistics released once with σ = {_fmt(r['class_stats_noise_multiplier'])}, Δ = √2"
+            + (f"; class statistics released before round 0 with σ₀ = {_fmt(r['class_stats_noise_multiplier'])}, "
+               f"Δ = √2, costing ε = {_fmt(r.get('class_stats_epsilon'))} alone"
+               + (f", charged {r['class_stats_releases']} times per client (rerun after an interruption)"
+                  if (r.get("class_stats_releases") or 1) > 1 else "")
                if r.get("class_stats_noise_multiplier") else "") + f"){over}") if r["private"] else \
         "**NON-PRIVATE run (--no-dp): no differential-privacy guarantee**"
     eps_rows = [f"| {c['name']} | {c['id']} | {_fmt(c['epsilon'])} |" for c in r.get("client_epsilons") or []]

@@ -1,0 +1,72 @@
+"""Refusals that must happen before any privacy budget is spent (fresh-user findings)."""
+
+import json
+
+import pytest
+
+from fedhype.data.partition import make_partition
+from fedhype.errors import ArtifactError, ValidationError
+from fedhype.federated.config import TrainConfig
+from fedhype.federated.engine import plan_privacy, train
+
+SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(noise_multiplier=0.0, epsilon=None), "use --no-dp"),
+    (dict(noise_multiplier=float("inf"), epsilon=None), "finite"),
+    (dict(lr_local=float("nan")), "lr_local"),
+    (dict(lr_code=0.0), "lr_code"),
+])
+def test_no_privacy_or_nonsense_settings_are_refused_up_front(kw, match):
+    with pytest.raises(ValidationError, match=match):
+        TrainConfig(**kw)
+
+
+def test_budget_plan_is_the_engines_plan_including_the_class_statistics():
+    from fedhype.cli.budget_cmd import budget_plan
+
+    sizes = [1500, 750]
+    res = budget_plan(1e-4, 8, 256, [(str(i), str(i), n) for i, n in enumerate(sizes)], local_epochs=2,
+                      target_epsilon=1.0, class_stats_share=0.8)
+    eng = plan_privacy(TrainConfig(rounds=8, local_epochs=2, batch_size=256, epsilon=1.0, delta=1e-4), sizes)
+    assert res["noise_multiplier"] == pytest.approx(eng["noise_multiplier"], rel=1e-12)
+    assert res["class_stats_noise_multiplier"] == pytest.approx(eng["class_stats_noise_multiplier"], rel=1e-12)
+    assert 0.78 < res["class_stats_epsilon"] <= 0.8 + 0.02 and res["epsilon"] <= 1.0
+    # without the release (dp-cvae) σ is smaller
+    plain = budget_plan(1e-4, 8, 256, [(str(i), str(i), n) for i, n in enumerate(sizes)], local_epochs=2,
+                        target_epsilon=1.0)
+    assert plain["noise_multiplier"] < res["noise_multiplier"] and plain["class_stats_noise_multiplier"] is None
+
+
+def test_corrupt_client_state_on_resume_is_refused_before_charging(real_store, tmp_path):
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    cfg = TrainConfig(rounds=3, local_steps=1, batch_size=32, epsilon=2.0, delta=1e-4, seed=None, model=SMALL)
+    train(real_store, part, cfg, tmp_path / "r", diagnostics=False, stop_after=1)
+    ledger = tmp_path / "r" / "ledger.json"
+    before = json.loads(ledger.read_text())["events"]
+    state = next((tmp_path / "r" / "clients").glob("*/state-r1.safetensors"))
+    state.write_bytes(state.read_bytes()[:100])
+    for _ in range(2):
+        with pytest.raises(ArtifactError):
+            train(real_store, part, cfg, tmp_path / "r", diagnostics=False, resume=True)
+    assert json.loads(ledger.read_text())["events"] == before  # nothing charged for releases that never happened
+
+
+def test_resume_with_other_settings_names_what_differs(real_store, tmp_path):
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    cfg = TrainConfig(rounds=2, local_steps=1, batch_size=32, epsilon=2.0, delta=1e-4, seed=0, model=SMALL)
+    train(real_store, part, cfg, tmp_path / "r", diagnostics=False, stop_after=1)
+    other = TrainConfig(rounds=2, local_steps=1, batch_size=32, epsilon=3.0, delta=1e-4, seed=0, model=SMALL)
+    with pytest.raises(ValidationError, match=r"train\.epsilon: 2\.0 → 3\.0"):
+        train(real_store, part, other, tmp_path / "r", diagnostics=False, resume=True)
+
+
+def test_job_set_values_keep_their_types():
+    from fedhype.pipeline.config import resolve
+
+    with pytest.raises(ValidationError, match="train.rounds must be a number"):
+        resolve(None, ["train.rounds=abc"])
+    with pytest.raises(ValidationError, match="must be true or false"):
+        resolve(None, ["train.no_dp=1"])
+    assert resolve(None, ["train.rounds=3.0"])["train"]["rounds"] == 3
