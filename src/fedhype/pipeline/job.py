@@ -165,7 +165,8 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
         ev["dp_linear"] = dp_linear_downstream(store, part, dp_linear_config(conf), out=out / "dp_linear")
         timings["dp_linear_s"] = time.perf_counter() - t
         log(f"dp linear: accuracy {ev['dp_linear']['accuracy']:.3f} on real test embeddings "
-            f"(its own ε = {ev['dp_linear']['epsilon']})")
+            + (f"(its own ε = {ev['dp_linear']['epsilon']:.4g})" if ev['dp_linear']['epsilon'] is not None
+               else "(NON-PRIVATE)"))
     atomic_write_json(out / "evaluation.json", ev)
 
     from fedhype.pipeline.report import write_report
