@@ -66,3 +66,14 @@ def test_audit_checks_name_keyed_report(job):
     assert set(got) == {f"{job / 'report.json'}: epsilon_per_client[client-9]",
                         f"{job / 'report.json'}: client_epsilons[0] (client-0)"}
     assert "not in client_epsilons" in got[f"{job / 'report.json'}: epsilon_per_client[client-9]"]["reason"]
+
+
+def test_report_json_is_strict_json():
+    import json
+    import math
+
+    from fedhype.pipeline.report import strict_json
+
+    out = strict_json({"epsilon": math.inf, "x": [1.0, math.nan, {"y": -math.inf}], "n": 3})
+    assert out == {"epsilon": None, "x": [1.0, None, {"y": None}], "n": 3}
+    json.dumps(out, allow_nan=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 from pathlib import Path
@@ -85,7 +86,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
         "fedhype_version": __version__,
     }
-    atomic_write_json(out / "report.json", report)
+    atomic_write_json(out / "report.json", strict_json(report))
     atomic_write_text(out / "report.md", _markdown(report, ev, conf))
     return report
 
@@ -97,6 +98,17 @@ def _dp_linear_keys(d: dict | None) -> dict[str, Any]:
     out["dp_fedavg_linear_per_client_accuracy"] = (
         {name: row["accuracy"] for name, row in d["per_client"].items()} if d else None)
     return out
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None (strict JSON has no Infinity/NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
 
 
 def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
