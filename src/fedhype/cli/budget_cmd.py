@@ -110,20 +110,19 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
                      "steps": rounds_per_client * per_round})
     if not (0 <= class_stats_share < 1):
         raise ValidationError(f"--class-stats-share must be in [0, 1) (0: no class-statistics release), got {class_stats_share}")
-    s0 = class_stats_noise_multiplier
-    if target_epsilon is not None:
-        if class_stats_share > 0 and s0 is None:
-            s0 = calibrate_noise(class_stats_share * target_epsilon, delta, 1.0, 1)
-        prefix = [(float(s0), 1.0, 1)] if class_stats_share > 0 else []
-        sigma = calibrate_noise_plan(target_epsilon, delta, [(r["sample_rate"], r["steps"]) for r in rows], prefix=prefix)
-    else:
-        sigma = validate_noise_multiplier(noise_multiplier, "--noise-multiplier")
-        if class_stats_share > 0 and s0 is None:
-            from fedhype.privacy.accountant import epsilon as _eps
+    from fedhype.federated.class_stats import class_stats_noise_multiplier as release_sigma
 
-            eps_sgd = max(_eps([(sigma, r["sample_rate"], r["steps"])], delta) for r in rows)
-            s0 = calibrate_noise(class_stats_share * eps_sgd, delta, 1.0, 1) if math.isfinite(eps_sgd) else 1.0
-        prefix = [(float(s0), 1.0, 1)] if class_stats_share > 0 else []
+    plan = [(r["sample_rate"], r["steps"]) for r in rows]
+    if target_epsilon is None:
+        noise_multiplier = validate_noise_multiplier(noise_multiplier, "--noise-multiplier")
+    s0 = class_stats_noise_multiplier
+    if class_stats_share > 0 and s0 is None:
+        s0 = release_sigma(class_stats_share, delta, plan, target_epsilon=target_epsilon, noise_multiplier=noise_multiplier)
+    prefix = [(float(s0), 1.0, 1)] if class_stats_share > 0 else []
+    if target_epsilon is not None:
+        sigma = calibrate_noise_plan(target_epsilon, delta, plan, prefix=prefix)
+    else:
+        sigma = noise_multiplier
     for r in rows:
         rep = epsilon_report(prefix + [(sigma, r["sample_rate"], r["steps"])], delta)
         r.update({k: rep[k] for k in ("epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld")})

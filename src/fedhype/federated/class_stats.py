@@ -104,3 +104,21 @@ def client_space(server, index: int):
     """The model space (m, s) client ``index`` trains in."""
     parts = getattr(server, "servers", None)
     return (parts[index] if parts is not None else server).hnet.space()
+
+
+def class_stats_noise_multiplier(share: float, delta: float, plan: list[tuple[float, int]], *,
+                                 target_epsilon: float | None = None, noise_multiplier: float | None = None) -> float:
+    """σ₀ of the class-statistics release (one un-subsampled Gaussian step, Δ = √2).
+
+    With a target ε: calibrated so the release alone costs ``share × target_epsilon`` (the DP-SGD σ
+    is then calibrated on top, :func:`fedhype.privacy.accountant.calibrate_noise_plan` with the
+    release as ``prefix``). With an explicit DP-SGD σ: calibrated to ``share ×`` the worst ε of the
+    DP-SGD ``plan`` ``[(q_i, steps_i)]`` alone (σ₀ = 1 if that ε is infinite).
+    Used by ``fedhype train`` (:func:`fedhype.federated.engine.plan_privacy`) and ``fedhype budget``.
+    """
+    from fedhype.privacy.accountant import calibrate_noise, epsilon
+
+    if target_epsilon is not None:
+        return calibrate_noise(share * target_epsilon, delta, 1.0, 1)
+    eps_sgd = max(epsilon([(float(noise_multiplier), q, t)], delta) for q, t in plan)
+    return calibrate_noise(share * eps_sgd, delta, 1.0, 1) if math.isfinite(eps_sgd) else 1.0

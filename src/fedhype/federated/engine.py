@@ -28,14 +28,14 @@ from fedhype.data.partition import Partition
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import BudgetExceededError, ValidationError
 from fedhype.federated.baselines import make_server, training_partition
-from fedhype.federated.class_stats import client_space, run_class_stats_stage
+from fedhype.federated.class_stats import class_stats_noise_multiplier, client_space, run_class_stats_stage
 from fedhype.federated.client import Client
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.rundir import RunDir, save_model
 from fedhype.federated.server import Server
 from fedhype.federated.transport import ClientTransport, InProcessTransport, RoundTask
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
-from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon
+from fedhype.privacy.accountant import calibrate_noise_plan, check_delta, epsilon
 from fedhype.privacy.dp_step import DPConfig
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
 
@@ -56,15 +56,14 @@ def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
     if cfg.noise_multiplier is not None:
         s0 = None
         if stats:  # default: the release costs class_stats_share × the DP-SGD plan's own worst ε
-            s0 = cfg.class_stats_noise_multiplier
-            if s0 is None:
-                eps_sgd = max(epsilon([(float(cfg.noise_multiplier), q, t)], cfg.delta) for q, t in plan)
-                s0 = calibrate_noise(cfg.class_stats_share * eps_sgd, cfg.delta, 1.0, 1) if math.isfinite(eps_sgd) else 1.0
+            s0 = cfg.class_stats_noise_multiplier or class_stats_noise_multiplier(
+                cfg.class_stats_share, cfg.delta, plan, noise_multiplier=cfg.noise_multiplier)
         return {"noise_multiplier": float(cfg.noise_multiplier), "plan": plan, "calibrated": False,
                 "class_stats_noise_multiplier": s0, "prefix": [(s0, 1.0, 1)] if stats else []}
     s0 = None
     if stats:  # the class statistics: one un-subsampled Gaussian release, calibrated to its share of ε
-        s0 = cfg.class_stats_noise_multiplier or calibrate_noise(cfg.class_stats_share * cfg.epsilon, cfg.delta, 1.0, 1)
+        s0 = cfg.class_stats_noise_multiplier or class_stats_noise_multiplier(
+            cfg.class_stats_share, cfg.delta, plan, target_epsilon=cfg.epsilon)
     prefix = [(float(s0), 1.0, 1)] if stats else []
     sigma = calibrate_noise_plan(cfg.epsilon, cfg.delta, plan, prefix=prefix)
     return {"noise_multiplier": float(sigma), "plan": plan, "calibrated": True, "class_stats_noise_multiplier": s0,
