@@ -56,11 +56,21 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def require_file(path: Path, what: str, hint: str = "") -> None:
+    """Raise :class:`ArtifactError` unless ``path`` is a regular file, saying what it is instead."""
+    if path.is_file():
+        return
+    tail = f" ({hint})" if hint else ""
+    if not path.exists():
+        raise ArtifactError(f"{what} not found: {path}{tail}")
+    kind = "a folder" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+    raise ArtifactError(f"{what} {path} is {kind}; give the file itself{tail}")
+
+
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     """Read JSON, raising :class:`ArtifactError` naming ``path`` when missing or invalid."""
     path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(f"{what} not found: {path}")
+    require_file(path, what)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -90,8 +100,7 @@ def atomic_save_tensors(
 def load_tensors(path: str | os.PathLike, what: str = "tensor file") -> dict[str, torch.Tensor]:
     """Load a safetensors file, raising :class:`ArtifactError` naming ``path`` if unreadable."""
     path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(f"{what} not found: {path}")
+    require_file(path, what)
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types

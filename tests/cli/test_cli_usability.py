@@ -346,3 +346,53 @@ def test_train_defaults_are_the_jobs(files, tmp_path, monkeypatch):
     for flag, value in (("--rounds", DEFAULTS["train"]["rounds"]), ("--batch-size", DEFAULTS["train"]["batch_size"]),
                         ("--hidden", DEFAULTS["model"]["hidden"]), ("--latent", DEFAULTS["model"]["latent"])):
         assert f"[default: {value}]" in text.split(flag, 1)[1].split(" --", 1)[0], flag
+
+
+# ----------------------------------------------------------------------------- third fresh-user round
+def test_a_device_file_is_named_as_such_not_as_missing(files, tmp_path):
+    r = _invoke("budget", "--epsilon", 1, "--delta", 1e-5, "--rounds", 2, "--local-steps", 1, "--batch-size", 8,
+                "--partition", "/dev/null", "--json")
+    assert r.exit_code == 2, r.output
+    err = _one_json(r)["error"]
+    assert "/dev/null is not a regular file" in err and "no such" not in err
+    from fedhype.errors import ArtifactError
+    from fedhype.io import read_json
+
+    with pytest.raises(ArtifactError, match="is not a regular file"):
+        read_json("/dev/null", "partition file")
+    with pytest.raises(ArtifactError, match="is a folder; give the file itself"):
+        read_json(files, "partition file")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_budget_target_epsilon_is_named_by_its_flag(value):
+    r = _invoke("budget", "--epsilon", value, "--delta", 1e-5, "--sample-rate", 0.01, "--steps", 10, "--json")
+    assert r.exit_code == 2, r.output
+    assert _one_json(r)["error"].startswith("--epsilon must be a finite number > 0")
+    assert "δ (required)" in _invoke("budget", "--help").output
+
+
+def test_train_resume_above_the_target_says_so(files, tmp_path, monkeypatch):
+    from fedhype.federated import client as client_mod
+
+    orig, calls = client_mod.Client.run_round, {"n": 0}
+
+    def crash(self, *a, **k):  # dies in round 1: the write-ahead ledger has already charged it
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return orig(self, *a, **k)
+
+    args = ["train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
+            tmp_path / "run", "--epsilon", 2, "--delta", 1e-5, "--rounds", 2, "--hidden", 16, "--latent", 4]
+    monkeypatch.setattr(client_mod.Client, "run_round", crash)
+    r = _invoke(*args, "--json")
+    assert r.exit_code != 0 and calls["n"] == 3
+    monkeypatch.setattr(client_mod.Client, "run_round", orig)
+    r = _invoke(*args, "--resume", "--json")
+    assert r.exit_code == 0, r.output
+    res = _one_json(r)
+    assert res["target_epsilon"] == 2 and res["above_target"] is True and res["epsilon"] > 2
+    r = _invoke(*args, "--resume")  # nothing left to train: the table and the warning again
+    assert r.exit_code == 0, r.output
+    assert "is above the target ε = 2" in " ".join(r.output.split())

@@ -119,7 +119,8 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert list(rep["epsilon_per_client"]) == rep["clients"] == ["mnist", "optdigits", "mnist-m", "rotated-mnist"]
     assert [(c["id"], c["name"]) for c in rep["client_epsilons"]] == list(zip("0123", rep["clients"]))
     assert max(rep["epsilon_per_client"].values()) == pytest.approx(rep["epsilon"])
-    assert "| optdigits | 1 |" in (tmp_path / "job" / "report.md").read_text()
+    md = (tmp_path / "job" / "report.md").read_text()
+    assert "| optdigits | 1 |" in md and "PCA fit on the held-out real test records" in md
     # progress: one plain line per stage and per round on a non-terminal stderr
     assert "run: embed → partition → train (2 rounds)" in r.stderr and "train: round 2/2" in r.stderr
     job = tmp_path / "job"

@@ -55,13 +55,13 @@ def test_train_on_synthetic_with_dp_matching(files):
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["private"] is True and res["data_epsilon"] == 1.0
-    assert 0 < res["matching_epsilon"] < 5 and res["privacy"]["events"] == 3 * 4
+    assert 0 < res["epsilon"] < 5 and res["epsilon_scope"].startswith("the DP matching alone") and res["privacy"]["events"] == 3 * 4
     assert (out / "ledger.json").exists()
     r = _run("evaluate", "--model", out, "--real", files["real"], "--json")      # the whole store, per domain
     assert r.exit_code == 0, r.output
     ev = json.loads(r.stdout)
     assert ev["n"] == 800 and ev["per_client"] is None and len(ev["per_domain"]) == 4
-    assert ev["privacy"]["epsilon"] == res["matching_epsilon"]
+    assert ev["privacy"]["epsilon"] == res["epsilon"]
     # over budget: exit 3 before anything is spent
     r = _run("train", "--data", files["syn"], "--real", files["real"], "--partition", files["part"], "--matching", "dp",
              "--epochs", 3, "--max-epsilon", 0.01, "--delta", 1e-4, "--out", files["root"] / "x", "--json")

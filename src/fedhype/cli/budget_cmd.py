@@ -38,6 +38,7 @@ from fedhype.privacy.accountant import (
     validate_noise_multiplier,
     validate_sample_rate,
     validate_steps,
+    validate_target_epsilon,
 )
 
 INFINITE_NOTE = "ε = ∞: σ = 0 adds no noise, so there is no differential-privacy guarantee"
@@ -197,7 +198,8 @@ def budget(
                                                      "σ = 0 (no noise) gives ε = ∞: JSON \"epsilon\": null with "
                                                      "\"epsilon_infinite\": true."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target ε: print the σ that meets it instead."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="δ, in (0, 1) and below 1/n."),
+    delta: Optional[float] = typer.Option(None, "--delta", help="δ (required), in (0, 1) and below 1/n "
+                                         "of the smallest client."),
     sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="Poisson sampling rate q (single mechanism)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Number of steps (single mechanism)."),
     rounds: Optional[int] = typer.Option(None, "--rounds", help="Federated rounds (plan)."),
@@ -225,6 +227,8 @@ def budget(
             raise ValidationError("--delta is required")
         if (noise_multiplier is None) == (epsilon is None):
             raise ValidationError("give exactly one of --noise-multiplier or --epsilon (a target)")
+        if epsilon is not None:
+            validate_target_epsilon(epsilon, "--epsilon")
         plan_flags = (rounds, local_epochs, local_steps, batch_size, client_sizes, partition)
         if all(v is None for v in plan_flags):
             if sample_rate is None or steps is None:

@@ -186,6 +186,8 @@ def existing(what: str, hint: str = "", *, kind: str = "file") -> Callable[[Any]
                 raise typer.BadParameter(f"{path}: no such {noun}{tail}")
             if kind == "file" and path.is_dir():
                 raise typer.BadParameter(f"{path} is a folder, not a file{tail}")
+            if kind == "file" and not path.is_file():
+                raise typer.BadParameter(f"{path} is not a regular file (a device, pipe or socket){tail}")
             if kind == "dir" and not path.is_dir():
                 raise typer.BadParameter(f"{path} is a file, not a folder{tail}")
         return value

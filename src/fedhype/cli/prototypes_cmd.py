@@ -148,13 +148,17 @@ def train(
                 "split": split, "federated": federated, "private": private}
         clf.save(out, meta)
         eps = clf.privacy_.get("epsilon")
+        composed = ledger is not None and matching == "dp"
         if not private:
             console.print("[yellow]note[/]: this classifier was trained on real records (or a non-private store): "
                           "it is NOT differentially private", highlight=False)
         return {"model": str(out), "n_train": int(len(y_tr)), "n_clients": len(part.clients) if part else None,
                 "federated": federated, "matching": matching, "head": head, "epochs": epochs,
                 "classes": store.class_names, "private": private, "data_epsilon": store.meta.get("epsilon"),
-                "matching_epsilon": eps, "epsilon_composed_with_run": ledger is not None and matching == "dp",
+                "epsilon": eps, "epsilon_composed_with_run": composed, "epsilon_scope": (
+                    "the training run's ledger and the DP matching, composed by the accountant" if composed else
+                    "the DP matching alone (add --ledger to compose it with the run that made the data)"
+                    if matching == "dp" else "no client records touched here; the data's own ε applies (data_epsilon)"),
                 "delta": clf.privacy_.get("delta"), "privacy": clf.privacy_,
                 "train_accuracy": float((clf.predict(x_tr) == y_tr).mean()), "seconds": time.perf_counter() - t0}
 

@@ -110,11 +110,17 @@ def explain_min_records(exc: ValidationError, *, records: str, partition: str) -
 
 def _render(res: dict) -> None:
     rows = {k: res[k] for k in ("run_dir", "epsilon", "delta", "noise_multiplier", "rounds", "private", "seed_secure")}
+    if res.get("target_epsilon") is not None:
+        rows["target ε"] = res["target_epsilon"]
     rows["clients"] = ", ".join(res["clients"])
     rows["upload bytes/round/client"] = res["traffic"]["upload_bytes_per_round"]
     Console().print(kv_table("fedhype train", rows))
     if not res["private"]:
         console.print("[bold yellow]NON-PRIVATE run (--no-dp): no DP guarantee on any output[/]")
+    if res.get("above_target"):
+        console.print(f"[bold red]ε = {res['epsilon']:.4g} is above the target ε = {res['target_epsilon']:g}[/]: an "
+                      "interrupted round was charged again on resume (the ledger keeps every release; "
+                      "`fedhype audit` lists them)", highlight=False)
 
 
 
@@ -186,10 +192,16 @@ def register(app: typer.Typer) -> None:
                        else f"target ε = {cfg.epsilon:g}")
             log_line(f"train: {cfg.rounds} rounds over {len(p.clients)} clients ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
             try:
-                return train(s, p, cfg, out, resume=resume, progress=round_printer(cfg.rounds))
+                res = train(s, p, cfg, out, resume=resume, progress=round_printer(cfg.rounds))
             except ValidationError as exc:
                 raise explain_min_records(
                     exc, records="--min-records",
                     partition="`fedhype partition --min-train {need}` with fewer --clients (or another --scheme)") from None
+            target = cfg.epsilon if res["private"] and cfg.noise_multiplier is None else None
+            res["target_epsilon"] = target
+            # a resumed run recharges the round that was interrupted: the accountant's ε then exceeds the target
+            res["above_target"] = bool(target is not None and res["epsilon"] is not None
+                                       and res["epsilon"] > target * (1 + 1e-9))
+            return res
 
         run_command(body, json_out, _render)

@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 
 from fedhype.errors import ArtifactError, ValidationError
-from fedhype.io import atomic_save_tensors, tensor_digest
+from fedhype.io import atomic_save_tensors, require_file, tensor_digest
 
 FORMAT = "fedhype-embeddings/1"
 _META_KEY = "fedhype"
@@ -178,8 +178,7 @@ class EmbeddingStore:
             ArtifactError: missing, truncated, corrupt or mismatched file (exit code 4).
         """
         path = Path(path)
-        if not path.is_file():
-            raise ArtifactError(f"embeddings store not found: {path} (create it with `fedhype embed`)")
+        require_file(path, "embeddings store", "create it with `fedhype embed`")
         try:
             with safe_open(str(path), framework="pt") as fh:
                 raw = (fh.metadata() or {}).get(_META_KEY)

@@ -179,7 +179,10 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         for name, d in per.items():
             lines.append(f"| {name} | {_fmt(d.get('tstr_accuracy'))} | {_fmt(d.get('trtr_accuracy'))} |")
     lines += ["", "## Timings (s)", "", " · ".join(f"{k[:-2]} {v:.1f}" for k, v in r["timings_s"].items()),
-              "", "![projection](plots/projection.png)", "", "![training](plots/training.png)", "",
+              "", "![projection](plots/projection.png)", "",
+              "The projection (PCA fit on the held-out real test records, which it plots beside the synthetic "
+              "ones) shows real records: like the diagnostics below, it is for the data holder's eyes only.", "",
+              "![training](plots/training.png)", "",
               "Per-round −ELBO/MMD² curves are held-out diagnostics computed on validation records; they are not "
               "covered by the DP guarantee and are for the data holder's eyes.", "",
               f"_fedhype {r['fedhype_version']}, {r['date']}, {r['machine']}_", ""]

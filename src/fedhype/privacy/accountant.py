@@ -78,9 +78,9 @@ def validate_noise_multiplier(sigma: float, field: str = "noise_multiplier") -> 
     return float(sigma)
 
 
-def validate_target_epsilon(target_epsilon: float) -> float:
+def validate_target_epsilon(target_epsilon: float, field: str = "target_epsilon") -> float:
     if not isinstance(target_epsilon, numbers.Real) or not (0 < target_epsilon < math.inf):
-        raise ValidationError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
+        raise ValidationError(f"{field} must be a finite number > 0, got {target_epsilon!r}")
     return float(target_epsilon)
 
 
