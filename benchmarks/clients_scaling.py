@@ -58,6 +58,7 @@ def one(n_clients: int, rounds: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--results", type=Path, default=Path(__file__).parent / "results", help="folder for the JSON")
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
@@ -78,7 +79,7 @@ def main() -> None:
         r["rss_growth_vs_first_mb"] = r["peak_rss_mb"] - base["peak_rss_mb"]
     import torch
 
-    path = Path(__file__).parent / "results" / "clients_scaling.json"
+    path = a.results / "clients_scaling.json"
     path.write_text(json.dumps({"machine": f"{platform.machine()} {torch.get_num_threads()} threads",
                                 "date": time.strftime("%Y-%m-%d"), "results": rows}, indent=2) + "\n")
     print(f"wrote {path}")

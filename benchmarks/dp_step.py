@@ -85,6 +85,7 @@ def bench(device: str, dim: int, batch: int, repeats: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--results", type=Path, default=Path(__file__).parent / "results", help="folder for the JSON")
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=10)
@@ -98,7 +99,7 @@ def main() -> None:
             x = r[name]
             print(f"{r['device']:6} {name:16} {x['ms_per_step']:9.1f} {x['samples_per_s']:10.0f} {x['ratio_to_nodp']:9.2f}")
         print(f"{r['device']}: {r['parameters']} parameters, batch {r['batch']}, peak RSS {r['peak_rss_mb']:.0f} MB")
-    path = Path(__file__).parent / "results" / "dp_step.json"
+    path = args.results / "dp_step.json"
     path.write_text(json.dumps({"machine": f"{platform.machine()} {torch.get_num_threads()} threads",
                                 "date": time.strftime("%Y-%m-%d"), "results": results}, indent=2) + "\n")
     print(f"wrote {path}")

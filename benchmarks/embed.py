@@ -84,7 +84,7 @@ def compare(args) -> dict:
         "encoder": enc.id, "image_size": enc.preprocess["crop"], "n_images": len(source), "batch_size": args.batch_size,
         "device": str(enc.device), "dtype": enc.describe()["dtype"], "workers": workers,
         "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(), "platform": platform.platform(), "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg(), "platform": platform.platform(), "torch": torch.__version__,
         "runs": rows, "best_images_per_s": best, "speedup_vs_plain": pipe / plain,
         "same_embeddings": bool(same), "peak_rss": peak_rss_mib(),
     }

@@ -13,6 +13,7 @@ Measures, in the same run:
 Writes ``benchmarks/results/gpu.json`` and ``gpu.md`` (and copies them to ``$OUT`` if set).
 
     python benchmarks/gpu.py [--n 2048] [--encoder random-vits14]
+    python benchmarks/gpu.py --smoke --results /tmp/gpu-smoke   # where no GPU is lent: checks every step on CPU
 """
 
 from __future__ import annotations
@@ -104,19 +105,26 @@ def main() -> None:
     ap.add_argument("--encoder", default="random-vits14")
     ap.add_argument("--image-size", type=int, default=112)
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder for gpu.json / gpu.md")
+    ap.add_argument("--smoke", action="store_true",
+                    help="run every step on the CPU with tiny sizes (checks the script where no GPU is lent; "
+                         "figures meaningless)")
     a = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if not a.smoke and not torch.cuda.is_available():
+        sys.exit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); --smoke checks it on CPU")
     import dp_step  # benchmarks/dp_step.py
 
-    res = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
-    res["dp_step"] = [dp_step.bench("cpu", 384, 64, 5), dp_step.bench("cuda", 384, 256, 50)]
-    res["synthesis"] = [synth_bench("cpu", 200_000), synth_bench("cuda", 2_000_000)]
+    acc = "cpu" if a.smoke else "cuda"
+    n, n_cpu, s_cpu, s_acc, reps = (16, 16, 20_000, 20_000, 2) if a.smoke else (a.n, min(a.n, 256), 200_000, 2_000_000, 50)
+    res = {"date": time.strftime("%Y-%m-%d"), "gpu": "none (--smoke on CPU)" if a.smoke else torch.cuda.get_device_name(0),
+           "torch": torch.__version__, "platform": platform.platform(), "cpu_count": os.cpu_count(),
+           "torch_threads": torch.get_num_threads()}
+    res["dp_step"] = [dp_step.bench("cpu", 384, 64, 2 if a.smoke else 5), dp_step.bench(acc, 384, 256, reps)]
+    res["synthesis"] = [synth_bench("cpu", s_cpu), synth_bench(acc, s_acc)]
     tmp = Path(tempfile.mkdtemp())
     enc = random_vits14(tmp / "vits14") if a.encoder == "random-vits14" else a.encoder
-    res["embed"] = [embed_bench(enc, a.n, "cuda", size, a.batch_size) for size in (a.image_size, 224)]
-    res["embed"].append(embed_bench(enc, min(a.n, 256), "cpu", a.image_size, 64))
+    res["embed"] = [embed_bench(enc, n, acc, size, a.batch_size) for size in (a.image_size, 224)]
+    res["embed"].append(embed_bench(enc, n_cpu, "cpu", a.image_size, 64))
     if a.encoder == "random-vits14":
         for r in res["embed"]:
             r["encoder"] = "DINOv2 ViT-S/14 architecture, random weights (throughput only)"
@@ -136,13 +144,13 @@ def main() -> None:
     lines.append(f"| embed 224 px on GPU, images/s (pipeline / plain loop) | – | {e224['pipeline_images_per_s']:.0f} / "
                  f"{e224['plain_images_per_s']:.0f} | – |")
     md = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "gpu.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / "gpu.md").write_text(md)
+    a.results.mkdir(parents=True, exist_ok=True)
+    (a.results / "gpu.json").write_text(json.dumps(res, indent=2) + "\n")
+    (a.results / "gpu.md").write_text(md)
     print(md)
     if os.environ.get("OUT"):
         for f in ("gpu.json", "gpu.md"):
-            shutil.copy(RESULTS / f, Path(os.environ["OUT"]) / f)
+            shutil.copy(a.results / f, Path(os.environ["OUT"]) / f)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from fedhype.synthesis.sample import synthesize
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=Path(__file__).parent / "results", help="folder for the JSON")
     ap.add_argument("--run", default="runs/main/run")
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--device", default="cpu")
@@ -52,7 +53,7 @@ def main() -> None:
     res = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
            "device": a.device, "n": a.n, "embeddings_per_s": best,
            "ratio_to_bare_loop": best["synthesize"] / best["bare decoder loop"]}
-    out = Path(__file__).parent / "results" / "synthesis.json"
+    out = a.results / "synthesis.json"
     out.write_text(json.dumps(res, indent=2) + "\n")
     for k, v in best.items():
         print(f"{k:18} {v:12,.0f} embeddings/s")

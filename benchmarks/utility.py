@@ -1,40 +1,67 @@
-"""Utility and fidelity of the main job for several privacy levels, methods and seeds.
+"""Utility and fidelity of every method at several privacy levels and seeds: one command per dataset.
 
-Runs ``fedhype run`` (in-process) for each (method, ε, seed) on the bundled digits domains
-(or ``--dataset fashion``: ``configs/fashion-mnist.toml``, or any ``--config``), reusing the cached
-embeddings, and writes ``benchmarks/results/utility.json`` and ``utility.md`` (mean ± std over
-seeds; a second table gives per-client accuracy); with ``--readme`` it also replaces the table
-between the ``utility`` markers in README.md. Methods: every ``--method`` of ``fedhype train``,
-including the baselines without federation ``local-cvae`` (synthesised with ``--code mixture``:
-it has no shared code space) and ``central-cvae`` (pooled records). Each row also carries the
-DP-SGD FedAvg linear classifier trained on the real embeddings (``[evaluate] dp_linear``, its own
-ε: a separate release), which depends on the data, ε and seed only, not on the method.
+Runs the main job (``fedhype run``, in-process) for each (method, ε, seed) of the grid on the
+bundled digits domains (4 natural-domain clients) or, with ``--dataset fashion``, on
+``configs/fashion-mnist.toml`` (10,000 images, 10 Dirichlet α = 0.3 clients), reusing the cached
+embeddings. It writes ``benchmarks/results/utility[-fashion].json`` (every row) and ``.md`` (mean ±
+std over seeds, a reference table and per-client accuracy); with ``--readme`` it replaces the
+tables between the ``utility`` (or ``utility-fashion``) markers in README.md.
 
-    .venv/bin/python benchmarks/utility.py                       # ε ∈ {1, 4, no DP}, ours, seed 0
-    .venv/bin/python benchmarks/utility.py --methods fedhypevae dp-cvae local-cvae central-cvae --seeds 0 1 2 --epsilons 1 4 8 none
-    .venv/bin/python benchmarks/utility.py --dataset fashion --methods fedhypevae local-cvae --epsilons 1
+Methods (``--methods all``, the default): ours (``fedhypevae``), its ablations (``no-class-stats``,
+``no-mmd``, ``no-lipschitz``, ``fixed-prior``, ``shared-decoder``), the predecessor ``dp-cvae`` and
+the baselines without federation ``local-cvae`` (synthesised with ``--code mixture``: it has no
+shared code space) and ``central-cvae`` (pooled records). References per (ε, seed), independent of
+the method: TRTR (a probe trained on the real training records; no privacy) and the DP-SGD FedAvg
+linear classifier trained on the real embeddings (``[evaluate] dp_linear``; its own ε, a separate
+release).
+
+Each finished job is appended to ``<out>/rows.jsonl``; a rerun with the same ``--out`` skips the
+jobs already there (an interrupted job resumes from its last committed round), so an interrupted
+benchmark continues where it stopped. ``--fresh`` ignores the recorded rows.
+
+    .venv/bin/python benchmarks/utility.py --jobs 2 --readme                 # digits, full grid (~30 min, 2 cores)
+    .venv/bin/python benchmarks/utility.py --dataset fashion --jobs 2 --readme  # (~65 min, 2 cores)
+    .venv/bin/python benchmarks/utility.py --methods fedhypevae dp-cvae --epsilons 1 --seeds 0   # a slice
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import platform
 import re
 import statistics
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-KEYS = ("epsilon", "mmd2", "fd", "precision", "recall", "coverage", "tstr_accuracy", "trtr_accuracy",
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ("epsilon", "mmd2", "fd", "precision", "recall", "density", "coverage", "tstr_accuracy", "trtr_accuracy",
         "interpolation_mean_accuracy", "dp_fedavg_linear_accuracy", "dp_fedavg_linear_epsilon")
-DATASETS = {"digits": None, "fashion": str(Path(__file__).parents[1] / "configs" / "fashion-mnist.toml")}
+DATASETS = {"digits": None, "fashion": str(ROOT / "configs" / "fashion-mnist.toml")}
+DESCRIPTION = {"digits": "bundled digits domains (DINOv2-S/14 at 112 px, 4 natural-domain clients)",
+               "fashion": "configs/fashion-mnist.toml (10,000 images, DINOv2-S/14 at 112 px, 10 Dirichlet α = 0.3 clients)"}
 #: synthesis code per method (default: the neutral meta-code)
 CODES = {"local-cvae": "mixture"}
 
 
+def all_methods() -> list[str]:
+    from fedhype.federated.config import METHODS
+
+    return list(METHODS)
+
+
+def job_key(method: str, eps: str, seed: int, extra: list[str]) -> str:
+    return json.dumps([method, eps, seed, list(extra)])
+
+
 def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, extra: list[str]) -> dict:
+    """One main job; returns its row (the report's figures, per-client accuracy, wall time)."""
     from fedhype.pipeline.config import resolve
     from fedhype.pipeline.job import run_job
 
@@ -44,60 +71,104 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
         sets.append(f"synthesis.code=\"{CODES[method]}\"")
     sets += [*extra, "train.no_dp=true"] if eps == "none" else [*extra, f"train.epsilon={float(eps)}"]
     conf = resolve(config, sets)
-    out = root / f"{method}-eps{eps}-s{seed}"
+    tag = "" if not extra else "-" + hashlib.sha1(json.dumps(list(extra)).encode()).hexdigest()[:8]
+    out = root / f"{method}-eps{eps}-s{seed}{tag}"
     t = time.perf_counter()
-    rep = run_job(conf, out, log=lambda s: None)
+    row = {"method": method, "eps_target": eps, "seed": seed, "extra": list(extra), "key": job_key(method, eps, seed, extra)}
+    try:
+        rep = run_job(conf, out, log=lambda s: None)
+    except Exception:
+        return {**row, "error": traceback.format_exc()[-3000:]}
     ev = json.loads((out / "evaluation.json").read_text())
     per_client = {name: {"tstr": c["synthetic_only"]["accuracy"], "interpolation": c["accuracy"]}
                   for name, c in (ev.get("interpolation") or {}).get("clients", {}).items()}
     for name, acc in (rep.get("dp_fedavg_linear_per_client_accuracy") or {}).items():
         per_client.setdefault(name, {})["dp_linear"] = acc
-    return {"method": method, "eps_target": eps, "seed": seed, "wall_s": time.perf_counter() - t,
+    return {**row, "wall_s": time.perf_counter() - t, "train_s": rep.get("timings_s", {}).get("train_s"),
             **{k: rep.get(k) for k in KEYS}, "per_client": per_client}
 
 
-def table(rows: list[dict]) -> str:
-    groups: dict[tuple, list[dict]] = {}
+def _groups(rows: list[dict], key) -> dict:
+    out: dict = {}
     for r in rows:
-        groups.setdefault((r["method"], r["eps_target"]), []).append(r)
-    lines = ["| method | target ε | accountant ε | MMD² ↓ | FD ↓ | precision | recall | coverage | TSTR acc | TRTR acc "
-             "| λ-protocol acc | DP-linear acc (real) | DP-linear ε | seeds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (m, e), rs in groups.items():
-        lines.append(f"| {m} | {'no DP' if e == 'none' else e} | " + " | ".join(_cell(rs, lambda r, k=k: r.get(k))
-                                                                           for k in KEYS) + f" | {len(rs)} |")
-    return "\n".join(lines)
+        out.setdefault(key(r), []).append(r)
+    return out
 
 
-def _cell(rs: list[dict], get) -> str:
+def _cell(rs: list[dict], get, digits: int = 3) -> str:
     vals = [v for v in map(get, rs) if v is not None]
     if not vals:
         return "–"
     mu = statistics.fmean(vals)
-    return f"{mu:.3f} ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else f"{mu:.3f}"
+    return f"{mu:.{digits}f} ± {statistics.stdev(vals):.{digits}f}" if len(vals) > 1 else f"{mu:.{digits}f}"
 
 
-def client_table(rows: list[dict]) -> str:
+def _eps_label(e: str) -> str:
+    return "no DP" if e == "none" else e
+
+
+def _eps_order(e: str) -> float:
+    return float("inf") if e == "none" else float(e)
+
+
+def table(rows: list[dict], methods: list[str]) -> str:
+    """Main table: one row per (ε, method), mean ± std over seeds; the best TSTR per ε in bold."""
+    groups = _groups(rows, lambda r: (r["eps_target"], r["method"]))
+    lines = ["| target ε | method | accountant ε | MMD² ↓ | FD ↓ | precision | recall | density | coverage "
+             "| **TSTR acc** | λ-protocol acc | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in sorted({r["eps_target"] for r in rows}, key=_eps_order):
+        best = max((statistics.fmean(v) for m in methods if (e, m) in groups
+                    for v in [[r["tstr_accuracy"] for r in groups[(e, m)] if r.get("tstr_accuracy") is not None]] if v),
+                   default=None)
+        for m in methods:
+            rs = groups.get((e, m))
+            if not rs:
+                continue
+            cells = [_cell(rs, lambda r, k=k: r.get(k)) for k in
+                     ("epsilon", "mmd2", "fd", "precision", "recall", "density", "coverage")]
+            tstr = _cell(rs, lambda r: r.get("tstr_accuracy"))
+            vals = [r["tstr_accuracy"] for r in rs if r.get("tstr_accuracy") is not None]
+            if vals and best is not None and statistics.fmean(vals) == best:
+                tstr = f"**{tstr}**"
+            cells += [tstr, _cell(rs, lambda r: r.get("interpolation_mean_accuracy"))]
+            lines.append(f"| {_eps_label(e)} | {m} | " + " | ".join(cells) + f" | {len(rs)} |")
+    return "\n".join(lines)
+
+
+def reference_table(rows: list[dict]) -> str:
+    """References per ε (they depend on the data, ε and seed, not on the method)."""
+    per_seed = _groups(rows, lambda r: (r["eps_target"], r["seed"]))
+    lines = ["| target ε | TRTR acc (real train, no privacy) | DP-SGD FedAvg linear acc (real train) | its ε | seeds |",
+             "|---|---|---|---|---|"]
+    for e in sorted({r["eps_target"] for r in rows}, key=_eps_order):
+        rs = [v[0] for (ee, _), v in per_seed.items() if ee == e]
+        lines.append(f"| {_eps_label(e)} | " + " | ".join(_cell(rs, lambda r, k=k: r.get(k)) for k in
+                     ("trtr_accuracy", "dp_fedavg_linear_accuracy", "dp_fedavg_linear_epsilon")) + f" | {len(rs)} |")
+    return "\n".join(lines)
+
+
+def client_table(rows: list[dict], methods: list[str]) -> str:
     """Per-client test accuracy: TSTR (synthetic-only probe) / λ-protocol / DP-linear, mean over seeds."""
     names = list(dict.fromkeys(n for r in rows for n in r.get("per_client", {})))
     if not names:
         return ""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["method"], r["eps_target"]), []).append(r)
-    lines = ["Per-client test accuracy, TSTR / λ-protocol / DP-linear (real):", "",
-             "| method | target ε | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for (m, e), rs in groups.items():
-        cells = []
-        for n in names:
-            parts = [_cell(rs, lambda r, k=k: r.get("per_client", {}).get(n, {}).get(k))
-                     for k in ("tstr", "interpolation", "dp_linear")]
-            cells.append(" / ".join(parts))
-        lines.append(f"| {m} | {'no DP' if e == 'none' else e} | " + " | ".join(cells) + " |")
+    groups = _groups(rows, lambda r: (r["eps_target"], r["method"]))
+    lines = ["Per-client test accuracy, TSTR / λ-protocol / DP-linear (real), mean over seeds:", "",
+             "| target ε | method | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for e in sorted({r["eps_target"] for r in rows}, key=_eps_order):
+        for m in methods:
+            rs = groups.get((e, m))
+            if not rs:
+                continue
+            cells = [" / ".join(_cell(rs, lambda r, k=k, n=n: r.get("per_client", {}).get(n, {}).get(k), 2)
+                                for k in ("tstr", "interpolation", "dp_linear")) for n in names]
+            lines.append(f"| {_eps_label(e)} | {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def _one_thread() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
 
@@ -106,58 +177,100 @@ def _run_star(args: tuple) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default=None)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", choices=sorted(DATASETS), default=None,
                     help="digits (built-in default job) or fashion (configs/fashion-mnist.toml)")
-    ap.add_argument("--methods", nargs="+", default=["fedhypevae"])
-    ap.add_argument("--epsilons", nargs="+", default=["1", "4", "none"])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
-    ap.add_argument("--set", nargs="*", default=[], dest="extra")
-    ap.add_argument("--out", default="runs/bench-utility")
-    ap.add_argument("--readme", action="store_true", help="update the README table")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="parallel processes (one torch thread each); 1 = in this process")
-    ap.add_argument("--results", default=str(Path(__file__).parent / "results"),
-                    help="folder for utility.json / utility.md (default benchmarks/results)")
+    ap.add_argument("--config", default=None, help="any job config instead of --dataset")
+    ap.add_argument("--methods", nargs="+", default=["all"], help="methods of fedhype train --method, or all")
+    ap.add_argument("--epsilons", nargs="+", default=["1", "4", "8", "none"], help="target ε values; none = no DP")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--set", nargs="*", default=[], dest="extra", help="extra job settings (key=value), as fedhype run --set")
+    ap.add_argument("--out", default=None, help="job folder (default runs/bench-utility[-dataset])")
+    ap.add_argument("--fresh", action="store_true", help="ignore the rows recorded in <out>/rows.jsonl")
+    ap.add_argument("--readme", action="store_true", help="update the README tables")
+    ap.add_argument("--jobs", type=int, default=1, help="parallel processes (one torch thread each); 1 = in this process")
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"),
+                    help="folder for utility[-dataset].json / .md (default benchmarks/results)")
     a = ap.parse_args()
     if a.dataset and a.config:
         ap.error("give --dataset or --config, not both")
-    if a.dataset:
-        a.config = DATASETS[a.dataset]
-        a.out = f"{a.out}-{a.dataset}" if a.out == "runs/bench-utility" else a.out
-    grid = [(a.config, m, e, s, Path(a.out), a.extra) for m in a.methods for e in a.epsilons for s in a.seeds]
-    if a.jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
+    dataset = a.dataset or ("digits" if a.config is None else None)
+    config = DATASETS[dataset] if dataset else a.config
+    known = all_methods()
+    methods = known if a.methods == ["all"] else a.methods
+    bad = [m for m in methods if m not in known]
+    if bad:
+        ap.error(f"unknown --methods {bad}; choose from {known} or all")
+    for e in a.epsilons:
+        if e != "none":
+            try:
+                ok = float(e) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                ap.error(f"--epsilons {e!r}: give positive numbers or none")
+    out = Path(a.out or f"runs/bench-utility{'' if dataset in (None, 'digits') else '-' + dataset}")
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "rows.jsonl"
+    done: dict[str, dict] = {}
+    if log.exists() and not a.fresh:
+        for line in log.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                if "error" not in r:
+                    done[r["key"]] = r
+    grid = [(config, m, e, s, out, a.extra) for e in a.epsilons for m in methods for s in a.seeds]
+    todo = [g for g in grid if job_key(*g[1:4], g[5]) not in done]
+    print(f"{len(grid)} jobs, {len(grid) - len(todo)} already in {log}, {len(todo)} to run", flush=True)
+    t0 = time.perf_counter()
+    errors = []
+
+    def record(r: dict) -> None:
+        with log.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+        if "error" in r:
+            errors.append(r)
+            print(f"FAILED {r['method']} ε={r['eps_target']} seed {r['seed']}:\n{r['error']}", file=sys.stderr, flush=True)
+        else:
+            done[r["key"]] = r
+            print(f"[{len(done)}/{len(grid)} {time.perf_counter() - t0:.0f} s] {r['method']} ε={r['eps_target']} "
+                  f"seed {r['seed']}: TSTR {r['tstr_accuracy']:.3f}, MMD² {r['mmd2']:.3f}, "
+                  f"{r['wall_s']:.0f} s", flush=True)
+
+    if a.jobs > 1 and todo:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(a.jobs, initializer=_one_thread) as ex:
-            rows = list(ex.map(_run_star, grid))
-        for r in rows:
-            print(json.dumps(r), flush=True)
+            for fut in as_completed([ex.submit(_run_star, g) for g in todo]):
+                record(fut.result())
     else:
-        rows = []
-        for g in grid:
-            rows.append(run_one(*g))
-            print(json.dumps(rows[-1]), flush=True)
+        for g in todo:
+            record(run_one(*g))
+    rows = [done[job_key(*g[1:4], g[5])] for g in grid if job_key(*g[1:4], g[5]) in done]
     threads = f"{a.jobs} processes × 1 thread" if a.jobs > 1 else f"{torch.get_num_threads()} threads"
-    head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU, {threads}, "
-            f"config: {a.config or 'built-in default (digits-domains, dinov2-vits14 @112 px, 4 domain clients)'}_")
-    md = head + "\n\n" + table(rows) + "\n"
-    if client_table(rows):
-        md += "\n" + client_table(rows) + "\n"
+    cmd = "benchmarks/utility.py " + " ".join(sys.argv[1:])
+    head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU ({os.cpu_count()} cores, {threads}); "
+            f"{DESCRIPTION.get(dataset, f'config {config}')}; `{cmd}`; {len(rows)} jobs; "
+            f"synthetic = 300 per class, tested on the held-out real test split_")
+    md = (head + "\n\n" + table(rows, methods) + "\n\nReferences (same data, ε and seeds):\n\n"
+          + reference_table(rows) + "\n")
     res = Path(a.results)
     res.mkdir(parents=True, exist_ok=True)
-    name = f"utility-{a.dataset}" if a.dataset else "utility"
-    (res / f"{name}.json").write_text(json.dumps({"rows": rows, "header": head}, indent=2) + "\n")
-    (res / f"{name}.md").write_text(md)
+    name = "utility" if dataset in (None, "digits") else f"utility-{dataset}"
+    (res / f"{name}.json").write_text(json.dumps({"header": head, "rows": rows}, indent=1) + "\n")
+    (res / f"{name}.md").write_text(md + ("\n" + client_table(rows, methods) + "\n" if client_table(rows, methods) else ""))
     print(md)
-    if a.readme:
-        readme = Path(__file__).parents[1] / "README.md"
+    if a.readme and dataset:
+        readme = ROOT / "README.md"
         text = readme.read_text()
-        tag = f"utility-{a.dataset}" if a.dataset and a.dataset != "digits" else "utility"
-        new = re.sub(rf"(<!-- {tag}:start -->\n).*?(<!-- {tag}:end -->)", lambda m_: m_.group(1) + md + m_.group(2), text,
-                     flags=re.S)
+        tag = "utility" if dataset == "digits" else f"utility-{dataset}"
+        new, n = re.subn(rf"(<!-- {tag}:start -->\n).*?(<!-- {tag}:end -->)", lambda m_: m_.group(1) + md + m_.group(2),
+                         text, flags=re.S)
+        if n != 1:
+            sys.exit(f"README.md has no <!-- {tag}:start --> … <!-- {tag}:end --> block")
         readme.write_text(new)
+    if errors:
+        sys.exit(f"{len(errors)} jobs failed (see above); rerun the same command to retry them")
 
 
 if __name__ == "__main__":
