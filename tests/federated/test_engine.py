@@ -151,7 +151,7 @@ def test_training_lowers_elbo_and_mmd_on_real_embeddings(real_store, part, tmp_p
     assert last["val_mmd2"] < first["val_mmd2"]
 
 
-@pytest.mark.parametrize("method", ["dp-cvae", "no-mmd", "fixed-prior", "shared-decoder", "no-lipschitz"])
+@pytest.mark.parametrize("method", ["dp-cvae", "no-class-stats", "no-mmd", "fixed-prior", "shared-decoder", "no-lipschitz"])
 def test_baselines_and_ablations_train_with_exact_accounting(real_store, part, tmp_path, method):
     from opacus.accountants import PRVAccountant
 
@@ -169,6 +169,9 @@ def test_baselines_and_ablations_train_with_exact_accounting(real_store, part, t
         assert method != "dp-cvae" and res["class_stats_noise_multiplier"] > 0
         acc.history = [(res["class_stats_noise_multiplier"], 1.0, 1)] + acc.history
     else:
-        assert method == "dp-cvae" and "dec.cb" not in theta
+        assert method in ("dp-cvae", "no-class-stats") and "dec.cb" not in theta
     assert res["epsilon"] == pytest.approx(acc.get_epsilon(delta=1e-4), rel=1e-9)
     assert meta["method"] == method
+    # each preset switches off exactly its own term
+    assert (meta["model"]["lambda_mmd"] == 0) == (method in ("dp-cvae", "no-mmd"))
+    assert (meta["model"]["lambda_lip"] == 0) == (method in ("dp-cvae", "no-lipschitz"))
