@@ -4,8 +4,9 @@ Runs the main job (``fedhype run``, in-process) for each (method, ε, seed) of t
 bundled digits domains (4 natural-domain clients) or, with ``--dataset fashion``, on
 ``configs/fashion-mnist.toml`` (10,000 images, 10 Dirichlet α = 0.3 clients), reusing the cached
 embeddings. It writes ``benchmarks/results/utility[-fashion].json`` (every row) and ``.md`` (mean ±
-std over seeds, a reference table and per-client accuracy); with ``--readme`` it replaces the
-tables between the ``utility`` (or ``utility-fashion``) markers in README.md.
+std over seeds: TSTR and MMD² per method and ε, the references, every figure, per-client
+accuracy); with ``--readme`` it replaces the block between the ``utility`` (or
+``utility-fashion``) markers in README.md with the first three.
 
 Methods (``--methods all``, the default): ours (``fedhypevae``), its ablations (``no-class-stats``,
 ``no-mmd``, ``no-lipschitz``, ``fixed-prior``, ``shared-decoder``), the predecessor ``dp-cvae`` and
@@ -136,6 +137,32 @@ def table(rows: list[dict], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def matrix(rows: list[dict], methods: list[str], key: str, higher_is_better: bool) -> str:
+    """Compact view: one row per method, one column per ε (mean ± std over seeds); best per column in bold."""
+    eps = sorted({r["eps_target"] for r in rows}, key=_eps_order)
+    groups = _groups(rows, lambda r: (r["method"], r["eps_target"]))
+
+    def mean(m: str, e: str) -> float | None:
+        vals = [r[key] for r in groups.get((m, e), []) if r.get(key) is not None]
+        return statistics.fmean(vals) if vals else None
+
+    best = {}
+    for e in eps:
+        vals = [v for m in methods if (v := mean(m, e)) is not None]
+        best[e] = (max if higher_is_better else min)(vals) if vals else None
+    lines = ["| method | " + " | ".join(f"ε = {e}" if e != "none" else "no DP" for e in eps) + " |",
+             "|---|" + "---|" * len(eps)]
+    for m in methods:
+        if not any((m, e) in groups for e in eps):
+            continue
+        cells = []
+        for e in eps:
+            c = _cell(groups.get((m, e), []), lambda r: r.get(key))
+            cells.append(f"**{c}**" if best[e] is not None and mean(m, e) == best[e] else c)
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def reference_table(rows: list[dict]) -> str:
     """References per ε (they depend on the data, ε and seed, not on the method)."""
     per_seed = _groups(rows, lambda r: (r["eps_target"], r["seed"]))
@@ -252,13 +279,18 @@ def main() -> None:
     head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU ({os.cpu_count()} cores, {threads}); "
             f"{DESCRIPTION.get(dataset, f'config {config}')}; `{cmd}`; {len(rows)} jobs; "
             f"synthetic = 300 per class, tested on the held-out real test split_")
-    md = (head + "\n\n" + table(rows, methods) + "\n\nReferences (same data, ε and seeds):\n\n"
+    md = (head + "\n\nTSTR accuracy (a classifier trained on the synthetic embeddings only, tested on real ones; "
+          "higher is better):\n\n" + matrix(rows, methods, "tstr_accuracy", True)
+          + "\n\nMMD² to the real test embeddings (lower is better):\n\n" + matrix(rows, methods, "mmd2", False)
+          + "\n\nReferences (same data, ε and seeds; they do not depend on the method):\n\n"
           + reference_table(rows) + "\n")
+    full = "\nEvery figure (mean ± std over seeds):\n\n" + table(rows, methods) + "\n"
     res = Path(a.results)
     res.mkdir(parents=True, exist_ok=True)
     name = "utility" if dataset in (None, "digits") else f"utility-{dataset}"
     (res / f"{name}.json").write_text(json.dumps({"header": head, "rows": rows}, indent=1) + "\n")
-    (res / f"{name}.md").write_text(md + ("\n" + client_table(rows, methods) + "\n" if client_table(rows, methods) else ""))
+    (res / f"{name}.md").write_text(md + full + ("\n" + client_table(rows, methods) + "\n"
+                                                 if client_table(rows, methods) else ""))
     print(md)
     if a.readme and dataset:
         readme = ROOT / "README.md"
