@@ -54,7 +54,7 @@ def test_folder_with_bad_files_is_embedded_and_they_are_listed(tmp_path, tiny):
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     assert set(got) == {"store", "n", "dim", "encoder", "weights_hash", "class_counts", "domain_counts", "skipped",
-                        "images_per_s"}
+                        "images_per_s", "from_cache"}
     assert got["n"] == 11 and got["dim"] == 32 and got["class_counts"] == {"0": 4, "1": 3, "2": 4}
     assert got["domain_counts"] == {"imgs": 11}
     skipped = {s["file"]: s["reason"] for s in got["skipped"]}
@@ -124,14 +124,26 @@ def test_hub_id_without_network_says_to_pass_a_directory(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "local directory" in res.output
 
 
-def test_builtin_dataset_with_the_default_bundled_encoder(tmp_path):
+def test_builtin_dataset_with_the_default_bundled_encoder(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDHYPE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "digits.safetensors"
-    res = _embed("--dataset", "digits-domains", "--limit", "40", "--image-size", "28", "--device", "cpu",
-                 "--workers", "1", "--out", str(out), "--json")
+    args = ["--dataset", "digits-domains", "--limit", "40", "--image-size", "28", "--device", "cpu", "--workers", "1"]
+    res = _embed(*args, "--out", str(out), "--json")
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
-    assert got["encoder"] == "dinov2-vits14" and got["dim"] == 384 and got["n"] == 40
+    assert got["encoder"] == "dinov2-vits14" and got["dim"] == 384 and got["n"] == 40 and got["from_cache"] is False
     assert list(got["domain_counts"]) == ["mnist", "optdigits", "mnist-m", "rotated-mnist"]
     assert sum(got["class_counts"].values()) == 40 and got["skipped"] == []
     store = EmbeddingStore.load(out)
     assert store.meta["source"]["dataset"] == "digits-domains" and store.meta["preprocess"]["crop"] == 28
+    # the same request again is served from the embedding cache (the one `fedhype run` uses) …
+    (cached,) = (tmp_path / "cache" / "embeddings").iterdir()
+    res = _embed(*args, "--out", str(tmp_path / "again.safetensors"), "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["from_cache"] is True
+    assert EmbeddingStore.load(tmp_path / "again.safetensors").digest() == store.digest()
+    # … unless --no-cache; another subset is a miss
+    res = _embed(*args, "--no-cache", "--out", str(tmp_path / "fresh.safetensors"), "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["from_cache"] is False
+    res = _embed(*args[:2], "--limit", "20", *args[4:], "--out", str(tmp_path / "other.safetensors"), "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["from_cache"] is False and json.loads(res.stdout)["n"] == 20
+    assert len(list((tmp_path / "cache" / "embeddings").iterdir())) == 2 and cached.exists()

@@ -62,7 +62,8 @@ def _render(result: dict[str, Any]) -> None:
         table.add_row(key, str(result[key]))
     table.add_row("classes", ", ".join(f"{k}: {v}" for k, v in result["class_counts"].items()))
     table.add_row("domains", ", ".join(f"{k}: {v}" for k, v in result["domain_counts"].items()))
-    table.add_row("skipped", str(len(result["skipped"])))
+    table.add_row("skipped", str(len(result["skipped"] or [])))
+    table.add_row("from cache", str(result.get("from_cache", False)))
     out.print(table)
     for s in result["skipped"][:20]:
         out.print(f"  skipped {s['file']}: {s['reason']}", highlight=False, markup=False)
@@ -87,6 +88,8 @@ def embed(
     limit: int | None = typer.Option(None, "--limit", help="Keep a stratified (domain, class) subset of at most N images."),
     seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset."),
     strict: bool = typer.Option(False, "--strict", help="Stop on the first unreadable image instead of skipping it."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="--dataset: embed again even when the embedding cache "
+                                  "($FEDHYPE_CACHE, default ~/.cache/fedhype) holds these embeddings."),
     out: Path = typer.Option(..., "--out", help="Embeddings store to write (.safetensors)."),
     json_mode: bool = JsonOpt,
 ) -> None:
@@ -110,7 +113,14 @@ def embed(
             source = scan_image_folder(images, strict=strict, limit=limit, seed=seed)
         else:
             from fedhype.data.datasets import load_builtin
+            from fedhype.encoders.cache import cache_lookup
 
+            cache_path, cache_key, hit = cache_lookup(dataset, enc, limit=limit, seed=seed)
+            if hit is not None and not no_cache:
+                hit.save(out)
+                console.print(f"reused the cached embeddings {cache_path} (same dataset, encoder, weights, size, "
+                              f"subset; --no-cache embeds again); wrote {out} ({len(hit)} × {hit.dim})", highlight=False)
+                return _summary(out, hit, enc, cached=True)
             source = load_builtin(dataset, limit=limit, seed=seed)
         for s in source.skipped[:5]:
             console.print(f"[yellow]skipped[/] {s['file']}: {s['reason']}", highlight=False)
@@ -119,21 +129,30 @@ def embed(
         tty = stderr_is_tty()
         model = enc if tty else _Counted(enc, LineProgress(f"embed: {enc.id}", len(source), "img"))
         store = embed_source(source, model, batch_size=batch_size, num_workers=workers, strict=strict, progress=tty)
+        if dataset is not None:
+            from fedhype.encoders.cache import cache_save
+
+            cache_save(cache_path, cache_key, store)
         store.save(out)
         console.print(f"wrote {out} ({len(store)} × {store.dim})", highlight=False)
-        return {
-            "store": str(out),
-            "n": len(store),
-            "dim": store.dim,
-            "encoder": enc.id,
-            "weights_hash": enc.weights_hash,
-            "class_counts": dict(zip(store.class_names, store.class_counts())),
-            "domain_counts": dict(zip(store.domain_names, store.domain_counts())),
-            "skipped": store.meta["skipped"],
-            "images_per_s": store.meta["images_per_s"],
-        }
+        return _summary(out, store, enc, cached=False)
 
     run_command(body, json_mode, _render)
+
+
+def _summary(out: Path, store, enc, cached: bool) -> dict[str, Any]:
+    return {
+        "store": str(out),
+        "n": len(store),
+        "dim": store.dim,
+        "encoder": enc.id,
+        "weights_hash": enc.weights_hash,
+        "class_counts": dict(zip(store.class_names, store.class_counts())),
+        "domain_counts": dict(zip(store.domain_names, store.domain_counts())),
+        "skipped": store.meta.get("skipped"),
+        "images_per_s": None if cached else store.meta.get("images_per_s"),
+        "from_cache": cached,
+    }
 
 
 def register(app: typer.Typer) -> None:

@@ -63,6 +63,22 @@ def cached_embed(
     from fedhype.encoders.embed import embed_source
 
     enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size)
+    path, key, store = cache_lookup(dataset, enc, limit=limit, seed=seed, cache_dir=cache_dir)
+    if store is not None:
+        return store
+    store = embed_source(load_builtin(dataset, limit=limit, seed=seed), enc, batch_size=batch_size,
+                         num_workers=num_workers, progress=progress)
+    cache_save(path, key, store)
+    return store
+
+
+def cache_lookup(dataset: str, enc, *, limit: int | None, seed: int,
+                 cache_dir: str | os.PathLike | None = None) -> tuple[Path, dict[str, Any], EmbeddingStore | None]:
+    """The cache file and key of (``dataset``, encoder ``enc``, subset), and the cached store if it matches.
+
+    Returns ``(path, key, store)``; ``store`` is None on a miss (no file, another key, or a corrupt
+    file, which the next :func:`cache_save` overwrites).
+    """
     key: dict[str, Any] = {
         "dataset": dataset, "encoder": enc.id, "weights_hash": enc.weights_hash,
         "image_size": enc.preprocess["crop"], "limit": limit, "seed": int(seed), "pooling": enc.pooling,
@@ -75,11 +91,13 @@ def cached_embed(
         try:
             store = EmbeddingStore.load(path)
             if store.meta.get("cache_key") == key:
-                return store
+                return path, key, store
         except ArtifactError:
             pass  # corrupt or foreign file: embed again and overwrite it
-    store = embed_source(load_builtin(dataset, limit=limit, seed=seed), enc, batch_size=batch_size,
-                         num_workers=num_workers, progress=progress)
+    return path, key, None
+
+
+def cache_save(path: Path, key: dict[str, Any], store: EmbeddingStore) -> None:
+    """Record ``key`` in ``store.meta`` and write it to ``path`` (atomically)."""
     store.meta["cache_key"] = key
     store.save(path)
-    return store
