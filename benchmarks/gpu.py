@@ -110,6 +110,9 @@ def main() -> None:
                     help="run every step on the CPU with tiny sizes (checks the script where no GPU is lent; "
                          "figures meaningless)")
     a = ap.parse_args()
+    for flag, v in (("--n", a.n), ("--image-size", a.image_size), ("--batch-size", a.batch_size)):
+        if v < 1:
+            ap.error(f"{flag} must be ≥ 1, got {v}")
     if not a.smoke and not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); --smoke checks it on CPU")
     import dp_step  # benchmarks/dp_step.py
@@ -128,8 +131,10 @@ def main() -> None:
     if a.encoder == "random-vits14":
         for r in res["embed"]:
             r["encoder"] = "DINOv2 ViT-S/14 architecture, random weights (throughput only)"
-    lines = [f"_{res['date']}, {res['gpu']}, torch {res['torch']}, {res['cpu_count']} CPU cores_", "",
-             "| what | CPU | GPU | GPU / CPU |", "|---|---|---|---|"]
+    acc_name = "accelerator: CPU (--smoke)" if a.smoke else "GPU"
+    lines = [f"_{res['date']}, {res['gpu']}, torch {res['torch']}, {res['cpu_count']} CPU cores_"
+             + (" — **smoke run: every 'GPU' figure is the CPU; not for publication**" if a.smoke else ""), "",
+             f"| what | CPU | {acc_name} | {acc_name} / CPU |", "|---|---|---|---|"]
     c, g = res["dp_step"]
     for k in ("nodp", "dp_bookkeeping", "dp_vmap"):
         lines.append(f"| {k} step, samples/s (×non-DP: CPU {c[k]['ratio_to_nodp']:.2f}, GPU {g[k]['ratio_to_nodp']:.2f}) "

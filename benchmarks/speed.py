@@ -7,8 +7,9 @@ Runs, one after the other (so they do not compete for the cores), each in its ow
    against the non-DP step of the same model;
 3. ``fedhype run`` on the bundled default job: wall time and time per stage (embeddings from the
    user's cache when present; ``--cold`` uses an empty cache, so the images are embedded too);
-4. ``benchmarks/synthesis.py`` on the model of step 3: `fedhype synthesize` embeddings/s against a
-   bare decoder loop;
+4. ``benchmarks/synthesis.py`` on the model of step 3 (with ``--only synthesis``: the model of the
+   last ``run`` step, else ``runs/main/run`` from README command 1): `fedhype synthesize`
+   embeddings/s against a bare decoder loop;
 5. ``benchmarks/clients_scaling.py``: time per round and peak memory for 10, 100 and 1000
    clients.
 
@@ -124,7 +125,9 @@ def speed_table(results: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS), help="run these steps only")
+    ap.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS),
+                    help="run these steps only (synthesis alone needs a trained model: the last run step's, "
+                         "else runs/main/run from README command 1)")
     ap.add_argument("--quick", action="store_true", help="small sizes: checks the command, figures not for the README")
     ap.add_argument("--cold", action="store_true", help="fedhype run with an empty embedding cache")
     ap.add_argument("--results", type=Path, default=BENCH / "results")

@@ -15,13 +15,25 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import load_file, save_file
 
-from fedhype.errors import ArtifactError
+from fedhype.errors import ArtifactError, ValidationError
+
+
+def _writable_target(path: str | os.PathLike) -> Path:
+    """``path`` as a Path, refusing a folder (ValidationError) before any temporary file is made."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValidationError(f"{path} is a folder; give the path of the file to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + ``os.replace``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``data`` to ``path`` atomically (temp file + fsync + ``os.replace``).
+
+    Raises:
+        ValidationError: ``path`` is a folder.
+    """
+    path = _writable_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -80,9 +92,12 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
 def atomic_save_tensors(
     path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
 ) -> Path:
-    """Save ``tensors`` to a safetensors file atomically (contiguous CPU copies)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Save ``tensors`` to a safetensors file atomically (contiguous CPU copies).
+
+    Raises:
+        ValidationError: ``path`` is a folder.
+    """
+    path = _writable_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

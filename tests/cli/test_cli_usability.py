@@ -396,3 +396,19 @@ def test_train_resume_above_the_target_says_so(files, tmp_path, monkeypatch):
     r = _invoke(*args, "--resume")  # nothing left to train: the table and the warning again
     assert r.exit_code == 0, r.output
     assert "is above the target ε = 2" in " ".join(r.output.split())
+
+
+def test_an_output_path_that_is_a_folder_is_a_usage_error(files, tmp_path):
+    (tmp_path / "adir").mkdir()
+    r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--out", tmp_path / "adir",
+                "--json")
+    assert r.exit_code == 2, r.output
+    assert "adir is a folder; give the path of the file to write" in _one_json(r)["error"]
+    assert list((tmp_path / "adir").iterdir()) == [] and not list(tmp_path.glob(".adir.*"))  # nothing half-written
+
+
+def test_above_target_is_the_accountants_figure_past_the_target():
+    from fedhype.pipeline.report import above_target
+
+    assert above_target(1.059, 1.0) and not above_target(0.9997, 1.0) and not above_target(1.0 + 1e-12, 1.0)
+    assert not above_target(None, 1.0) and not above_target(5.0, None)  # no DP / σ given directly: no target

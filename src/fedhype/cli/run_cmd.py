@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, existing, kv_table, log_line, round_printer, run_command
+from fedhype.cli.common import JsonOpt, console, existing, kv_table, log_line, round_printer, run_command
 from fedhype.cli.train_cmd import explain_min_records
 from fedhype.errors import ValidationError
 
@@ -18,6 +18,10 @@ def _render(r: dict) -> None:
             "tstr_accuracy", "trtr_accuracy", "interpolation_mean_accuracy", "dp_fedavg_linear_accuracy",
             "dp_fedavg_linear_epsilon", "report")
     Console().print(kv_table("fedhype run", {k: r.get(k) for k in keys}))
+    if r.get("above_target"):
+        console.print(f"[bold red]ε = {r['epsilon']:.4g} is above the target ε = {r['target_epsilon']:g}[/]: an "
+                      "interrupted round was charged again on resume (report.md and `fedhype audit` list the "
+                      "releases)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

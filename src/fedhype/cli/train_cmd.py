@@ -197,11 +197,12 @@ def register(app: typer.Typer) -> None:
                 raise explain_min_records(
                     exc, records="--min-records",
                     partition="`fedhype partition --min-train {need}` with fewer --clients (or another --scheme)") from None
+            from fedhype.pipeline.report import above_target
+
             target = cfg.epsilon if res["private"] and cfg.noise_multiplier is None else None
             res["target_epsilon"] = target
             # a resumed run recharges the round that was interrupted: the accountant's ε then exceeds the target
-            res["above_target"] = bool(target is not None and res["epsilon"] is not None
-                                       and res["epsilon"] > target * (1 + 1e-9))
+            res["above_target"] = above_target(res["epsilon"], target)
             return res
 
         run_command(body, json_out, _render)

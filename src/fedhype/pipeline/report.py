@@ -60,8 +60,10 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     metrics = read_json(out / "run" / "metrics.json", "metrics")
     training_plot(metrics, plots / "training.png")
     per_client = client_epsilons(out / "run", trained.get("epsilon_per_client"))
+    target = conf["train"].get("epsilon") if trained["private"] and conf["train"].get("noise_multiplier") is None else None
     report = {
         "epsilon": trained["epsilon"], "delta": trained["delta"], "private": trained["private"],
+        "target_epsilon": target, "above_target": above_target(trained["epsilon"], target),
         "accountant": "prv", "noise_multiplier": trained["noise_multiplier"], "clip_norm": trained["clip_norm"],
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
         **_class_stats_claims(out / "run", trained),
@@ -89,6 +91,11 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     atomic_write_json(out / "report.json", strict_json(report))
     atomic_write_text(out / "report.md", _markdown(report, ev, conf))
     return report
+
+
+def above_target(epsilon: float | None, target: float | None) -> bool:
+    """True when the accountant's ε exceeds the target (a resumed run recharged an interrupted round)."""
+    return bool(target is not None and epsilon is not None and epsilon > target * (1 + 1e-9))
 
 
 def _dp_linear_keys(d: dict | None) -> dict[str, Any]:
@@ -131,7 +138,7 @@ def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
 def _markdown(r: dict, ev: dict, conf: dict) -> str:
     target = conf["train"].get("epsilon")
     over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
-            if r["private"] and target is not None and r["epsilon"] is not None and r["epsilon"] > target * (1 + 1e-9) else "")
+            if r["private"] and above_target(r["epsilon"], target) else "")
     priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (Opacus PRV accountant, worst client, for the steps run; "
             f"target {target}; DP-SGD σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}"
             + (f"; class statistics released before round 0 with σ₀ = {_fmt(r['class_stats_noise_multiplier'])}, "

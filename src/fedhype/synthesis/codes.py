@@ -17,6 +17,7 @@ Weights are normalised to sum to 1; they must be ≥ 0 with a positive sum.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -83,8 +84,8 @@ def parse_code_spec(spec: str, clients: list[str], names: list[str] | None = Non
                 weight = float(val)
             except ValueError:
                 raise ValidationError(f"--code {spec!r}: weight {val!r} is not a number") from None
-            if weight < 0:
-                raise ValidationError(f"--code {spec!r}: weights must be ≥ 0")
+            if not math.isfinite(weight) or weight < 0:
+                raise ValidationError(f"--code {spec!r}: weight {val!r} must be a finite number ≥ 0")
             idx.append(_resolve(key, clients, names, spec))
             w.append(weight)
         total = sum(w)
