@@ -129,10 +129,10 @@ def test_real_process_prints_one_json_object_and_exit_codes():
     script = ("import typer\nfrom fedhype.cli import budget_cmd\napp = typer.Typer()\n"
               "@app.callback()\ndef _r():\n    pass\nbudget_cmd.register(app)\napp()\n")
     ok = subprocess.run([sys.executable, "-c", script, "budget", "--noise-multiplier", "2", "--sample-rate", "0.01",
-                         "--steps", "100", "--delta", "1e-5", "--json"], capture_output=True, text=True, timeout=120)
+                         "--steps", "100", "--delta", "1e-5", "--json"], capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0, ok.stderr
     lines = ok.stdout.strip().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["epsilon"] == epsilon([(2.0, 0.01, 100)], 1e-5)
     bad = subprocess.run([sys.executable, "-c", script, "budget", "--noise-multiplier", "2", "--sample-rate", "0.01",
-                          "--steps", "100", "--delta", "2"], capture_output=True, text=True, timeout=120)
+                          "--steps", "100", "--delta", "2"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "delta" in bad.stderr and bad.stdout == ""
