@@ -1,0 +1,59 @@
+"""The README's benchmark tables are the benchmarks' own output (not hand-edited), and the tables
+regenerate from the recorded rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _block(tag: str) -> str:
+    m = re.search(rf"<!-- {tag}:start -->\n(.*?)<!-- {tag}:end -->", (ROOT / "README.md").read_text(), flags=re.S)
+    assert m, f"README.md has no {tag} block"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("tag, md", [("utility", "utility.md"), ("utility-fashion", "utility-fashion.md"),
+                                     ("speed", "speed.md")])
+def test_readme_block_is_the_benchmark_output(tag, md):
+    block = _block(tag)
+    assert block.count("\n|") >= 3, f"README {tag} block has no table"
+    assert (RESULTS / md).read_text().startswith(block)
+
+
+@pytest.mark.parametrize("name", ["utility", "utility-fashion"])
+def test_utility_tables_regenerate_from_the_recorded_rows(name):
+    mod = _module("utility")
+    rows = json.loads((RESULTS / f"{name}.json").read_text())["rows"]
+    md = (RESULTS / f"{name}.md").read_text()
+    methods = mod.all_methods()
+    assert mod.table(rows, methods) in md and mod.reference_table(rows) in md
+    assert mod.matrix(rows, methods, "tstr_accuracy", True) in md and mod.matrix(rows, methods, "mmd2", False) in md
+    # every method of `fedhype train --method` at every ε, 3 seeds each
+    assert {r["method"] for r in rows} == set(methods)
+    groups = {(r["method"], r["eps_target"]) for r in rows}
+    assert groups == {(m, e) for m in methods for e in ("1", "4", "8", "none")}
+    assert all(sum((r["method"], r["eps_target"]) == g for r in rows) == 3 for g in groups)
+    # ε in every private row is the accountant's figure for the run, within 0.5 % below its target
+    for r in rows:
+        if r["eps_target"] != "none":
+            assert 0.99 * float(r["eps_target"]) <= r["epsilon"] <= float(r["eps_target"]) * (1 + 1e-9)
+
+
+def test_speed_table_regenerates_from_the_results():
+    mod = _module("speed")
+    assert mod.speed_table(RESULTS) in (RESULTS / "speed.md").read_text()
