@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedhype.data.partition import make_partition
-from fedhype.errors import BudgetExceededError, ValidationError
+from fedhype.errors import ArtifactError, BudgetExceededError, ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.engine import train
 from fedhype.federated.rundir import load_model
@@ -98,6 +98,23 @@ def test_resume_is_identical_and_counts_each_step_once(real_store, part, tmp_pat
     lb = json.loads((tmp_path / "b" / "ledger.json").read_text())
     assert len(la["events"]) == len(lb["events"]) == (3 + 1) * len(part.clients)  # + the class statistics
     assert done["epsilon"] == pytest.approx(full["epsilon"])
+
+
+def test_an_interrupted_non_private_run_resumes_identically(real_store, part, tmp_path):
+    cfg = dict(rounds=2, no_dp=True, epsilon=None)
+    train(real_store, part, _cfg(**cfg), tmp_path / "a", diagnostics=False)
+    train(real_store, part, _cfg(**cfg), tmp_path / "b", diagnostics=False, stop_after=1)
+    done = train(real_store, part, _cfg(**cfg), tmp_path / "b", resume=True, diagnostics=False)
+    assert done["complete"] and done["private"] is False and done["epsilon"] is None
+    assert not (tmp_path / "b" / "ledger.json").exists()  # no releases to record
+    ha, hb = load_model(tmp_path / "a")[0], load_model(tmp_path / "b")[0]
+    for (k, va), (_, vb) in zip(ha.state_dict().items(), hb.state_dict().items()):
+        assert torch.equal(va, vb), k
+    # a private run whose ledger went missing is still refused
+    train(real_store, part, _cfg(rounds=2), tmp_path / "p", diagnostics=False, stop_after=1)
+    (tmp_path / "p" / "ledger.json").unlink()
+    with pytest.raises(ArtifactError, match="ledger"):
+        train(real_store, part, _cfg(rounds=2), tmp_path / "p", resume=True, diagnostics=False)
 
 
 def test_interrupted_round_without_seed_is_charged_again(real_store, part, tmp_path, monkeypatch):

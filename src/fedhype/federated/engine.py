@@ -197,7 +197,9 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
     gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else 0)
     server = make_server(mcfg, len(clients), gen, cfg.method,  # local-cvae: one server per client
                          lr_server=cfg.lr_server, lr_hyper=cfg.lr_hyper, lr_code=cfg.lr_code)
-    ledger = PrivacyLedger.load(run.ledger) if (done > 0 or run.ledger.exists()) else PrivacyLedger(
+    # a private run's ledger is written ahead of round 0, so one missing at done > 0 is an error; a
+    # --no-dp run records no releases and has none
+    ledger = PrivacyLedger.load(run.ledger) if ((done > 0 and not cfg.no_dp) or run.ledger.exists()) else PrivacyLedger(
         cfg.delta, meta={"run": str(run.root), "method": cfg.method})
     metrics: list[dict] = read_json(run.metrics, "metrics") if (done > 0 and run.metrics.exists()) else []
     metrics = [m for m in metrics if m["round"] < done]
