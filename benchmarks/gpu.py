@@ -138,14 +138,14 @@ def main() -> None:
     c, g = res["dp_step"]
     for k in ("nodp", "dp_bookkeeping", "dp_vmap"):
         lines.append(f"| {k} step, samples/s (×non-DP: CPU {c[k]['ratio_to_nodp']:.2f}, GPU {g[k]['ratio_to_nodp']:.2f}) "
-                     f"| {c[k]['samples_per_s']:.0f} | {g[k]['samples_per_s']:.0f} | {g[k]['samples_per_s'] / c[k]['samples_per_s']:.1f} |")
+                     f"| {c[k]['samples_per_s']:.0f} | {g[k]['samples_per_s']:.0f} | {g[k]['samples_per_s'] / c[k]['samples_per_s']:.2f} |")
     sc, sg = res["synthesis"]
     lines.append(f"| synthesis, embeddings/s | {sc['embeddings_per_s']:.3g} | {sg['embeddings_per_s']:.3g} | "
-                 f"{sg['embeddings_per_s'] / sc['embeddings_per_s']:.0f} |")
+                 f"{sg['embeddings_per_s'] / sc['embeddings_per_s']:.2f} |")
     e112, e224, ecpu = res["embed"]
     lines.append(f"| embed {e112['image_size']} px, images/s (pipeline; plain loop on GPU {e112['plain_images_per_s']:.0f}) | "
                  f"{ecpu['pipeline_images_per_s']:.0f} | {e112['pipeline_images_per_s']:.0f} | "
-                 f"{e112['pipeline_images_per_s'] / ecpu['pipeline_images_per_s']:.0f} |")
+                 f"{e112['pipeline_images_per_s'] / ecpu['pipeline_images_per_s']:.2f} |")
     lines.append(f"| embed 224 px on GPU, images/s (pipeline / plain loop) | – | {e224['pipeline_images_per_s']:.0f} / "
                  f"{e224['plain_images_per_s']:.0f} | – |")
     md = "\n".join(lines) + "\n"

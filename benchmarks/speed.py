@@ -130,11 +130,14 @@ def main() -> None:
                          "else runs/main/run from README command 1)")
     ap.add_argument("--quick", action="store_true", help="small sizes: checks the command, figures not for the README")
     ap.add_argument("--cold", action="store_true", help="fedhype run with an empty embedding cache")
-    ap.add_argument("--results", type=Path, default=BENCH / "results")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="folder for the JSON and speed.md (default benchmarks/results; with --quick runs/bench-speed-quick)")
     ap.add_argument("--readme", action="store_true", help="replace the speed block in README.md")
     a = ap.parse_args()
     if a.quick and a.readme:
         ap.error("--quick figures are not for the README; drop --readme")
+    if a.results is None:
+        a.results = ROOT / "runs" / "bench-speed-quick" if a.quick else BENCH / "results"
     a.results.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     model = None

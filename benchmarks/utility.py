@@ -216,8 +216,9 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="ignore the rows recorded in <out>/rows.jsonl")
     ap.add_argument("--readme", action="store_true", help="update the README tables")
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes (one torch thread each); 1 = in this process")
-    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"),
-                    help="folder for utility[-dataset].json / .md (default benchmarks/results)")
+    ap.add_argument("--results", default=None,
+                    help="folder for utility[-dataset].json / .md (default: benchmarks/results for the full grid, "
+                         "<out>/results for a slice)")
     a = ap.parse_args()
     if a.dataset and a.config:
         ap.error("give --dataset or --config, not both")
@@ -231,11 +232,20 @@ def main() -> None:
     for e in a.epsilons:
         if e != "none":
             try:
-                ok = float(e) > 0
+                ok = 0 < float(e) < float("inf")
             except ValueError:
                 ok = False
             if not ok:
-                ap.error(f"--epsilons {e!r}: give positive numbers or none")
+                ap.error(f"--epsilons {e!r}: give finite positive numbers or none")
+    if a.jobs < 1:
+        ap.error(f"--jobs must be ≥ 1, got {a.jobs}")
+    full = (a.methods == ["all"] and a.epsilons == ["1", "4", "8", "none"] and sorted(a.seeds) == [0, 1, 2]
+            and not a.extra and a.config is None)
+    if not full and a.readme:
+        ap.error("--readme needs the full grid (default --methods/--epsilons/--seeds, no --set or --config): "
+                 "the README shows every method")
+    if not full and a.results is None:
+        a.results = str(Path(a.out or "runs/bench-utility-slice") / "results")  # a slice never overwrites the committed tables
     out = Path(a.out or f"runs/bench-utility{'' if dataset in (None, 'digits') else '-' + dataset}")
     out.mkdir(parents=True, exist_ok=True)
     log = out / "rows.jsonl"
@@ -275,7 +285,9 @@ def main() -> None:
             record(run_one(*g))
     rows = [done[job_key(*g[1:4], g[5])] for g in grid if job_key(*g[1:4], g[5]) in done]
     threads = f"{a.jobs} processes × 1 thread" if a.jobs > 1 else f"{torch.get_num_threads()} threads"
-    cmd = "benchmarks/utility.py " + " ".join(sys.argv[1:])
+    # the grid, not the flags that only say where to write: rerunning with --readme keeps the header
+    cmd = "benchmarks/utility.py" + (f" --dataset {dataset}" if dataset not in (None, "digits") else "") + (
+        "" if full else " " + " ".join(sys.argv[1:]))
     head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU ({os.cpu_count()} cores, {threads}); "
             f"{DESCRIPTION.get(dataset, f'config {config}')}; `{cmd}`; {len(rows)} jobs; "
             f"synthetic = 300 per class, tested on the held-out real test split_")
@@ -285,7 +297,8 @@ def main() -> None:
           + "\n\nReferences (same data, ε and seeds; they do not depend on the method):\n\n"
           + reference_table(rows) + "\n")
     full = "\nEvery figure (mean ± std over seeds):\n\n" + table(rows, methods) + "\n"
-    res = Path(a.results)
+    res = Path(a.results or ROOT / "benchmarks" / "results")
+    print(f"results → {res}", flush=True)
     res.mkdir(parents=True, exist_ok=True)
     name = "utility" if dataset in (None, "digits") else f"utility-{dataset}"
     (res / f"{name}.json").write_text(json.dumps({"header": head, "rows": rows}, indent=1) + "\n")

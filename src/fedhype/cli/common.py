@@ -87,7 +87,8 @@ def run_command(
     except FedhypeError as exc:
         _fail(str(exc), exc.exit_code, json_mode, extra=_error_extra(exc))
     except KeyboardInterrupt:
-        _fail("interrupted; rerun the same command to resume from the last checkpoint", 1, json_mode)
+        _fail("interrupted; nothing was half-written. Rerun the same command: `fedhype run` and `fedhype train "
+              "--resume` continue from the last completed round, other commands start again", 1, json_mode)
     except Exception as exc:  # noqa: BLE001 - the CLI boundary
         if os.environ.get("FEDHYPE_DEBUG"):
             raise
