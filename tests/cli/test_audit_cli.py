@@ -93,7 +93,8 @@ def test_mia_and_white_box_canaries_in_one_call(app, shared):
     result, out = _run(app, "--run", str(shared["run"]), "--mia", "--store", str(shared["store"]),
                        "--partition", str(shared["partition"]), "--canaries", "white-box", "--break", "clipping",
                        "--json")
-    assert result.exit_code == 0, result.output  # an exceeded claim is a finding, not an error
+    assert result.exit_code == 4, result.output  # an exceeded claim exits 4; the whole result is still printed
+    assert out["exit_code"] == 4 and out["kind"] == "artifact" and "--break clipping" in out["error"]
     (mia,) = out["mia"]
     assert mia["n_members"] == 480 and 0 <= mia["dcr"]["auroc"] <= 1
     assert mia["dcr"]["auroc_ci"][0] <= mia["dcr"]["auroc"] <= mia["dcr"]["auroc_ci"][1]
@@ -124,3 +125,51 @@ def test_usage_errors_exit_2(app, shared, args, message):
         args = [*args, "--store", str(shared["store"])]
     result, out = _run(app, *args, "--json")
     assert result.exit_code == 2 and message in out["error"]
+
+
+# ----------------------------------------------------------------------------- a `fedhype run` output folder
+@pytest.fixture(scope="module")
+def job(shared, tmp_path_factory):
+    """The layout `fedhype run --out JOB` writes: JOB/config.json (the job's), embeddings, partition, run/."""
+    from fedhype.pipeline.config import DEFAULTS
+
+    root = tmp_path_factory.mktemp("audit-job") / "job"
+    shutil.copytree(shared["run"], root / "run")
+    shutil.copy(shared["store"], root / "embeddings.safetensors")
+    shutil.copy(shared["partition"], root / "partition.json")
+    (root / "config.json").write_text(json.dumps(DEFAULTS))  # the job configuration: no "store" digest
+    return root
+
+
+def test_mia_on_a_job_folder_audits_its_run(app, job, shared):
+    result, out = _run(app, "--run", str(job), "--mia", "--store", str(job / "embeddings.safetensors"),
+                       "--partition", str(job / "partition.json"), "--json")
+    assert result.exit_code == 0, result.output
+    assert out["run"] == str(job / "run") and out["consistent"]
+    (mia,) = out["mia"]
+    assert mia["n_members"] == 480 and 0 <= mia["dcr"]["auroc"] <= 1
+    _, direct = _run(app, "--run", str(shared["run"]), "--mia", "--store", str(shared["store"]),
+                     "--partition", str(shared["partition"]), "--json")
+    assert mia["dcr"]["auroc"] == direct["mia"][0]["dcr"]["auroc"]  # the same run, the same attack
+
+
+def test_white_box_canaries_on_a_job_folder_replay_its_ledger(app, job, shared):
+    result, out = _run(app, "--run", str(job), "--canaries", "white-box", "--n-canaries", "500", "--json")
+    assert result.exit_code == 0, result.output
+    assert out["n_canaries"] == 500 and out["guesses"] == 50 and not out["exceeds_claim"]
+    assert out["claimed_epsilon"] == pytest.approx(out["epsilon"]) and out["epsilon"] == pytest.approx(2.1016, abs=1e-3)
+    assert out["canary"]["steps"] == 4 and out["canary"]["phases"][0]["noise_multiplier"] == 1.0
+
+
+def test_exceeded_claim_exits_4_with_the_figures(app, shared):
+    args = ("--run", str(shared["run"]), "--canaries", "white-box", "--break", "noise", "--n-canaries", "500")
+    result, out = _run(app, *args, "--json")
+    assert result.exit_code == 4, result.output
+    assert out["exceeds_claim"] is True and out["exit_code"] == 4 and out["kind"] == "artifact"
+    assert out["consistent"] and out["mismatches"] == []  # the ledger is fine: the canaries are what failed
+    bound, claim = out["empirical_epsilon_lower_bound"], out["claimed_epsilon"]
+    assert bound > claim == pytest.approx(2.1016, abs=1e-3)
+    assert f"lower bound {bound:.4g} exceeds the claimed ε {claim:.4g}" in out["error"]
+    assert "--break noise" in out["error"] and "500 canaries" in out["error"]
+    human, _ = _run(app, *args)
+    assert human.exit_code == 4 and "EXCEEDS CLAIM" in human.output and f"{bound:.4g}" in human.output

@@ -7,9 +7,14 @@
 * ``--mia --store S --partition P``: DOMIAS and DCR membership inference on the run's
   synthetic data (members = train split, non-members = test split, reference = val split).
 * ``--canaries white-box|black-box``: one-run audit (Steinke, Nasr & Jagielski 2023): an
-  empirical ε lower bound at ``--confidence``. A bound above the claimed ε is reported as
-  ``"exceeds_claim": true`` ("EXCEEDS CLAIM") with exit 0: it is a statistical finding (false
-  alarm rate 1 − confidence), not an artifact error.
+  empirical ε lower bound at ``--confidence``. A bound above the claimed ε
+  (``"exceeds_claim": true``, "EXCEEDS CLAIM") exits **4** with both figures in the error (the
+  JSON object is still printed): the mechanism leaks more than the accountant claims, unless it
+  is a false alarm, which a correct mechanism raises with probability at most 1 − confidence.
+
+``--run`` takes a ``fedhype train`` run directory or a ``fedhype run`` output folder (the job's
+training run is its ``run/``; the ledger check also reads the job's report.json and
+synthetic.safetensors).
 """
 
 from __future__ import annotations
@@ -65,6 +70,17 @@ def _render(r: dict[str, Any]) -> None:
             console.print("[bold red]EXCEEDS CLAIM[/]: the empirical lower bound is above the claimed ε", highlight=False)
 
 
+def exceeds_claim_message(can: dict[str, Any]) -> str:
+    """The exit-4 message of a canary audit whose empirical ε lower bound is above the claimed ε."""
+    broken = (f" (--break {can['breakage']}: a deliberately broken mechanism, detected as intended)"
+              if can.get("breakage") else "")
+    return (f"canary audit ({can['mode']}): the empirical ε lower bound {can['empirical_epsilon_lower_bound']:.4g} "
+            f"exceeds the claimed ε {can['claimed_epsilon']:.4g} (δ = {can['delta']:g}; {can['correct']} of "
+            f"{can['guesses']} guesses correct, {can['n_canaries']} canaries, confidence {can['confidence']:g}): the "
+            f"mechanism leaks more than the accountant claims, or this is a false alarm (probability at most "
+            f"{1 - can['confidence']:.2g} for a correct mechanism){broken}")
+
+
 def _load_data(store: Optional[Path], partition: Optional[Path]):
     from fedhype.data.partition import Partition
     from fedhype.data.store import EmbeddingStore
@@ -75,8 +91,9 @@ def _load_data(store: Optional[Path], partition: Optional[Path]):
 
 
 def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> dict:
-    from fedhype.eval.canary import MechanismPhase, default_model, run_mechanism, white_box_audit
+    from fedhype.eval.audit_ledger import run_directory
     from fedhype.eval.audit_mia import check_run_data
+    from fedhype.eval.canary import MechanismPhase, default_model, run_mechanism, white_box_audit
 
     given = {"--noise-multiplier": sigma, "--sample-rate": q, "--steps": steps}
     if any(v is not None for v in given.values()) and any(v is None for v in given.values()):
@@ -86,7 +103,7 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
     if clip is not None and sigma is None:
         raise ValidationError("--clip-norm goes with --noise-multiplier, --sample-rate and --steps")
     if run is not None:
-        mech = run_mechanism(run, client)
+        mech = run_mechanism(run_directory(run), client)
     elif s is not None:
         cfg, theta = default_model(s.dim, s.n_classes, opts["seed"])
         mech = {"client": client or "0", "phases": None, "delta": None, "model_cfg": cfg, "theta": theta}
@@ -100,7 +117,7 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
     records = None
     if s is not None and p is not None:
         if run is not None:
-            check_run_data(run, s, p)
+            check_run_data(run_directory(run), s, p)
         tr = p.client_store(s, int(mech["client"]), "train")
         records = (tr.embeddings, tr.labels)
     else:
@@ -117,13 +134,14 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
 
 
 def _black_box(run, s, p, client, audit_out, opts: dict) -> dict:
+    from fedhype.eval.audit_ledger import run_directory
     from fedhype.eval.canary_blackbox import black_box_audit
     from fedhype.federated.config import TrainConfig
     from fedhype.io import read_json
 
     if run is None or s is None or p is None:
         raise ValidationError("black-box canaries need --run (its training configuration), --store and --partition")
-    train = dict(read_json(Path(run) / "config.json", "run config")["train"])
+    train = dict(read_json(run_directory(run) / "config.json", "run config")["train"])
     cfg = TrainConfig(**train)
     console.print(f"black-box audit: training a run with {opts['n_canaries']} input canaries in client "
                   f"{client or '0'} …", highlight=False)
@@ -198,12 +216,15 @@ def register(app: typer.Typer) -> None:
                     can = _black_box(run, s, p, client, audit_out, opts)
                 res["canary"] = can
                 res.update({k: can[k] for k in _CANARY_KEYS})
+            errors = []
             if run is not None and not res["consistent"]:
-                res["exit_code"] = 4
-                res["kind"] = "artifact"
-                res["error"] = ("ledger verification failed: " + str(res["ledger_error"]) if res["ledger_ok"] is False
-                                else f"{len(res['mismatches'])} reported ε figure(s) disagree with the ledger: "
-                                + "; ".join(m["name"] for m in res["mismatches"]))
+                errors.append("ledger verification failed: " + str(res["ledger_error"]) if res["ledger_ok"] is False
+                              else f"{len(res['mismatches'])} reported ε figure(s) disagree with the ledger: "
+                              + "; ".join(m["name"] for m in res["mismatches"]))
+            if res.get("canary") and res["canary"]["exceeds_claim"]:
+                errors.append(exceeds_claim_message(res["canary"]))
+            if errors:
+                res.update(exit_code=4, kind="artifact", error="; ".join(errors))
             state["res"] = res
             return res
 

@@ -92,10 +92,32 @@ def _no_claim(name: str, claimed: Any) -> dict[str, Any]:
     return row
 
 
+#: Files of a run directory (:class:`~fedhype.federated.rundir.RunDir`); a job folder has them in ``run/``.
+_RUN_FILES = ("model.safetensors", "ledger.json", "checkpoint.json", "metrics.json")
+
+
+def is_job_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a ``fedhype run`` output folder: no run files of its own, a run in ``run/``.
+
+    A job folder has its own ``config.json`` (the job configuration), so that file alone does not
+    make a run directory; ``run/`` counts as a run when it holds any run file or its ``config.json``.
+    """
+    path = Path(path)
+    if any((path / f).exists() for f in _RUN_FILES):
+        return False
+    return (path / "run").is_dir() and any((path / "run" / f).exists() for f in (*_RUN_FILES, "config.json"))
+
+
+def run_directory(path: str | Path) -> Path:
+    """The training run directory of ``path``: ``path/run`` for a ``fedhype run`` output folder, else ``path``."""
+    path = Path(path)
+    return path / "run" if is_job_dir(path) else path
+
+
 def locate(path: str | Path) -> tuple[Path, Path | None, list[Path]]:
     """``(run directory, report.json or None, synthetic stores of a job)`` for a run or job directory."""
     path = Path(path)
-    if not (path / "model.safetensors").exists() and (path / "run" / "model.safetensors").exists():
+    if is_job_dir(path):
         report = path / "report.json"
         syn = path / "synthetic.safetensors"
         return path / "run", report if report.exists() else None, [syn] if syn.exists() else []

@@ -17,13 +17,18 @@ from fedhype.data.partition import Partition
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError
 from fedhype.eval.attacks import mia_report
+from fedhype.eval.audit_ledger import run_directory
 from fedhype.eval.inputs import check_compatible
 from fedhype.federated.rundir import RunDir
 from fedhype.io import read_json
 
 
 def check_run_data(run_dir: str | Path, store: EmbeddingStore, partition: Partition) -> None:
-    """Raise :class:`ArtifactError` unless ``store`` and ``partition`` are the ones the run trained on."""
+    """Raise :class:`ArtifactError` unless ``store`` and ``partition`` are the ones the run trained on.
+
+    ``run_dir``: a run directory or a ``fedhype run`` output folder (its ``run/`` is checked).
+    """
+    run_dir = run_directory(run_dir)
     config = read_json(RunDir(run_dir).config, "run config")
     partition.check_store(store)
     digest = config.get("store", {}).get("digest")
@@ -41,7 +46,7 @@ def run_mia(run_dir: str | Path, store: EmbeddingStore, partition: Partition, sy
     """DOMIAS and DCR membership inference on a run's synthetic data.
 
     Args:
-        run_dir: the trained run.
+        run_dir: the trained run (a ``fedhype train`` run directory or a ``fedhype run`` output folder).
         store / partition: the run's real data (checked against the run's config).
         synthetic: the synthetic store to attack; ``None`` draws one from the run with the
             neutral meta-code (``per_class`` each, default ⌈n_members / K⌉; sampling ``seed``).
@@ -54,6 +59,7 @@ def run_mia(run_dir: str | Path, store: EmbeddingStore, partition: Partition, sy
     Raises:
         ArtifactError: data that is not the run's; ValidationError: incompatible stores.
     """
+    run_dir = run_directory(run_dir)
     check_run_data(run_dir, store, partition)
     members = partition.split_store(store, "train")
     non_members = partition.split_store(store, "test")

@@ -89,6 +89,7 @@ def run_mechanism(run_dir: str | Path, client: str | None = None) -> dict:
     """What a white-box audit of ``run_dir`` replays: one client's mechanism and parameters.
 
     Args:
+        run_dir: a ``fedhype train`` run directory or a ``fedhype run`` output folder (its ``run/``).
         client: client id; default the client with the largest ledger ε.
 
     Returns:
@@ -99,9 +100,10 @@ def run_mechanism(run_dir: str | Path, client: str | None = None) -> dict:
         ArtifactError: unreadable or tampered run; ValidationError: unknown client or a
             non-private run (nothing to audit against).
     """
+    from fedhype.eval.audit_ledger import run_directory
     from fedhype.federated.rundir import RunDir, load_model
 
-    run = RunDir(run_dir)
+    run = RunDir(run_directory(run_dir))
     hnet, codes, meta = load_model(run.model)
     if not meta.get("private"):
         raise ValidationError(f"run {run.root} is non-private (--no-dp): it claims no ε to audit")
