@@ -117,6 +117,13 @@ def test_federated_plan_from_partition_file(app, tmp_path):
          "--local-epochs or --local-steps"),
         (["--rounds", "2", "--local-steps", "5", "--batch-size", "10", "--client-sizes", "600,x",
           "--noise-multiplier", "1", "--delta", "1e-5"], "--client-sizes"),
+        # no round, no step: named as such (it used to blame a target ε nobody gave)
+        (["-s", "1", "--rounds", "0", "--local-steps", "2", "--batch-size", "32", "--client-sizes", "600,480",
+          "--delta", "1e-5"], "--rounds must be ≥ 1, got 0"),
+        (["-s", "1", "--rounds", "2", "--local-steps", "0", "--batch-size", "32", "--client-sizes", "600,480",
+          "--delta", "1e-5"], "--local-steps must be ≥ 1, got 0"),
+        (["-s", "1", "--rounds", "2", "--local-epochs", "0", "--batch-size", "32", "--client-sizes", "600,480",
+          "--delta", "1e-5"], "--local-epochs must be ≥ 1, got 0"),
     ],
 )
 def test_invalid_values_exit_2_with_json_error(app, args, message):
@@ -136,3 +143,45 @@ def test_real_process_prints_one_json_object_and_exit_codes():
     bad = subprocess.run([sys.executable, "-c", script, "budget", "--noise-multiplier", "2", "--sample-rate", "0.01",
                           "--steps", "100", "--delta", "2"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "delta" in bad.stderr and bad.stdout == ""
+
+
+# ----------------------------------------------------------------------------- the reported ε: min(PRV, RDP)
+ISSUE = ["-s", "4", "--sample-rate", "0.00033", "--steps", "10000"]
+
+
+@pytest.fixture
+def glitchy_prv(monkeypatch):
+    """PRV as on the machine of issue #17: 0.4767 at δ = 1e-12 (where RDP gives 0.365), Opacus's value elsewhere."""
+    from fedhype.privacy import accountant
+
+    real = accountant._ACCOUNTANT_FNS["prv"]
+    monkeypatch.setitem(accountant._ACCOUNTANT_FNS, "prv", lambda h, d: 0.4767 if d == 1e-12 else real(h, d))
+    accountant._epsilon_cached.cache_clear()
+    yield
+    accountant._epsilon_cached.cache_clear()
+
+
+def test_prv_glitch_reports_rdp_and_warns(app, glitchy_prv):
+    outs = [_run(app, *ISSUE, "--delta", d, "--json")[1] for d in ("1.1e-12", "1e-12", "9e-13")]
+    before, glitch, after = outs
+    assert glitch["epsilon"] == glitch["epsilon_rdp"] == pytest.approx(0.36505, abs=1e-4)
+    assert glitch["accountant"] == "rdp" and glitch["epsilon_prv"] == 0.4767
+    assert glitch["warnings"][0].startswith("PRV ε 0.4767 is above the RDP bound 0.3651 at δ = 1e-12")
+    for out in (before, after):
+        assert out["accountant"] == "prv" and out["warnings"] == []
+        assert out["epsilon"] == out["epsilon_prv"] == pytest.approx(0.0615, abs=0.001)
+    human, _ = _run(app, *ISSUE, "--delta", "1e-12")
+    assert human.exit_code == 0 and "rdp" in human.stdout and "0.3651" in human.stdout
+    assert "warning: PRV ε 0.4767 is above the RDP bound 0.3651" in human.output
+
+
+def test_plan_rows_carry_the_accountant_and_the_warnings(app, glitchy_prv):
+    result, out = _run(app, "--rounds", "1", "--local-steps", "3", "--batch-size", "32", "--client-sizes", "600,480",
+                       "-s", "8", "--delta", "1e-12", "--class-stats-share", "0", "--json")
+    assert result.exit_code == 0, result.output
+    for r in out["clients"]:
+        assert r["accountant"] == "rdp" and r["epsilon"] == r["epsilon_rdp"] < r["epsilon_prv"] == 0.4767
+        assert r["warnings"][0].startswith("PRV ε 0.4767 is above the RDP bound")
+    assert out["accountant"] == "rdp" and out["epsilon"] == max(r["epsilon_rdp"] for r in out["clients"])
+    assert out["warnings"][0].startswith("client 0: PRV ε 0.4767 is above the RDP bound")
+    assert any(w.startswith("client 1: PRV ε 0.4767 is above the RDP bound") for w in out["warnings"])

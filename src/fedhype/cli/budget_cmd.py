@@ -1,16 +1,20 @@
 """``fedhype budget``: ε for a mechanism or a federated plan, or σ for a target ε.
 
-Single mechanism: ``--noise-multiplier S --sample-rate Q --steps T --delta D`` → ε by PRV (reported),
-RDP and PLD; ``--epsilon E`` instead of ``--noise-multiplier`` → the σ whose PRV ε ≤ E.
+Single mechanism: ``--noise-multiplier S --sample-rate Q --steps T --delta D`` → ε by PRV, RDP and
+PLD; the reported ``"epsilon"`` is the smaller of the PRV and RDP upper bounds (``"accountant"``
+names which), and a disagreement beyond the accountants' tolerances is listed in ``"warnings"``
+(:func:`fedhype.privacy.accountant.cross_check`). ``--epsilon E`` instead of ``--noise-multiplier``
+→ the σ whose reported ε ≤ E.
 
 Federated plan: ``--rounds R (--local-epochs E | --local-steps K) --batch-size B
 (--client-sizes N1,N2,… | --partition PART.json) [--participation P]``. Per client i with n_i
 training records: q_i = B / n_i (Poisson sampling, expected batch B), local steps per round
 K or E·⌈n_i / B⌉, and steps_i = ⌈P·R⌉ · local steps (the plan assumes each client takes part in
 ⌈P·R⌉ rounds; no amplification from client sampling is claimed, and the run's ledger counts the
-steps actually run). ε per client and the worst client are reported; with ``--epsilon`` the common
-σ is the smallest for which every client stays ≤ E (the worst client binds). δ ≥ 1/min n_i is
-refused.
+steps actually run). ε per client and the worst client are reported (each client row has its
+``accountant`` and ``warnings``; the top-level ``warnings`` collect them, prefixed with the client);
+with ``--epsilon`` the common σ is the smallest for which every client stays ≤ E (the worst client
+binds). δ ≥ 1/min n_i, ``--rounds`` < 1 and ``--local-steps``/``--local-epochs`` < 1 are refused.
 
 An infinite ε (σ = 0: no noise, so no differential-privacy guarantee at any ε) is reported as
 ``"epsilon": null`` with ``"epsilon_infinite": true`` and a ``"note"`` in JSON (strict JSON has no
@@ -27,7 +31,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, existing, kv_table, run_command
+from fedhype.cli.common import JsonOpt, console, existing, kv_table, run_command
 from fedhype.errors import ValidationError
 from fedhype.privacy.accountant import (
     calibrate_noise,
@@ -91,10 +95,15 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     """
     delta = validate_delta(delta, "--delta")
     rounds = validate_steps(rounds, "--rounds")
+    if rounds < 1:
+        raise ValidationError(f"--rounds must be ≥ 1, got {rounds}: a plan without rounds runs no DP step "
+                              "(`fedhype train` refuses it too)")
     if (local_epochs is None) == (local_steps is None):
         raise ValidationError("give exactly one of --local-epochs or --local-steps")
-    local_n = validate_steps(local_epochs if local_steps is None else local_steps,
-                             "--local-epochs" if local_steps is None else "--local-steps")
+    local_flag = "--local-epochs" if local_steps is None else "--local-steps"
+    local_n = validate_steps(local_epochs if local_steps is None else local_steps, local_flag)
+    if local_n < 1:
+        raise ValidationError(f"{local_flag} must be ≥ 1, got {local_n}: a round without local steps runs no DP step")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValidationError(f"--batch-size must be an integer ≥ 1, got {batch_size!r}")
     p = validate_sample_rate(participation, "--participation")
@@ -124,12 +133,15 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
         sigma = calibrate_noise_plan(target_epsilon, delta, plan, prefix=prefix)
     else:
         sigma = noise_multiplier
+    warnings: list[str] = []
     for r in rows:
         rep = epsilon_report(prefix + [(sigma, r["sample_rate"], r["steps"])], delta)
-        r.update({k: rep[k] for k in ("epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld")})
+        r.update({k: rep[k] for k in ("epsilon", "accountant", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "warnings")})
+        warnings += [f"{r['name']}: {w}" for w in rep["warnings"]]
         _mark(r, sigma, note=False)
     worst = max(rows, key=lambda r: r["epsilon"])
-    out = {"mode": "plan", "epsilon": worst["epsilon"], "accountant": "prv", "delta": delta,
+    out = {"mode": "plan", "epsilon": worst["epsilon"], "accountant": worst["accountant"], "warnings": warnings,
+           "delta": delta,
            "noise_multiplier": sigma, "sample_rate": worst["sample_rate"], "steps": worst["steps"],
            **{k: worst[k] for k in ("epsilon_prv", "epsilon_rdp", "epsilon_pld")},
            "worst_client": worst["client"], "rounds": rounds, "rounds_per_client": rounds_per_client,
@@ -170,10 +182,10 @@ def _fmt(v: Any) -> str:
 def _render(result: dict[str, Any]) -> None:
     out = Console()
     if result["mode"] == "single":
-        keys = ("epsilon", "target_epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "delta",
+        keys = ("epsilon", "accountant", "target_epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "delta",
                 "noise_multiplier", "sample_rate", "steps")
-        out.print(kv_table("privacy budget (PRV reported)", {k: "∞" if _infinite(result[k]) else result[k]
-                                                              for k in keys if k in result}))
+        out.print(kv_table("privacy budget (reported ε: the smaller of PRV and RDP)",
+                           {k: "∞" if _infinite(result[k]) else result[k] for k in keys if k in result}))
     else:
         table = Table(title=f"privacy budget per client (σ = {result['noise_multiplier']:.4g}, δ = {result['delta']:g})")
         for col in ("client", "n", "q", "steps", "ε PRV", "ε RDP", "ε PLD"):
@@ -183,7 +195,8 @@ def _render(result: dict[str, Any]) -> None:
             table.add_row(f"{r['name']}{mark}", str(r["n"]), _fmt(r["sample_rate"]), str(r["steps"]),
                           _fmt(r["epsilon_prv"]), _fmt(r["epsilon_rdp"]), _fmt(r["epsilon_pld"]))
         out.print(table)
-        out.print(f"worst client: {result['worst_client']}  ε = {_fmt(result['epsilon'])} at δ = {result['delta']:g}")
+        out.print(f"worst client: {result['worst_client']}  ε = {_fmt(result['epsilon'])} at δ = {result['delta']:g} "
+                  f"({result['accountant'].upper()}, the smaller of PRV and RDP)")
         if result.get("class_stats_noise_multiplier"):
             out.print(f"includes the DP class statistics released once before round 0: σ₀ = "
                       f"{_fmt(result['class_stats_noise_multiplier'])} (alone ε = {_fmt(result['class_stats_epsilon'])}); "
@@ -191,6 +204,8 @@ def _render(result: dict[str, Any]) -> None:
                       "--class-stats-noise-multiplier", highlight=False)
     if result.get("note"):
         out.print(result["note"], style="bold red", highlight=False)
+    for w in result.get("warnings") or []:
+        console.print(f"[yellow]warning[/]: {w}", highlight=False, soft_wrap=True)
 
 
 def budget(
@@ -216,7 +231,9 @@ def budget(
                                                  "methods without them: dp-cvae, no-class-stats)."),
     json_mode: bool = JsonOpt,
 ) -> None:
-    """ε (PRV, with RDP and PLD cross-checks) for a DP-SGD mechanism or federated plan, or σ for a target ε.
+    """ε (the smaller of PRV and RDP; PLD cross-check) for a DP-SGD mechanism or federated plan, or σ for a target ε.
+
+    Accountants that disagree beyond their tolerances (e.g. PRV above RDP) are listed as warnings.
 
     σ = 0 means no noise and ε = ∞ (no DP guarantee): shown as ∞; in JSON "epsilon" is null (strict
     JSON has no infinity) and "epsilon_infinite" is true, with a "note".

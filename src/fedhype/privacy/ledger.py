@@ -5,7 +5,8 @@ events, ``state_dict`` / ``load_state_dict`` (or ``from_state_dict``) round-trip
 exactly what is wrong.
 The ledger is append-only. Each event is one Poisson-subsampled Gaussian mechanism run
 ``steps`` times (σ, q, C as in DP-SGD, Abadi et al. 2016, Alg. 1); ε per client comes from
-:func:`fedhype.privacy.accountant.epsilon` (PRV, the reported figure) on that client's events.
+:func:`fedhype.privacy.accountant.epsilon` (the reported figure: the smaller of the PRV and RDP
+upper bounds) on that client's events.
 
 File format ``fedhype-ledger/1`` (JSON, written atomically)::
 
@@ -33,6 +34,7 @@ from typing import Any, Iterable
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.io import atomic_write_text, read_json
 from fedhype.privacy.accountant import (
+    REPORTED,
     History,
     validate_delta,
     validate_sample_rate,
@@ -175,16 +177,17 @@ class PrivacyLedger:
                 out.append((e.noise_multiplier, e.sample_rate, e.steps))
         return out
 
-    def epsilon(self, client: str, accountant: str = "prv") -> float:
-        """ε spent by ``client`` at the ledger's δ (0 for a client with no events)."""
+    def epsilon(self, client: str, accountant: str = REPORTED) -> float:
+        """ε spent by ``client`` at the ledger's δ (0 for a client with no events); ``accountant`` as in
+        :func:`fedhype.privacy.accountant.epsilon` (default: the reported figure, min of PRV and RDP)."""
         return epsilon(self.history(client), self.delta, accountant)
 
-    def epsilons(self, accountant: str = "prv") -> dict[str, float]:
+    def epsilons(self, accountant: str = REPORTED) -> dict[str, float]:
         """ε per client (order of first appearance)."""
         return {c: self.epsilon(c, accountant) for c in self.clients()}
 
     def worst(self) -> tuple[str | None, float]:
-        """``(client, ε)`` of the client with the largest PRV ε; ``(None, 0.0)`` for an empty ledger."""
+        """``(client, ε)`` of the client with the largest reported ε; ``(None, 0.0)`` for an empty ledger."""
         eps = self.epsilons()
         if not eps:
             return None, 0.0
@@ -199,7 +202,7 @@ class PrivacyLedger:
             rep["events"] = sum(1 for e in self._events if e.client == c)
             clients[c] = rep
         worst, worst_eps = self.worst()
-        return {"delta": self.delta, "accountant": "prv", "clients": clients,
+        return {"delta": self.delta, "accountant": REPORTED, "clients": clients,
                 "worst_client": worst, "worst_epsilon": worst_eps, "events": len(self._events)}
 
     def would_exceed(self, planned: list[LedgerEvent], max_epsilon: float) -> dict[str, float]:
@@ -306,7 +309,7 @@ class PrivacyLedger:
 
 
 def audit_consistency(ledger: PrivacyLedger, claims: dict[str, float], tol: float = 1e-6) -> list[dict[str, Any]]:
-    """Claimed ε figures that disagree with the ε recomputed (PRV) from the ledger's events.
+    """Claimed ε figures that disagree with the ε recomputed (the reported figure) from the ledger's events.
 
     Args:
         ledger: the run's ledger.
