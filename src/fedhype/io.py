@@ -68,6 +68,40 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def artifact_format(path: str | os.PathLike) -> str | None:
+    """The fedhype format id of an existing file, read from its header only (no tensor is loaded).
+
+    A safetensors file carries it in the ``"fedhype"`` metadata JSON, a JSON file as its top-level
+    ``"format"``. An embeddings store's id gets its kind appended: ``"fedhype-embeddings/1 (real)"``
+    or ``"fedhype-embeddings/1 (synthetic)"``.
+
+    Returns:
+        e.g. ``"fedhype-partition/1"``, ``"fedhype-model/1"``; ``None`` for a file that is not a
+        readable fedhype artifact (another file, or a corrupt or truncated one).
+    """
+    path = Path(path)
+    header: Any = None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as st:
+            raw = (st.metadata() or {}).get("fedhype")
+        header = json.loads(raw) if raw else None
+    except Exception:  # noqa: BLE001 - not a (readable) safetensors file: perhaps JSON
+        try:
+            with open(path, encoding="utf-8") as fh:
+                header = json.load(fh)
+        except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return None
+    if not isinstance(header, dict) or not isinstance(header.get("format"), str):
+        return None
+    fmt = header["format"]
+    if fmt.startswith("fedhype-embeddings/"):
+        meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
+        fmt += f" ({meta.get('kind', 'real')})"
+    return fmt
+
+
 def require_file(path: Path, what: str, hint: str = "") -> None:
     """Raise :class:`ArtifactError` unless ``path`` is a regular file, saying what it is instead."""
     if path.is_file():

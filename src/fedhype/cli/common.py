@@ -196,6 +196,74 @@ def existing(what: str, hint: str = "", *, kind: str = "file") -> Callable[[Any]
     return check
 
 
+# ---------------------------------------------------------------------------- output paths
+#: What a file is, by its :func:`fedhype.io.artifact_format`, as the overwrite refusals name it.
+ARTIFACT_NAMES = {
+    "fedhype-embeddings/1 (real)": "a real embeddings store (written by `fedhype embed`)",
+    "fedhype-embeddings/1 (synthetic)": "a synthetic embeddings store (written by `fedhype synthesize`)",
+    "fedhype-partition/1": "a partition (written by `fedhype partition`)",
+    "fedhype-model/1": "a trained model (written by `fedhype train`)",
+    "fedhype-ledger/1": "a privacy ledger (written by `fedhype train`)",
+}
+
+
+def describe_artifact(fmt: str | None) -> str:
+    """Human name of an artifact format id (``None``: a file that is not a fedhype artifact)."""
+    if fmt is None:
+        return "a file that is not a readable fedhype artifact"
+    return ARTIFACT_NAMES.get(fmt, f"a {fmt} file")
+
+
+def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> None:
+    """The one overwrite rule for a command's ``--out`` file (checked before any work is done).
+
+    * a folder is refused;
+    * an existing file is refused unless ``overwrite`` (``--overwrite``);
+    * even with ``overwrite``, only a file of the kind the command writes is replaced: e.g.
+      ``fedhype synthesize`` never replaces a real embeddings store, a partition or a model, and
+      no command replaces a file that is not a readable fedhype artifact of its kind.
+
+    Args:
+        out: the ``--out`` path.
+        writes: the :func:`fedhype.io.artifact_format` id of what the command writes, e.g.
+            ``"fedhype-embeddings/1 (synthetic)"``.
+        command: the command's name, e.g. ``"synthesize"``.
+
+    Raises:
+        ValidationError: (exit 2) naming the file and what it is.
+    """
+    from fedhype.errors import ValidationError
+    from fedhype.io import artifact_format
+
+    if out.is_dir():
+        raise ValidationError(f"--out {out} is a folder; give a file name such as {out / 'out.safetensors'}"
+                              if writes.startswith("fedhype-embeddings") else
+                              f"--out {out} is a folder; give a file name such as {out / 'partition.json'}")
+    if not out.exists():
+        return
+    found = artifact_format(out)
+    what = describe_artifact(found)
+    if not overwrite:
+        raise ValidationError(f"--out {out} already exists ({what}); choose another --out, or pass --overwrite "
+                              "to replace it")
+    if found != writes:
+        raise ValidationError(f"--out {out} is {what}, not {describe_artifact(writes)}: `fedhype {command}` does "
+                              "not replace it, even with --overwrite; choose another --out (or delete the file "
+                              "yourself)")
+
+
+def check_out_dir(out: Path, command: str, hint: str) -> None:
+    """Refuse an ``--out`` run/job folder that is an existing file (a usage error, exit 2).
+
+    Raises:
+        ValidationError: naming the file; ``hint`` says what to give instead.
+    """
+    from fedhype.errors import ValidationError
+
+    if out.exists() and not out.is_dir():
+        raise ValidationError(f"--out {out} is a file, not a folder: `fedhype {command}` writes a folder there; {hint}")
+
+
 # ---------------------------------------------------------------------------- progress on stderr
 def stderr_is_tty() -> bool:
     """True when stderr is an interactive terminal (rich progress bars are visible there only)."""

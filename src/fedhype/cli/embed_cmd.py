@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, LineProgress, console, existing, log_line, run_command, stderr_is_tty
+from fedhype.cli.common import (JsonOpt, LineProgress, check_out_file, console, existing, log_line, run_command,
+                                stderr_is_tty)
 from fedhype.errors import ValidationError
 
 
@@ -90,7 +91,10 @@ def embed(
     strict: bool = typer.Option(False, "--strict", help="Stop on the first unreadable image instead of skipping it."),
     no_cache: bool = typer.Option(False, "--no-cache", help="--dataset: embed again even when the embedding cache "
                                   "($FEDHYPE_CACHE, default ~/.cache/fedhype) holds these embeddings."),
-    out: Path = typer.Option(..., "--out", help="Embeddings store to write (.safetensors)."),
+    out: Path = typer.Option(..., "--out", help="Embeddings store to write (.safetensors); an existing file is refused "
+                             "unless --overwrite."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a real embeddings "
+                                   "store (a synthetic store, partition or any other file is never replaced)."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Embed images with a frozen pretrained encoder and write an embeddings store."""
@@ -101,8 +105,9 @@ def embed(
 
         if (images is None) == (dataset is None):
             raise ValidationError("give exactly one of --images DIR or --dataset NAME")
-        if out.is_dir():
-            raise ValidationError(f"--out {out} is a folder; give a file name such as {out / 'store.safetensors'}")
+        from fedhype.data.store import FORMAT
+
+        check_out_file(out, overwrite, writes=f"{FORMAT} (real)", command="embed")
         _check_options(dataset, dtype, device, batch_size, workers, limit)
         # create_encoder checks --encoder, --pooling and --image-size before it loads weights
         enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size,

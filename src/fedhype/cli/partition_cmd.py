@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, console, existing, run_command
+from fedhype.cli.common import JsonOpt, check_out_file, console, existing, run_command
 from fedhype.errors import ValidationError
 
 #: Clients named in a "too few train records" refusal; the rest are counted.
@@ -105,15 +105,19 @@ def partition(
     min_train: int = typer.Option(20, "--min-train", help="Refuse a partition in which a client has fewer train records "
                                    "(`fedhype train --min-records` is the training-time minimum)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the partition."),
-    out: Path = typer.Option(..., "--out", help="Partition JSON file to write."),
+    out: Path = typer.Option(..., "--out", help="Partition JSON file to write; an existing file is refused unless "
+                             "--overwrite."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a partition (an "
+                                   "embeddings store or any other file is never replaced)."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Partition a store over clients and write the partition (sample ids only, no data)."""
 
     def body() -> dict[str, Any]:
-        from fedhype.data.partition import make_partition
+        from fedhype.data.partition import FORMAT, make_partition
         from fedhype.data.store import EmbeddingStore
 
+        check_out_file(out, overwrite, writes=FORMAT, command="partition")
         splits = _parse_split(split)
         emb = EmbeddingStore.load(store)
         valid = min(splits) >= 0 and splits[0] > 0 and abs(sum(splits) - 1) <= 1e-6  # else make_partition says why

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, console, existing, kv_table, log_line, round_printer, run_command
+from fedhype.cli.common import JsonOpt, check_out_dir, console, existing, kv_table, log_line, round_printer, run_command
 from fedhype.cli.train_cmd import explain_min_records
 from fedhype.errors import ValidationError
 
@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
             from fedhype.pipeline.config import resolve
             from fedhype.pipeline.job import run_job
 
+            check_out_dir(out, "run", "give a new folder, or the folder of the job to resume")
             conf = resolve(config, set_)
             log_line(f"run: embed → partition → train ({conf['train']['rounds']} rounds) → synthesize → evaluate → "
                      f"report, into {out}")

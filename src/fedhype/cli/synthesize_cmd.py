@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, console, existing, kv_table, run_command
+from fedhype.cli.common import JsonOpt, check_out_file, console, existing, kv_table, run_command
 
 #: Samples per class when neither --per-class nor --n is given.
 DEFAULT_PER_CLASS = 100
@@ -62,7 +62,10 @@ def register(app: typer.Typer) -> None:
         run: Path = typer.Option(..., "--run", help="Run directory (or its model.safetensors).",
                                  callback=existing("run directory or model.safetensors", "train one with `fedhype train`",
                                                    kind="any")),
-        out: Path = typer.Option(..., "--out", help="Synthetic embeddings store to write (.safetensors)."),
+        out: Path = typer.Option(..., "--out", help="Synthetic embeddings store to write (.safetensors); an existing "
+                                 "file is refused unless --overwrite."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a synthetic "
+                                       "store (a real embeddings store, partition or any other file is never replaced)."),
         code: str = typer.Option("neutral", "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture (all clients ∝ size) | mixture:<id>=<w>,..."),
         per_class: Optional[int] = typer.Option(None, "--per-class", help=f"Samples per class (≥ 1; {DEFAULT_PER_CLASS} "
                                                 "when neither --per-class nor --n is given)."),
@@ -77,8 +80,10 @@ def register(app: typer.Typer) -> None:
         def body() -> dict:
             import time
 
+            from fedhype.data.store import FORMAT
             from fedhype.synthesis import synthesize
 
+            check_out_file(out, overwrite, writes=f"{FORMAT} (synthetic)", command="synthesize")
             k, total = _counts(per_class, n)
             _check_temperature(temperature)
             weights = _weights(label_weights)

@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand
 
-from fedhype.cli.common import JsonOpt, console, existing, kv_table, log_line, round_printer, run_command
+from fedhype.cli.common import (JsonOpt, check_out_dir, console, existing, kv_table, log_line, round_printer,
+                                run_command)
 from fedhype.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -179,6 +180,7 @@ def register(app: typer.Typer) -> None:
             from fedhype.data.store import EmbeddingStore
             from fedhype.federated.engine import train
 
+            check_out_dir(out, "train", "give a new folder, or an existing run directory with --resume")
             cfg = build_config(dict(rounds=rounds, local_epochs=local_epochs, local_steps=local_steps,
                                     batch_size=batch_size, participation=participation, lr_local=lr_local,
                                     epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,

@@ -1,0 +1,156 @@
+"""One overwrite rule for the --out of `fedhype embed`, `synthesize` and `partition`; train/run --out is a folder.
+
+An existing --out is refused (exit 2, naming it) unless --overwrite; even with --overwrite a file is
+replaced only by the command kind that wrote it (a synthetic store never replaces a real one, …).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedhype.cli.main import app
+from fedhype.data.partition import Partition
+from fedhype.data.store import EmbeddingStore
+from fedhype.io import artifact_format
+
+runner = CliRunner()
+
+
+def _invoke(*args):
+    r = runner.invoke(app, [str(a) for a in args])
+    return r, (json.loads(r.stdout) if "--json" in args and r.stdout.strip() else None)
+
+
+@pytest.fixture(scope="module")
+def files(audit_run, real_store, tmp_path_factory):
+    """A trained run, its real store and partition, a synthetic store drawn from it, and a non-fedhype file."""
+    from fedhype.synthesis import synthesize
+
+    run_dir, part = audit_run
+    d = tmp_path_factory.mktemp("overwrite")
+    real_store.save(d / "real.safetensors")
+    part.save(d / "part.json")
+    synthesize(run_dir, "neutral", per_class=2, seed=0).save(d / "syn.safetensors")
+    (d / "notes.txt").write_text("my notes\n")
+    return {"run": run_dir, "dir": d}
+
+
+@pytest.fixture
+def copy(files, tmp_path):
+    """Copy one of the module's files into this test's folder (so a test may overwrite it)."""
+    def make(name: str) -> Path:
+        return Path(shutil.copy(files["dir"] / name, tmp_path / name))
+    return make
+
+
+def test_artifact_format_reads_headers_only(files):
+    d = files["dir"]
+    assert artifact_format(d / "real.safetensors") == "fedhype-embeddings/1 (real)"
+    assert artifact_format(d / "syn.safetensors") == "fedhype-embeddings/1 (synthetic)"
+    assert artifact_format(d / "part.json") == "fedhype-partition/1"
+    assert artifact_format(files["run"] / "model.safetensors") == "fedhype-model/1"
+    assert artifact_format(files["run"] / "ledger.json") == "fedhype-ledger/1"
+    assert artifact_format(d / "notes.txt") is None
+
+
+# ----------------------------------------------------------------------------- synthesize
+def _synthesize(files, out, *extra):
+    return _invoke("synthesize", "--run", files["run"], "--per-class", 3, "--seed", 1, "--out", out, *extra, "--json")
+
+
+def test_synthesize_refuses_an_existing_out_without_overwrite(files, copy):
+    out = copy("syn.safetensors")
+    before = out.read_bytes()
+    r, obj = _synthesize(files, out)
+    assert r.exit_code == 2 and obj["kind"] == "usage"
+    assert obj["error"] == (f"--out {out} already exists (a synthetic embeddings store (written by `fedhype "
+                            "synthesize`)); choose another --out, or pass --overwrite to replace it")
+    assert out.read_bytes() == before
+    r, obj = _synthesize(files, out, "--overwrite")  # the same kind: replaced
+    assert r.exit_code == 0, r.output
+    assert len(EmbeddingStore.load(out)) == obj["n"] == 3 * EmbeddingStore.load(files["dir"] / "real.safetensors").n_classes
+
+
+@pytest.mark.parametrize("name, what", [
+    ("real.safetensors", "a real embeddings store (written by `fedhype embed`)"),
+    ("part.json", "a partition (written by `fedhype partition`)"),
+    ("notes.txt", "a file that is not a readable fedhype artifact"),
+])
+def test_synthesize_never_replaces_another_kind_even_with_overwrite(files, copy, name, what):
+    out = copy(name)
+    before = out.read_bytes()
+    r, obj = _synthesize(files, out, "--overwrite")
+    assert r.exit_code == 2, r.output
+    assert obj["error"].startswith(f"--out {out} is {what}, not a synthetic embeddings store")
+    assert "does not replace it, even with --overwrite" in obj["error"]
+    assert out.read_bytes() == before
+
+
+def test_synthesize_onto_the_runs_model_is_refused(files, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(files["run"], run)
+    before = (run / "model.safetensors").read_bytes()
+    r, obj = _invoke("synthesize", "--run", run, "--out", run / "model.safetensors", "--overwrite", "--json")
+    assert r.exit_code == 2 and "is a trained model (written by `fedhype train`)" in obj["error"]
+    assert (run / "model.safetensors").read_bytes() == before
+
+
+# ----------------------------------------------------------------------------- partition
+def _partition(files, out, *extra):
+    return _invoke("partition", "--store", files["dir"] / "real.safetensors", "--scheme", "iid", "--clients", 3,
+                   "--out", out, *extra, "--json")
+
+
+def test_partition_overwrite_rule(files, copy):
+    out = copy("part.json")
+    r, obj = _partition(files, out)
+    assert r.exit_code == 2 and obj["error"].startswith(f"--out {out} already exists (a partition")
+    assert len(Partition.load(out).clients) == 2  # untouched
+    r, _ = _partition(files, out, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert len(Partition.load(out).clients) == 3
+    store = copy("real.safetensors")  # a partition --out onto the store it reads: never
+    before = store.read_bytes()
+    r, obj = _partition(files, store, "--overwrite")
+    assert r.exit_code == 2 and f"--out {store} is a real embeddings store" in obj["error"]
+    assert store.read_bytes() == before
+
+
+# ----------------------------------------------------------------------------- embed
+def test_embed_overwrite_rule(files, copy, tmp_path, tiny_dinov2_dir):
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (28, 28), (40 * i, 90 if c == "a" else 180, 30)).save(tmp_path / "imgs" / c / f"{i}.png")
+    args = ["embed", "--images", tmp_path / "imgs", "--encoder", f"hf:{tiny_dinov2_dir}", "--image-size", 28,
+            "--device", "cpu", "--workers", 0]
+    out = copy("real.safetensors")
+    r, obj = _invoke(*args, "--out", out, "--json")
+    assert r.exit_code == 2 and obj["error"].startswith(f"--out {out} already exists (a real embeddings store")
+    r, obj = _invoke(*args, "--out", out, "--overwrite", "--json")
+    assert r.exit_code == 0, r.output
+    assert len(EmbeddingStore.load(out)) == obj["n"] == 4
+    syn = copy("syn.safetensors")
+    before = syn.read_bytes()
+    r, obj = _invoke(*args, "--out", syn, "--overwrite", "--json")
+    assert r.exit_code == 2 and f"--out {syn} is a synthetic embeddings store" in obj["error"]
+    assert syn.read_bytes() == before
+
+
+# ----------------------------------------------------------------------------- train / run: --out is a folder
+def test_train_and_run_out_pointing_at_a_file_is_a_usage_error(files, copy):
+    out = copy("notes.txt")
+    r, obj = _invoke("train", "--store", files["dir"] / "real.safetensors", "--partition", files["dir"] / "part.json",
+                     "--out", out, "--rounds", 1, "--json")
+    assert r.exit_code == 2, r.output
+    assert obj["error"].startswith(f"--out {out} is a file, not a folder: `fedhype train` writes a folder there")
+    r, obj = _invoke("run", "--out", out, "--json")
+    assert r.exit_code == 2 and obj["error"].startswith(f"--out {out} is a file, not a folder: `fedhype run`")
+    assert out.read_text() == "my notes\n"
