@@ -128,7 +128,7 @@ def test_white_box_flags_a_broken_mechanism(mech, breakage):
 
 
 def test_white_box_needs_enough_parameters(mech):
-    with pytest.raises(ValidationError, match="coordinates"):
+    with pytest.raises(ValidationError, match="--n-canaries 1000000: each white-box canary needs its own model coordinate"):
         white_box_audit(mech["phases"], delta=1e-4, model_cfg=mech["model_cfg"], theta=mech["theta"],
                         n_canaries=10**6)
 

@@ -197,6 +197,14 @@ def register(app: typer.Typer) -> None:
                 raise ValidationError(f"--canaries must be white-box or black-box, got {canaries!r}")
             if breakage is not None and canaries != "white-box":
                 raise ValidationError("--break applies to --canaries white-box only")
+            if canaries is not None:  # checked before a mechanism is run or a run is trained
+                from fedhype.eval.canary_bound import guess_counts
+
+                if n_canaries < 1:
+                    raise ValidationError(f"--n-canaries must be ≥ 1, got {n_canaries}")
+                if not 0.0 < confidence < 1.0:
+                    raise ValidationError(f"--confidence must be in (0, 1), got {confidence:g}")
+                guess_counts(n_canaries, guess_in, guess_out)
             res: dict[str, Any] = audit_run(run, synthetic or [], tolerance) if run is not None else {"run": None}
             s, p = _load_data(store, partition)
             if mia:

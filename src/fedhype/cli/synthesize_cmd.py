@@ -14,6 +14,54 @@ from fedhype.cli.common import JsonOpt, check_out_file, console, existing, kv_ta
 #: Samples per class when neither --per-class nor --n is given.
 DEFAULT_PER_CLASS = 100
 
+#: Most embeddings one synthetic store holds: their sample ids ("syn/<i>") must fit the header that
+#: safetensors allows (:data:`fedhype.data.store.MAX_HEADER_BYTES`, 100 MB; 5 million ids take ~75 MB).
+MAX_SYNTHETIC = 5_000_000
+
+#: Peak memory of a draw, per embedding of dimension D: the decoded batches, their concatenation and
+#: the serialised copy written to disk (3 × 4·D bytes), plus the label, domain and sample id (~160 bytes).
+def bytes_per_embedding(dim: int) -> int:
+    return 3 * 4 * int(dim) + 160
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux ``MemAvailable``; else free pages; None if unknown)."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_size(total: int, dim: int, flag: str) -> None:
+    """Refuse a draw of ``total`` embeddings of dimension ``dim`` above :data:`MAX_SYNTHETIC` or beyond memory.
+
+    Args:
+        flag: how the user asked for ``total`` (e.g. ``"--n 10^12"``), named in the message.
+
+    Raises:
+        ValidationError: (exit 2) with the limit or the memory needed and available.
+    """
+    from fedhype.errors import ValidationError
+
+    if total > MAX_SYNTHETIC:
+        raise ValidationError(
+            f"{flag} asks for {total:,} synthetic embeddings; one store holds at most {MAX_SYNTHETIC:,} (its sample "
+            "ids must fit the 100 MB header safetensors allows): draw several stores with different --seed")
+    need, avail = total * bytes_per_embedding(dim), available_memory()
+    if avail is not None and need > avail:
+        raise ValidationError(
+            f"{flag} asks for {total:,} synthetic embeddings of dimension {dim}, which need about {need / 2**30:.1f} GiB "
+            f"of memory; {avail / 2**30:.1f} GiB is available: draw fewer, or several stores with different --seed")
+
 
 def _counts(per_class: Optional[int], n: Optional[int]) -> tuple[Optional[int], Optional[int]]:
     """``(per_class, n)`` to draw, checked: exactly one is set (``per_class`` by default).
@@ -95,6 +143,12 @@ def register(app: typer.Typer) -> None:
 
                 raise ValidationError(f"--run {run} holds no model.safetensors: not a `fedhype train` run directory, "
                                       "or its first round has not finished; give the run directory (or the model file)")
+            from fedhype.federated.rundir import load_model
+
+            hnet, _, _ = load_model(src / "model.safetensors" if src.is_dir() else src)
+            n_classes = hnet.cfg.n_classes
+            check_size(total if total is not None else k * n_classes, hnet.cfg.dim,
+                       f"--n {total}" if total is not None else f"--per-class {k} × {n_classes} classes")
             t0 = time.perf_counter()
             store = synthesize(src, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature)
             secs = time.perf_counter() - t0

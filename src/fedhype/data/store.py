@@ -30,6 +30,9 @@ from fedhype.io import atomic_save_tensors, require_file, tensor_digest
 
 FORMAT = "fedhype-embeddings/1"
 _META_KEY = "fedhype"
+#: safetensors refuses to write (or read) a header above 100,000,000 bytes; a store's header holds
+#: its sample ids, so this bounds the number of rows one store can have (~5 million synthetic ids).
+MAX_HEADER_BYTES = 100_000_000
 
 
 @dataclass
@@ -94,7 +97,8 @@ class EmbeddingStore:
         """Check shapes, dtypes, label/domain ranges, finiteness and id uniqueness.
 
         Raises:
-            ValidationError: naming ``where`` and the field at fault.
+            ValidationError: naming ``where`` and the field at fault (for NaN/Inf embeddings: the
+                first bad row index, its sample id and the number of bad rows).
         """
         e = self.embeddings
         if e.ndim != 2:
@@ -116,8 +120,11 @@ class EmbeddingStore:
                 raise ValidationError(f"{where}: labels outside [0, {len(self.class_names)})")
             if int(self.domains.min()) < 0 or int(self.domains.max()) >= len(self.domain_names):
                 raise ValidationError(f"{where}: domain ids outside [0, {len(self.domain_names)})")
-            if not torch.isfinite(e).all():
-                raise ValidationError(f"{where}: embeddings contain NaN or Inf")
+            bad = (~torch.isfinite(e)).any(dim=1).nonzero().flatten()
+            if bad.numel():
+                i = int(bad[0])
+                raise ValidationError(f"{where}: embeddings contain NaN or Inf: first at row {i} (sample id "
+                                      f"{self.sample_ids[i]!r}), {bad.numel()} of {n} rows in all")
 
     # ------------------------------------------------------------------ selection
     def subset(self, index: np.ndarray | torch.Tensor | list[int]) -> "EmbeddingStore":
@@ -157,7 +164,12 @@ class EmbeddingStore:
         return tensor_digest(self.tensors())
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the store atomically to ``path`` (a ``.safetensors`` file)."""
+        """Write the store atomically to ``path`` (a ``.safetensors`` file).
+
+        Raises:
+            ValidationError: ``path`` is a folder, or the header (sample ids, names, metadata) would
+                exceed safetensors' :data:`MAX_HEADER_BYTES` (too many rows for one store).
+        """
         header = {
             "format": FORMAT,
             "n": len(self),
@@ -168,7 +180,14 @@ class EmbeddingStore:
             "digest": self.digest(),
             "meta": self.meta,
         }
-        return atomic_save_tensors(path, self.tensors(), {_META_KEY: json.dumps(header, default=str)})
+        text = json.dumps(header, default=str)
+        size = len(text.encode("utf-8"))
+        if size > MAX_HEADER_BYTES - 1_000_000:  # the tensor entries of the header need a little room too
+            raise ValidationError(
+                f"{path}: {len(self)} embeddings are too many for one store: its header (sample ids and metadata) "
+                f"would be {size / 1e6:.0f} MB, above the {MAX_HEADER_BYTES / 1e6:.0f} MB safetensors allows; "
+                "write several smaller stores")
+        return atomic_save_tensors(path, self.tensors(), {_META_KEY: text})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "EmbeddingStore":

@@ -196,8 +196,10 @@ def white_box_audit(phases: list[MechanismPhase], *, delta: float, model_cfg: Mo
         raise ValidationError(f"breakage must be one of {BREAKAGES} or None, got {breakage!r}")
     if not phases:
         raise ValidationError("no mechanism phases to audit")
-    if n_canaries < 1 or not canary_norm >= 1:
-        raise ValidationError(f"need n_canaries ≥ 1 and canary_norm ≥ 1, got {n_canaries}, {canary_norm}")
+    if n_canaries < 1:
+        raise ValidationError(f"--n-canaries must be ≥ 1, got {n_canaries}")
+    if not canary_norm >= 1:
+        raise ValidationError(f"canary_norm (a multiple of the clipping norm) must be ≥ 1, got {canary_norm}")
     rng = np.random.default_rng(seed)
     tgen = torch.Generator().manual_seed(int(rng.integers(2**62)))
     noise_gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
@@ -206,7 +208,8 @@ def white_box_audit(phases: list[MechanismPhase], *, delta: float, model_cfg: Mo
     keys = [f"shared.{k}" for k in shared] + [f"local.{k}" for k in local]
     d = sum(v.numel() for v in shared.values()) + sum(v.numel() for v in local.values())
     if n_canaries > d:
-        raise ValidationError(f"{n_canaries} canaries need as many coordinates; the model has only {d} parameters")
+        raise ValidationError(f"--n-canaries {n_canaries}: each white-box canary needs its own model coordinate and "
+                              f"the model has only {d} parameters; use --n-canaries {d} or fewer")
     included = rng.random(n_canaries) < 0.5
     coords = torch.as_tensor(_canary_coordinates(shared, local, n_canaries, rng), dtype=torch.int64)
     signs = torch.as_tensor(rng.choice([-1.0, 1.0], n_canaries), dtype=torch.float32)

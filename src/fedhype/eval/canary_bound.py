@@ -52,7 +52,7 @@ def _check_delta_beta(delta: float, beta: float) -> None:
     if not (0.0 <= float(delta) <= 1.0):
         raise ValidationError(f"delta must be in [0, 1], got {delta!r}")
     if not (0.0 < float(beta) < 1.0):
-        raise ValidationError(f"beta (1 − confidence) must be in (0, 1), got {beta!r}")
+        raise ValidationError(f"beta (1 − --confidence) must be in (0, 1), got {beta!r}")
 
 
 def p_value(m: int, r: int, v: int, epsilon: float, delta: float = 0.0) -> float:
@@ -117,14 +117,15 @@ def guess_counts(m: int, guess_in: float = GUESS_IN, guess_out: float = GUESS_OU
     Raises:
         ValidationError: fractions outside [0, 1], summing above 1, or no guess at all.
     """
-    for name, f in (("guess_in", guess_in), ("guess_out", guess_out)):
+    for name, f in (("--guess-in", guess_in), ("--guess-out", guess_out)):
         if not (0.0 <= f <= 1.0):
             raise ValidationError(f"{name} must be a fraction in [0, 1], got {f!r}")
     k_in, k_out = int(round(guess_in * m)), int(round(guess_out * m))
     if k_in + k_out > m:
-        raise ValidationError(f"guess_in + guess_out = {guess_in + guess_out:g} exceeds 1")
+        raise ValidationError(f"--guess-in + --guess-out = {guess_in + guess_out:g} exceeds 1")
     if k_in + k_out == 0:
-        raise ValidationError(f"no guesses: guess_in·m and guess_out·m both round to 0 for m = {m}")
+        raise ValidationError(f"no guesses: --guess-in {guess_in:g} and --guess-out {guess_out:g} of --n-canaries {m} "
+                              "both round to 0; raise --guess-in or --n-canaries")
     return k_in, k_out
 
 
@@ -167,7 +168,7 @@ def audit_from_scores(scores: np.ndarray, included: np.ndarray, *, delta: float,
         mechanism is not as private as claimed.
     """
     if not (0.0 < confidence < 1.0):
-        raise ValidationError(f"confidence must be in (0, 1), got {confidence!r}")
+        raise ValidationError(f"--confidence must be in (0, 1), got {confidence!r}")
     m = int(np.asarray(included).shape[0])
     k_in, k_out = guess_counts(m, guess_in, guess_out)
     g = score_guesses(scores, included, k_in, k_out, np.random.default_rng(seed))

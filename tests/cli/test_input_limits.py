@@ -1,0 +1,77 @@
+"""Requests that cannot be met are refused up front with the CLI's own flag names (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fedhype.cli import synthesize_cmd
+from fedhype.cli.main import app
+
+runner = CliRunner()
+
+
+def _invoke(*args):
+    r = runner.invoke(app, [str(a) for a in args])
+    return r, (json.loads(r.stdout) if r.stdout.strip() else None)
+
+
+@pytest.fixture(scope="module")
+def run_dir(audit_run):
+    return audit_run[0]
+
+
+def test_synthesize_n_above_the_store_limit(run_dir, tmp_path):
+    r, obj = _invoke("synthesize", "--run", run_dir, "--n", 10**12, "--out", tmp_path / "s.safetensors", "--json")
+    assert r.exit_code == 2, r.output
+    assert obj["error"].startswith("--n 1000000000000 asks for 1,000,000,000,000 synthetic embeddings; one store "
+                                   "holds at most 5,000,000")
+    r, obj = _invoke("synthesize", "--run", run_dir, "--per-class", 600_000, "--out", tmp_path / "s.safetensors",
+                     "--json")  # 10 classes × 600,000
+    assert r.exit_code == 2 and obj["error"].startswith("--per-class 600000 × 10 classes asks for 6,000,000")
+    assert not (tmp_path / "s.safetensors").exists()
+
+
+def test_synthesize_beyond_available_memory(run_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(synthesize_cmd, "available_memory", lambda: 1 << 20)  # 1 MiB
+    r, obj = _invoke("synthesize", "--run", run_dir, "--n", 1000, "--out", tmp_path / "s.safetensors", "--json")
+    assert r.exit_code == 2, r.output
+    need = 1000 * (3 * 4 * 384 + 160) / 2**30
+    assert obj["error"] == (f"--n 1000 asks for 1,000 synthetic embeddings of dimension 384, which need about "
+                            f"{need:.1f} GiB of memory; 0.0 GiB is available: draw fewer, or several stores with "
+                            "different --seed")
+    monkeypatch.setattr(synthesize_cmd, "available_memory", lambda: None)  # unknown: not refused
+    r, obj = _invoke("synthesize", "--run", run_dir, "--n", 20, "--seed", 0, "--out", tmp_path / "s.safetensors",
+                     "--json")
+    assert r.exit_code == 0 and obj["n"] == 20
+
+
+def test_a_store_too_large_for_its_header_is_refused_before_writing(tmp_path, monkeypatch):
+    import torch
+
+    from fedhype.data import store as store_mod
+    from fedhype.errors import ValidationError
+
+    monkeypatch.setattr(store_mod, "MAX_HEADER_BYTES", 1_000_000 + 2_000)  # room for ~150 ids
+    s = store_mod.EmbeddingStore(torch.zeros(300, 2), torch.zeros(300), torch.zeros(300), [f"syn/{i}" for i in range(300)],
+                                 ["a"], ["d"])
+    with pytest.raises(ValidationError, match=r"s.safetensors: 300 embeddings are too many for one store"):
+        s.save(tmp_path / "s.safetensors")
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n-canaries", "0"], "--n-canaries must be ≥ 1, got 0"),
+    (["--n-canaries", "5"], "no guesses: --guess-in 0.1 and --guess-out 0 of --n-canaries 5 both round to 0"),
+    (["--guess-in", "0.7", "--guess-out", "0.5"], "--guess-in + --guess-out = 1.2 exceeds 1"),
+    (["--guess-in", "2"], "--guess-in must be a fraction in [0, 1], got 2.0"),
+    (["--confidence", "1"], "--confidence must be in (0, 1), got 1"),
+    (["--n-canaries", "100000000"], "--n-canaries 100000000: each white-box canary needs its own model coordinate"),
+])
+def test_canary_options_are_named_by_their_flags(run_dir, args, message):
+    r, obj = _invoke("audit", "--run", run_dir, "--canaries", "white-box", *args, "--json")
+    assert r.exit_code == 2, r.output
+    assert message in obj["error"] and "n_canaries" not in obj["error"] and "guess_in" not in obj["error"]
+    assert "white-box audit: client" not in r.output or args == ["--n-canaries", "100000000"]

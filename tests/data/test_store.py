@@ -1,0 +1,47 @@
+"""EmbeddingStore validation: a NaN/Inf embedding is named by its first row and sample id."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedhype.data.store import EmbeddingStore
+from fedhype.errors import ArtifactError, ValidationError
+
+
+def _store(emb: torch.Tensor) -> EmbeddingStore:
+    n = emb.shape[0]
+    return EmbeddingStore(emb, torch.zeros(n), torch.zeros(n), [f"img/{i:03d}" for i in range(n)], ["a"], ["d"])
+
+
+def test_nan_and_inf_name_the_first_bad_row():
+    emb = torch.ones(6, 3)
+    emb[4, 2], emb[2, 0], emb[5, 1] = math.nan, math.inf, -math.inf
+    with pytest.raises(ValidationError) as info:
+        _store(emb)
+    assert str(info.value) == ("embeddings store: embeddings contain NaN or Inf: first at row 2 "
+                               "(sample id 'img/002'), 3 of 6 rows in all")
+
+
+def test_a_stored_file_with_nan_is_refused_naming_the_file_and_row(tmp_path):
+    good = _store(torch.ones(4, 3))
+    good.save(tmp_path / "s.safetensors")
+    # a file whose tensors were written with a NaN (digest recomputed, as a buggy writer would)
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "s.safetensors"), framework="pt") as fh:
+        meta = fh.metadata()
+    t = load_file(str(tmp_path / "s.safetensors"))
+    t["embeddings"][3, 1] = math.nan
+    import json
+
+    from fedhype.io import tensor_digest
+
+    header = json.loads(meta["fedhype"])
+    header["digest"] = tensor_digest(t)
+    save_file(t, str(tmp_path / "bad.safetensors"), metadata={"fedhype": json.dumps(header)})
+    with pytest.raises(ArtifactError, match=r"bad.safetensors: .*first at row 3 \(sample id 'img/003'\), 1 of 4 rows"):
+        EmbeddingStore.load(tmp_path / "bad.safetensors")
