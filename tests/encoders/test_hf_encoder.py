@@ -122,3 +122,77 @@ def test_missing_directory_is_a_clear_error(tmp_path):
 def test_weights_flag_is_refused_for_hf(tiny_dinov2_dir, tmp_path):
     with pytest.raises(ValidationError, match="--weights is for timm"):
         create_encoder(f"hf:{tiny_dinov2_dir}", device="cpu", weights=str(tmp_path / "w.safetensors"))
+
+
+# ----------------------------------------------------------------------------- weights that do not cover the model
+def _edit_weights(src, dst, edit):
+    """Copy a save_pretrained directory and rewrite its model.safetensors with ``edit(tensors)``."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_a_missing_weight_is_refused_not_filled_with_random_values(tiny_dinov2_dir, tmp_path):
+    d = _edit_weights(tiny_dinov2_dir, tmp_path / "partial", lambda t: t.pop("encoder.layer.1.mlp.fc1.weight"))
+    with pytest.raises(ValidationError) as info:
+        create_encoder(f"hf:{d}", device="cpu")
+    msg = str(info.value)
+    assert "saved weights do not match the model" in msg and "missing 1 (encoder.layer.1.mlp.fc1.weight)" in msg
+    assert "random values" in msg
+
+
+def test_unexpected_weights_inside_the_model_are_refused(tiny_dinov2_dir, tmp_path):
+    def add(t):
+        t["encoder.layer.2.mlp.fc1.weight"] = torch.zeros(64, 32)  # a third layer the config does not have
+        t["encoder.layer.2.mlp.fc1.bias"] = torch.zeros(64)
+    d = _edit_weights(tiny_dinov2_dir, tmp_path / "extra", add)
+    with pytest.raises(ValidationError, match=r"unexpected 2 \(encoder.layer.2.mlp.fc1.bias, "
+                                              r"encoder.layer.2.mlp.fc1.weight\)"):
+        create_encoder(f"hf:{d}", device="cpu")
+
+
+def test_a_weight_of_the_wrong_shape_is_refused(tiny_dinov2_dir, tmp_path):
+    d = _edit_weights(tiny_dinov2_dir, tmp_path / "shape",
+                      lambda t: t.__setitem__("encoder.layer.0.mlp.fc1.bias", torch.zeros(3)))
+    with pytest.raises(ValidationError, match=r"of the wrong shape 1 \(encoder.layer.0.mlp.fc1.bias\)"):
+        create_encoder(f"hf:{d}", device="cpu")
+
+
+def test_a_classification_checkpoint_loads_its_backbone(tmp_path):
+    """Weights outside the encoder (a classifier head) are not the encoder's: the backbone loads exactly."""
+    from transformers import Dinov2Config, Dinov2ForImageClassification
+
+    torch.manual_seed(0)
+    cfg = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2, patch_size=14,
+                       image_size=56, num_labels=3)
+    full = Dinov2ForImageClassification(cfg).eval()
+    full.save_pretrained(tmp_path)
+    enc = create_encoder(f"hf:{tmp_path}", device="cpu")
+    x = _pixels(2, 56)
+    with torch.no_grad():
+        ref = full.dinov2(pixel_values=x).last_hidden_state[:, 0]
+    torch.testing.assert_close(enc(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_two_tower_clip_checkpoint_loads_its_vision_tower(tmp_path):
+    """The text tower of a full CLIP checkpoint is unexpected for the vision model, and not refused."""
+    from transformers import CLIPConfig, CLIPModel, CLIPVisionModel
+
+    torch.manual_seed(0)
+    cfg = CLIPConfig(text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                      vocab_size=100),
+                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                        image_size=32, patch_size=8), projection_dim=16)
+    full = CLIPModel(cfg).eval()
+    full.save_pretrained(tmp_path)
+    enc = create_encoder(f"hf:{tmp_path}", device="cpu")
+    x = _pixels(2, 32)
+    with torch.no_grad():
+        ref = full.vision_model(pixel_values=x).pooler_output
+    torch.testing.assert_close(enc(x), ref, rtol=1e-5, atol=1e-5)

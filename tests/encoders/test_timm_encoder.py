@@ -73,3 +73,15 @@ def test_unknown_timm_name_and_offline_without_weights(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValidationError, match="pass --weights"):
         create_encoder("timm:test_vit", device="cpu")
+
+
+def test_a_missing_or_extra_tensor_in_the_weights_file_is_named(vit_and_weights, tmp_path):
+    model, _ = vit_and_weights
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    partial = {k: v for k, v in sd.items() if k != "blocks.0.norm1.weight"}
+    save_file(partial, str(tmp_path / "partial.safetensors"))
+    with pytest.raises(ValidationError, match=r"missing \['blocks.0.norm1.weight'\], unexpected \[\]"):
+        create_encoder("timm:test_vit", device="cpu", weights=str(tmp_path / "partial.safetensors"))
+    save_file({**sd, "blocks.9.extra": torch.zeros(2)}, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(ValidationError, match=r"missing \[\], unexpected \['blocks.9.extra'\]"):
+        create_encoder("timm:test_vit", device="cpu", weights=str(tmp_path / "extra.safetensors"))

@@ -90,27 +90,70 @@ def _load_config(ref: str):
         raise ValidationError(f"{_offline_hint(ref)} ({exc})") from None
 
 
+def _names(keys: list[str], shown: int = 5) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return f"{len(keys)} ({', '.join(keys[:shown])}{more})"
+
+
+def check_loading_info(ref: str, model: nn.Module, info: dict[str, Any]) -> None:
+    """Refuse a model whose saved weights do not cover it: transformers would fill the gaps with random values.
+
+    ``info`` is ``from_pretrained(..., output_loading_info=True)``'s report. Refused: any missing
+    weight (except those of a ``pooler`` that the encoder never reads: with a class token, ``cls``
+    pooling takes the token itself), any weight of the wrong shape, any loading error, and any
+    unexpected weight inside the model's own modules (e.g. an extra layer: the config and the
+    weights disagree). Unexpected weights outside them — a classification head, the text tower of a
+    two-tower checkpoint — are parts of the checkpoint the vision encoder does not use.
+
+    Raises:
+        ValidationError: naming the weights (the first few of each kind and how many).
+    """
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
+    own = {k.split(".")[0] for k in model.state_dict()} | {name for name, _ in model.named_children()}
+    reads_pooler = getattr(model.config, "model_type", "").startswith("siglip")  # no class token: pooler_output
+    missing = sorted(k for k in info.get("missing_keys") or () if reads_pooler or not k.startswith("pooler."))
+    unexpected = sorted(k for k in info.get("unexpected_keys") or ()
+                        if (k[len(prefix):] if k.startswith(prefix) else k).split(".")[0] in own)
+    wrong = sorted(str(k[0] if isinstance(k, (tuple, list)) else k) for k in info.get("mismatched_keys") or ())
+    errors = [str(e) for e in info.get("error_msgs") or ()]
+    problems = [f"{what} {_names(keys)}" for what, keys in (("missing", missing), ("unexpected", unexpected),
+                                                          ("of the wrong shape", wrong)) if keys]
+    if errors:
+        problems.append(f"loading errors: {'; '.join(errors)[:300]}")
+    if problems:
+        raise ValidationError(
+            f"hf:{ref}: the saved weights do not match the model its config.json describes: weights "
+            f"{'; '.join(problems)}. transformers would fill missing weights with random values, so fedhype refuses; "
+            "save the complete model again with save_pretrained, or fix config.json")
+
+
 def load_hf_model(ref: str) -> tuple[nn.Module, Any, str]:
     """Load a transformers vision model (and its config) from a hub id or a local directory.
+
+    The saved weights must cover the model (:func:`check_loading_info`): nothing is left randomly
+    initialised.
 
     Returns:
         ``(model, config, resolved_ref)``.
 
     Raises:
         ValidationError: directory missing, hub unreachable (the message says to pass a local
-            directory), or a model type with no vision tower.
+            directory), a model type with no vision tower, or weights missing, unexpected or of
+            the wrong shape (named).
     """
     import transformers
 
     config, where, local = _load_config(ref)
     cls_name = _TOWERS.get(config.model_type)
     cls = getattr(transformers, cls_name) if cls_name else transformers.AutoModel
-    try:
-        model = cls.from_pretrained(where, local_files_only=local)
-    except (OSError, ValueError) as exc:
+    try:  # a weight of the wrong shape is reported (mismatched_keys) instead of raised, and then refused
+        model, info = cls.from_pretrained(where, local_files_only=local, output_loading_info=True,
+                                          ignore_mismatched_sizes=True)
+    except (OSError, ValueError, RuntimeError) as exc:
         raise ValidationError(f"hf:{ref}: could not load the weights ({exc})") from None
     if getattr(model.config, "model_type", "") in ("clip", "siglip"):
         raise ValidationError(f"hf:{ref}: expected a vision model, got a two-tower {model.config.model_type} model")
+    check_loading_info(ref, model, info)
     return model, model.config, where
 
 
