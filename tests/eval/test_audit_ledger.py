@@ -157,3 +157,22 @@ def test_interrupted_run_is_reported_as_interrupted_not_tampered(real_store, tmp
 
     # the spent ε (full ledger, 2 rounds charged) is above what the committed model claims (1 round)
     assert res["events"] == 4 and res["epsilon"] > load_model(tmp_path / "run")[2]["epsilon"] * 1.1
+
+
+def test_prv_above_rdp_is_a_warning_and_rdp_is_the_recomputed_figure(shared, monkeypatch):
+    """A numerical failure of PRV (here: PRV + 1 for every history) is flagged per client; ε is then RDP's."""
+    from fedhype.privacy import accountant
+
+    run, _ = shared
+    real = accountant._ACCOUNTANT_FNS["prv"]
+    monkeypatch.setitem(accountant._ACCOUNTANT_FNS, "prv", lambda h, d: real(h, d) + 1.0)
+    accountant._epsilon_cached.cache_clear()
+    try:
+        res = audit_run(run)
+    finally:
+        accountant._epsilon_cached.cache_clear()
+    assert res["ledger_ok"] and res["epsilon"] == res["epsilon_rdp"]
+    assert sorted(w.split(":")[0] for w in res["warnings"]) == ["client 0", "client 1"]
+    assert all("exceeds the RDP upper bound" in w and "the RDP figure is the reported one" in w for w in res["warnings"])
+    # the run recorded PRV's (correct) figure, below RDP: the claims now disagree with the recomputation
+    assert not res["consistent"] and all(m["difference"] < 0 for m in res["mismatches"] if m["difference"] is not None)
