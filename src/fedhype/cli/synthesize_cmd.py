@@ -18,9 +18,9 @@ DEFAULT_PER_CLASS = 100
 #: safetensors allows (:data:`fedhype.data.store.MAX_HEADER_BYTES`, 100 MB; 5 million ids take ~75 MB).
 MAX_SYNTHETIC = 5_000_000
 
-#: Peak memory of a draw, per embedding of dimension D: the decoded batches, their concatenation and
-#: the serialised copy written to disk (3 × 4·D bytes), plus the label, domain and sample id (~160 bytes).
 def bytes_per_embedding(dim: int) -> int:
+    """Peak memory of a draw per embedding of dimension ``dim``, in bytes: the decoded batches, their
+    concatenation and the serialised copy written to disk (3 × 4·D), plus label, domain and sample id (~160)."""
     return 3 * 4 * int(dim) + 160
 
 

@@ -11,11 +11,12 @@ Accountants (``accountant=``):
 * ``"best"`` — **the reported figure** (the default everywhere): the smaller of the two upper
   bounds below, PRV and RDP. Both bound the true ε from above, so their minimum does too. PRV is
   normally the tighter (RDP is 5–30 % looser, several times looser at ε ≪ 1); RDP wins only
-  where PRV's discretised composition fails numerically. Seen with σ = 4, q = 0.00033, 10,000
-  steps at δ ≈ 1e-12: PRV jumps to 0.48 (or 2.2) between neighbours of 0.061 while RDP says
-  0.365 — Opacus finds ε by a binary search on the composed δ(ε) curve, which is
-  no longer monotone where float64 FFT noise is comparable to δ. :func:`epsilon_report` records
-  both figures and flags such a disagreement (:func:`cross_check`).
+  where PRV's discretised composition fails numerically, which depends on the machine: with
+  σ = 4, q = 0.00033, 10,000 steps PRV gave 0.061 / 0.48 / 0.061 at δ = 1.1e-12 / 1e-12 / 9e-13
+  on one machine (RDP: 0.365), and 2.15 at σ = 4.2, δ = 1e-12 on another — Opacus finds ε by a
+  binary search on the composed δ(ε) curve, which is no longer monotone where float64 FFT noise
+  is comparable to δ. :func:`epsilon_report` records both figures and flags such a disagreement
+  (:func:`cross_check`).
 * ``"prv"`` — Opacus ``PRVAccountant``: numerical composition of privacy loss random variables
   (Gopi, Lee & Wutschitz, NeurIPS 2021, Alg. 1 with the domain of Remark 5.6). We return
   Opacus's ``eps_upper`` (an upper bound, not the point estimate) with
