@@ -49,7 +49,8 @@ def test_noise_has_the_gaussian_mechanism_scale(real_store):
     exact = privatize_class_sums("0", x, y, 10, DPConfig(None, 1.0, enabled=False), torch.Generator())
     sigma = 2.0
     noisy = privatize_class_sums("0", x, y, 10, DPConfig(sigma, 1.0), torch.Generator().manual_seed(0))
-    assert noisy.private and noisy.clip_norm == pytest.approx(math.sqrt(2)) and noisy.noise_multiplier == sigma
+    # the legacy weights (1/√2, 1/√2): the weighted vector has sensitivity 1, each statistic noise std σ·√2
+    assert noisy.private and noisy.clip_norm == 1.0 and noisy.noise_multiplier == sigma
     z = torch.cat([(noisy.tensors[k] - exact.tensors[k]).flatten() for k in ("class_sums", "class_counts")]).numpy()
     std = sigma * math.sqrt(2)
     assert stats.kstest(z / std, "norm").pvalue > 1e-3
@@ -64,7 +65,7 @@ def test_release_is_in_the_ledger_and_composed_by_the_accountant(real_store, par
     assert sorted(e.client for e in pre) == sorted(str(c.id) for c in part.clients)
     s0 = pre[0].noise_multiplier
     assert all(e.round == -1 and e.sample_rate == 1.0 and e.steps == 1 and e.noise_multiplier == s0 for e in pre)
-    # σ of the release is calibrated to its share of ε on its own (default share 0.8)
+    # σ of the release is calibrated to its share of ε on its own (TrainConfig default share 0.8)
     assert epsilon([(s0, 1.0, 1)], 1e-4) == pytest.approx(0.8 * 2.0, abs=0.02)
     worst = 0.0
     for c in part.clients:

@@ -31,6 +31,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedhype.cli.train_cmd import job_default
 from fedhype.cli.common import JsonOpt, console, existing, kv_table, run_command
 from fedhype.errors import ValidationError
 from fedhype.privacy.accountant import (
@@ -225,10 +226,10 @@ def budget(
     partition: Optional[Path] = typer.Option(None, "--partition", help="fedhype-partition/1 JSON (plan).",
                                              callback=existing("partition file", "create it with `fedhype partition`")),
     participation: float = typer.Option(1.0, "--participation", help="Fraction of rounds each client takes part in."),
-    class_stats_share: float = typer.Option(0.8, "--class-stats-share",
-                                            help="Plan: share of the target ε spent on the DP class statistics that "
-                                                 "`fedhype train` releases once before round 0 (its default 0.8; 0 for "
-                                                 "methods without them: dp-cvae, no-class-stats)."),
+    class_stats_share: float = typer.Option(..., "--class-stats-share", default_factory=job_default("train", "class_stats_share"),
+                                            help="Plan: share of the target ε spent on the DP statistics (class sums, "
+                                                 "counts, second moments) that `fedhype train` releases once before round 0 "
+                                                 "(default: train's; 0 for methods without them: dp-cvae, no-class-stats)."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """ε (the smaller of PRV and RDP; PLD cross-check) for a DP-SGD mechanism or federated plan, or σ for a target ε.

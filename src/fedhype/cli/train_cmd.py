@@ -140,10 +140,13 @@ def register(app: typer.Typer) -> None:
         no_dp: bool = _opt("no_dp", "--no-dp", help="Explicitly NON-PRIVATE: no clipping, no noise; outputs marked non-private."),
         clip_norm: float = _opt("clip_norm", "--clip-norm", help="Per-example clipping norm C."),
         class_stats_share: float = _opt("class_stats_share", "--class-stats-share",
-                                        help="Share of the target ε spent on the DP class statistics released once "
-                                             "before round 0 (the rest goes to DP-SGD; both compose to the target). "
-                                             "0.8 measured best on the bundled job (TSTR at ε = 1: 0.3 → 0.19, "
-                                             "0.5 → 0.26, 0.8 → 0.32)."),
+                                        help="Share of the target ε spent on the DP statistics (class sums, counts, "
+                                             "second moments) released once before round 0 (the rest goes to DP-SGD; "
+                                             "both compose to the target). Chosen on the digits validation split: "
+                                             "benchmarks/results/statistics.md."),
+        second_moment_share: float = _opt("second_moment_share", "--second-moment-share",
+                                          help="Share c² of the release's unit sensitivity given to the second-moment "
+                                               "matrix (its noise std is σ₀/c); 0 releases sums and counts only."),
         class_stats_noise_multiplier: Optional[float] = typer.Option(
             None, "--class-stats-noise-multiplier",
             help="σ₀ of the class-statistics release set directly (with --noise-multiplier; default: calibrated "
@@ -154,7 +157,9 @@ def register(app: typer.Typer) -> None:
                                           help="Fixed local steps per round (overrides --local-epochs)."),
         batch_size: int = _opt("batch_size", "--batch-size", help="Expected Poisson batch size B (q_i = B/n_i)."),
         participation: float = _opt("participation", "--participation", help="Fraction of clients per round."),
-        lr_local: float = _opt("lr_local", "--lr-local", help="Local Adam learning rate."),
+        lr_local: Optional[float] = _opt("lr_local", "--lr-local",
+                                         help="Local Adam learning rate (default: 1e-3 for models initialised from the "
+                                              "second moments, 1e-2 for the others)."),
         max_epsilon: Optional[float] = _opt("max_epsilon", "--max-epsilon", help="Refuse (exit 3) before exceeding this ε."),
         min_records: int = _opt("min_records", "--min-records",
                                 help="Refuse a client with fewer training records (`fedhype partition --min-train` "
@@ -163,7 +168,8 @@ def register(app: typer.Typer) -> None:
                                      help="Width of the CVAE's hidden layers (model size)."),
         latent: Optional[int] = _opt("latent", "--latent", section="model", help="Latent dimension L of z (model size)."),
         method: str = _opt("method", "--method",
-                           help="fedhypevae | dp-cvae | no-class-stats | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
+                           help="fedhypevae | dp-gaussian (the statistics release alone, no DP-SGD) | dp-cvae | no-class-stats | "
+                                "no-second-moment | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
                                 "local-cvae (each client alone) | central-cvae (pooled records, one client)."),
         seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run (recorded as 'not secure')."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),
@@ -184,7 +190,7 @@ def register(app: typer.Typer) -> None:
             cfg = build_config(dict(rounds=rounds, local_epochs=local_epochs, local_steps=local_steps,
                                     batch_size=batch_size, participation=participation, lr_local=lr_local,
                                     epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
-                                    clip_norm=clip_norm, class_stats_share=class_stats_share,
+                                    clip_norm=clip_norm, class_stats_share=class_stats_share, second_moment_share=second_moment_share,
                                     class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
                                     min_records=min_records, method=method),
                                {"hidden": hidden, "latent": latent})

@@ -16,9 +16,10 @@ from torch.nn import functional as F
 
 from fedhype.io import atomic_save_tensors, load_tensors
 from fedhype.models.config import ModelConfig
-from fedhype.models.cvae import init_local_encoder, to_model_space
+from fedhype.models.cvae import init_encoder_from_decoder, init_local_encoder, to_model_space
 from fedhype.models.losses import batch_elbo, make_batch_loss, make_per_example_loss, make_public_grad
-from fedhype.privacy.dp_step import DPConfig, LocalDPSession, PrivatizedUpdate, poisson_batch, privatize_class_sums
+from fedhype.privacy.dp_step import (DPConfig, LocalDPSession, PrivatizedUpdate, ReleaseWeights, poisson_batch,
+                                    privatize_class_sums)
 
 
 def _entropy_seed() -> int:
@@ -53,15 +54,16 @@ class Client:
         self.space = (space[0].detach().clone(), space[1].detach().clone())
         self.x = to_model_space(self._raw, self.space)
 
-    def release_class_stats(self, n_classes: int, dp: DPConfig) -> PrivatizedUpdate:
-        """The client's per-class sums and counts through the Gaussian mechanism (one release).
+    def release_class_stats(self, n_classes: int, dp: DPConfig, weights: ReleaseWeights | None = None) -> PrivatizedUpdate:
+        """The client's per-class sums, counts and (with ``weights.second_moment > 0``) second moments
+        through one Gaussian mechanism (:func:`~fedhype.privacy.dp_step.privatize_class_sums`).
 
         The noise generator is seeded from the run seed (reproducible, not secure) or from OS
         entropy, separately from the DP-SGD noise.
         """
         gen = torch.Generator().manual_seed(
             _entropy_seed() if self.seed is None else (self.seed * 5_555_557 + self.index + 17) & ((1 << 63) - 1))
-        return privatize_class_sums(self.id, self._raw, self.labels, n_classes, dp, gen)
+        return privatize_class_sums(self.id, self._raw, self.labels, n_classes, dp, gen, weights)
 
     @property
     def n(self) -> int:
@@ -119,6 +121,8 @@ class Client:
         Saves the client's private state for round ``round_idx + 1``.
         """
         state = self.load_state(round_idx, cfg)
+        if round_idx == 0 and "wx" in state["psi"] and "dec.wl" in theta0:
+            init_encoder_from_decoder(state["psi"], theta0)  # the PPCA posterior of the DP Gaussian
         q = min(1.0, batch_size / self.n)
         session = LocalDPSession(
             self.id, theta0, state["psi"], dp, sample_rate=q, expected_batch_size=q * self.n,

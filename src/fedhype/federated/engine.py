@@ -35,8 +35,8 @@ from fedhype.federated.rundir import RunDir, save_model
 from fedhype.federated.server import Server
 from fedhype.federated.transport import ClientTransport, InProcessTransport, RoundTask
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
-from fedhype.privacy.accountant import calibrate_noise_plan, check_delta, epsilon
-from fedhype.privacy.dp_step import DPConfig
+from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon
+from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
 
 MECHANISM = "dp-sgd"
@@ -47,12 +47,20 @@ def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
 
     With a target ε, σ is the smallest common noise multiplier such that every client's
     Opacus-PRV ε at δ after ``rounds × K_i`` steps is ≤ target (the worst client binds).
+    A statistics-only method (``dp-gaussian``) runs no DP-SGD step: the release before round 0
+    gets the whole target ε (or ``class_stats_noise_multiplier``, else ``noise_multiplier``, as its
+    σ₀) and ``noise_multiplier`` is None.
     """
-    plan = [(cfg.sample_rate(n), cfg.rounds * cfg.steps_per_round(n)) for n in sizes]
+    plan = [(cfg.sample_rate(n), cfg.rounds_run() * cfg.steps_per_round(n)) for n in sizes]
     stats = bool(cfg.model_config(1, 1).class_bias)
     if cfg.no_dp:
         return {"noise_multiplier": None, "plan": plan, "calibrated": False, "class_stats_noise_multiplier": None,
                 "prefix": []}
+    if cfg.statistics_only:
+        s0 = cfg.class_stats_noise_multiplier or cfg.noise_multiplier or calibrate_noise(cfg.epsilon, cfg.delta, 1.0, 1)
+        return {"noise_multiplier": None, "plan": plan, "calibrated": cfg.noise_multiplier is None and
+                cfg.class_stats_noise_multiplier is None, "class_stats_noise_multiplier": float(s0),
+                "prefix": [(float(s0), 1.0, 1)]}
     if cfg.noise_multiplier is not None:
         s0 = None
         if stats:  # default: the release costs class_stats_share × the DP-SGD plan's own worst ε
@@ -185,7 +193,8 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
         done = 0
     sigma = privacy["noise_multiplier"]
     if cfg.max_epsilon is not None and not cfg.no_dp:
-        worst_plan = max(epsilon(privacy["prefix"] + [(sigma, q, s)], cfg.delta) for q, s in privacy["plan"])
+        worst_plan = max(epsilon(privacy["prefix"] + ([(sigma, q, s)] if sigma is not None else []), cfg.delta)
+                         for q, s in privacy["plan"])
         if worst_plan > cfg.max_epsilon:
             raise BudgetExceededError(
                 f"the planned run would reach ε = {worst_plan:.4g} > --max-epsilon {cfg.max_epsilon} (δ = {cfg.delta}); "
@@ -205,17 +214,24 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
     metrics = [m for m in metrics if m["round"] < done]
     if done > 0:
         server.load_state_tensors(load_tensors(run.server_ckpt(done), what="server checkpoint"))
-    dp = DPConfig(sigma, cfg.clip_norm, enabled=not cfg.no_dp)
-    if mcfg.class_bias:  # DP class statistics → model space and class bias (fedhype.federated.class_stats)
+    dp = DPConfig(sigma, cfg.clip_norm, enabled=not cfg.no_dp) if not cfg.statistics_only else None
+    released = run.checkpoint.exists() and bool(read_json(run.checkpoint, "checkpoint").get("statistics_released"))
+    if mcfg.class_bias and not (cfg.statistics_only and released):
+        # DP statistics → model space, class bias and covariance (fedhype.federated.class_stats)
         if done == 0:
-            dp_stats = DPConfig(privacy["class_stats_noise_multiplier"], math.sqrt(2.0), enabled=not cfg.no_dp)
+            dp_stats = DPConfig(privacy["class_stats_noise_multiplier"], RELEASE_SENSITIVITY, enabled=not cfg.no_dp)
             run_class_stats_stage(clients, server, mcfg.n_classes, dp_stats, ledger, run.ledger,
-                                  seeded=all(transport.replays_noise(i) for i in range(len(clients))), already=_already, rerun=_rerun)
+                                  seeded=all(transport.replays_noise(i) for i in range(len(clients))), already=_already,
+                                  rerun=_rerun, weights=cfg.release_weights(mcfg))
         for i, c in enumerate(clients):
             c.set_space(client_space(server, i))
+    if cfg.statistics_only and not released:  # the model is the release itself: write it, no round
+        atomic_write_json(run.metrics, [])
+        _write_model(run, server, clients, sizes, cfg, ledger, partition, rounds_done=0)
+        run.commit(0, {"statistics_released": True})
     weights = [float(n) for n in sizes]  # public client sizes
     ran = 0
-    for r in range(done, cfg.rounds):
+    for r in range(done, cfg.rounds_run()):
         if stop_after is not None and ran >= stop_after:
             break
         t0 = time.perf_counter()
@@ -240,7 +256,7 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
                 ledger.record(e if not _already(ledger, e) else _rerun(e))
             ledger.save(run.ledger)
         tasks = [RoundTask(round=r, index=i, client=clients[i].id, theta=server.theta_for(i), model=mcfg, dp=dp,
-                           batch_size=cfg.batch_size, steps=cfg.steps_per_round(clients[i].n), lr=cfg.lr_local)
+                           batch_size=cfg.batch_size, steps=cfg.steps_per_round(clients[i].n), lr=cfg.local_lr(mcfg))
                  for i in chosen]
         for t, upd in zip(tasks, transport.run_round(r, tasks), strict=True):  # PrivatizedUpdates only
             server.accept(t.index, weights[t.index], upd)
@@ -262,11 +278,11 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
             progress(m)
     eps = _epsilons(ledger, cfg)
     return {"run_dir": str(run.root), "epsilon": (max(eps.values()) if eps else None) if not cfg.no_dp else None,
-            "delta": cfg.delta, "rounds": run.committed_round(), "rounds_planned": cfg.rounds,
+            "delta": cfg.delta, "rounds": run.committed_round(), "rounds_planned": cfg.rounds_run(),
             "clients": [c.id for c in clients], "noise_multiplier": sigma, "private": not cfg.no_dp,
             "class_stats_noise_multiplier": privacy["class_stats_noise_multiplier"],
             "epsilon_per_client": eps, "clip_norm": cfg.clip_norm, "seed": cfg.seed,
-            "seed_secure": cfg.seed is None, "traffic": server.hnet.traffic(), "complete": run.committed_round() >= cfg.rounds}
+            "seed_secure": cfg.seed is None, "traffic": server.hnet.traffic(), "complete": run.committed_round() >= cfg.rounds_run()}
 
 
 def _differences(old: Any, new: Any, path: str = "") -> list[str]:
@@ -302,11 +318,11 @@ def _epsilons(ledger: PrivacyLedger, cfg: TrainConfig) -> dict[str, float]:
 
 
 def _write_model(run: RunDir, server: Server, clients: list[Client], sizes: list[int], cfg: TrainConfig,
-                 ledger: PrivacyLedger, partition: Partition) -> None:
+                 ledger: PrivacyLedger, partition: Partition, rounds_done: int | None = None) -> None:
     eps = _epsilons(ledger, cfg)
     meta = {"model": server.cfg.to_dict(), "clients": [c.id for c in clients],
             "client_names": [c.name for c in partition.clients], "client_sizes": sizes,
             "class_names": partition.class_names, "epsilon": max(eps.values()) if eps else None,
-            "delta": cfg.delta, "private": not cfg.no_dp, "rounds_done": run.committed_round() + 1,
+            "delta": cfg.delta, "private": not cfg.no_dp, "rounds_done": run.committed_round() + 1 if rounds_done is None else rounds_done,
             "method": cfg.method, "run_id": run.root.name, "seed": cfg.seed}
     save_model(run.model, server.hnet, server.codes, meta)

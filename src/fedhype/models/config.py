@@ -37,6 +37,12 @@ class ModelConfig:
             from DP class means released before training, and a model space centred on the DP
             mean (:func:`fedhype.privacy.dp_step.privatize_class_sums`; ours, see
             :mod:`fedhype.federated.class_stats`). ``False``: the predecessor's un-centred space.
+        second_moment: also release each client's second-moment matrix with the class statistics
+            (:class:`fedhype.privacy.dp_step.ReleaseWeights`) and give the decoder a linear path
+            ``z·W_lin`` initialised from the DP covariance (top eigenvectors above the noise edge plus
+            an isotropic residual variance: probabilistic PCA), with the MLP output and the prior
+            heads zeroed, so that the untrained model *is* the DP class-conditional Gaussian
+            (``dp-gaussian``). Needs ``class_bias``. ``False``: the ``no-second-moment`` ablation.
     """
 
     dim: int
@@ -54,6 +60,12 @@ class ModelConfig:
     mmd_bandwidths: tuple[float, ...] = (0.5, 1.0, 2.0)
     likelihood: str = "learned"
     class_bias: bool = True
+    second_moment: bool = True
+
+    @property
+    def linear_path(self) -> bool:
+        """Whether the decoder has the linear path ``dec.wl`` (class statistics with second moments)."""
+        return bool(self.class_bias and self.second_moment)
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_classes", "latent", "hidden", "code_dim", "hyper_hidden"):

@@ -54,7 +54,35 @@ def init_local_encoder(cfg: ModelConfig, generator: torch.Generator) -> Params:
         p[wn], p[bn] = _linear_init(o, i, generator)
     p["wlv"] = p["wlv"] * 0.0
     p["blv"] = p["blv"] * 0.0 - 2.0
+    if cfg.linear_path:  # linear path of the encoder (set to the PPCA posterior: init_encoder_from_decoder)
+        p["wx"], p["wy"] = torch.zeros(D, L), torch.zeros(K, L)
     return p
+
+
+def init_encoder_from_decoder(psi: Params, theta: Params) -> None:
+    """Set ψ's linear path to the exact posterior of the linear-Gaussian decoder in θ (in place).
+
+    With ``x̃ = z·W + cb[y] + σ_x ⊙ ε``, z ~ N(0, I) (the untrained model of
+    :func:`fedhype.federated.class_stats.apply_class_stats`), the posterior is
+    q(z | x, y) = N(Σ W diag(σ_x⁻²)(x̃ − cb[y]), Σ) with Σ = (I + W diag(σ_x⁻²) Wᵀ)⁻¹ (probabilistic
+    PCA, Tipping & Bishop 1999, eq. 6): ``wx = diag(σ_x⁻²) Wᵀ Σ`` [D, L], ``wy = −cb·wx`` [K, L],
+    ``blv = log diag Σ``, and the MLP's outputs (``wmu``, ``bmu``, ``wlv``) zeroed, so the ELBO's
+    starting point is the PPCA optimum that the decoder was initialised at. θ comes from public DP
+    outputs, so this is post-processing.
+    """
+    w = theta["dec.wl"].to(torch.float64)  # [L, D]
+    inv_var = torch.exp(-2.0 * theta["dec.logsx"].to(torch.float64)) if "dec.logsx" in theta else torch.ones(w.shape[1], dtype=torch.float64)
+    prec = torch.eye(w.shape[0], dtype=torch.float64) + (w * inv_var) @ w.T
+    cov = torch.linalg.inv(prec)
+    cov = (cov + cov.T) / 2
+    wx = (w * inv_var).T @ cov  # [D, L]
+    with torch.no_grad():
+        psi["wx"].copy_(wx.to(psi["wx"].dtype))
+        psi["wy"].copy_((-theta["dec.cb"].to(torch.float64) @ wx).to(psi["wy"].dtype) if "dec.cb" in theta else 0.0)
+        psi["wmu"].zero_()
+        psi["bmu"].zero_()
+        psi["wlv"].zero_()
+        psi["blv"].copy_(torch.log(torch.diagonal(cov).clamp_min(1e-6)).clamp(-3.9, 3.9).to(psi["blv"].dtype))
 
 
 def _linear(p: Params, w: str, b: str, x: torch.Tensor, tape, prefix: str) -> torch.Tensor:
@@ -74,11 +102,19 @@ def encode(local: Params, x: torch.Tensor, y1h: torch.Tensor, tape=None, prefix:
     for i in (1, 2, 3):
         h = F.silu(_linear(local, f"w{i}", f"b{i}", h, tape, prefix))
     mu = _linear(local, "wmu", "bmu", h, tape, prefix)
+    if "wx" in local:  # linear path (ours): + x̃·wx + onehot(y)·wy
+        if tape is None:
+            mu = mu + x @ local["wx"] + y1h @ local["wy"]
+        else:
+            mu = mu + tape.matmul(prefix + "wx", x, local["wx"]) + tape.matmul(prefix + "wy", y1h, local["wy"])
     return mu, 4.0 * torch.tanh(_linear(local, "wlv", "blv", h, tape, prefix) / 4.0)
 
 
 def decode(theta: Params, z: torch.Tensor, y1h: torch.Tensor, tape=None, prefix: str = "shared.") -> torch.Tensor:
-    """p_θ(x | z, y) mean: [..., L] ⊕ [..., K] → [..., D] (model space), with FiLM if present."""
+    """p_θ(x | z, y) mean: [..., L] ⊕ [..., K] → [..., D] (model space), with FiLM if present.
+
+    ``MLP(z ⊕ y) + z·W_lin + cb[y]``; the last two terms only when ``dec.wl`` / ``dec.cb`` exist.
+    """
     h = torch.cat([z, y1h], dim=-1)
     film = "film.gamma" in theta
     for i in (1, 2, 3):
@@ -91,6 +127,8 @@ def decode(theta: Params, z: torch.Tensor, y1h: torch.Tensor, tape=None, prefix:
                               theta["film.gamma"][i - 1], theta["film.beta"][i - 1])
         h = F.silu(h)
     out = _linear(theta, "dec.wo", "dec.bo", h, tape, prefix)
+    if "dec.wl" in theta:  # linear path (ours): out += z @ W_lin, W_lin [L, D]
+        out = out + (z @ theta["dec.wl"] if tape is None else tape.matmul(prefix + "dec.wl", z, theta["dec.wl"]))
     if "dec.cb" in theta:  # class output bias (ours): out += onehot(y) @ cb
         out = out + (y1h @ theta["dec.cb"] if tape is None else tape.matmul(prefix + "dec.cb", y1h, theta["dec.cb"]))
     return out

@@ -43,7 +43,9 @@ class HyperNetwork(nn.Module):
     * ``dec.w1`` [hidden, L+K], ``dec.b1`` [hidden], ``dec.w2``/``dec.w3`` [hidden, hidden],
       ``dec.b2``/``dec.b3`` [hidden], ``dec.wo`` [D, hidden], ``dec.bo`` [D] (base decoder),
       ``dec.logsx`` [D] (log σ_x of the Gaussian likelihood, model space), ``dec.cb`` [K, D] (class
-      output bias, only when ``cfg.class_bias``)
+      output bias, only when ``cfg.class_bias``), ``dec.wl`` [L, D] (linear path of the decoder, only when
+      ``cfg.linear_path``: with the MLP output zeroed, ``x̃ = cb[y] + z·W_lin + σ_x·ε`` is probabilistic PCA,
+      Tipping & Bishop 1999, eq. 3, initialised from the DP second moments: :mod:`fedhype.federated.class_stats`)
     * ``film.gamma``, ``film.beta`` [3, hidden] (only when ``cfg.decoder == "film"``)
     * ``prior.mu``, ``prior.logvar`` [K, L] (only when ``cfg.prior == "class"``)
     """
@@ -59,6 +61,8 @@ class HyperNetwork(nn.Module):
             self.base[wn], self.base[bn] = nn.Parameter(w), nn.Parameter(b)
         if cfg.class_bias:  # class-conditional output bias, set from DP class means before round 0
             self.base["cb"] = nn.Parameter(torch.zeros(K, D))
+        if cfg.linear_path:  # linear-Gaussian path z ↦ z·W_lin, set from the DP second moments before round 0
+            self.base["wl"] = nn.Parameter(torch.zeros(L, D))
         # model space x̃ = (x/‖x‖ − m) / s (buffers: DP outputs, saved with the model). The
         # defaults m = 0, s = 1/√D give the fixed transform √D·x/‖x‖.
         self.register_buffer("space_mean", torch.zeros(D))

@@ -306,41 +306,129 @@ class LocalDPSession:
         )
 
 
-#: L2 sensitivity of the class statistics released by :func:`privatize_class_sums`: adding or removing
-#: one unit-norm record changes one row of the class sums by that record (norm 1) and one count by 1.
+#: L2 sensitivity of the *unweighted* class statistics (sums and counts): adding or removing one
+#: unit-norm record changes one row of the class sums by that record (norm 1) and one count by 1.
+#: The legacy release (:data:`LEGACY_WEIGHTS`) is the weighted release below with weights 1/√2.
 CLASS_STATS_SENSITIVITY = math.sqrt(2.0)
+#: L2 sensitivity of the *weighted* statistics vector ``(a·S, b·n, c·vec(M))`` released by
+#: :func:`privatize_class_sums` when ``a² + b² + c² = 1`` (see :class:`ReleaseWeights`).
+RELEASE_SENSITIVITY = 1.0
+#: default share b² of the unit sensitivity given to the class counts: counts of hundreds of records
+#: tolerate 5× the noise of the sums, which then get √(1 − b²) instead of 1/√2 of it (measured on
+#: the bundled digits validation split: benchmarks/results/statistics.md)
+COUNT_SHARE = 0.04
+
+
+@dataclass(frozen=True)
+class ReleaseWeights:
+    """Weights (a, b, c) of the one-shot statistics release, with a² + b² + c² = 1.
+
+    Each client releases the vector ``v = (a·S, b·n, c·m(M))`` + N(0, σ₀² I), where S are the
+    per-class sums of its unit-norm embeddings [K, D], n the per-class counts [K], and m(M) the
+    second-moment matrix ``M = Σ_i x_i x_iᵀ`` [D, D] written as its diagonal and √2 × its upper
+    off-diagonal entries ("Analyze Gauss", Dwork, Talwar, Thakurta & Zhang, STOC 2014, Alg. 1,
+    with the √2 weighting of the off-diagonals that makes ‖m(xxᵀ)‖₂ = ‖xxᵀ‖_F = ‖x‖² = 1).
+    Adding or removing one record x with ‖x‖ = 1 changes v by ``(a·x in one row, b in one count,
+    c·m(xxᵀ))``, of L2 norm √(a² + b² + c²) = 1 = :data:`RELEASE_SENSITIVITY`: one Gaussian
+    mechanism with noise multiplier σ₀ (Dwork & Roth 2014, Thm. A.1; accounted by Opacus as one
+    un-subsampled step ``(σ₀, q = 1, steps = 1)``). Dividing by the weights afterwards is
+    post-processing: S carries noise std σ₀/a, n std σ₀/b, the diagonal of M std σ₀/c and each
+    off-diagonal entry std σ₀/(c√2) (symmetric).
+
+    Attributes:
+        sums, counts, second_moment: a, b, c (floats ≥ 0; c = 0: no second moments released).
+    """
+
+    sums: float
+    counts: float
+    second_moment: float = 0.0
+
+    def __post_init__(self) -> None:
+        w = (self.sums, self.counts, self.second_moment)
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in w) or self.sums <= 0 \
+                or self.counts <= 0 or abs(sum(v * v for v in w) - 1.0) > 1e-9:
+            raise ValidationError(f"release weights (a, b, c) must be ≥ 0 with a, b > 0 and a² + b² + c² = 1, got {w}")
+
+    @classmethod
+    def split(cls, second_moment_share: float, count_share: float = COUNT_SHARE) -> "ReleaseWeights":
+        """Weights from shares of the squared sensitivity: c² = ``second_moment_share``, b² = ``count_share``.
+
+        Raises:
+            ValidationError: shares outside [0, 1) or summing to ≥ 1.
+        """
+        rho, beta = float(second_moment_share), float(count_share)
+        if not (0 <= rho < 1 and 0 < beta < 1 and rho + beta < 1):
+            raise ValidationError(f"second_moment_share ({rho}) and count share ({beta}) must be in [0, 1) with a sum < 1")
+        return cls(math.sqrt(1.0 - rho - beta), math.sqrt(beta), math.sqrt(rho))
+
+    def as_list(self) -> list[float]:
+        return [float(self.sums), float(self.counts), float(self.second_moment)]
+
+    def noise_std(self, noise_multiplier: float) -> dict[str, float]:
+        """Per-entry noise std of each released statistic (after dividing by its weight)."""
+        s = float(noise_multiplier)
+        out = {"class_sums": s / self.sums, "class_counts": s / self.counts}
+        if self.second_moment > 0:
+            out["second_moment_diag"] = s / self.second_moment
+            out["second_moment_offdiag"] = s / (self.second_moment * math.sqrt(2.0))
+        return out
+
+
+#: the release before second moments: sums and counts with equal weights (std σ₀·√2 each)
+LEGACY_WEIGHTS = ReleaseWeights(1.0 / math.sqrt(2.0), 1.0 / math.sqrt(2.0), 0.0)
+
+
+def symmetric_noise(dim: int, diag_std: float, generator: torch.Generator) -> torch.Tensor:
+    """Symmetric Gaussian noise [D, D]: diagonal N(0, s²), off-diagonal N(0, s²/2) (mirrored)."""
+    e = torch.triu(torch.normal(0.0, diag_std / math.sqrt(2.0), size=(dim, dim), generator=generator))
+    e = e + e.T  # off-diagonals: std s/√2; diagonal: 2 × std s/√2 = s·√2
+    e.diagonal().mul_(1.0 / math.sqrt(2.0))
+    return e
 
 
 def privatize_class_sums(client: str, x: torch.Tensor, labels: torch.Tensor, n_classes: int, dp: DPConfig,
-                         generator: torch.Generator) -> PrivatizedUpdate:
-    """Per-class sums and counts of a client's unit-norm embeddings, through the Gaussian mechanism.
+                         generator: torch.Generator, weights: ReleaseWeights | None = None) -> PrivatizedUpdate:
+    """Per-class sums and counts (and, with ``weights.second_moment > 0``, the second-moment matrix)
+    of a client's unit-norm embeddings, through one Gaussian mechanism.
 
-    The statistics ``S_k = Σ_{i: y_i = k} x_i / ‖x_i‖`` (float32 ``[K, D]``) and ``n_k`` (float32
-    ``[K]``) are released as ``S + N(0, σ²Δ²)``, ``n + N(0, σ²Δ²)`` with Δ = √2 =
-    :data:`CLASS_STATS_SENSITIVITY` (Dwork & Roth 2014, Thm. A.1 / Opacus's accounting of one
-    un-subsampled step: ``(σ, q = 1, steps = 1)``). Normalising each row to unit L2 norm is the
-    clipping (a fixed transform). With DP disabled the exact statistics are returned, marked
-    non-private.
+    The weighted vector ``(a·S, b·n, c·m(M))`` of :class:`ReleaseWeights` has L2 sensitivity 1
+    under add/remove of one record (rows are normalised to unit L2 norm first: the clipping, a
+    fixed transform), and N(0, σ₀²) is added to each of its entries; the returned tensors are
+    divided by the weights again (post-processing), so ``class_sums`` = S + N(0, (σ₀/a)²),
+    ``class_counts`` = n + N(0, (σ₀/b)²), ``second_moment`` = M + symmetric noise (diagonal std
+    σ₀/c, off-diagonal std σ₀/(c√2)). Accounting: one un-subsampled Gaussian step
+    ``(σ₀, q = 1, steps = 1)`` (Dwork & Roth 2014, Thm. A.1). With DP disabled the exact
+    statistics are returned, marked non-private.
 
     Args:
         client: client id. x: float32 ``[n, D]`` raw embeddings. labels: int64 ``[n]`` in ``[0, K)``.
-        n_classes: K. dp: mechanism settings (``noise_multiplier`` = σ of this release).
+        n_classes: K. dp: mechanism settings (``noise_multiplier`` = σ₀ of this release).
         generator: the client's noise generator.
+        weights: the split of the unit sensitivity (default :data:`LEGACY_WEIGHTS`: sums and counts
+            only, each with noise std σ₀·√2).
 
     Returns:
-        PrivatizedUpdate with tensors ``class_sums`` [K, D] and ``class_counts`` [K]; ``steps = 1``,
-        ``sample_rate = 1``, ``clip_norm = Δ``.
+        PrivatizedUpdate with tensors ``class_sums`` float32 [K, D], ``class_counts`` [K] and, when
+        ``weights.second_moment > 0``, ``second_moment`` [D, D] (symmetric); ``steps = 1``,
+        ``sample_rate = 1``, ``clip_norm`` = :data:`RELEASE_SENSITIVITY`.
     """
+    w = LEGACY_WEIGHTS if weights is None else weights
     x = torch.nn.functional.normalize(x.to(torch.float32), dim=-1)
     onehot = torch.nn.functional.one_hot(labels.to(torch.int64), n_classes).to(torch.float32)
-    sums, counts = onehot.T @ x, onehot.sum(0)
+    tensors = {"class_sums": onehot.T @ x, "class_counts": onehot.sum(0)}
+    if w.second_moment > 0:
+        tensors["second_moment"] = (x.T.to(torch.float64) @ x.to(torch.float64)).to(torch.float32)
     if dp.enabled and float(dp.noise_multiplier) > 0:
-        std = float(dp.noise_multiplier) * CLASS_STATS_SENSITIVITY
-        sums = sums + gaussian_noise_like(sums, std, generator)
-        counts = counts + gaussian_noise_like(counts, std, generator)
+        std = w.noise_std(float(dp.noise_multiplier))
+        tensors["class_sums"] = tensors["class_sums"] + gaussian_noise_like(tensors["class_sums"], std["class_sums"], generator)
+        tensors["class_counts"] = tensors["class_counts"] + gaussian_noise_like(
+            tensors["class_counts"], std["class_counts"], generator)
+        if "second_moment" in tensors:
+            tensors["second_moment"] = tensors["second_moment"] + symmetric_noise(
+                x.shape[1], std["second_moment_diag"], generator)
     return PrivatizedUpdate(
-        _token=_TOKEN, client=client, tensors={"class_sums": sums, "class_counts": counts}, steps=1,
-        noise_multiplier=dp.noise_multiplier if dp.enabled else None, clip_norm=CLASS_STATS_SENSITIVITY,
+        _token=_TOKEN, client=client, tensors=tensors, steps=1,
+        noise_multiplier=dp.noise_multiplier if dp.enabled else None, clip_norm=RELEASE_SENSITIVITY,
         sample_rate=1.0, private=dp.enabled)
 
 

@@ -48,9 +48,9 @@ class RemoteClient:
         self.index, self.id, self.name, self.n = index, client_id, name, n
         self.space: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def release_class_stats(self, n_classes: int, dp: DPConfig) -> PrivatizedUpdate:
+    def release_class_stats(self, n_classes: int, dp: DPConfig, weights=None) -> PrivatizedUpdate:
         """This client's DP class statistics (all clients are asked at once, on the first call)."""
-        return self._transport.class_stats(n_classes, dp)[self.index]
+        return self._transport.class_stats(n_classes, dp, weights)[self.index]
 
     def set_space(self, space: tuple[torch.Tensor, torch.Tensor]) -> None:
         """The public model space ``(mean [D], scale [])`` sent with this client's round tasks."""
@@ -169,12 +169,15 @@ class FlowerTransport:
                                    wire.Expected.of_task(t, min(1.0, t.batch_size / self.clients[t.index].n)))
                 for t in tasks]
 
-    def class_stats(self, n_classes: int, dp: DPConfig) -> list[PrivatizedUpdate]:
+    def class_stats(self, n_classes: int, dp: DPConfig, weights=None) -> list[PrivatizedUpdate]:
         """Every client's DP class statistics (one ``train.class_stats`` message each, asked once)."""
-        key = (n_classes, dp)
+        from fedhype.privacy.dp_step import LEGACY_WEIGHTS
+
+        weights = LEGACY_WEIGHTS if weights is None else weights
+        key = (n_classes, dp, weights)
         if key not in self._stats:
             everyone = list(range(len(self.clients)))
-            msgs = [Message(wire.encode_stats_request(self.clients[i].id, n_classes, dp, run_key=self._key(),
+            msgs = [Message(wire.encode_stats_request(self.clients[i].id, n_classes, dp, weights, run_key=self._key(),
                                                       n_train=self.clients[i].n, store_digest=self.partition.store_digest),
                             dst_node_id=self.nodes[i], message_type=wire.STATS_TYPE, ttl=self.round_timeout + 60)
                     for i in everyone]
@@ -182,7 +185,8 @@ class FlowerTransport:
             self._raise_failures(replies, everyone, "the class statistics",
                                  "No round was trained (completed rounds: 0).")
             self._stats[key] = [wire.decode_update(replies[i].content,
-                                                   wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp))
+                                                   wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp,
+                                                                          weights))
                                 for i in everyone]
         return self._stats[key]
 

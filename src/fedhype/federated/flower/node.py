@@ -80,9 +80,9 @@ def run_train(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
 
 
 def run_class_stats(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
-    """Handle a ``train.class_stats`` message: release the client's DP class sums and counts once."""
+    """Handle a ``train.class_stats`` message: release the client's DP class statistics once."""
     req, extra = wire.decode_stats_request(content)
     node = NodeSettings.from_node_config(nc)
     node.check_mechanism(req["dp"].enabled, req["dp"].noise_multiplier)
     client = _client(node, extra, req["client"])
-    return wire.encode_update(client.release_class_stats(req["n-classes"], req["dp"]), -1)
+    return wire.encode_update(client.release_class_stats(req["n-classes"], req["dp"], req["weights"]), -1)

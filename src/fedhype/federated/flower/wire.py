@@ -18,9 +18,10 @@ node → server, the reply: a :class:`~fedhype.privacy.dp_step.PrivatizedUpdate`
                      ``private``, ``noise-multiplier`` (only if private)
 server → node, message type ``train.class_stats`` (once, before round 0, with ``model.class_bias``)
     ``stats-task``   ConfigRecord — ``client``, ``n-classes``, ``dp``, ``noise-multiplier`` (with DP),
-                     ``run``, ``n-train``, ``store-digest``, ``fedhype-version``
+                     ``release-weights`` (a, b, c), ``run``, ``n-train``, ``store-digest``, ``fedhype-version``
 node → server, the reply: the PrivatizedUpdate of :func:`~fedhype.privacy.dp_step.privatize_class_sums`
-    (``update``: ``class_sums`` [K, D], ``class_counts`` [K]; ``update-meta`` with round −1)
+    (``update``: ``class_sums`` [K, D], ``class_counts`` [K], and ``second_moment`` [D, D] when c > 0;
+    ``update-meta`` with round −1)
 server → node, message type ``query`` (once per Flower run), and its reply ``identity``: see
     :mod:`fedhype.federated.flower.handshake`
 
@@ -40,17 +41,17 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedhype import __version__
-from fedhype.errors import ArtifactError
+from fedhype.errors import ArtifactError, FedhypeError
 from fedhype.federated.flower.handshake import check_version
 from fedhype.federated.transport import RoundTask
 from fedhype.models.config import ModelConfig
-from fedhype.privacy.dp_step import CLASS_STATS_SENSITIVITY, DPConfig, PrivatizedUpdate
+from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig, PrivatizedUpdate, ReleaseWeights
 
 TRAIN, STATS_TYPE = "train", "train.class_stats"
 THETA, SPACE, TASK, UPDATE, UPDATE_META, STATS_TASK = "theta", "space", "task", "update", "update-meta", "stats-task"
 #: Record names of a reply (a reply with other records is refused).
 REPLY_RECORDS = {UPDATE, UPDATE_META}
-STATS_KEYS = {"client", "n-classes", "dp", "run", "n-train", "store-digest", "fedhype-version"}  # + σ with DP
+STATS_KEYS = {"client", "n-classes", "dp", "run", "n-train", "store-digest", "fedhype-version", "release-weights"}  # + σ with DP
 TASK_KEYS = {"round", "client", "steps", "batch-size", "lr", "clip-norm", "dp", "grad-method", "model", "run",
              "n-train", "store-digest", "fedhype-version"}  # + "noise-multiplier" with DP
 META_KEYS = {"client", "round", "steps", "clip-norm", "sample-rate", "private"}  # + "noise-multiplier" if private
@@ -143,10 +144,11 @@ def decode_task(content: RecordDict) -> tuple[RoundTask, dict[str, Any]]:
                   "space": space}
 
 
-def encode_stats_request(client: str, n_classes: int, dp: DPConfig, *, run_key: str, n_train: int,
-                         store_digest: str) -> RecordDict:
-    """The ``train.class_stats`` message content (public settings only)."""
+def encode_stats_request(client: str, n_classes: int, dp: DPConfig, weights: ReleaseWeights, *, run_key: str,
+                         n_train: int, store_digest: str) -> RecordDict:
+    """The ``train.class_stats`` message content (public settings only: σ₀ and the release weights)."""
     cfg: dict[str, Any] = {"client": client, "n-classes": int(n_classes), "dp": bool(dp.enabled), "run": run_key,
+                           "release-weights": weights.as_list(),
                            "n-train": int(n_train), "store-digest": store_digest, "fedhype-version": __version__}
     if dp.enabled:
         cfg["noise-multiplier"] = float(dp.noise_multiplier)
@@ -160,10 +162,11 @@ def decode_stats_request(content: RecordDict) -> tuple[dict[str, Any], dict[str,
     c = _config(content, STATS_TASK, STATS_KEYS, {"noise-multiplier"}, where)
     check_version(c, where)
     try:
-        dp = DPConfig(c.get("noise-multiplier"), CLASS_STATS_SENSITIVITY, enabled=bool(c["dp"]))
-    except (TypeError, ValueError) as exc:
+        dp = DPConfig(c.get("noise-multiplier"), RELEASE_SENSITIVITY, enabled=bool(c["dp"]))
+        weights = ReleaseWeights(*[float(w) for w in c["release-weights"]])
+    except (TypeError, ValueError, FedhypeError) as exc:
         raise ArtifactError(f"{where}: bad DP settings ({exc})") from None
-    return ({"client": str(c["client"]), "n-classes": int(c["n-classes"]), "dp": dp},
+    return ({"client": str(c["client"]), "n-classes": int(c["n-classes"]), "dp": dp, "weights": weights},
             {"run": str(c["run"]), "n-train": int(c["n-train"]), "store-digest": str(c["store-digest"])})
 
 
@@ -210,10 +213,12 @@ class Expected:
                    bool(task.dp.enabled), float(task.dp.noise_multiplier) if task.dp.enabled else None)
 
     @classmethod
-    def of_stats(cls, client: str, n_classes: int, dim: int, dp: DPConfig) -> "Expected":
+    def of_stats(cls, client: str, n_classes: int, dim: int, dp: DPConfig, weights: ReleaseWeights) -> "Expected":
         """The reply to a class-statistics request (one un-subsampled Gaussian release)."""
         like = {"class_sums": torch.zeros(n_classes, dim), "class_counts": torch.zeros(n_classes)}
-        return cls(client, -1, like, 1, 1.0, float(CLASS_STATS_SENSITIVITY), bool(dp.enabled),
+        if weights.second_moment > 0:
+            like["second_moment"] = torch.zeros(dim, dim)
+        return cls(client, -1, like, 1, 1.0, float(RELEASE_SENSITIVITY), bool(dp.enabled),
                    float(dp.noise_multiplier) if dp.enabled else None)
 
 
