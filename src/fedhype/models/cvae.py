@@ -82,7 +82,9 @@ def init_encoder_from_decoder(psi: Params, theta: Params) -> None:
         psi["wmu"].zero_()
         psi["bmu"].zero_()
         psi["wlv"].zero_()
-        psi["blv"].copy_(torch.log(torch.diagonal(cov).clamp_min(1e-6)).clamp(-3.9, 3.9).to(psi["blv"].dtype))
+        # encode() bounds log σ² as 4·tanh(·/4): invert it so the output is log diag Σ
+        target = torch.log(torch.diagonal(cov).clamp_min(1e-6)).clamp(-3.9, 3.9)
+        psi["blv"].copy_((4.0 * torch.atanh(target / 4.0)).to(psi["blv"].dtype))
 
 
 def _linear(p: Params, w: str, b: str, x: torch.Tensor, tape, prefix: str) -> torch.Tensor:
