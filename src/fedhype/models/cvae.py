@@ -1,10 +1,10 @@
 """The functional CVAE: a client's local encoder q_ψ(z | x, y) and the generated decoder.
 
 All functions are pure (parameters passed as dicts) so that ``torch.func`` can take per-example
-gradients over the whole loss (method.md, decision 2). Shapes: a single example (``x`` [D],
+gradients over the whole loss (docs/method.md, decision 2). Shapes: a single example (``x`` [D],
 ``y1h`` [K]) or a batch (``x`` [B, D], ``y1h`` [B, K]) both work.
 
-Embedding space (method.md, decision 5 — no private statistics): the model works on
+Embedding space (docs/method.md, decision 5 — no private statistics): the model works on
 ``x̃ = √D · x / ‖x‖₂`` — L2 normalisation (a fixed transform) scaled so coordinates have unit
 mean square. Synthetic outputs are mapped back to the unit sphere (``x̂ / ‖x̂‖``).
 """

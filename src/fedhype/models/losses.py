@@ -1,6 +1,6 @@
 """Loss terms of FedHypeVAE, each either per-example decomposable or data-independent.
 
-(method.md, decision 3.) For a client with generated parameters θ and local encoder ψ, the
+(docs/method.md, decision 3.) For a client with generated parameters θ and local encoder ψ, the
 per-example loss of a record (x, y) in model space is
 
     ℓ(x, y) = Σ_d [½(x_d − dec_θ(z, y)_d)² / σ_{x,d}² + log σ_{x,d}] + β·KL(q_ψ(z|x,y) ‖ p_θ(z|y)) − 2·λ_MMD · (1/m) Σ_j k(x, x̃_j)
@@ -13,7 +13,7 @@ eq. 3), which is a mean over real examples. The *synthetic–synthetic* term
 The Lipschitz penalty of h_Φ (:func:`lipschitz_penalty`) depends only on Φ and the codes.
 
 Kernel: a sum of Gaussian RBF kernels on the unit sphere with fixed bandwidths (no median
-heuristic on private data: method.md, decision 5).
+heuristic on private data: docs/method.md, decision 5).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def lipschitz_penalty(hnet, codes: torch.Tensor, generator: torch.Generator, del
 
     mean_i ‖h(c_i + δu_i) − h(c_i)‖² / δ² with u_i uniform on the unit sphere: an unbiased
     (up to O(δ)) estimate of ‖J_h(c_i)‖_F² / code_dim. ``codes`` float32 [n, code_dim].
-    Depends only on Φ and the (DP) codes, so it is added unclipped (method.md, decision 3).
+    Depends only on Φ and the (DP) codes, so it is added unclipped (docs/method.md, decision 3).
     """
     u = F.normalize(torch.randn(codes.shape, generator=generator), dim=-1)
     total = codes.new_zeros(())

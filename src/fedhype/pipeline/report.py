@@ -64,8 +64,10 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     report = {
         "epsilon": trained["epsilon"], "delta": trained["delta"], "private": trained["private"],
         "target_epsilon": target, "above_target": above_target(trained["epsilon"], target),
-        "accountant": "prv", "noise_multiplier": trained["noise_multiplier"], "clip_norm": trained["clip_norm"],
+        "accountant": "best", "noise_multiplier": trained["noise_multiplier"], "clip_norm": trained["clip_norm"],
+        "method": conf["train"].get("method"), "n_classes": store.n_classes,
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
+        "second_moment_share": _second_moment_share(conf),
         **_class_stats_claims(out / "run", trained),
         "rounds": trained["rounds"], "clients": [c.name for c in part.clients],
         "client_sizes": [len(c.train) for c in part.clients],
@@ -118,6 +120,14 @@ def strict_json(obj: Any) -> Any:
     return obj
 
 
+def _second_moment_share(conf: dict) -> float | None:
+    """c² of the release when the run's model releases second moments, else None."""
+    from fedhype.pipeline.config import train_config
+
+    cfg = train_config(conf)
+    return float(cfg.second_moment_share) if cfg.model_config(1, 2).linear_path and not cfg.no_dp else None
+
+
 def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
     """ε of the class-statistics release alone and how many times each client was charged for it."""
     s0 = trained.get("class_stats_noise_multiplier")
@@ -139,10 +149,14 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
     target = conf["train"].get("epsilon")
     over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
             if r["private"] and above_target(r["epsilon"], target) else "")
-    priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (Opacus PRV accountant, worst client, for the steps run; "
-            f"target {target}; DP-SGD σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}"
-            + (f"; class statistics released before round 0 with σ₀ = {_fmt(r['class_stats_noise_multiplier'])}, "
-               f"Δ = √2, costing ε = {_fmt(r.get('class_stats_epsilon'))} alone"
+    sgd = (f"DP-SGD σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}" if r.get("noise_multiplier") is not None
+           else "no DP-SGD round: the model is the release itself (dp-gaussian)")
+    priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (accountant: the smaller of Opacus's PRV and RDP upper "
+            f"bounds, worst client, for the steps run; target {target}; {sgd}"
+            + (f"; statistics released once before round 0 — class sums, counts"
+               + (" and second moments" if r.get("second_moment_share") else "")
+               + f", one Gaussian mechanism on a weighted vector of L2 sensitivity 1, σ₀ = "
+               f"{_fmt(r['class_stats_noise_multiplier'])}, costing ε = {_fmt(r.get('class_stats_epsilon'))} alone"
                + (f", charged {r['class_stats_releases']} times per client (rerun after an interruption)"
                   if (r.get("class_stats_releases") or 1) > 1 else "")
                if r.get("class_stats_noise_multiplier") else "") + f"){over}") if r["private"] else \
@@ -153,7 +167,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
         "", f"Privacy: {priv}.", "",
-        *(["| client | ledger id | ε (PRV, at δ) |", "|---|---|---|", *eps_rows, ""] if r["private"] and eps_rows else []),
+        *(["| client | ledger id | ε (at δ) |", "|---|---|---|", *eps_rows, ""] if r["private"] and eps_rows else []),
         "## Fidelity (synthetic vs held-out real test embeddings, L2-normalised)", "",
         "| MMD² | p-value | FD | precision | recall | density | coverage |", "|---|---|---|---|---|---|---|",
         "| " + " | ".join(_fmt(r[k]) for k in ("mmd2", "mmd2_p_value", "fd", "precision", "recall", "density", "coverage")) + " |",
@@ -161,6 +175,11 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         "| | accuracy | balanced accuracy | macro-F1 |", "|---|---|---|---|",
         f"| TSTR (train on synthetic) | {_fmt(r['tstr_accuracy'])} | {_fmt(r['tstr_balanced_accuracy'])} | {_fmt(r['tstr_macro_f1'])} |",
         f"| TRTR (train on real, non-private reference) | {_fmt(ev.get('trtr_accuracy'))} | {_fmt(ev.get('trtr_balanced_accuracy'))} | {_fmt(ev.get('trtr_macro_f1'))} |",
+        f"| chance (one class of {r.get('n_classes') or '?'}) | {_fmt(1.0 / r['n_classes']) if r.get('n_classes') else '–'} | "
+        f"{_fmt(1.0 / r['n_classes']) if r.get('n_classes') else '–'} | – |",
+        "", "TSTR is the useful figure: how well a classifier trained only on the shared synthetic data does on real "
+            "data, between chance and TRTR. For the same ε, `--method dp-gaussian` (the one-shot statistics alone) "
+            "is the floor a trained generator must beat.",
     ]
     if r.get("interpolation_mean_accuracy") is not None:
         lines += ["", f"Predecessor's per-client protocol (λ·p_local + (1−λ)·p_synthetic, λ chosen on validation): "

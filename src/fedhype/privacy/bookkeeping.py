@@ -12,7 +12,7 @@ so the per-example norms need only T×T Gram matrices, and the clipped sum
 backward pass of Σ_i ℓ_i through zero "probe" tensors added to every recorded output (examples
 are independent, so ∂(Σ_j ℓ_j)/∂o_i = ∂ℓ_i/∂o_i).
 
-Why not ``vmap(grad)`` here (method.md decision 2 asks for torch.func): it materialises
+Why not ``vmap(grad)`` here (docs/method.md decision 2: no module hooks; torch.func is the reference): it materialises
 B × |θ ∪ ψ| numbers per step; measured on 2 CPU cores (D = 384, B = 64, 546k parameters) it cost
 4.7–9× the non-DP step, against about 1.5–2× for this path (``benchmarks/dp_step.py``). The
 torch.func path stays the reference (:func:`fedhype.privacy.dp_step.per_example_grads`); tests

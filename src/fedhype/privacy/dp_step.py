@@ -7,13 +7,13 @@ reads :class:`LocalDPSession` and :class:`PrivatizedUpdate`:
 * every gradient computed on a client's records is a per-example gradient of the *whole*
   per-example loss over *all* parameters that touch the data (local encoder ψ_i and the
   parameters generated for the client θ_i), obtained with ``torch.func`` (``vmap(grad(...))``;
-  Opacus hooks are wrong for generated weights: method.md, decision 2);
+  Opacus hooks are wrong for generated weights: docs/method.md, decision 2);
 * each per-example gradient is clipped to L2 norm ≤ C jointly over all parameters, the clipped
   gradients are summed, and Gaussian noise N(0, σ²C² I) is added (Abadi et al. 2016, "Deep
   Learning with Differential Privacy", Algorithm 1); the result is divided by the expected batch
   size B = q·n (Opacus convention), which is post-processing;
 * local optimiser steps use only these noised gradients plus *data-free* terms (functions of the
-  parameters alone, e.g. the synthetic–synthetic MMD term: method.md, decision 3);
+  parameters alone, e.g. the synthetic–synthetic MMD term: docs/method.md, decision 3);
 * the only object a client returns is a :class:`PrivatizedUpdate` ``Δθ_i = θ_i^K − θ_i^0`` built by
   :meth:`LocalDPSession.finish`; its constructor refuses any other caller. (On a server that
   receives updates over a network, :meth:`PrivatizedUpdate.from_wire` re-types the received

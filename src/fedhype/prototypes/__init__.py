@@ -1,7 +1,7 @@
 """Hyper-prototypes (FedHPro, Wang et al., ICML 2026) for downstream classifiers on embeddings.
 
 A small trainable adapter on frozen embeddings, a linear head and K × L learnable hyper-prototypes
-matched to class-wise gradients with a whole-vector cosine distance (method.md, decision 7):
+matched to class-wise gradients with a whole-vector cosine distance (docs/method.md, decision 7):
 
 * :class:`HyperPrototypeClassifier` — the scikit-learn estimator (fit / predict / save / load);
 * :func:`fit_federated` — FedHPro rounds over in-process clients (FedAvg of adapter + head);

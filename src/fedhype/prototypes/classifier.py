@@ -51,7 +51,7 @@ linear probe (reference)                    0.884          0.257            0.60
   λ_cons = 0.3). ``match_lr`` 1e-4 keeps the prototypes apart (cosine −0.04) but is no better
   than no matching (0.884 / 0.254 / 0.602); ``match_lr`` 1e-3, one step per epoch, unit-norm or
   centred prototypes and the per-row distance were tried on seed 0 (λ_cons = 0.3) and none beat
-  ``"none"``. ``"synthetic"`` and ``"dp"`` (method.md decision 7) stay available, opt-in.
+  ``"none"``. ``"synthetic"`` and ``"dp"`` (docs/method.md decision 7) stay available, opt-in.
 * λ_cons = 0: with fixed anchors the consistency term still costs 0.012–0.025 on both synthetic
   stores on every seed (−0.017 mean); on real data it is within noise (+0.006 ± 0.017).
 * λ_con = 0.3 and the margin are kept: without the contrastive term the synthetic no-DP accuracy

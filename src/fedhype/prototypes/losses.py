@@ -14,7 +14,7 @@ Notation used by every function here: ``f̂ = f / ‖f‖``, ``P̂_{k,l} = P_{k,
 class similarity ``s_k(f) = f̂ · c̄_k = (1/L) Σ_l cos(f, P_{k,l})`` (official code: the mean cosine
 over the class's prototypes).
 
-Where we depart from the official code (our design, method.md decision 7):
+Where we depart from the official code (our design, docs/method.md decision 7):
 
 * the margin ``m_i`` is subtracted from the positive *logit* (an additive margin of m_i nats, i.e.
   a CosFace-style cosine margin τ·m_i: Wang et al. 2018, Eq. 4) instead of being added to the

@@ -15,7 +15,7 @@ data give the target ``g_D(c)``; the prototypes minimise
 
     D = Σ_c Σ_{layers ℓ ∈ {W, b}} ( 1 − cos( vec g_P(c)_ℓ , vec g_D(c)_ℓ ) )
 
-with the **whole-vector** cosine (our design, method.md decision 7). The official dataset
+with the **whole-vector** cosine (our design, docs/method.md decision 7). The official dataset
 condensation code (``distance_wb``) instead sums ``1 − cos`` over the output rows of each weight
 and skips biases; :func:`gradient_distance` offers it as ``form="per_row"`` for comparison only.
 Cosine distances are invariant to a positive rescaling of the target, so a noised *sum* needs no

@@ -1,6 +1,6 @@
 """The hyper-prototype network on frozen embeddings: adapter, linear head, K × L hyper-prototypes.
 
-Our adaptation of FedHPro (method.md, decision 7): with a frozen encoder there is no backbone to
+Our adaptation of FedHPro (docs/method.md, decision 7): with a frozen encoder there is no backbone to
 shape, so the features the prototypes live with come from a small trainable adapter on the
 embedding::
 

@@ -4,7 +4,7 @@ Grammar (``--code``):
 
 * ``client:<id>`` — that client's DP code c_i (id or client name);
 * ``neutral`` — the neutral meta-code c̄ = Σ_i n_i c_i / Σ_i n_i, the data-size-weighted mean of
-  the DP client codes with public client sizes n_i (method.md, decision 6);
+  the DP client codes with public client sizes n_i (docs/method.md, decision 6);
 * ``mix:<id>=<w>,<id>=<w>,...`` — a convex combination in code space c = Σ w_i c_i;
 * ``mixture:<id>=<w>,...`` — a mixture of the per-code distributions: each sample first draws a
   client with probability w_i, then decodes with θ_i = h(c_i);
