@@ -47,6 +47,8 @@ KEYS = ("epsilon", "mmd2", "fd", "precision", "recall", "density", "coverage", "
 DATASETS = {"digits": None, "fashion": str(ROOT / "configs" / "fashion-mnist.toml")}
 DESCRIPTION = {"digits": "bundled digits domains (DINOv2-S/14 at 112 px, 4 natural-domain clients)",
                "fashion": "configs/fashion-mnist.toml (10,000 images, DINOv2-S/14 at 112 px, 10 Dirichlet α = 0.3 clients)"}
+#: ``--methods core``: ours, the statistics floor, the baselines and the ablation of the second-order release
+CORE = ("fedhypevae", "dp-gaussian", "no-second-moment", "dp-cvae", "local-cvae", "central-cvae")
 #: synthesis code per method (default: the neutral meta-code)
 CODES = {"local-cvae": "mixture"}
 
@@ -208,7 +210,9 @@ def main() -> None:
     ap.add_argument("--dataset", choices=sorted(DATASETS), default=None,
                     help="digits (built-in default job) or fashion (configs/fashion-mnist.toml)")
     ap.add_argument("--config", default=None, help="any job config instead of --dataset")
-    ap.add_argument("--methods", nargs="+", default=["all"], help="methods of fedhype train --method, or all")
+    ap.add_argument("--methods", nargs="+", default=["all"],
+                    help="methods of fedhype train --method, or all, or core (CORE: ours, dp-gaussian, no-second-moment "
+                         "and the baselines)")
     ap.add_argument("--epsilons", nargs="+", default=["1", "4", "8", "none"], help="target ε values; none = no DP")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="extra job settings (key=value), as fedhype run --set")
@@ -225,7 +229,7 @@ def main() -> None:
     dataset = a.dataset or ("digits" if a.config is None else None)
     config = DATASETS[dataset] if dataset else a.config
     known = all_methods()
-    methods = known if a.methods == ["all"] else a.methods
+    methods = known if a.methods == ["all"] else (list(CORE) if a.methods == ["core"] else a.methods)
     bad = [m for m in methods if m not in known]
     if bad:
         ap.error(f"unknown --methods {bad}; choose from {known} or all")
@@ -239,11 +243,11 @@ def main() -> None:
                 ap.error(f"--epsilons {e!r}: give finite positive numbers or none")
     if a.jobs < 1:
         ap.error(f"--jobs must be ≥ 1, got {a.jobs}")
-    full = (a.methods == ["all"] and a.epsilons == ["1", "4", "8", "none"] and sorted(a.seeds) == [0, 1, 2]
+    full = (a.methods in (["all"], ["core"]) and a.epsilons == ["1", "4", "8", "none"] and sorted(a.seeds) == [0, 1, 2]
             and not a.extra and a.config is None)
     if not full and a.readme:
-        ap.error("--readme needs the full grid (default --methods/--epsilons/--seeds, no --set or --config): "
-                 "the README shows every method")
+        ap.error("--readme needs the full grid (--methods all or core, default --epsilons/--seeds, no --set or "
+                 "--config): the README shows every method of the set")
     if not full and a.results is None:
         a.results = str(Path(a.out or "runs/bench-utility-slice") / "results")  # a slice never overwrites the committed tables
     out = Path(a.out or f"runs/bench-utility{'' if dataset in (None, 'digits') else '-' + dataset}")
@@ -287,9 +291,11 @@ def main() -> None:
     threads = f"{a.jobs} processes × 1 thread" if a.jobs > 1 else f"{torch.get_num_threads()} threads"
     # the grid, not the flags that only say where to write: rerunning with --readme keeps the header
     cmd = "benchmarks/utility.py" + (f" --dataset {dataset}" if dataset not in (None, "digits") else "") + (
-        "" if full else " " + " ".join(sys.argv[1:]))
+        " --methods core" if a.methods == ["core"] else "") + ("" if full else " " + " ".join(sys.argv[1:]))
     head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU ({os.cpu_count()} cores, {threads}); "
             f"{DESCRIPTION.get(dataset, f'config {config}')}; `{cmd}`; {len(rows)} jobs; "
+            + (f"methods: the core set ({', '.join(CORE)}; the other ablations are in the digits grid); "
+               if a.methods == ["core"] else "") +
             f"synthetic = 300 per class, tested on the held-out real test split_")
     md = (head + "\n\nTSTR accuracy (a classifier trained on the synthetic embeddings only, tested on real ones; "
           "higher is better):\n\n" + matrix(rows, methods, "tstr_accuracy", True)
