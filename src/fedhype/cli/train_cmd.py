@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
                                         help="Share of the target ε spent on the DP statistics (class sums, counts, "
                                              "second moments) released once before round 0 (the rest goes to DP-SGD; "
                                              "both compose to the target). Chosen on the digits validation split: "
-                                             "benchmarks/results/statistics.md."),
+                                             "benchmarks/results/release_defaults.md."),
         second_moment_share: float = _opt("second_moment_share", "--second-moment-share",
                                           help="Share c² of the release's unit sensitivity given to the second-moment "
                                                "matrix (its noise std is σ₀/c); 0 releases sums and counts only."),

@@ -66,7 +66,7 @@ class TrainConfig:
             second-moment matrix (:class:`fedhype.privacy.dp_step.ReleaseWeights`; the counts get
             :data:`~fedhype.privacy.dp_step.COUNT_SHARE`, the class sums the rest). Used when
             ``model.second_moment``; chosen on the digits validation split
-            (benchmarks/results/statistics.md).
+            (benchmarks/results/release_defaults.md).
         class_stats_noise_multiplier: σ of that release set directly (default with an explicit
             ``noise_multiplier``: calibrated so the release alone costs ``class_stats_share`` × the
             DP-SGD steps' own ε).
@@ -167,7 +167,7 @@ class TrainConfig:
     def local_lr(self, model: ModelConfig) -> float:
         """The local learning rate: ``lr_local``, or 1e-3 for a model with the statistics-initialised
         linear-Gaussian path (1e-2 moved it away from the DP Gaussian it starts at: TSTR 0.774 vs 0.826
-        without DP on the digits validation split, benchmarks/results/statistics.md) and 1e-2 without it (the
+        without DP on the digits validation split, benchmarks/results/release_defaults.md) and 1e-2 without it (the
         earlier default, with which those models learn class structure within 8 rounds)."""
         if self.lr_local is not None:
             return float(self.lr_local)

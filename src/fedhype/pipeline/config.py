@@ -23,7 +23,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "cache_dir": ""},
     "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2], "min_train": 20, "seed": 0},
     # class_stats_share 0.95, second_moment_share 0.3 and latent 64 were chosen on the digits validation
-    # split (benchmarks/results/statistics.md): the one-shot release carries the class signal. lr_local
+    # split (benchmarks/results/release_defaults.md): the one-shot release carries the class signal. lr_local
     # None = the method's default (TrainConfig.local_lr: 1e-3 from the statistics-initialised model,
     # where 1e-2 moved it away from that state, 1e-2 for the models without it)
     "train": {"rounds": 8, "local_epochs": 2.0, "batch_size": 256, "participation": 1.0, "lr_local": None,

@@ -315,7 +315,7 @@ CLASS_STATS_SENSITIVITY = math.sqrt(2.0)
 RELEASE_SENSITIVITY = 1.0
 #: default share b² of the unit sensitivity given to the class counts: counts of hundreds of records
 #: tolerate 5× the noise of the sums, which then get √(1 − b²) instead of 1/√2 of it (measured on
-#: the bundled digits validation split: benchmarks/results/statistics.md)
+#: the bundled digits validation split: benchmarks/results/release_defaults.md)
 COUNT_SHARE = 0.04
 
 
