@@ -278,6 +278,8 @@ def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
     d, k = real_dim(scenario), len(scenario["part"].class_names)
     stats_on = bool(getattr(TrainConfig(**CFG).model_config(d, k), "class_bias", False))
     stats = {"class_sums": ["float32", [k, d]], "class_counts": ["float32", [k]]}
+    if TrainConfig(**CFG).model_config(d, k).linear_path:  # the second-order release: M = Σ x xᵀ [D, D]
+        stats["second_moment"] = ["float32", [d, d]]
     log = [json.loads(line) for line in (scenario["root"] / "wire.jsonl").read_text().splitlines()]
     seen = set()
     for e in log:
@@ -301,6 +303,10 @@ def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
                 assert set(rec["task"]["keys"]) == TASK_KEYS | {"noise-multiplier"}
             else:
                 assert set(rec) == ({"query"} if kind == "query" else {"stats-task"}), e
+                if kind != "query":  # public settings only: σ₀ and the release weights, no data
+                    from fedhype.federated.flower.wire import STATS_KEYS
+
+                    assert set(rec["stats-task"]["keys"]) == STATS_KEYS | {"noise-multiplier"}
     kinds = ("query", "train.class_stats", "train") if stats_on else ("query", "train")
     assert seen == {(a, t) for a in ("server→node", "node→server") for t in kinds}
     n_updates = sum(e["direction"] == "node→server" and e["type"] == "train" for e in log)
