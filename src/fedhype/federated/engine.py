@@ -128,7 +128,8 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
         ``{"run_dir", "epsilon", "delta", "rounds", "clients", "noise_multiplier", "private", ...}``.
 
     Raises:
-        ValidationError: bad config, too-small client, δ ≥ 1/n_i, or an existing run without ``resume``.
+        ValidationError: bad config, too-small client, δ ≥ 1/n_i, an existing run without ``resume``, or a
+            run folder another process is writing (its writer lock, :meth:`RunDir.writer_lock`).
         BudgetExceededError: the plan or the next round would exceed ``cfg.max_epsilon``.
         ArtifactError: mismatched partition/store or corrupt checkpoint.
     """
@@ -168,6 +169,17 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
     the round is then not aggregated and nothing of it is committed).
     """
     run = RunDir(out)
+    if run.root.exists() and not run.root.is_dir():
+        raise ValidationError(f"--out {run.root} is a file; give a folder for the run")
+    with run.writer_lock():  # one training process per run folder
+        return _run_federation_locked(run, partition, cfg, store_info=store_info, n_classes=n_classes, connect=connect,
+                                      resume=resume, progress=progress, stop_after=stop_after)
+
+
+def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, *, store_info: dict[str, Any],
+                           n_classes: int, connect: Callable[[RunDir], ClientTransport], resume: bool,
+                           progress: Callable[[dict], None] | None, stop_after: int | None) -> dict[str, Any]:
+    """:func:`run_federation`'s body, run while holding the run folder's writer lock."""
     sizes = [len(c.train) for c in partition.clients]
     mcfg = cfg.model_config(store_info["dim"], n_classes)
     privacy = plan_privacy(cfg, sizes)

@@ -12,6 +12,7 @@ Layout::
       checkpoint.json      commit point: the last completed round
       ckpt/server-r<R>.safetensors      server state after round R
       clients/<id>/state-r<R>.safetensors   private client state (ψ_i, optimiser, generators)
+      .lock                one writer at a time (:meth:`RunDir.writer_lock`)
 
 A round is committed by atomically rewriting ``checkpoint.json`` after every file of that
 round is on disk; older round files are removed afterwards. A crash leaves the previous commit.
@@ -19,12 +20,15 @@ round is on disk; older round files are removed afterwards. A crash leaves the p
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import torch
 
-from fedhype.errors import ArtifactError
+from fedhype.errors import ArtifactError, ValidationError
 from fedhype.federated.baselines import is_local, load_local_models
 from fedhype.io import atomic_save_tensors, atomic_write_json, load_tensors, read_json
 from fedhype.models.config import ModelConfig
@@ -44,6 +48,34 @@ class RunDir:
     ledger = property(lambda self: self.root / "ledger.json")
     metrics = property(lambda self: self.root / "metrics.json")
     checkpoint = property(lambda self: self.root / "checkpoint.json")
+
+    @contextlib.contextmanager
+    def writer_lock(self):
+        """Hold an exclusive lock on the run folder for the lifetime of a training process.
+
+        ``fcntl.flock`` on ``<run>/.lock`` (non-blocking): the kernel releases it when the process
+        exits for any reason (kill -9 included), so a lock is never stale; the file records the
+        holder's pid for the message. A second writer — e.g. two ``--resume`` of the same run, which
+        would both train on the private records and spend budget — is refused.
+
+        Raises:
+            ValidationError: another process holds the lock (the message names its pid).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / ".lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                raise ValidationError(f"run directory {self.root} is being written by another process (pid {holder}); "
+                                      "wait for it to finish, or stop it, before resuming") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield self
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
     def server_ckpt(self, r: int) -> Path:
         return self.root / "ckpt" / f"server-r{r}.safetensors"
