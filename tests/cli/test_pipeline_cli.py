@@ -160,3 +160,20 @@ def test_bad_values_are_refused_before_anything_is_written(files, tmp_path):
                             "--out", str(tmp_path / "typo"), "--resume", "--json", *SMALL])
     assert r.exit_code == 2 and "no run to resume" in _json(r)["error"]
     assert not (tmp_path / "typo" / "ledger.json").exists()
+
+
+def test_a_job_refused_before_training_leaves_its_folder_reusable(tmp_path):
+    """δ ≥ 1/n for a client is refused (exit 2) before the run folder is written; the corrected
+    command then runs in the same --out instead of being refused as 'a different configuration'."""
+    runner = CliRunner()
+    base = ["run", "--out", str(tmp_path / "job"), "--json",
+            "--set", f"data.limit={REAL_STORE['limit']}", "--set", f"data.image_size={REAL_STORE['image_size']}",
+            "--set", f"data.cache_dir=\"{TEST_CACHE / 'embeddings'}\"", "--set", "train.rounds=1",
+            "--set", "train.batch_size=32", "--set", "train.seed=0", "--set", "evaluate.permutations=20",
+            "--set", "evaluate.interpolation=false", "--set", "evaluate.dp_linear=false", *SMALL_MODEL_SET]
+    r = runner.invoke(app, base + ["--set", "train.delta=0.05"])
+    assert r.exit_code == 2 and "delta = 0.05 is not below 1/n" in _json(r)["error"], r.output
+    assert not (tmp_path / "job" / "run" / "config.json").exists()
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0, r.output
+    assert _json(r)["delta"] == 1e-4

@@ -180,6 +180,7 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
                            n_classes: int, connect: Callable[[RunDir], ClientTransport], resume: bool,
                            progress: Callable[[dict], None] | None, stop_after: int | None) -> dict[str, Any]:
     """:func:`run_federation`'s body, run while holding the run folder's writer lock."""
+    check_client_sizes(partition, cfg)  # public sizes: refused before anything is written
     sizes = [len(c.train) for c in partition.clients]
     mcfg = cfg.model_config(store_info["dim"], n_classes)
     privacy = plan_privacy(cfg, sizes)

@@ -33,6 +33,9 @@ from fedhype.io import atomic_write_json, atomic_write_text, read_json
 from fedhype.pipeline.config import to_toml, train_config
 
 Log = Callable[[str], None]
+#: what the stages before training write (removed when a never-trained job's configuration is replaced)
+_STAGE_FILES = ("embeddings.safetensors", "partition.json", "synthetic.safetensors", "evaluation.json", "report.json",
+                "report.md")
 
 
 def _embed(conf: dict, out: Path, log: Log) -> EmbeddingStore:
@@ -109,8 +112,14 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     if cfg_path.exists() and read_json(cfg_path, "job config") != json.loads(json.dumps(conf)):
-        raise ValidationError(f"{out} holds a job with a different configuration ({cfg_path}); "
-                              "use another --out or the same settings to resume")
+        if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
+            raise ValidationError(f"{out} holds a job with a different configuration ({cfg_path}); "
+                                  "use another --out or the same settings to resume")
+        # a job refused before training (e.g. δ ≥ 1/n for a client) spent nothing: its folder is reused,
+        # and what its stages wrote under the old settings is removed so nothing stale is reused
+        log(f"run: {out} held a job that never started training (nothing was spent); replacing its configuration")
+        for name in _STAGE_FILES:
+            (out / name).unlink(missing_ok=True)
     atomic_write_json(cfg_path, conf)
     atomic_write_text(out / "config.toml", to_toml(conf))
     timings: dict[str, float] = {}
