@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from flwr.app import Message
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from fedhype.data.partition import Partition
@@ -89,15 +90,20 @@ class FlowerTransport:
             poll: seconds between pulls of replies.
             wire_log: append the structure of every message sent and received here (JSON lines).
 
+        A node that Flower reports unavailable (``ErrorCode.NODE_UNAVAILABLE``: the stale id of a
+        SuperNode that died, listed until its heartbeat expires) is skipped; its client is still
+        expected from another node until the deadline.
+
         Raises:
             NodeFailure: a client's node did not answer within ``connect_timeout`` seconds, two
-                nodes claim the same client, or a node's answer is an error (e.g. a bad node config).
+                nodes claim the same client, or a node's answer is another error (e.g. a bad node config).
         """
         self = cls(grid, partition, dim, {}, {}, round_timeout=round_timeout, straggler_timeout=straggler_timeout,
                    poll=poll, wire_log=wire_log)
         ids = {str(c.id): i for i, c in enumerate(partition.clients)}
         pending: dict[str, int] = {}  # message id → node id
         asked: set[int] = set()
+        unavailable: dict[int, str] = {}  # node id → Flower's reason (stale ids of dead SuperNodes)
         deadline = time.monotonic() + connect_timeout
         while True:
             new = [n for n in grid.get_node_ids() if n not in asked]
@@ -113,6 +119,13 @@ class FlowerTransport:
                 if node is None:
                     continue
                 if rep.has_error():
+                    if rep.error.code == ErrorCode.NODE_UNAVAILABLE:
+                        # a stale node id: a SuperNode that died (and may have been restarted under a new
+                        # id) stays listed by the SuperLink until its heartbeat expires; skip it, and fail
+                        # only if a client is still missing at the deadline
+                        unavailable[node] = str(rep.error.reason)
+                        log(INFO, "fedhype: SuperNode %s is unavailable (stale id?); skipped", node)
+                        continue
                     raise NodeFailure(f"SuperNode {node} could not say which client it holds: {rep.error.reason}")
                 self._log("node→server", handshake.QUERY_TYPE, None, None, rep.content)
                 ident = handshake.decode_identity(rep.content, f"identity of SuperNode {node}")
@@ -131,8 +144,10 @@ class FlowerTransport:
             if time.monotonic() > deadline:
                 missing = [c.id for i, c in enumerate(partition.clients) if i not in self.nodes]
                 raise NodeFailure(f"waited {connect_timeout:g} s for the SuperNodes: no answer for client(s) {missing} "
-                                  f"({len(asked)} node(s) seen); start one SuperNode per client (--node-config "
-                                  "client=...) against this SuperLink, then run again")
+                                  f"({len(asked)} node(s) seen" + (f", {len(unavailable)} of them unavailable: "
+                                                                   f"{sorted(unavailable)}" if unavailable else "")
+                                  + "); start one SuperNode per client (--node-config client=...) against this "
+                                    "SuperLink, then run again")
             time.sleep(poll)
 
     def bind(self, run: RunDir) -> "FlowerTransport":

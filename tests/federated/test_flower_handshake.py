@@ -1,0 +1,80 @@
+"""The identity handshake skips stale (unavailable) SuperNode ids and still fails on real errors."""
+
+from types import SimpleNamespace
+
+import pytest
+from flwr.app import ConfigRecord, RecordDict
+from flwr.common.constant import ErrorCode
+
+from fedhype import __version__
+from fedhype.data.partition import make_partition
+from fedhype.federated.flower.grid_transport import FlowerTransport, NodeFailure
+from fedhype.federated.flower.handshake import IDENTITY
+
+
+@pytest.fixture(autouse=True)
+def _run_identity(monkeypatch):
+    """Messages are built inside a ServerApp run in production; give them a run id here."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
+    for name in ("_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+
+
+class FakeGrid:
+    """A Grid whose node ``stale`` answers NODE_UNAVAILABLE (a dead SuperNode still listed) and whose
+    other nodes answer with the identity of the client they hold."""
+
+    def __init__(self, holds: dict[int, str], stale: int, stale_code: int = ErrorCode.NODE_UNAVAILABLE):
+        self.holds, self.stale, self.code = holds, stale, stale_code
+        self._next, self._inbox = 0, {}
+
+    def get_node_ids(self):
+        return [self.stale, *self.holds]
+
+    def push_messages(self, msgs):
+        ids = []
+        for m in msgs:
+            self._next += 1
+            ids.append(str(self._next))
+            self._inbox[str(self._next)] = m.metadata.dst_node_id
+        return ids
+
+    def pull_messages(self, ids):
+        out = []
+        for i in ids:
+            node = self._inbox.pop(i)
+            meta = SimpleNamespace(reply_to_message_id=i)
+            if node == self.stale:
+                err = SimpleNamespace(code=self.code, reason="Node Unavailable — no heartbeat")
+                out.append(SimpleNamespace(metadata=meta, has_error=lambda: True, error=err, content=None))
+            else:
+                content = RecordDict({IDENTITY: ConfigRecord({"client": self.holds[node], "seeded": True,
+                                                              "fedhype-version": __version__})})
+                out.append(SimpleNamespace(metadata=meta, has_error=lambda: False, error=None, content=content))
+        return out
+
+
+def test_stale_node_is_skipped_and_every_client_connects(real_store):
+    part = make_partition(real_store, scheme="domain", seed=0)
+    holds = {20 + i: str(c.id) for i, c in enumerate(part.clients)}
+    t = FlowerTransport.connect(FakeGrid(holds, stale=7), part, real_store.dim, connect_timeout=5, round_timeout=5,
+                                straggler_timeout=1, poll=0.01)
+    assert t.nodes == {i: 20 + i for i in range(len(part.clients))}
+
+
+def test_missing_client_at_the_deadline_names_the_unavailable_node(real_store):
+    part = make_partition(real_store, scheme="domain", seed=0)
+    holds = {20 + i: str(c.id) for i, c in enumerate(part.clients[1:], start=1)}  # client 0's node is dead
+    with pytest.raises(NodeFailure, match=r"no answer for client\(s\) \[0\].*unavailable: \[7\]"):
+        FlowerTransport.connect(FakeGrid(holds, stale=7), part, real_store.dim, connect_timeout=0.3, round_timeout=5,
+                                straggler_timeout=1, poll=0.01)
+
+
+def test_other_node_errors_still_fail_at_once(real_store):
+    part = make_partition(real_store, scheme="domain", seed=0)
+    holds = {20 + i: str(c.id) for i, c in enumerate(part.clients)}
+    with pytest.raises(NodeFailure, match="could not say which client it holds"):
+        FlowerTransport.connect(FakeGrid(holds, stale=7, stale_code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION), part,
+                                real_store.dim, connect_timeout=30, round_timeout=5, straggler_timeout=1, poll=0.01)
