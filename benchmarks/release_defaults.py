@@ -63,7 +63,8 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int) -> float:
     t = overrides.pop("within_class_min_snr", 0.9)
     class_stats.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
-        sets.append(f"model.{k}={v}" if k == "latent" else (f'train.{k}="{v}"' if isinstance(v, str) else f"train.{k}={v}"))
+        v = str(v).lower() if isinstance(v, bool) else v
+        sets.append(f"model.{k}={v}" if k == "latent" else (f'train.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"train.{k}={v}"))
     cfg = train_config(resolve(None, sets))
     with tempfile.TemporaryDirectory() as tmp:
         train(store, part, cfg, Path(tmp) / "run", diagnostics=False)

@@ -14,7 +14,9 @@ the baselines without federation ``local-cvae`` (synthesised with ``--code mixtu
 shared code space) and ``central-cvae`` (pooled records). References per (ε, seed), independent of
 the method: TRTR (a probe trained on the real training records; no privacy) and the DP-SGD FedAvg
 linear classifier trained on the real embeddings (``[evaluate] dp_linear``; its own ε, a separate
-release).
+release). ``fedhypevae+secagg`` and ``dp-gaussian+secagg`` are those methods with the statistics
+release under secure aggregation (``train.secure_aggregation = true``, dropout tolerance 0:
+distributed noise, the server sees only the sum; :mod:`fedhype.privacy.secure_agg`).
 
 Each finished job is appended to ``<out>/rows.jsonl``; a rerun with the same ``--out`` skips the
 jobs already there (an interrupted job resumes from its last committed round), so an interrupted
@@ -48,7 +50,10 @@ DATASETS = {"digits": None, "fashion": str(ROOT / "configs" / "fashion-mnist.tom
 DESCRIPTION = {"digits": "bundled digits domains (DINOv2-S/14 at 112 px, 4 natural-domain clients)",
                "fashion": "configs/fashion-mnist.toml (10,000 images, DINOv2-S/14 at 112 px, 10 Dirichlet α = 0.3 clients)"}
 #: ``--methods core``: ours, the statistics floor, the baselines and the ablation of the second-order release
-CORE = ("fedhypevae", "dp-gaussian", "no-second-moment", "dp-cvae", "local-cvae", "central-cvae")
+CORE = ("fedhypevae", "dp-gaussian", "no-second-moment", "dp-cvae", "local-cvae", "central-cvae",
+        "fedhypevae+secagg", "dp-gaussian+secagg")
+#: a method name with this suffix runs the method with ``train.secure_aggregation = true`` (t = 0)
+SECAGG = "+secagg"
 #: synthesis code per method (default: the neutral meta-code)
 CODES = {"local-cvae": "mixture"}
 
@@ -56,7 +61,7 @@ CODES = {"local-cvae": "mixture"}
 def all_methods() -> list[str]:
     from fedhype.federated.config import METHODS
 
-    return list(METHODS)
+    return list(METHODS) + [m + SECAGG for m in ("fedhypevae", "dp-gaussian")]
 
 
 def job_key(method: str, eps: str, seed: int, extra: list[str]) -> str:
@@ -68,7 +73,8 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
     from fedhype.pipeline.config import resolve
     from fedhype.pipeline.job import run_job
 
-    sets = [f"train.method=\"{method}\"", f"train.seed={seed}", f"partition.seed={seed}", f"synthesis.seed={seed}",
+    base, secagg = (method[: -len(SECAGG)], True) if method.endswith(SECAGG) else (method, False)
+    sets = [f"train.method=\"{base}\"", *(["train.secure_aggregation=true"] if secagg else []), f"train.seed={seed}", f"partition.seed={seed}", f"synthesis.seed={seed}",
             "evaluate.prototypes=false", "evaluate.permutations=20"]  # the p-value is not in the tables
     if method in CODES:
         sets.append(f"synthesis.code=\"{CODES[method]}\"")

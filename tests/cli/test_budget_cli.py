@@ -66,7 +66,8 @@ def test_federated_plan_from_client_sizes(app):
     assert out["class_stats_noise_multiplier"] is None and out["class_stats_epsilon"] == 0.0
     rows = out["clients"]
     assert [r["n"] for r in rows] == [2000, 800, 250]
-    assert [r["steps"] for r in rows] == [3 * 2 * math.ceil(n / 32) for n in (2000, 800, 250)] == [378, 150, 48]
+    # the engine's rule: R · ⌈E·n/B⌉ (not R · E · ⌈n/B⌉, which counted 378 for n = 2000)
+    assert [r["steps"] for r in rows] == [3 * math.ceil(2 * n / 32) for n in (2000, 800, 250)] == [375, 150, 48]
     assert [r["sample_rate"] for r in rows] == [32 / 2000, 32 / 800, 32 / 250]
     for r in rows:
         assert r["epsilon"] == epsilon([(1.5, r["sample_rate"], r["steps"])], 1e-4)
@@ -111,8 +112,6 @@ def test_federated_plan_from_partition_file(app, tmp_path):
         (["--noise-multiplier", "1", "--sample-rate", "0.1", "--delta", "1e-5"], "--steps"),
         (["--rounds", "2", "--local-epochs", "1", "--batch-size", "10", "--client-sizes", "60,900",
           "--noise-multiplier", "1", "--delta", "0.005"], "client 1 (900 training records): delta = 0.005 is not below"),
-        (["--rounds", "2", "--local-epochs", "1", "--batch-size", "100", "--client-sizes", "600,90",
-          "--noise-multiplier", "1", "--delta", "1e-5"], "exceeds client 1"),
         (["--rounds", "2", "--batch-size", "10", "--client-sizes", "600", "--noise-multiplier", "1", "--delta", "1e-5"],
          "--local-epochs or --local-steps"),
         (["--rounds", "2", "--local-steps", "5", "--batch-size", "10", "--client-sizes", "600,x",
@@ -123,7 +122,7 @@ def test_federated_plan_from_partition_file(app, tmp_path):
         (["-s", "1", "--rounds", "2", "--local-steps", "0", "--batch-size", "32", "--client-sizes", "600,480",
           "--delta", "1e-5"], "--local-steps must be ≥ 1, got 0"),
         (["-s", "1", "--rounds", "2", "--local-epochs", "0", "--batch-size", "32", "--client-sizes", "600,480",
-          "--delta", "1e-5"], "--local-epochs must be ≥ 1, got 0"),
+          "--delta", "1e-5"], "--local-epochs must be a number > 0, got 0"),
     ],
 )
 def test_invalid_values_exit_2_with_json_error(app, args, message):
@@ -185,3 +184,29 @@ def test_plan_rows_carry_the_accountant_and_the_warnings(app, glitchy_prv):
     assert out["accountant"] == "rdp" and out["epsilon"] == max(r["epsilon_rdp"] for r in out["clients"])
     assert out["warnings"][0].startswith("client 0: PRV ε 0.4767 is above the RDP bound")
     assert any(w.startswith("client 1: PRV ε 0.4767 is above the RDP bound") for w in out["warnings"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_budget_plans_the_steps_and_sigma_that_train_runs(seed):
+    """Property (issue #14): for random client sizes, batch sizes, fractional epochs and participation,
+    `fedhype budget`'s per-client (q, steps) and σ equal the engine's plan (fedhype.federated.engine.plan_privacy)."""
+    import random
+
+    from fedhype.cli.budget_cmd import budget_plan
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import plan_privacy
+
+    rng = random.Random(seed)
+    for _ in range(3):
+        sizes = [rng.randint(30, 3000) for _ in range(rng.randint(2, 5))]
+        b = rng.choice([8, 32, 64, 256, 512, 4000])  # also larger than a client (q = 1)
+        e = rng.choice([0.5, 1.0, 1.5, 2.0, 3.0])
+        r = rng.randint(1, 6)
+        cfg = TrainConfig(rounds=r, local_epochs=e, batch_size=b, epsilon=2.0, delta=1e-5, class_stats_share=0.5,
+                          model={"hidden": 8, "latent": 4})
+        engine = plan_privacy(cfg, sizes)
+        plan = budget_plan(1e-5, r, b, [(str(i), str(i), n) for i, n in enumerate(sizes)], local_epochs=e,
+                           target_epsilon=2.0, class_stats_share=0.5)
+        assert [(row["sample_rate"], row["steps"]) for row in plan["clients"]] == engine["plan"]
+        assert plan["noise_multiplier"] == pytest.approx(engine["noise_multiplier"], rel=1e-9)
+        assert plan["class_stats_noise_multiplier"] == pytest.approx(engine["class_stats_noise_multiplier"], rel=1e-9)

@@ -8,8 +8,9 @@ names which), and a disagreement beyond the accountants' tolerances is listed in
 
 Federated plan: ``--rounds R (--local-epochs E | --local-steps K) --batch-size B
 (--client-sizes N1,N2,… | --partition PART.json) [--participation P]``. Per client i with n_i
-training records: q_i = B / n_i (Poisson sampling, expected batch B), local steps per round
-K or E·⌈n_i / B⌉, and steps_i = ⌈P·R⌉ · local steps (the plan assumes each client takes part in
+training records: q_i = min(1, B / n_i) (Poisson sampling, expected batch B), local steps per round
+K or max(1, ⌈E·n_i / B⌉) (``TrainConfig.steps_per_round``, what ``fedhype train`` runs; E may be
+fractional), and steps_i = ⌈P·R⌉ · local steps (the plan assumes each client takes part in
 ⌈P·R⌉ rounds; no amplification from client sampling is claimed, and the run's ledger counts the
 steps actually run). ε per client and the worst client are reported (each client row has its
 ``accountant`` and ``warnings``; the top-level ``warnings`` collect them, prefixed with the client);
@@ -82,7 +83,8 @@ def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier
 def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[str, str, int]],
                 local_epochs: int | None = None, local_steps: int | None = None, participation: float = 1.0,
                 noise_multiplier: float | None = None, target_epsilon: float | None = None,
-                class_stats_share: float = 0.0, class_stats_noise_multiplier: float | None = None) -> dict[str, Any]:
+                class_stats_share: float = 0.0, class_stats_noise_multiplier: float | None = None,
+                secure_aggregation: bool = False, dropout_tolerance: int = 0) -> dict[str, Any]:
     """Per-client ε of a federated DP-SGD plan (see the module docstring).
 
     With ``class_stats_share > 0`` the plan includes the DP class statistics that ``fedhype train``
@@ -90,6 +92,11 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     with a target ε, σ₀ is calibrated so the release alone costs ``class_stats_share × ε`` and σ so
     that both compose to ε — exactly what ``fedhype train --epsilon`` does; with an explicit σ,
     σ₀ is ``class_stats_noise_multiplier`` or calibrated as ``fedhype train --noise-multiplier`` does.
+
+    With ``secure_aggregation`` the release's noise is split over the m clients
+    (:class:`fedhype.privacy.secure_agg.DistributedNoise` ``(m, t)``): ε is unchanged (the sum is
+    guaranteed to carry σ₀), and the result's ``secure_aggregation`` entry gives each client's share
+    of the noise std, σ₀/√(m − t).
 
     Args:
         clients: ``[(id, name, n_train), ...]``.
@@ -102,9 +109,15 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     if (local_epochs is None) == (local_steps is None):
         raise ValidationError("give exactly one of --local-epochs or --local-steps")
     local_flag = "--local-epochs" if local_steps is None else "--local-steps"
-    local_n = validate_steps(local_epochs if local_steps is None else local_steps, local_flag)
-    if local_n < 1:
-        raise ValidationError(f"{local_flag} must be ≥ 1, got {local_n}: a round without local steps runs no DP step")
+    if local_steps is None:
+        if isinstance(local_epochs, bool) or not isinstance(local_epochs, (int, float)) or not (
+                math.isfinite(local_epochs) and local_epochs > 0):
+            raise ValidationError(f"--local-epochs must be a number > 0, got {local_epochs!r}")
+        local_n = float(local_epochs)
+    else:
+        local_n = validate_steps(local_steps, local_flag)
+        if local_n < 1:
+            raise ValidationError(f"{local_flag} must be ≥ 1, got {local_n}: a round without local steps runs no DP step")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValidationError(f"--batch-size must be an integer ≥ 1, got {batch_size!r}")
     p = validate_sample_rate(participation, "--participation")
@@ -114,10 +127,9 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     rows = []
     for cid, name, n in clients:
         check_delta(delta, n, f"client {cid} ({n} training records)")
-        if batch_size > n:
-            raise ValidationError(f"--batch-size {batch_size} exceeds client {cid}'s {n} training records (q = B/n > 1)")
-        per_round = local_n * math.ceil(n / batch_size) if local_steps is None else local_n
-        rows.append({"client": cid, "name": name, "n": n, "sample_rate": batch_size / n,
+        # the engine's own rule (TrainConfig.steps_per_round / sample_rate), so budget and train agree
+        per_round = max(1, math.ceil(local_n * n / batch_size)) if local_steps is None else local_n
+        rows.append({"client": cid, "name": name, "n": n, "sample_rate": min(1.0, batch_size / n),
                      "steps": rounds_per_client * per_round})
     if not (0 <= class_stats_share < 1):
         raise ValidationError(f"--class-stats-share must be in [0, 1) (0: no class-statistics release), got {class_stats_share}")
@@ -150,6 +162,16 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
            "clients": rows, "class_stats_share": class_stats_share,
            "class_stats_noise_multiplier": float(s0) if prefix else None,
            "class_stats_epsilon": epsilon_report(prefix, delta)["epsilon"] if prefix else 0.0}
+    if secure_aggregation:
+        from fedhype.privacy.secure_agg import DistributedNoise
+
+        plan_t = DistributedNoise(len(rows), int(dropout_tolerance))
+        out["secure_aggregation"] = {"clients": plan_t.clients, "dropout_tolerance": plan_t.dropout_tolerance,
+                                     "min_contributions": plan_t.min_contributions,
+                                     "client_noise_multiplier": float(s0) * plan_t.share_std_factor if prefix else None,
+                                     "note": plan_t.describe()}
+    elif dropout_tolerance:
+        raise ValidationError("--dropout-tolerance applies to secure aggregation: add --secure-aggregation or drop it")
     if target_epsilon is not None:
         out["target_epsilon"] = float(target_epsilon)
     return _mark(out, sigma)
@@ -203,6 +225,11 @@ def _render(result: dict[str, Any]) -> None:
                       f"{_fmt(result['class_stats_noise_multiplier'])} (alone ε = {_fmt(result['class_stats_epsilon'])}); "
                       "`fedhype train --epsilon` recalibrates both, or pass --noise-multiplier and "
                       "--class-stats-noise-multiplier", highlight=False)
+        sa = result.get("secure_aggregation")
+        if sa and sa["client_noise_multiplier"]:
+            out.print(f"secure aggregation: each of the {sa['clients']} clients adds σ₀/√(m − t) = "
+                      f"{_fmt(sa['client_noise_multiplier'])} to its release; the server learns only the sum, which "
+                      f"carries σ₀ while at most t = {sa['dropout_tolerance']} clients drop out or collude", highlight=False)
     if result.get("note"):
         out.print(result["note"], style="bold red", highlight=False)
     for w in result.get("warnings") or []:
@@ -219,7 +246,8 @@ def budget(
     sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="Poisson sampling rate q (single mechanism)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Number of steps (single mechanism)."),
     rounds: Optional[int] = typer.Option(None, "--rounds", help="Federated rounds (plan)."),
-    local_epochs: Optional[int] = typer.Option(None, "--local-epochs", help="Local epochs per round (plan)."),
+    local_epochs: Optional[float] = typer.Option(None, "--local-epochs", help="Local epochs per round (plan; may be "
+                                                 "fractional, as for `fedhype train`)."),
     local_steps: Optional[int] = typer.Option(None, "--local-steps", help="Local steps per round (plan)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Expected batch size B; q_i = B / n_i (plan)."),
     client_sizes: Optional[str] = typer.Option(None, "--client-sizes", help="Training-set sizes, e.g. 600,480 (plan)."),
@@ -230,6 +258,11 @@ def budget(
                                             help="Plan: share of the target ε spent on the DP statistics (class sums, "
                                                  "counts, second moments) that `fedhype train` releases once before round 0 "
                                                  "(default: train's; 0 for methods without them: dp-cvae, no-class-stats)."),
+    secure_aggregation: bool = typer.Option(False, "--secure-aggregation",
+                                            help="Plan: the statistics release under secure aggregation with "
+                                                 "distributed noise (as `fedhype train --secure-aggregation`)."),
+    dropout_tolerance: int = typer.Option(0, "--dropout-tolerance",
+                                          help="Plan, with --secure-aggregation: t, clients that may drop out or collude."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """ε (the smaller of PRV and RDP; PLD cross-check) for a DP-SGD mechanism or federated plan, or σ for a target ε.
@@ -261,7 +294,8 @@ def budget(
             raise ValidationError("give exactly one of --client-sizes or --partition")
         clients = parse_client_sizes(client_sizes) if client_sizes is not None else read_partition_sizes(partition)
         return budget_plan(delta, rounds, batch_size, clients, local_epochs, local_steps, participation,
-                           noise_multiplier, epsilon, class_stats_share=class_stats_share)
+                           noise_multiplier, epsilon, class_stats_share=class_stats_share,
+                           secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance)
 
     run_command(body, json_mode, render=_render)
 

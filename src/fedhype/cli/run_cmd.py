@@ -31,6 +31,12 @@ def register(app: typer.Typer) -> None:
                                               callback=existing("job configuration (TOML)", "see configs/ for examples")),
         set_: List[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable), e.g. train.epsilon=4."),
         out: Path = typer.Option(Path("runs/main"), "--out", help="Output directory (rerun the same command to resume)."),
+        secure_aggregation: Optional[bool] = typer.Option(
+            None, "--secure-aggregation/--no-secure-aggregation",
+            help="Shortcut for --set train.secure_aggregation=true|false: release the statistics under secure "
+                 "aggregation with distributed noise (as `fedhype train --secure-aggregation`)."),
+        dropout_tolerance: Optional[int] = typer.Option(
+            None, "--dropout-tolerance", help="Shortcut for --set train.dropout_tolerance=t (with --secure-aggregation)."),
         json_out: bool = JsonOpt,
     ) -> None:
         """Run the whole job on real data and write report.json, report.md and plots."""
@@ -40,7 +46,9 @@ def register(app: typer.Typer) -> None:
             from fedhype.pipeline.job import run_job
 
             check_out_dir(out, "run", "give a new folder, or the folder of the job to resume")
-            conf = resolve(config, set_)
+            flags = ([f"train.secure_aggregation={str(secure_aggregation).lower()}"] if secure_aggregation is not None else []) + (
+                [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else [])
+            conf = resolve(config, [*set_, *flags])
             log_line(f"run: embed → partition → train ({conf['train']['rounds']} rounds) → synthesize → evaluate → "
                      f"report, into {out}")
             try:

@@ -147,6 +147,14 @@ def register(app: typer.Typer) -> None:
         second_moment_share: float = _opt("second_moment_share", "--second-moment-share",
                                           help="Share c² of the release's unit sensitivity given to the second-moment "
                                                "matrix (its noise std is σ₀/c); 0 releases sums and counts only."),
+        secure_aggregation: bool = _opt("secure_aggregation", "--secure-aggregation",
+                                        help="Release the statistics before round 0 under secure aggregation with "
+                                             "distributed noise: each client adds σ₀²/(m − t), the server learns only the "
+                                             "sum (which carries σ₀²): √m less noise on the pooled statistics at the same "
+                                             "ε. Trusts the aggregation protocol (README, privacy model). In process only."),
+        dropout_tolerance: int = _opt("dropout_tolerance", "--dropout-tolerance",
+                                      help="With --secure-aggregation: t, how many clients may be missing from the sum "
+                                           "or collude with the server while the guarantee holds (0 ≤ t < m)."),
         class_stats_noise_multiplier: Optional[float] = typer.Option(
             None, "--class-stats-noise-multiplier",
             help="σ₀ of the class-statistics release set directly (with --noise-multiplier; default: calibrated "
@@ -191,6 +199,7 @@ def register(app: typer.Typer) -> None:
                                     batch_size=batch_size, participation=participation, lr_local=lr_local,
                                     epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
                                     clip_norm=clip_norm, class_stats_share=class_stats_share, second_moment_share=second_moment_share,
+                                    secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                                     class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
                                     min_records=min_records, method=method),
                                {"hidden": hidden, "latent": latent})

@@ -26,20 +26,25 @@ import math
 
 import torch
 
+from fedhype.errors import ValidationError
 from fedhype.privacy.dp_step import PrivatizedUpdate
+from fedhype.privacy.secure_agg import DistributedNoise, PrivatizedAggregate, secure_sum
 
 MECHANISM = "dp-class-stats"
 #: floor of the total variance 1 − ‖μ‖² used for the scale s (DINOv2-S digits: 0.24)
 MIN_TOTAL_VARIANCE = 0.05
 
 
-def aggregate_class_stats(updates: list[PrivatizedUpdate], noise_std: float = 0.0, *, sums_std: float | None = None,
+def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *, sums_std: float | None = None,
                           second_moment_std: float = 0.0, max_rank: int | None = None) -> dict[str, torch.Tensor]:
     """Pool the clients' privatized statistics into the model space, the class bias and the covariance.
 
     Args:
         updates: one PrivatizedUpdate per client with ``class_sums`` float32 [K, D], ``class_counts``
-            [K] and optionally ``second_moment`` [D, D] (anything else raises TypeError/KeyError).
+            [K] and optionally ``second_moment`` [D, D] (anything else raises TypeError/KeyError), or
+            the one :class:`~fedhype.privacy.secure_agg.PrivatizedAggregate` of a run with secure
+            aggregation (its sum carries ``noise_variance_factor`` × the variance of one σ₀ release
+            instead of n_clients ×; every noise level below uses that factor).
         noise_std: the std of the count noise per client; noisy class counts are floored at
             ``max(1, 2·noise_std·√n_clients)`` so a class with few records cannot blow its mean up
             (the class mean is then shrunk toward the global mean).
@@ -56,32 +61,36 @@ def aggregate_class_stats(updates: list[PrivatizedUpdate], noise_std: float = 0.
         ``residual_var`` [] and ``rank`` [] (int64): the covariance estimate
         ``cov_factor·cov_factorᵀ + residual_var·I`` (model space) of :func:`covariance_estimate`.
     """
-    for u in updates:
-        if type(u) is not PrivatizedUpdate:
-            raise TypeError(f"class statistics must arrive as PrivatizedUpdate, got {type(u).__name__}")
+    if type(updates) is PrivatizedAggregate:
+        n_noise, updates = float(updates.noise_variance_factor), [updates]
+    else:
+        for u in updates:
+            if type(u) is not PrivatizedUpdate:
+                raise TypeError(f"class statistics must arrive as PrivatizedUpdate or PrivatizedAggregate, got {type(u).__name__}")
+        n_noise = float(len(updates))  # independent releases: the pooled noise variance is n × one release's
     sums_std = noise_std if sums_std is None else float(sums_std)
     sums = sum(u.tensors["class_sums"] for u in updates)
     counts = sum(u.tensors["class_counts"] for u in updates)
-    floor = max(1.0, 2.0 * noise_std * math.sqrt(len(updates)))
+    floor = max(1.0, 2.0 * noise_std * math.sqrt(n_noise))
     total = counts.clamp_min(0).sum().clamp_min(floor)
     mean = sums.sum(0) / total
     dim = sums.shape[1]
     # total variance 1 − ‖μ‖²: ‖m‖² is debiased for the noise (each client adds N(0, std²) per
-    # coordinate to the pooled sum: E‖m‖² = ‖μ‖² + D·n_clients·std²/N²) and the variance is kept
+    # coordinate to the pooled sum: E‖m‖² = ‖μ‖² + D·n_noise·std²/N², n_noise = n_clients per client) and the variance is kept
     # in [MIN_TOTAL_VARIANCE, 1], so a noisy mean of norm ≥ 1 (small sets at small ε) cannot
     # collapse the scale
-    bias = dim * len(updates) * sums_std ** 2 / float(total) ** 2
+    bias = dim * n_noise * sums_std ** 2 / float(total) ** 2
     var = torch.clamp(1.0 - (mean.pow(2).sum() - bias), min=MIN_TOTAL_VARIANCE, max=1.0)
     scale = torch.sqrt(var / dim)
     class_means = mean + (sums - counts[:, None] * mean) / counts.clamp_min(floor)[:, None]
     out = {"space_mean": mean, "space_scale": scale, "class_bias": (class_means - mean) / scale}
     if all("second_moment" in u.tensors for u in updates):
         m2 = sum(u.tensors["second_moment"].to(torch.float64) for u in updates)
-        offdiag_var = len(updates) * float(second_moment_std) ** 2 / float(total) ** 2
+        offdiag_var = n_noise * float(second_moment_std) ** 2 / float(total) ** 2
         m64 = mean.to(torch.float64)
         cov = m2 / float(total) - torch.outer(m64, m64)
         cov, tr = _within_class(cov, float(var), class_means.to(torch.float64) - m64,
-                                counts.to(torch.float64).clamp_min(floor), len(updates) * sums_std ** 2)
+                                counts.to(torch.float64).clamp_min(floor), n_noise * sums_std ** 2)
         factor, resid, rank = covariance_estimate(cov, tr, offdiag_var, max_rank=max_rank)
         out.update({"cov_factor": (factor / scale).to(torch.float32), "residual_var": (resid / scale ** 2).to(torch.float32),
                     "rank": torch.tensor(rank, dtype=torch.int64)})
@@ -199,7 +208,7 @@ def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | N
 
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
-                          already, rerun, weights=None) -> None:
+                          already, rerun, weights=None, distributed: DistributedNoise | None = None) -> None:
     """Release every client's class statistics (write-ahead ledger first) and set the model(s).
 
     A federated server pools all clients (:func:`aggregate_class_stats`); a ``local-cvae`` server
@@ -207,6 +216,9 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     ``already``/``rerun`` are the engine's ledger helpers: a seeded rerun replays the same noise
     and is not charged again, an unseeded one is (fresh noise). ``weights``: the
     :class:`~fedhype.privacy.dp_step.ReleaseWeights` (default: the legacy sums-and-counts release).
+    ``distributed``: secure aggregation (:mod:`fedhype.privacy.secure_agg`): each client releases a
+    share with the noise split over m − t clients, the server receives only their sum (its ledger
+    events name the split; ε is that of the σ₀ release the sum is guaranteed to carry).
     """
     from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY
     from fedhype.privacy.ledger import LedgerEvent
@@ -217,13 +229,21 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         for c in clients:
             e = LedgerEvent(client=c.id, round=-1, mechanism=MECHANISM, noise_multiplier=float(dp.noise_multiplier),
                             sample_rate=1.0, steps=1, clip_norm=RELEASE_SENSITIVITY,
-                            note=f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}")
+                            note=f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
+                            + (f"; {distributed.describe()}" if distributed is not None else ""))
             if not (seeded and already(ledger, e)):
                 ledger.record(e if not already(ledger, e) else rerun(e))
         ledger.save(ledger_path)
-    updates = [c.release_class_stats(n_classes, dp, weights) for c in clients]
     rank_cap = server.cfg.latent
     parts = getattr(server, "servers", None)
+    if distributed is not None:
+        if parts is not None:
+            raise ValidationError("secure aggregation pools the clients' statistics; local-cvae needs each client's own")
+        agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed) for c in clients],
+                         distributed)
+        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap))  # the server sees the sum only
+        return
+    updates = [c.release_class_stats(n_classes, dp, weights) for c in clients]
     if parts is not None:
         for s, u in zip(parts, updates):
             apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap))

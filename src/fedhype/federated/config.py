@@ -32,6 +32,13 @@ METHOD_PRESETS: dict[str, dict] = {
     "dp-gaussian": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0},
 }
 METHODS = tuple(METHOD_PRESETS)
+#: methods that cannot use secure aggregation, and why
+NO_SECURE_AGGREGATION = {
+    "local-cvae": "keeps one model per client and needs each client's own release",
+    "central-cvae": "pools the records into one client (nothing to aggregate)",
+    "dp-cvae": "releases no statistics (class_bias off)",
+    "no-class-stats": "releases no statistics (class_bias off)",
+}
 #: methods that release the statistics with the whole budget and train no DP-SGD round
 STATISTICS_ONLY = ("dp-gaussian",)
 
@@ -70,6 +77,14 @@ class TrainConfig:
         class_stats_noise_multiplier: σ of that release set directly (default with an explicit
             ``noise_multiplier``: calibrated so the release alone costs ``class_stats_share`` × the
             DP-SGD steps' own ε).
+        secure_aggregation: release the statistics before round 0 under secure aggregation with
+            distributed noise (:mod:`fedhype.privacy.secure_agg`): each client adds the noise
+            variance σ₀²/(m − t), the server learns only the sum, which carries σ₀² — √m less
+            noise std on the pooled statistics than per-client releases at the same ε. The DP-SGD
+            rounds stay per client with the full noise. Needs ≥ 2 clients and a method that pools
+            the release (not ``local-cvae``, ``central-cvae``, ``dp-cvae``, ``no-class-stats``).
+        dropout_tolerance: t, how many clients may be missing from the sum or collude with the server
+            while the guarantee holds (0 ≤ t < m); each client's noise grows as 1/(m − t).
         no_dp: explicit non-private run (no clipping, no noise; outputs marked non-private).
         max_epsilon: refuse (exit 3) before a round that would take any client over this ε.
         seed: reproducible run (recorded as "not secure"); None = noise seeded from OS entropy.
@@ -94,6 +109,8 @@ class TrainConfig:
     class_stats_share: float = 0.8
     class_stats_noise_multiplier: float | None = None
     second_moment_share: float = 0.3
+    secure_aggregation: bool = False
+    dropout_tolerance: int = 0
     no_dp: bool = False
     max_epsilon: float | None = None
     seed: int | None = None
@@ -130,6 +147,15 @@ class TrainConfig:
             raise ValidationError(f"train.class_stats_noise_multiplier must be > 0, got {self.class_stats_noise_multiplier}")
         if self.method not in METHODS:
             raise ValidationError(f"train.method must be one of {METHODS}, got {self.method!r}")
+        if not isinstance(self.secure_aggregation, bool):
+            raise ValidationError(f"train.secure_aggregation must be true or false, got {self.secure_aggregation!r}")
+        if isinstance(self.dropout_tolerance, bool) or not isinstance(self.dropout_tolerance, int) or self.dropout_tolerance < 0:
+            raise ValidationError(f"train.dropout_tolerance (--dropout-tolerance) must be an integer ≥ 0, got {self.dropout_tolerance!r}")
+        if self.dropout_tolerance and not self.secure_aggregation:
+            raise ValidationError("--dropout-tolerance applies to secure aggregation: add --secure-aggregation or drop it")
+        if self.secure_aggregation and self.method in NO_SECURE_AGGREGATION:
+            raise ValidationError(f"--secure-aggregation pools the clients' statistics release; method {self.method!r} "
+                                  f"{NO_SECURE_AGGREGATION[self.method]}")
         if not self.no_dp:
             if self.noise_multiplier is None and self.epsilon is None:
                 raise ValidationError("give --epsilon (target ε) or --noise-multiplier, or --no-dp for a non-private run")
@@ -157,6 +183,18 @@ class TrainConfig:
     def rounds_run(self) -> int:
         """Rounds of DP-SGD actually run: ``rounds``, or 0 for a statistics-only method."""
         return 0 if self.statistics_only else int(self.rounds)
+
+    def distributed_noise(self, n_clients: int):
+        """The :class:`~fedhype.privacy.secure_agg.DistributedNoise` (m, t) of a run with secure aggregation, else None.
+
+        Raises:
+            ValidationError: fewer than 2 clients or t ≥ m (naming ``--dropout-tolerance``).
+        """
+        if not self.secure_aggregation:
+            return None
+        from fedhype.privacy.secure_agg import DistributedNoise
+
+        return DistributedNoise(int(n_clients), int(self.dropout_tolerance))
 
     def release_weights(self, model: ModelConfig):
         """The :class:`~fedhype.privacy.dp_step.ReleaseWeights` of the statistics release of ``model``."""

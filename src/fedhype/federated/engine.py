@@ -183,6 +183,10 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
     check_client_sizes(partition, cfg)  # public sizes: refused before anything is written
     sizes = [len(c.train) for c in partition.clients]
     mcfg = cfg.model_config(store_info["dim"], n_classes)
+    distributed = cfg.distributed_noise(len(sizes))  # secure aggregation: (m, t) checked before anything is written
+    if distributed is not None and not mcfg.class_bias:
+        raise ValidationError("--secure-aggregation aggregates the statistics release; this model releases none "
+                              "(model.class_bias = false)")
     privacy = plan_privacy(cfg, sizes)
     resolved = {"train": cfg.to_dict(), "model": mcfg.to_dict(), "privacy_plan": privacy,
                 "store": dict(store_info),
@@ -235,7 +239,7 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
             dp_stats = DPConfig(privacy["class_stats_noise_multiplier"], RELEASE_SENSITIVITY, enabled=not cfg.no_dp)
             run_class_stats_stage(clients, server, mcfg.n_classes, dp_stats, ledger, run.ledger,
                                   seeded=all(transport.replays_noise(i) for i in range(len(clients))), already=_already,
-                                  rerun=_rerun, weights=cfg.release_weights(mcfg))
+                                  rerun=_rerun, weights=cfg.release_weights(mcfg), distributed=distributed)
         for i, c in enumerate(clients):
             c.set_space(client_space(server, i))
     if cfg.statistics_only and not released:  # the model is the release itself: write it, no round

@@ -68,6 +68,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "method": conf["train"].get("method"), "n_classes": store.n_classes,
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
         "second_moment_share": _second_moment_share(conf),
+        "secure_aggregation": _secure_aggregation(conf, part, trained),
         **_class_stats_claims(out / "run", trained),
         "rounds": trained["rounds"], "clients": [c.name for c in part.clients],
         "client_sizes": [len(c.train) for c in part.clients],
@@ -128,6 +129,22 @@ def _second_moment_share(conf: dict) -> float | None:
     return float(cfg.second_moment_share) if cfg.model_config(1, 2).linear_path and not cfg.no_dp else None
 
 
+def _secure_aggregation(conf: dict, part, trained: dict) -> dict | None:
+    """The secure-aggregation settings and trust assumption of a private run that used it, else None."""
+    t = conf["train"]
+    if not t.get("secure_aggregation") or not trained.get("private") or not trained.get("class_stats_noise_multiplier"):
+        return None
+    m, tol = len(part.clients), int(t.get("dropout_tolerance") or 0)
+    s0 = float(trained["class_stats_noise_multiplier"])
+    return {"clients": m, "dropout_tolerance": tol, "client_noise_multiplier": s0 / math.sqrt(m - tol),
+            "trust": (f"the statistics released before round 0 were summed by secure aggregation: each client added "
+                      f"σ₀/√(m − t) = {s0 / math.sqrt(m - tol):.4g} (m = {m}, t = {tol}) and the server learned only the "
+                      f"sum, which carries σ₀ = {s0:.4g}. The claimed ε holds if the aggregation protocol hides the "
+                      f"individual shares and at most {tol} client(s) drop out or collude with the server; with more, "
+                      "the aggregator refuses to release the sum. The DP-SGD updates of the rounds are per client, "
+                      "with the full noise")}
+
+
 def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
     """ε of the class-statistics release alone and how many times each client was charged for it."""
     s0 = trained.get("class_stats_noise_multiplier")
@@ -167,6 +184,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
         "", f"Privacy: {priv}.", "",
+        *([f"Secure aggregation: {r['secure_aggregation']['trust']}.", ""] if r.get("secure_aggregation") else []),
         *(["| client | ledger id | ε (at δ) |", "|---|---|---|", *eps_rows, ""] if r["private"] and eps_rows else []),
         "## Fidelity (synthetic vs held-out real test embeddings, L2-normalised)", "",
         "| MMD² | p-value | FD | precision | recall | density | coverage |", "|---|---|---|---|---|---|---|",

@@ -387,7 +387,8 @@ def symmetric_noise(dim: int, diag_std: float, generator: torch.Generator) -> to
 
 
 def privatize_class_sums(client: str, x: torch.Tensor, labels: torch.Tensor, n_classes: int, dp: DPConfig,
-                         generator: torch.Generator, weights: ReleaseWeights | None = None) -> PrivatizedUpdate:
+                         generator: torch.Generator, weights: ReleaseWeights | None = None, *,
+                         distributed=None) -> PrivatizedUpdate:
     """Per-class sums and counts (and, with ``weights.second_moment > 0``, the second-moment matrix)
     of a client's unit-norm embeddings, through one Gaussian mechanism.
 
@@ -406,6 +407,11 @@ def privatize_class_sums(client: str, x: torch.Tensor, labels: torch.Tensor, n_c
         generator: the client's noise generator.
         weights: the split of the unit sensitivity (default :data:`LEGACY_WEIGHTS`: sums and counts
             only, each with noise std σ₀·√2).
+        distributed: a :class:`fedhype.privacy.secure_agg.DistributedNoise` ``(m, t)`` for a run with
+            secure aggregation: every noise std is multiplied by 1/√(m − t) and the result is a
+            :class:`~fedhype.privacy.secure_agg.SecureShare`, readable only by
+            :func:`~fedhype.privacy.secure_agg.secure_sum` (whose sum of ≥ m − t shares carries the
+            noise of the σ₀ release; the derivation is in that module's docstring).
 
     Returns:
         PrivatizedUpdate with tensors ``class_sums`` float32 [K, D], ``class_counts`` [K] and, when
@@ -420,12 +426,18 @@ def privatize_class_sums(client: str, x: torch.Tensor, labels: torch.Tensor, n_c
         tensors["second_moment"] = (x.T.to(torch.float64) @ x.to(torch.float64)).to(torch.float32)
     if dp.enabled and float(dp.noise_multiplier) > 0:
         std = w.noise_std(float(dp.noise_multiplier))
+        if distributed is not None:
+            std = {k: v * distributed.share_std_factor for k, v in std.items()}
         tensors["class_sums"] = tensors["class_sums"] + gaussian_noise_like(tensors["class_sums"], std["class_sums"], generator)
         tensors["class_counts"] = tensors["class_counts"] + gaussian_noise_like(
             tensors["class_counts"], std["class_counts"], generator)
         if "second_moment" in tensors:
             tensors["second_moment"] = tensors["second_moment"] + symmetric_noise(
                 x.shape[1], std["second_moment_diag"], generator)
+    if distributed is not None:
+        from fedhype.privacy.secure_agg import _share
+
+        return _share(client, tensors, distributed, dp.noise_multiplier if dp.enabled else None, dp.enabled)
     return PrivatizedUpdate(
         _token=_TOKEN, client=client, tensors=tensors, steps=1,
         noise_multiplier=dp.noise_multiplier if dp.enabled else None, clip_norm=RELEASE_SENSITIVITY,

@@ -90,6 +90,10 @@ def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
     fed = Federation.load(settings.federation)
     if federation_kind(fed.train.method) == "pooled":
         raise ValidationError(f"method {fed.train.method!r} pools all records on one machine; use `fedhype train`")
+    if fed.train.secure_aggregation:  # SecAgg+ over the wire, with integer-domain noise, is not built yet
+        raise ValidationError("train.secure_aggregation is not supported by the Flower deployment yet (it needs "
+                              "Flower's SecAgg+ with noise in the integer domain); set it to false in the federation "
+                              "file, or run `fedhype train --secure-aggregation` in process")
     check_client_sizes(fed.partition, fed.train)
     transport = FlowerTransport.connect(grid, fed.partition, int(fed.store["dim"]),
                                         connect_timeout=settings.connect_timeout, round_timeout=settings.round_timeout,

@@ -73,12 +73,17 @@ def write_federation(folder: str | Path, store: EmbeddingStore, partition: Parti
 
     Raises:
         ValidationError: a method that is not federated (``central-cvae`` pools every client's
-            records on one machine: use ``fedhype train``), or a too-small client.
+            records on one machine: use ``fedhype train``), ``secure_aggregation`` (not built for
+            Flower yet), or a too-small client.
         ArtifactError: the partition was made from another store.
     """
     if federation_kind(cfg.method) == "pooled":
         raise ValidationError(f"method {cfg.method!r} pools every client's records on one machine: it cannot run on a "
                               "Flower deployment; use `fedhype train`")
+    if cfg.secure_aggregation:
+        raise ValidationError("--secure-aggregation is not supported by the Flower deployment yet (it needs Flower's "
+                              "SecAgg+ with noise in the integer domain); drop it, or run `fedhype train "
+                              "--secure-aggregation` in process")
     partition.check_store(store)
     check_client_sizes(partition, cfg)
     folder = Path(folder)
