@@ -50,12 +50,22 @@ DATASETS = {"digits": None, "fashion": str(ROOT / "configs" / "fashion-mnist.tom
 DESCRIPTION = {"digits": "bundled digits domains (DINOv2-S/14 at 112 px, 4 natural-domain clients)",
                "fashion": "configs/fashion-mnist.toml (10,000 images, DINOv2-S/14 at 112 px, 10 Dirichlet α = 0.3 clients)"}
 #: ``--methods core``: ours, the statistics floor, the baselines and the ablation of the second-order release
-CORE = ("fedhypevae", "dp-gaussian", "no-second-moment", "dp-cvae", "local-cvae", "central-cvae",
+CORE = ("fedhypevae", "dp-gaussian", "no-client-stats", "no-second-moment", "dp-cvae", "local-cvae", "central-cvae",
         "fedhypevae+secagg", "dp-gaussian+secagg")
 #: a method name with this suffix runs the method with ``train.secure_aggregation = true`` (t = 0)
 SECAGG = "+secagg"
-#: synthesis code per method (default: the neutral meta-code)
-CODES = {"local-cvae": "mixture"}
+
+
+def code_for(method: str) -> str:
+    """The synthesis code of a method's rows: ``mixture`` for a model whose codes carry the clients' own
+    statistics (ours and its ablations with client-statistics heads) and for ``local-cvae`` (no shared
+    code space), else ``neutral`` (one pooled model: the baselines, dp-gaussian, secure aggregation)."""
+    from fedhype.federated.baselines import is_local
+    from fedhype.federated.config import TrainConfig
+
+    base, secagg = (method[: -len(SECAGG)], True) if method.endswith(SECAGG) else (method, False)
+    heads = TrainConfig(method=base, secure_aggregation=secagg).model_config(1, 2).client_heads
+    return "mixture" if is_local(base) or heads else "neutral"
 
 
 def all_methods() -> list[str]:
@@ -76,8 +86,7 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
     base, secagg = (method[: -len(SECAGG)], True) if method.endswith(SECAGG) else (method, False)
     sets = [f"train.method=\"{base}\"", *(["train.secure_aggregation=true"] if secagg else []), f"train.seed={seed}", f"partition.seed={seed}", f"synthesis.seed={seed}",
             "evaluate.prototypes=false", "evaluate.permutations=20"]  # the p-value is not in the tables
-    if method in CODES:
-        sets.append(f"synthesis.code=\"{CODES[method]}\"")
+    sets.append(f"synthesis.code=\"{code_for(method)}\"")
     sets += [*extra, "train.no_dp=true"] if eps == "none" else [*extra, f"train.epsilon={float(eps)}"]
     conf = resolve(config, sets)
     tag = "" if not extra else "-" + hashlib.sha1(json.dumps(list(extra)).encode()).hexdigest()[:8]

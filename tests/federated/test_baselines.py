@@ -152,7 +152,7 @@ def test_job_refuses_a_neutral_code_for_local_cvae_before_writing(tmp_path):
     from fedhype.pipeline.config import resolve
     from fedhype.pipeline.job import run_job
 
-    conf = resolve(None, ['train.method="local-cvae"'])
+    conf = resolve(None, ['train.method="local-cvae"', 'synthesis.code="neutral"'])
     with pytest.raises(ValidationError, match='synthesis.code = "mixture"'):
         run_job(conf, tmp_path / "job", log=lambda s: None)
     assert not (tmp_path / "job").exists()

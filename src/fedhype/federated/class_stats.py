@@ -193,6 +193,71 @@ def apply_class_stats(hnet, stats: dict[str, torch.Tensor]) -> None:
                     hnet.heads[k].zero_()
 
 
+def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate], dp, weights,
+                       max_rank: int | None = None) -> dict[str, float]:
+    """Set the client-statistics heads of ``hnet`` so that h(c_i) is client i's own DP Gaussian.
+
+    After :func:`apply_class_stats` has set the base to the pooled statistics, client i's own release
+    (``pooled_stats([u_i])``, its class means, covariance factor and residual variance, mapped into
+    the pooled model space) gives target offsets y_i = (cb_i − cb, W_i − W, log σ_i − log σ) of the
+    generated ``dec.cb`` [K, D], ``dec.wl`` [L, D] and ``dec.logsx`` [D]. The heads are linear in the
+    code, offset = W_cs·c, so the minimum-norm W_cs = Y C⁺ (C = [c_1 … c_m], Y = [y_1 … y_m],
+    Moore–Penrose) reproduces every client exactly while the codes are linearly independent (random
+    codes of dimension ≥ m are, almost surely). Client i's model then samples
+    x̃ | y ~ N(cb_i[y], W_i W_iᵀ + σ_i² I), the mixture over clients is the mixture of the clients'
+    DP Gaussians, and the neutral meta-code c̄ = Σ w_i c_i gets the size-weighted mean offset.
+    Everything is post-processing of the per-client releases the server already holds (no ε).
+
+    Why (digits validation split, dp-gaussian statistics, 3 seeds; benchmarks/results/release_defaults.md,
+    "client statistics"): the mixture of the clients' own DP Gaussians beats the pooled one at every ε,
+    because the domains differ in their class means and covariances.
+
+    Args:
+        hnet: a :class:`~fedhype.models.hypernet.HyperNetwork` with ``cfg.client_heads``.
+        codes: float32 [m, code_dim], the clients' codes (m = len(updates)).
+        updates: the clients' PrivatizedUpdates of the release, in client order.
+        dp, weights: the release settings (for the noise levels); max_rank: latent size L.
+
+    Returns:
+        ``{"max_abs_error": …}``: the largest |h(c_i) − target_i| entry after fitting (≈ 0).
+    """
+    cfg = hnet.cfg
+    K, L, D = cfg.n_classes, cfg.latent, cfg.dim
+    m, s = hnet.space_mean.to(torch.float64), hnet.space_scale.to(torch.float64)
+    with torch.no_grad():
+        base_cb, base_wl = hnet.base["cb"].to(torch.float64), hnet.base["wl"].to(torch.float64)
+        base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
+        rows = []
+        for u in updates:
+            st = pooled_stats([u], dp, weights, max_rank)
+            si, mi = st["space_scale"].to(torch.float64), st["space_mean"].to(torch.float64)
+            cb = (mi + si * st["class_bias"].to(torch.float64) - m) / s
+            f = st["cov_factor"].to(torch.float64) * si / s
+            r = min(f.shape[1], L)
+            wl = torch.zeros(L, D, dtype=torch.float64)
+            wl[:r] = f[:, :r].T
+            # W_i and R·W_i (R orthogonal [L, L]) give the same covariance; align W_i to the pooled W
+            # (orthogonal Procrustes, Schönemann 1966: R = U Vᵀ for U S Vᵀ = svd(W Wᵢᵀ)) so the
+            # offsets are small and their size-weighted mean (the neutral code's) stays near the pooled W
+            uu, _, vh = torch.linalg.svd(base_wl @ wl.T)
+            wl = (uu @ vh) @ wl
+            parts = [(cb - base_cb).flatten(), (wl - base_wl).flatten()]
+            if base_lsx is not None:
+                lsx = 0.5 * torch.log(st["residual_var"].to(torch.float64) * si ** 2 / s ** 2)
+                parts.append(lsx - base_lsx)
+            rows.append(torch.cat(parts))
+        y = torch.stack(rows)  # [m, P]
+        c = codes.detach().to(torch.float64)  # [m, code_dim]
+        w = (torch.linalg.pinv(c) @ y).T  # [P, code_dim]: W c_i = y_i (minimum norm)
+        n_cb, n_wl = K * D, L * D
+        hnet.heads["cs_cb_w"].copy_(w[:n_cb].to(torch.float32))
+        hnet.heads["cs_wl_w"].copy_(w[n_cb:n_cb + n_wl].to(torch.float32))
+        if base_lsx is not None:
+            hnet.heads["cs_lsx_w"].copy_(w[n_cb + n_wl:].to(torch.float32))
+        err = float((c @ w.T - y).abs().max())
+    return {"max_abs_error": err}
+
+
 def release_noise(dp, weights) -> dict[str, float]:
     """Per-entry noise std of each released statistic for the release settings ``dp`` (zeros without DP)."""
     if not dp.enabled or not dp.noise_multiplier:
@@ -208,7 +273,7 @@ def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | N
 
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
-                          already, rerun, weights=None, distributed: DistributedNoise | None = None) -> None:
+                          already, rerun, weights=None, distributed: DistributedNoise | None = None):
     """Release every client's class statistics (write-ahead ledger first) and set the model(s).
 
     A federated server pools all clients (:func:`aggregate_class_stats`); a ``local-cvae`` server
@@ -219,6 +284,9 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     ``distributed``: secure aggregation (:mod:`fedhype.privacy.secure_agg`): each client releases a
     share with the noise split over m − t clients, the server receives only their sum (its ledger
     events name the split; ε is that of the σ₀ release the sum is guaranteed to carry).
+
+    Returns the clients' DP class counts ``[m][K]`` (floored at 0; public DP outputs, used to weight
+    a mixture per class), or None under secure aggregation (the server sees only their sum).
     """
     from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY
     from fedhype.privacy.ledger import LedgerEvent
@@ -242,13 +310,17 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed) for c in clients],
                          distributed)
         apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap))  # the server sees the sum only
-        return
+        return None
     updates = [c.release_class_stats(n_classes, dp, weights) for c in clients]
+    counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
         for s, u in zip(parts, updates):
             apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap))
     else:
         apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap))
+        if server.hnet.cfg.client_heads:  # h(c_i) = client i's own DP Gaussian
+            apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap)
+    return counts
 
 
 def client_space(server, index: int):

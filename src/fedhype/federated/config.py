@@ -23,13 +23,15 @@ METHOD_PRESETS: dict[str, dict] = {
     # no federation (fedhype.federated.baselines): the predecessor's CVAE (with the DP class
     # statistics, unlike dp-cvae) trained by each client alone, or on the pooled training records of
     # every client (one client; the upper bound with --no-dp)
-    "local-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0},
-    "central-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0},
+    "local-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0, "client_stats": False},
+    "central-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0, "client_stats": False},
     # ablation: class sums and counts only (no second moments, no linear-Gaussian decoder path)
     "no-second-moment": {"second_moment": False},
+    # ablation: one pooled DP Gaussian for every code (no client-specific statistics heads)
+    "no-client-stats": {"client_stats": False},
     # the statistics alone: the one-shot release with the whole ε, sampled as the untrained model
     # (the DP class-conditional Gaussian), no DP-SGD rounds (STATISTICS_ONLY)
-    "dp-gaussian": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0},
+    "dp-gaussian": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0, "client_stats": False},
 }
 METHODS = tuple(METHOD_PRESETS)
 #: methods that cannot use secure aggregation, and why
@@ -212,8 +214,12 @@ class TrainConfig:
         return 1e-3 if model.linear_path else 1e-2
 
     def model_config(self, dim: int, n_classes: int) -> ModelConfig:
-        """The model of this run: the method's preset, then the user's ``model`` overrides."""
-        return ModelConfig(dim=dim, n_classes=n_classes, **{**METHOD_PRESETS[self.method], **self.model})
+        """The model of this run: the method's preset, then the user's ``model`` overrides.
+
+        With ``secure_aggregation`` the server sees no client's own release, so the client-statistics
+        heads are off (``client_stats = False``)."""
+        extra = {"client_stats": False} if self.secure_aggregation else {}
+        return ModelConfig(dim=dim, n_classes=n_classes, **{**METHOD_PRESETS[self.method], **self.model, **extra})
 
     def to_dict(self) -> dict:
         return asdict(self)

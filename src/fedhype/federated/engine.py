@@ -40,6 +40,8 @@ from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
 
 MECHANISM = "dp-sgd"
+#: public outputs of the statistics release kept for the model's metadata (the clients' DP class counts)
+RELEASE_FILE = "release.json"
 
 
 def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
@@ -237,9 +239,12 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
         # DP statistics → model space, class bias and covariance (fedhype.federated.class_stats)
         if done == 0:
             dp_stats = DPConfig(privacy["class_stats_noise_multiplier"], RELEASE_SENSITIVITY, enabled=not cfg.no_dp)
-            run_class_stats_stage(clients, server, mcfg.n_classes, dp_stats, ledger, run.ledger,
-                                  seeded=all(transport.replays_noise(i) for i in range(len(clients))), already=_already,
-                                  rerun=_rerun, weights=cfg.release_weights(mcfg), distributed=distributed)
+            counts = run_class_stats_stage(clients, server, mcfg.n_classes, dp_stats, ledger, run.ledger,
+                                           seeded=all(transport.replays_noise(i) for i in range(len(clients))),
+                                           already=_already, rerun=_rerun, weights=cfg.release_weights(mcfg),
+                                           distributed=distributed)
+            # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
+            atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts})
         for i, c in enumerate(clients):
             c.set_space(client_space(server, i))
     if cfg.statistics_only and not released:  # the model is the release itself: write it, no round
@@ -342,4 +347,9 @@ def _write_model(run: RunDir, server: Server, clients: list[Client], sizes: list
             "class_names": partition.class_names, "epsilon": max(eps.values()) if eps else None,
             "delta": cfg.delta, "private": not cfg.no_dp, "rounds_done": run.committed_round() + 1 if rounds_done is None else rounds_done,
             "method": cfg.method, "run_id": run.root.name, "seed": cfg.seed}
+    release = run.root / RELEASE_FILE
+    if release.exists():
+        counts = read_json(release, "release outputs").get("client_class_counts")
+        if counts is not None:
+            meta["client_class_counts"] = counts  # DP counts [m][K]: per-class weights of a mixture
     save_model(run.model, server.hnet, server.codes, meta)

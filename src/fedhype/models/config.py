@@ -43,6 +43,12 @@ class ModelConfig:
             an isotropic residual variance: probabilistic PCA), with the MLP output and the prior
             heads zeroed, so that the untrained model *is* the DP class-conditional Gaussian
             (``dp-gaussian``). Needs ``class_bias``. ``False``: the ``no-second-moment`` ablation.
+        client_stats: the hypernetwork also generates client-specific offsets of the class bias, the
+            linear path and the residual log σ_x (heads ``cs_cb_w``, ``cs_wl_w``, ``cs_lsx_w``), set before
+            round 0 from each client's *own* DP release so that h(c_i) is client i's DP Gaussian and
+            h(c̄) (the neutral meta-code) the pooled one (:func:`fedhype.federated.class_stats.apply_client_stats`).
+            Only with ``linear_path``. ``False``: the ``no-client-stats`` ablation (and the baselines
+            whose server sees no per-client release: ``dp-gaussian``, secure aggregation).
     """
 
     dim: int
@@ -61,11 +67,17 @@ class ModelConfig:
     likelihood: str = "learned"
     class_bias: bool = True
     second_moment: bool = True
+    client_stats: bool = True
 
     @property
     def linear_path(self) -> bool:
         """Whether the decoder has the linear path ``dec.wl`` (class statistics with second moments)."""
         return bool(self.class_bias and self.second_moment)
+
+    @property
+    def client_heads(self) -> bool:
+        """Whether h generates client-specific statistics offsets (``client_stats`` with the linear path)."""
+        return bool(self.client_stats and self.linear_path)
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_classes", "latent", "hidden", "code_dim", "hyper_hidden"):

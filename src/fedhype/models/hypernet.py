@@ -11,6 +11,13 @@ Design (ours; FedHypeVAE's abstract leaves the parametrisation open). The hypern
   h_ℓ ← γ_{i,ℓ} ⊙ h_ℓ + β_{i,ℓ}. This gives client-aware decoders at a fraction of the cost of
   generating every weight (pFedHN-style chunked heads would need ~D·hidden outputs per chunk).
 * **Class-conditional prior** — μ_{i,y}, log σ²_{i,y} for every class y (2 × K × L numbers).
+* **Client statistics** (``cfg.client_heads``) — offsets of the class output bias, the linear path and
+  the residual log σ_x, linear in the code itself (``W_cs · c_i``, no bias: the base parameters are
+  the pooled values; linear in c rather than in the trunk features because the trunk features of
+  the clients share a large common part, which made the interpolation below ill-conditioned), set
+  before round 0 so that each client's code reproduces the DP Gaussian of its own release
+  (:func:`fedhype.federated.class_stats.apply_client_stats`); the neutral meta-code c̄ = Σ w_i c_i
+  then gets the size-weighted mean of the clients' offsets.
 
 Parameter count and traffic for D = 384, K = 10, L = 100, hidden = 256, code 32, trunk 128
 (the bundled default): see :meth:`HyperNetwork.traffic` (printed by ``fedhype train``). A client
@@ -80,6 +87,11 @@ class HyperNetwork(nn.Module):
             # zero-initialised: every client starts from γ = 1, β = 0 (the shared decoder)
             self.heads["film_w"] = nn.Parameter(torch.zeros(2 * 3 * h, hh))
             self.heads["film_b"] = nn.Parameter(torch.zeros(2 * 3 * h))
+        if cfg.client_heads:  # zero: every code starts at the pooled statistics until set from the releases
+            self.heads["cs_cb_w"] = nn.Parameter(torch.zeros(K * D, cfg.code_dim))
+            self.heads["cs_wl_w"] = nn.Parameter(torch.zeros(L * D, cfg.code_dim))
+            if "logsx" in self.base:
+                self.heads["cs_lsx_w"] = nn.Parameter(torch.zeros(D, cfg.code_dim))
         if cfg.prior == "class":
             w, _ = _linear_init(K * L, hh, generator)
             self.heads["mu_w"] = nn.Parameter(w * 0.1)
@@ -101,7 +113,8 @@ class HyperNetwork(nn.Module):
         return torch.relu(nn.functional.linear(t, self.trunk["t2_w"], self.trunk["t2_b"]))
 
     def generated(self, code: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The code-dependent outputs only (FiLM and prior), without the base decoder."""
+        """The code-dependent outputs only (FiLM, prior and the client-statistics offsets
+        ``cs.cb`` [K, D], ``cs.wl`` [L, D], ``cs.logsx`` [D]), without the base decoder."""
         cfg = self.cfg
         out: dict[str, torch.Tensor] = {}
         if not self.heads:
@@ -116,12 +129,26 @@ class HyperNetwork(nn.Module):
             out["prior.mu"] = nn.functional.linear(t, self.heads["mu_w"], self.heads["mu_b"]).reshape(K, L)
             lv = nn.functional.linear(t, self.heads["lv_w"], self.heads["lv_b"]).reshape(K, L)
             out["prior.logvar"] = 4.0 * torch.tanh(lv / 4.0)  # bounded in (-4, 4) for stability
+        if cfg.client_heads:
+            K, L, D = cfg.n_classes, cfg.latent, cfg.dim
+            out["cs.cb"] = nn.functional.linear(code, self.heads["cs_cb_w"]).reshape(K, D)
+            out["cs.wl"] = nn.functional.linear(code, self.heads["cs_wl_w"]).reshape(L, D)
+            if "cs_lsx_w" in self.heads:
+                out["cs.logsx"] = nn.functional.linear(code, self.heads["cs_lsx_w"])
         return out
 
-    def forward(self, code: torch.Tensor) -> dict[str, torch.Tensor]:
-        """θ_i = h_Φ(c_i). ``code`` float32 ``[code_dim]``; returns the dict described above."""
+    def forward(self, code: torch.Tensor, *, client_stats: bool = True) -> dict[str, torch.Tensor]:
+        """θ_i = h_Φ(c_i). ``code`` float32 ``[code_dim]``; returns the dict described above.
+
+        ``client_stats=False`` leaves out the client-statistics offsets (the pooled statistics with the
+        code's FiLM and prior): the domain-neutral model that ``--code neutral`` samples."""
         out = {f"dec.{k}": v for k, v in self.base.items()}
-        out.update(self.generated(code))
+        gen = self.generated(code)
+        for k in ("cb", "wl", "logsx"):  # client statistics: pooled base + the client's offset
+            off = gen.pop(f"cs.{k}", None)
+            if off is not None and client_stats:
+                out[f"dec.{k}"] = out[f"dec.{k}"] + off
+        out.update(gen)
         return out
 
     def traffic(self) -> dict[str, int]:

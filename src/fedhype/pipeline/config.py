@@ -32,7 +32,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # hidden 128 (smaller than the predecessor's 256: its noise swamped the gradients at ε = 1); latent 64
     # bounds the rank of the decoder's linear-Gaussian path (32 lost 0.01–0.02 TSTR without DP)
     "model": {"hidden": 128, "latent": 64},
-    "synthesis": {"code": "neutral", "per_class": 300, "seed": 0, "temperature": 1.0},
+    "synthesis": {"code": "mixture", "per_class": 300, "seed": 0, "temperature": 1.0},
     "evaluate": {"permutations": 200, "max_samples": 2000, "k": 5, "seed": 0, "interpolation": True,
                  "prototypes": True, "dp_linear": True},
 }

@@ -88,7 +88,9 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
     domains = torch.zeros(labels.numel(), dtype=torch.int64)
     with torch.no_grad():
         if spec.kind == "mixture":
-            src = torch.multinomial(torch.tensor(spec.weights), labels.numel(), replacement=True, generator=gen)
+            probs = mixture_source_probs(spec.weights, spec.indices, meta.get("client_class_counts"), cfg.n_classes)
+            src = torch.multinomial(probs[labels], 1, replacement=True, generator=gen).flatten() if labels.numel() \
+                else torch.zeros(0, dtype=torch.int64)
             domain_names = [str(names[i]) for i in spec.indices]
             for j, ci in enumerate(spec.indices):
                 rows = (src == j).nonzero().flatten()
@@ -98,7 +100,9 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
                     domains[rows] = j
         else:
             code_vec = spec.code(codes, meta["client_sizes"])
-            theta = hnet(code_vec)
+            # neutral: the pooled statistics without any client's offsets (the domain-neutral model)
+            theta = hnet(code_vec, client_stats=False) if spec.kind == "neutral" and getattr(hnet.cfg, "client_heads", False) \
+                else hnet(code_vec)
             out = _decode(theta, labels, cfg, gen, batch_size, temperature, _space(hnet, code_vec))
             domain_names = [spec.text]
     provenance = {
@@ -111,6 +115,27 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
     return EmbeddingStore(embeddings=out, labels=labels, domains=domains,
                           sample_ids=[f"syn/{i}" for i in range(labels.numel())],
                           class_names=list(meta["class_names"]), domain_names=domain_names, meta=provenance)
+
+
+def mixture_source_probs(weights, indices, class_counts, n_classes: int) -> torch.Tensor:
+    """P(component j | class y) of a mixture ``Σ_j w_j p_j(x, y)``: float64 ``[K, J]``, rows sum to 1.
+
+    With the clients' DP class counts n_{jy} (model metadata ``client_class_counts``, public DP
+    outputs of the release) P(j | y) ∝ w_j · n_{jy} / Σ_y' n_{jy'} (Bayes' rule: the mixture's class
+    y comes from client j in proportion to how much of client j is class y); so a client that
+    holds few records of a class — none, under label skew — contributes few of its samples of that
+    class. Without counts (secure aggregation, older models), or for a class no component holds,
+    P(j | y) = w_j.
+    """
+    w = torch.tensor(weights, dtype=torch.float64)
+    out = w.expand(n_classes, -1).clone()
+    if class_counts is not None:
+        c = torch.tensor([class_counts[i] for i in indices], dtype=torch.float64).clamp_min(0)  # [J, K]
+        py = c / c.sum(1, keepdim=True).clamp_min(1e-12)
+        joint = (w[:, None] * py).T  # [K, J]
+        ok = joint.sum(1) > 0
+        out[ok] = joint[ok]
+    return out / out.sum(1, keepdim=True)
 
 
 def _space(hnet, code: torch.Tensor):

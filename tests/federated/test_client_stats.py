@@ -1,0 +1,112 @@
+"""Client-statistics heads: h(c_i) is client i's own DP Gaussian, the neutral model the pooled one,
+and a mixture draws each class from the clients in proportion to their DP class counts."""
+
+import math
+
+import pytest
+import torch
+
+from fedhype.data.partition import make_partition
+from fedhype.federated.baselines import make_server
+from fedhype.federated.class_stats import pooled_stats, run_class_stats_stage
+from fedhype.federated.config import TrainConfig
+from fedhype.federated.engine import RELEASE_FILE, _already, _rerun, build_client, train
+from fedhype.federated.rundir import load_model
+from fedhype.privacy.dp_step import DPConfig
+from fedhype.privacy.ledger import PrivacyLedger
+from fedhype.synthesis import synthesize
+from fedhype.synthesis.sample import mixture_source_probs
+
+SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
+
+
+@pytest.fixture(scope="module")
+def part(real_store):
+    return make_partition(real_store, scheme="domain", seed=0)
+
+
+def _moments(theta: dict, space: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class means [K, D] and covariance [D, D] (raw unit-sphere space) of the untrained linear-Gaussian θ."""
+    m, s = (v.to(torch.float64) for v in space)
+    w = theta["dec.wl"].to(torch.float64)
+    var = torch.exp(2 * theta["dec.logsx"].to(torch.float64))
+    return m + s * theta["dec.cb"].to(torch.float64), s ** 2 * (w.T @ w + torch.diag(var))
+
+
+def _stage(real_store, part, tmp_path, cfg: TrainConfig):
+    mcfg = cfg.model_config(real_store.dim, real_store.n_classes)
+    server = make_server(mcfg, len(part.clients), torch.Generator().manual_seed(0), cfg.method, lr_server=1.0,
+                         lr_hyper=1e-3, lr_code=1e-3)
+    clients = [build_client(real_store, part, i, tmp_path / f"c{i}", seed=0) for i in range(len(part.clients))]
+    dp = DPConfig(2.0, 1.0)
+    weights = cfg.release_weights(mcfg)
+    counts = run_class_stats_stage(clients, server, mcfg.n_classes, dp, PrivacyLedger(1e-4), tmp_path / "ledger.json",
+                                   seeded=True, already=_already, rerun=_rerun, weights=weights,
+                                   distributed=cfg.distributed_noise(len(clients)))
+    return server, clients, dp, weights, counts
+
+
+def test_each_code_reproduces_its_clients_own_dp_gaussian_and_neutral_the_pooled(real_store, part, tmp_path):
+    cfg = TrainConfig(model=SMALL, seed=0)
+    server, clients, dp, weights, counts = _stage(real_store, part, tmp_path, cfg)
+    hnet = server.hnet
+    assert hnet.cfg.client_heads and "cs_cb_w" in hnet.heads
+    updates = [c.release_class_stats(real_store.n_classes, dp, weights) for c in clients]  # seeded: the same noise
+    own_means = []
+    for i, u in enumerate(updates):
+        st = pooled_stats([u], dp, weights, hnet.cfg.latent)
+        want_mean = st["space_mean"].to(torch.float64) + st["space_scale"].to(torch.float64) * st["class_bias"].to(torch.float64)
+        f = st["cov_factor"].to(torch.float64) * st["space_scale"].to(torch.float64)
+        want_cov = f @ f.T + st["residual_var"].to(torch.float64) * st["space_scale"].to(torch.float64) ** 2 * torch.eye(real_store.dim, dtype=torch.float64)
+        with torch.no_grad():
+            mean, cov = _moments(hnet(server.codes[i]), hnet.space())
+        assert torch.allclose(mean, want_mean, atol=1e-4), i
+        assert torch.allclose(cov, want_cov, atol=1e-5), i
+        own_means.append(mean)
+    # the clients differ (domains): their class means are not the pooled ones
+    with torch.no_grad():
+        pooled_mean, _ = _moments(hnet(server.codes[0], client_stats=False), hnet.space())
+    gaps = [float((m - pooled_mean).norm()) for m in own_means]
+    assert min(gaps) > 0.05
+    # the neutral model (no offsets) is the pooled DP Gaussian
+    pooled = pooled_stats(updates, dp, weights, hnet.cfg.latent)
+    want = pooled["space_mean"].to(torch.float64) + pooled["space_scale"].to(torch.float64) * pooled["class_bias"].to(torch.float64)
+    assert torch.allclose(pooled_mean, want, atol=1e-5)
+    assert len(counts) == len(clients) and all(len(c) == real_store.n_classes and min(c) >= 0 for c in counts)
+
+
+def test_ablation_and_secure_aggregation_have_no_client_heads(real_store, part, tmp_path):
+    assert not TrainConfig(method="no-client-stats").model_config(8, 2).client_heads
+    assert not TrainConfig(method="dp-gaussian").model_config(8, 2).client_heads
+    cfg = TrainConfig(model=SMALL, seed=0, secure_aggregation=True)
+    server, *_, counts = _stage(real_store, part, tmp_path, cfg)
+    assert not server.hnet.cfg.client_heads and "cs_cb_w" not in server.hnet.heads
+    assert counts is None  # the server saw only the sum: no per-client counts to weight a mixture
+
+
+def test_mixture_draws_each_class_from_the_clients_that_hold_it():
+    counts = [[10.0, 0.0, 5.0], [0.0, 30.0, 5.0]]  # client 0 has no class 1, client 1 no class 0
+    p = mixture_source_probs([0.5, 0.5], (0, 1), counts, 3)
+    assert torch.allclose(p.sum(1), torch.ones(3, dtype=torch.float64))
+    assert p[0].tolist() == [1.0, 0.0] and p[1].tolist() == [0.0, 1.0]
+    # class 2: client 0 holds 1/3 of its records there, client 1 1/7: P(0 | 2) = (1/3)/(1/3 + 1/7) = 0.7
+    assert p[2, 0].item() == pytest.approx(0.7)
+    assert mixture_source_probs([0.25, 0.75], (0, 1), None, 3)[1].tolist() == [0.25, 0.75]  # no counts: the weights
+
+
+def test_trained_model_carries_the_counts_and_its_mixture_follows_them(real_store, tmp_path):
+    part = make_partition(real_store, scheme="dirichlet", n_clients=3, alpha=0.3, seed=1)
+    cfg = TrainConfig(rounds=1, local_steps=1, batch_size=32, epsilon=4.0, seed=0, model=SMALL)
+    train(real_store, part, cfg, tmp_path / "run", diagnostics=False)
+    _, _, meta = load_model(tmp_path / "run")
+    counts = torch.tensor(meta["client_class_counts"])
+    assert counts.shape == (3, real_store.n_classes)
+    assert (tmp_path / "run" / RELEASE_FILE).exists()
+    syn = synthesize(tmp_path / "run", "mixture", per_class=400, seed=0)
+    # per class, the share of samples from each client follows P(j | y) ∝ n_j · n_jy / n_j = n_jy
+    sizes = meta["client_sizes"]
+    probs = mixture_source_probs([n / sum(sizes) for n in sizes], (0, 1, 2), counts.tolist(), real_store.n_classes)
+    for y in range(real_store.n_classes):
+        src = syn.domains[syn.labels == y]
+        share = torch.bincount(src, minlength=3).to(torch.float64) / src.numel()
+        assert torch.allclose(share, probs[y], atol=4 * math.sqrt(0.25 / 400) + 1e-9), y
