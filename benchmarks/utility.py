@@ -85,7 +85,7 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
 
     base, secagg = (method[: -len(SECAGG)], True) if method.endswith(SECAGG) else (method, False)
     sets = [f"train.method=\"{base}\"", *(["train.secure_aggregation=true"] if secagg else []), f"train.seed={seed}", f"partition.seed={seed}", f"synthesis.seed={seed}",
-            "evaluate.prototypes=false", "evaluate.permutations=20"]  # the p-value is not in the tables
+            "evaluate.prototypes=false", "evaluate.code_domain=false", "evaluate.permutations=20"]  # the p-value is not in the tables
     sets.append(f"synthesis.code=\"{code_for(method)}\"")
     sets += [*extra, "train.no_dp=true"] if eps == "none" else [*extra, f"train.epsilon={float(eps)}"]
     conf = resolve(config, sets)
@@ -311,7 +311,8 @@ def main() -> None:
             f"{DESCRIPTION.get(dataset, f'config {config}')}; `{cmd}`; {len(rows)} jobs; "
             + (f"methods: the core set ({', '.join(CORE)}; the other ablations are in the digits grid); "
                if a.methods == ["core"] else "") +
-            f"synthetic = 300 per class, tested on the held-out real test split_")
+            f"synthetic = 300 per class (code `mixture` for {', '.join(m for m in methods if code_for(m) == 'mixture')}; "
+            f"`neutral` for the others), tested on the held-out real test split_")
     md = (head + "\n\nTSTR accuracy (a classifier trained on the synthetic embeddings only, tested on real ones; "
           "higher is better):\n\n" + matrix(rows, methods, "tstr_accuracy", True)
           + "\n\nMMD² to the real test embeddings (lower is better):\n\n" + matrix(rows, methods, "mmd2", False)

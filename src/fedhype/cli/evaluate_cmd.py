@@ -52,6 +52,15 @@ def _render(r: dict[str, Any]) -> None:
             dom.add_row(name, str(row["n"]), *[_fmt(row.get(f"{p}_{m}")) for m in ("accuracy", "balanced_accuracy")
                                                for p in ("tstr", "trtr")])
         out.print(dom)
+    cd = r.get("code_domain")
+    if cd:
+        t = Table(title="code × domain: MMD² ↓ / TSTR ↑ (● own domain closest)")
+        t.add_column("code")
+        for d in cd["domains"]:
+            t.add_column(d, justify="right")
+        for code, mrow, trow in zip(cd["codes"], cd["mmd2"], cd["tstr"]):
+            t.add_row(code, *[f"{a:.3f} / {b:.3f}" for a, b in zip(mrow, trow)])
+        Console().print(t)
     lam = r.get("interpolation")
     if lam:
         t = Table(title=f"λ-interpolation protocol (λ chosen on validation {lam['select_by']})")
@@ -88,6 +97,11 @@ def evaluate(
     max_samples: int = typer.Option(2000, "--max-samples", help="MMD² subsamples each set to at most this many rows."),
     k: int = typer.Option(5, "--k", help="PRDC neighbourhood size k."),
     seed: int = typer.Option(0, "--seed", help="Seed of subsampling, permutations and classifiers."),
+    code_domain: Path | None = typer.Option(None, "--code-domain",
+                                            help="With --partition: the training run (folder) whose code × domain "
+                                                 "matrix to add — MMD² and TSTR of every client code, neutral and "
+                                                 "mixture against each client's held-out split.",
+                                            callback=existing("run directory", "give the --out of `fedhype train`")),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Compare a synthetic store with held-out real embeddings: MMD², FD, PRDC, TSTR/TRTR."""
@@ -99,8 +113,8 @@ def evaluate(
         from fedhype.eval.interpolation import ClientSplits, interpolation_protocol
 
         check_space(space)
-        if partition is None and (real_split is not None or interpolation):
-            raise ValidationError("--real-split and --interpolation need --partition")
+        if partition is None and (real_split is not None or interpolation or code_domain is not None):
+            raise ValidationError("--real-split, --interpolation and --code-domain need --partition")
         split = real_split or "test"
         if split not in ("train", "val", "test"):
             raise ValidationError(f"--real-split must be train, val or test, got {split!r}")
@@ -138,6 +152,11 @@ def evaluate(
             clients = {c.name: ClientSplits(*(part.client_store(real_store, c.id, s) for s in ("train", "val", "test")))
                        for c in part.clients}
             result["interpolation"] = interpolation_protocol(clients, syn_store, space=space, seed=seed)
+        if code_domain is not None:
+            from fedhype.eval.domains import code_domain_matrix
+
+            result["code_domain"] = code_domain_matrix(
+                code_domain, {c.name: part.client_store(real_store, c.id, split) for c in part.clients}, seed=seed)
         result.update(real=str(real), synthetic=str(synthetic),
                       real_train=None if real_train is None else str(real_train),
                       partition=None if partition is None else str(partition),

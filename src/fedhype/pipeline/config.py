@@ -34,7 +34,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"hidden": 128, "latent": 64},
     "synthesis": {"code": "mixture", "per_class": 300, "seed": 0, "temperature": 1.0},
     "evaluate": {"permutations": 200, "max_samples": 2000, "k": 5, "seed": 0, "interpolation": True,
-                 "prototypes": True, "dp_linear": True},
+                 "prototypes": True, "dp_linear": True, "code_domain": True},
 }
 
 _TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"model"}

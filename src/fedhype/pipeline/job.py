@@ -162,6 +162,11 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
         clients = {c.name: ClientSplits(*(part.client_store(store, c.id, sp) for sp in ("train", "val", "test")))
                    for c in part.clients}
         ev["interpolation"] = interpolation_protocol(clients, syn, seed=e["seed"])
+    if e.get("code_domain") and len(part.clients) >= 2:
+        from fedhype.eval.domains import code_domain_matrix
+
+        ev["code_domain"] = code_domain_matrix(run_dir, {c.name: part.client_store(store, c.id, "test")
+                                                         for c in part.clients}, seed=e["seed"])
     if e.get("prototypes"):
         from fedhype.prototypes import prototypes_downstream
 

@@ -59,6 +59,10 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
                     syn.labels.numpy(), store.class_names, plots / "projection.png")
     metrics = read_json(out / "run" / "metrics.json", "metrics")
     training_plot(metrics, plots / "training.png")
+    if ev.get("code_domain"):
+        from fedhype.pipeline.plots import code_domain_plot
+
+        code_domain_plot(ev["code_domain"], plots / "code_domain.png")
     per_client = client_epsilons(out / "run", trained.get("epsilon_per_client"))
     target = conf["train"].get("epsilon") if trained["private"] and conf["train"].get("noise_multiplier") is None else None
     report = {
@@ -82,6 +86,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "interpolation_mean_accuracy": ev.get("interpolation", {}).get("mean_accuracy"),
         "interpolation_mean_lambda": ev.get("interpolation", {}).get("mean_lambda"),
         "prototypes": ev.get("prototypes"),
+        "code_domain": ev.get("code_domain"),
         **_dp_linear_keys(ev.get("dp_linear")),
         "method": conf["train"].get("method"),
         "n_real": len(store), "dim": store.dim, "encoder": store.meta.get("encoder"),
@@ -217,6 +222,16 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
                   "| | accuracy | balanced accuracy | macro-F1 |", "|---|---|---|---|",
                   f"| DP FedAvg logistic regression | {_fmt(r['dp_fedavg_linear_accuracy'])} | "
                   f"{_fmt(r['dp_fedavg_linear_balanced_accuracy'])} | {_fmt(r['dp_fedavg_linear_macro_f1'])} |"]
+    cd = r.get("code_domain")
+    if cd:
+        head = "| code | " + " | ".join(cd["domains"]) + " |"
+        lines += ["", "## Code × domain (MMD² ↓ / TSTR ↑ of each code's samples against each client's real test split)", "",
+                  "A code that captures its client is closest (lowest MMD²) to its own domain: "
+                  + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cd["own_domain_is_closest"].items()) + ".", "",
+                  head, "|---|" + "---|" * len(cd["domains"])]
+        for code, mrow, trow in zip(cd["codes"], cd["mmd2"], cd["tstr"]):
+            lines.append(f"| {code} | " + " | ".join(f"{_fmt(a, 3)} / {_fmt(b, 3)}" for a, b in zip(mrow, trow)) + " |")
+        lines += ["", "![code × domain](plots/code_domain.png)"]
     per = ev.get("per_domain") or {}
     if per:
         lines += ["", "## Per domain (TSTR / TRTR accuracy)", "", "| domain | TSTR | TRTR |", "|---|---|---|"]
