@@ -128,6 +128,9 @@ def atomic_save_tensors(
 ) -> Path:
     """Save ``tensors`` to a safetensors file atomically (contiguous CPU copies).
 
+    The metadata also records :data:`DIGEST_KEY`, the :func:`tensor_digest` of the tensors, which
+    :func:`load_tensors` verifies: a file modified or corrupted after it was written is refused.
+
     Raises:
         ValidationError: ``path`` is a folder.
     """
@@ -135,7 +138,8 @@ def atomic_save_tensors(
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=dict(metadata or {}))
+        data = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        save_file(data, tmp, metadata={**dict(metadata or {}), DIGEST_KEY: tensor_digest(data)})
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -147,13 +151,30 @@ def atomic_save_tensors(
 
 
 def load_tensors(path: str | os.PathLike, what: str = "tensor file") -> dict[str, torch.Tensor]:
-    """Load a safetensors file, raising :class:`ArtifactError` naming ``path`` if unreadable."""
+    """Load a safetensors file and verify its content digest (:data:`DIGEST_KEY`, when recorded).
+
+    Raises:
+        ArtifactError: unreadable, truncated, or its tensors differ from the digest recorded when it
+            was written (naming ``path``; exit code 4).
+    """
+    from safetensors import safe_open
+
     path = Path(path)
     require_file(path, what)
     try:
-        return load_file(str(path))
+        tensors = load_file(str(path))
+        with safe_open(str(path), framework="pt") as fh:
+            recorded = (fh.metadata() or {}).get(DIGEST_KEY)
     except Exception as exc:  # safetensors raises its own error types
         raise ArtifactError(f"{what} {path} is corrupt or truncated ({type(exc).__name__}: {exc})") from None
+    if recorded is not None and tensor_digest(tensors) != recorded:
+        raise ArtifactError(f"{what} {path} was modified or corrupted after it was written (its content digest does not "
+                            "match the one recorded in the file); restore it from a backup or rerun the step that wrote it")
+    return tensors
+
+
+#: safetensors metadata key of the content digest written by :func:`atomic_save_tensors`
+DIGEST_KEY = "fedhype_content_sha256"
 
 
 def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:

@@ -283,6 +283,7 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
         for t, upd in zip(tasks, transport.run_round(r, tasks), strict=True):  # PrivatizedUpdates only
             server.accept(t.index, weights[t.index], upd)
         agg = server.aggregate()
+        _check_finite(server, r)  # a diverged round is not committed and the next one is not charged
         atomic_save_tensors(run.server_ckpt(r + 1), server.state_tensors())
         eps = _epsilons(ledger, cfg)
         m = {"round": r, "participants": [clients[i].id for i in chosen], "seconds": time.perf_counter() - t0,
@@ -305,6 +306,23 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
             "class_stats_noise_multiplier": privacy["class_stats_noise_multiplier"],
             "epsilon_per_client": eps, "clip_norm": cfg.clip_norm, "seed": cfg.seed,
             "seed_secure": cfg.seed is None, "traffic": server.hnet.traffic(), "complete": run.committed_round() >= cfg.rounds_run()}
+
+
+def _check_finite(server, round_idx: int) -> None:
+    """Refuse a round whose aggregate left a non-finite parameter or code (before it is committed).
+
+    Raises:
+        FedhypeError: naming the round and the parameters (exit code 1); the round's steps stay in the
+            ledger (they ran), nothing of the round is written, and no further round is charged.
+    """
+    from fedhype.errors import FedhypeError
+
+    named = [(f"hnet.{k}", v) for k, v in server.hnet.named_parameters()] + [("codes", server.codes)]
+    bad = [k for k, v in named if not bool(torch.isfinite(v.detach()).all())]
+    if bad:
+        raise FedhypeError(f"round {round_idx + 1} produced non-finite values in {bad[:5]}{' …' if len(bad) > 5 else ''}: "
+                           "the run stopped before committing it (its steps stay in the ledger; no later round was "
+                           f"charged); resume from round {round_idx} with a smaller --lr-local or a larger --clip-norm")
 
 
 def _differences(old: Any, new: Any, path: str = "") -> list[str]:

@@ -1,0 +1,91 @@
+"""Content digests of models, checkpoints and client state, and the numerical check after each round
+(issue #17): a flipped byte is refused before anything is touched or charged; a diverged round stops the
+run before it is committed and before the next round is charged."""
+
+import pytest
+import torch
+
+from fedhype.data.partition import make_partition
+from fedhype.errors import ArtifactError, FedhypeError
+from fedhype.federated.config import TrainConfig
+from fedhype.federated.engine import train
+from fedhype.federated.rundir import RunDir, load_model
+from fedhype.federated.server import Server
+from fedhype.io import DIGEST_KEY, atomic_save_tensors, load_tensors
+from fedhype.privacy.ledger import PrivacyLedger
+from fedhype.synthesis import synthesize
+
+SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
+CFG = dict(rounds=3, local_steps=1, batch_size=32, noise_multiplier=1.0, epsilon=None, seed=0, model=SMALL)
+
+
+@pytest.fixture(scope="module")
+def part(real_store):
+    return make_partition(real_store, scheme="domain", seed=0)
+
+
+def _flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_any_tensor_file_is_refused(tmp_path):
+    p = tmp_path / "t.safetensors"
+    atomic_save_tensors(p, {"a": torch.arange(6, dtype=torch.float32)}, {"x": "y"})
+    assert torch.equal(load_tensors(p)["a"], torch.arange(6, dtype=torch.float32))
+    from safetensors import safe_open
+
+    with safe_open(str(p), framework="pt") as fh:
+        assert set(fh.metadata()) == {"x", DIGEST_KEY}
+    _flip_last_byte(p)
+    with pytest.raises(ArtifactError, match="modified or corrupted after it was written"):
+        load_tensors(p, "test file")
+
+
+def test_corrupt_model_is_refused_by_synthesize_and_a_corrupt_checkpoint_before_resume_charges(real_store, part, tmp_path):
+    run = tmp_path / "run"
+    train(real_store, part, TrainConfig(**CFG), run, diagnostics=False, stop_after=2)
+    load_model(run)  # intact
+    _flip_last_byte(run / "model.safetensors")
+    with pytest.raises(ArtifactError, match="model .* modified or corrupted"):
+        synthesize(run, "neutral", per_class=5, seed=0)
+    ckpt = RunDir(run).server_ckpt(2)
+    _flip_last_byte(ckpt)
+    before = len(PrivacyLedger.load(run / "ledger.json").events)
+    with pytest.raises(ArtifactError, match="server checkpoint .* modified or corrupted"):
+        train(real_store, part, TrainConfig(**CFG), run, resume=True, diagnostics=False)
+    assert len(PrivacyLedger.load(run / "ledger.json").events) == before  # nothing charged
+
+
+def test_a_client_state_flipped_on_disk_is_refused_before_the_round_is_charged(real_store, part, tmp_path):
+    run = tmp_path / "run"
+    train(real_store, part, TrainConfig(**CFG), run, diagnostics=False, stop_after=1)
+    states = sorted((run / "clients").rglob("state-r1.safetensors"))
+    assert states
+    _flip_last_byte(states[0])
+    before = len(PrivacyLedger.load(run / "ledger.json").events)
+    with pytest.raises(ArtifactError, match="state .* modified or corrupted"):
+        train(real_store, part, TrainConfig(**CFG), run, resume=True, diagnostics=False)
+    assert len(PrivacyLedger.load(run / "ledger.json").events) == before
+
+
+def test_a_round_that_diverges_is_not_committed_and_the_next_is_not_charged(real_store, part, tmp_path, monkeypatch):
+    real = Server.aggregate
+    calls = {"n": 0}
+
+    def poisoned(self):
+        out = real(self)
+        calls["n"] += 1
+        if calls["n"] == 2:  # round 2 goes non-finite
+            with torch.no_grad():
+                self.hnet.base["bo"][0] = float("nan")
+        return out
+
+    monkeypatch.setattr(Server, "aggregate", poisoned)
+    run = tmp_path / "run"
+    with pytest.raises(FedhypeError, match="round 2 produced non-finite values in \\['hnet.base.bo'\\]"):
+        train(real_store, part, TrainConfig(**CFG), run, diagnostics=False)
+    assert RunDir(run).committed_round() == 1
+    rounds = {e.round for e in PrivacyLedger.load(run / "ledger.json").events}
+    assert max(rounds) == 1  # round index 1 (the second) was charged and ran; round 3 was never charged
