@@ -10,7 +10,7 @@ from fedhype.data.partition import make_partition
 from fedhype.federated.baselines import make_server
 from fedhype.federated.class_stats import pooled_stats, run_class_stats_stage
 from fedhype.federated.config import TrainConfig
-from fedhype.federated.engine import RELEASE_FILE, _already, _rerun, build_client, train
+from fedhype.federated.engine import RELEASE_FILE, build_client, train
 from fedhype.federated.rundir import load_model
 from fedhype.privacy.dp_step import DPConfig
 from fedhype.privacy.ledger import PrivacyLedger
@@ -41,7 +41,7 @@ def _stage(real_store, part, tmp_path, cfg: TrainConfig):
     dp = DPConfig(2.0, 1.0)
     weights = cfg.release_weights(mcfg)
     counts = run_class_stats_stage(clients, server, mcfg.n_classes, dp, PrivacyLedger(1e-4), tmp_path / "ledger.json",
-                                   seeded=True, already=_already, rerun=_rerun, weights=weights,
+                                   seeded=True, weights=weights,
                                    distributed=cfg.distributed_noise(len(clients)))
     return server, clients, dp, weights, counts
 

@@ -273,13 +273,13 @@ def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | N
 
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
-                          already, rerun, weights=None, distributed: DistributedNoise | None = None):
+                          weights=None, distributed: DistributedNoise | None = None):
     """Release every client's class statistics (write-ahead ledger first) and set the model(s).
 
     A federated server pools all clients (:func:`aggregate_class_stats`); a ``local-cvae`` server
     (one model per client, attribute ``servers``) sets each client's model from its own release.
-    ``already``/``rerun`` are the engine's ledger helpers: a seeded rerun replays the same noise
-    and is not charged again, an unseeded one is (fresh noise). ``weights``: the
+    Charged write-ahead by the ledger's one rerun rule (:func:`fedhype.privacy.ledger.pending_charges`):
+    a ``seeded`` rerun replays the same noise and is not charged again, an unseeded one is (fresh noise). ``weights``: the
     :class:`~fedhype.privacy.dp_step.ReleaseWeights` (default: the legacy sums-and-counts release).
     ``distributed``: secure aggregation (:mod:`fedhype.privacy.secure_agg`): each client releases a
     share with the noise split over m − t clients, the server receives only their sum (its ledger
@@ -289,19 +289,17 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     a mixture per class), or None under secure aggregation (the server sees only their sum).
     """
     from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY
-    from fedhype.privacy.ledger import LedgerEvent
+    from fedhype.privacy.ledger import LedgerEvent, charge, pending_charges
 
     weights = LEGACY_WEIGHTS if weights is None else weights
     what = "class sums, counts and second moments" if weights.second_moment > 0 else "class sums and counts"
     if dp.enabled:
-        for c in clients:
-            e = LedgerEvent(client=c.id, round=-1, mechanism=MECHANISM, noise_multiplier=float(dp.noise_multiplier),
-                            sample_rate=1.0, steps=1, clip_norm=RELEASE_SENSITIVITY,
-                            note=f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
-                            + (f"; {distributed.describe()}" if distributed is not None else ""))
-            if not (seeded and already(ledger, e)):
-                ledger.record(e if not already(ledger, e) else rerun(e))
-        ledger.save(ledger_path)
+        events = [LedgerEvent(client=c.id, round=-1, mechanism=MECHANISM, noise_multiplier=float(dp.noise_multiplier),
+                              sample_rate=1.0, steps=1, clip_norm=RELEASE_SENSITIVITY,
+                              note=f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
+                              + (f"; {distributed.describe()}" if distributed is not None else ""))
+                  for c in clients]
+        charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
     rank_cap = server.cfg.latent
     parts = getattr(server, "servers", None)
     if distributed is not None:

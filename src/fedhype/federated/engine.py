@@ -37,7 +37,7 @@ from fedhype.federated.transport import ClientTransport, InProcessTransport, Rou
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
 from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
-from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
+from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, already_recorded, as_rerun, charge, pending_charges
 
 MECHANISM = "dp-sgd"
 #: public outputs of the statistics release kept for the model's metadata (the clients' DP class counts)
@@ -241,7 +241,7 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
             dp_stats = DPConfig(privacy["class_stats_noise_multiplier"], RELEASE_SENSITIVITY, enabled=not cfg.no_dp)
             counts = run_class_stats_stage(clients, server, mcfg.n_classes, dp_stats, ledger, run.ledger,
                                            seeded=all(transport.replays_noise(i) for i in range(len(clients))),
-                                           already=_already, rerun=_rerun, weights=cfg.release_weights(mcfg),
+                                           weights=cfg.release_weights(mcfg),
                                            distributed=distributed)
             # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
             atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts})
@@ -262,11 +262,12 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
         if hasattr(transport, "preflight"):  # a corrupt private state fails here, before the ledger is charged
             transport.preflight(r, chosen, mcfg)
         if not cfg.no_dp:
-            planned = [(i, LedgerEvent(client=clients[i].id, round=r, mechanism=MECHANISM, noise_multiplier=sigma,
-                                       sample_rate=cfg.sample_rate(clients[i].n), steps=cfg.steps_per_round(clients[i].n),
-                                       clip_norm=cfg.clip_norm)) for i in chosen]
-            # a rerun that replays the same (seeded) noise releases nothing new: not charged again
-            planned = [e for i, e in planned if not (transport.replays_noise(i) and _already(ledger, e))]
+            index = {clients[i].id: i for i in chosen}
+            planned = pending_charges(ledger, [
+                LedgerEvent(client=clients[i].id, round=r, mechanism=MECHANISM, noise_multiplier=sigma,
+                            sample_rate=cfg.sample_rate(clients[i].n), steps=cfg.steps_per_round(clients[i].n),
+                            clip_norm=cfg.clip_norm) for i in chosen],
+                replays=lambda e: transport.replays_noise(index[e.client]))
             if cfg.max_epsilon is not None:
                 over = ledger.would_exceed(planned, cfg.max_epsilon)
                 if over:
@@ -274,9 +275,7 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
                     raise BudgetExceededError(
                         f"round {r + 1} would take client(s) {sorted(over)} to ε = {worst:.4g} > --max-epsilon "
                         f"{cfg.max_epsilon}; stopped before spending (completed rounds: {r})", epsilon=worst, limit=cfg.max_epsilon)
-            for e in planned:  # write-ahead: recorded before the data is touched
-                ledger.record(e if not _already(ledger, e) else _rerun(e))
-            ledger.save(run.ledger)
+            charge(ledger, planned, run.ledger)  # write-ahead: recorded before the data is touched
         tasks = [RoundTask(round=r, index=i, client=clients[i].id, theta=server.theta_for(i), model=mcfg, dp=dp,
                            batch_size=cfg.batch_size, steps=cfg.steps_per_round(clients[i].n), lr=cfg.local_lr(mcfg))
                  for i in chosen]
@@ -341,14 +340,8 @@ def _comparable(conf: dict) -> dict:
     return c
 
 
-def _already(ledger: PrivacyLedger, e: LedgerEvent) -> bool:
-    return any(x.client == e.client and x.round == e.round and x.mechanism == e.mechanism for x in ledger.events)
-
-
-def _rerun(e: LedgerEvent) -> LedgerEvent:
-    return LedgerEvent(client=e.client, round=e.round, mechanism=e.mechanism, noise_multiplier=e.noise_multiplier,
-                       sample_rate=e.sample_rate, steps=e.steps, clip_norm=e.clip_norm,
-                       note="rerun after an interruption with fresh noise: charged again")
+#: the ledger's rerun rule (fedhype.privacy.ledger), under the engine's former names
+_already, _rerun = already_recorded, as_rerun
 
 
 def _epsilons(ledger: PrivacyLedger, cfg: TrainConfig) -> dict[str, float]:

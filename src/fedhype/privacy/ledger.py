@@ -338,3 +338,44 @@ def audit_consistency(ledger: PrivacyLedger, claims: dict[str, float], tol: floa
             out.append({"name": name, "claimed": claimed, "recomputed": recomputed,
                         "difference": None if diff is not None and math.isnan(diff) else diff})
     return out
+
+
+# ---------------------------------------------------------------------- write-ahead charging
+def already_recorded(ledger: PrivacyLedger, event: LedgerEvent) -> bool:
+    """Whether ``ledger`` holds an event of the same (client, round, mechanism) as ``event``."""
+    return any(x.client == event.client and x.round == event.round and x.mechanism == event.mechanism
+               for x in ledger.events)
+
+
+def as_rerun(event: LedgerEvent) -> LedgerEvent:
+    """``event`` marked as a rerun after an interruption with fresh noise (charged again)."""
+    return LedgerEvent(client=event.client, round=event.round, mechanism=event.mechanism,
+                       noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate, steps=event.steps,
+                       clip_norm=event.clip_norm, note="rerun after an interruption with fresh noise: charged again")
+
+
+def pending_charges(ledger: PrivacyLedger, events: Iterable[LedgerEvent], replays=lambda e: False) -> list[LedgerEvent]:
+    """The events a (re)run must charge before its mechanisms run — the one rerun rule of fedhype.
+
+    An event already in the ledger (same client, round, mechanism) comes from a run that was
+    interrupted after charging it. If ``replays(event)`` — the rerun replays the same seeded noise,
+    so it releases nothing new — it is not charged again; otherwise (fresh noise: a new release) it
+    is charged again, marked by :func:`as_rerun`. Events not yet recorded are charged as they are.
+    """
+    out = []
+    for e in events:
+        if already_recorded(ledger, e):
+            if not replays(e):
+                out.append(as_rerun(e))
+        else:
+            out.append(e)
+    return out
+
+
+def charge(ledger: PrivacyLedger, events: Iterable[LedgerEvent], path: str | Path | None = None) -> None:
+    """Write-ahead: record ``events`` (from :func:`pending_charges`) and save the ledger atomically to
+    ``path`` — call it *before* the mechanisms touch the records."""
+    for e in events:
+        ledger.record(e)
+    if path is not None:
+        ledger.save(path)
