@@ -89,3 +89,31 @@ def test_a_round_that_diverges_is_not_committed_and_the_next_is_not_charged(real
     assert RunDir(run).committed_round() == 1
     rounds = {e.round for e in PrivacyLedger.load(run / "ledger.json").events}
     assert max(rounds) == 1  # round index 1 (the second) was charged and ran; round 3 was never charged
+
+
+def test_an_unseeded_run_interrupted_after_the_release_is_not_charged_for_it_again(real_store, part, tmp_path):
+    """Fresh noise on a rerun is charged again — but a release that completed is reused from its saved
+    public outputs (ckpt/release-state.safetensors), so resuming does not pay for the statistics twice."""
+    from fedhype.federated.class_stats import MECHANISM
+
+    cfg = TrainConfig(**{**CFG, "seed": None})
+    run = tmp_path / "run"
+    train(real_store, part, cfg, run, diagnostics=False, stop_after=0)  # the release ran, no round
+    first = PrivacyLedger.load(run / "ledger.json")
+    assert sum(e.mechanism == MECHANISM for e in first.events) == len(part.clients)
+    theta0 = load_tensors(run / "ckpt" / "release-state.safetensors")
+    res = train(real_store, part, cfg, run, resume=True, diagnostics=False)
+    ledger = PrivacyLedger.load(run / "ledger.json")
+    assert sum(e.mechanism == MECHANISM for e in ledger.events) == len(part.clients)  # charged once
+    assert res["complete"]
+    _, _, meta = load_model(run)
+    assert meta["client_class_counts"] is not None
+    assert torch.equal(theta0["hnet.space_mean"], load_model(run)[0].space_mean)  # the same release was used
+
+
+def test_a_partition_whose_class_names_were_edited_is_refused(real_store, part, tmp_path):
+    import dataclasses
+
+    edited = dataclasses.replace(part, class_names=part.class_names[:2])
+    with pytest.raises(ArtifactError, match="class names"):
+        edited.check_store(real_store)

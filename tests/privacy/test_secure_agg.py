@@ -181,3 +181,25 @@ def test_flower_deployment_refuses_secure_aggregation(real_store, part, tmp_path
 
     with pytest.raises(ValidationError, match="not supported by the Flower deployment"):
         write_federation(tmp_path / "fed", real_store, part, TrainConfig(secure_aggregation=True, model=SMALL))
+
+
+def test_bad_combinations_are_refused_with_the_flag_names():
+    from fedhype.cli.budget_cmd import budget_plan
+
+    with pytest.raises(ValidationError, match="--no-dp"):
+        TrainConfig(secure_aggregation=True, no_dp=True, epsilon=None)
+    with pytest.raises(ValidationError, match="--class-stats-share 0"):
+        budget_plan(1e-5, 2, 32, [("0", "a", 500), ("1", "b", 400)], local_epochs=1, noise_multiplier=1.0,
+                    class_stats_share=0.0, secure_aggregation=True)
+
+
+def test_budget_single_mechanism_refuses_secure_aggregation_flags():
+    import json
+
+    from typer.testing import CliRunner
+
+    from fedhype.cli.main import app
+
+    r = CliRunner().invoke(app, ["budget", "--noise-multiplier", "1.1", "--sample-rate", "0.01", "--steps", "100",
+                                 "--delta", "1e-5", "--secure-aggregation", "--json"])
+    assert r.exit_code == 2 and "single mechanism has none" in json.loads(r.stdout)["error"]

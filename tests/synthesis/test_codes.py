@@ -45,3 +45,20 @@ def test_bad_specs_name_the_flag_and_the_problem(spec, needle):
 def test_a_bare_mixture_needs_the_public_sizes():
     with pytest.raises(ValidationError, match="needs the run's public client sizes"):
         parse_code_spec("mixture", CLIENTS, NAMES)
+
+
+def test_client_codes_of_a_pooled_model_come_with_a_note(real_store, tmp_path):
+    """dp-gaussian has one pooled decoder: a client or mixture code samples the pooled model, and the
+    synthetic store says so (the CLI prints it) instead of labelling the samples as the client's."""
+    from fedhype.data.partition import make_partition
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import train
+    from fedhype.synthesis import synthesize
+
+    part = make_partition(real_store, scheme="domain", seed=0)
+    train(real_store, part, TrainConfig(method="dp-gaussian", epsilon=4.0, seed=0,
+                                        model={"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}),
+          tmp_path / "g", diagnostics=False)
+    syn = synthesize(tmp_path / "g", "mixture", per_class=5, seed=0)
+    assert "one pooled decoder" in syn.meta["codes_note"]
+    assert "codes_note" not in synthesize(tmp_path / "g", "neutral", per_class=5, seed=0).meta

@@ -165,6 +165,10 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     if secure_aggregation:
         from fedhype.privacy.secure_agg import DistributedNoise
 
+        if not prefix:
+            raise ValidationError("--secure-aggregation splits the noise of the statistics release; with "
+                                  "--class-stats-share 0 the plan has none (methods dp-cvae, no-class-stats)")
+
         plan_t = DistributedNoise(len(rows), int(dropout_tolerance))
         out["secure_aggregation"] = {"clients": plan_t.clients, "dropout_tolerance": plan_t.dropout_tolerance,
                                      "min_contributions": plan_t.min_contributions,
@@ -284,6 +288,9 @@ def budget(
         if all(v is None for v in plan_flags):
             if sample_rate is None or steps is None:
                 raise ValidationError("a single mechanism needs --sample-rate and --steps (or give a plan: --rounds …)")
+            if secure_aggregation or dropout_tolerance:
+                raise ValidationError("--secure-aggregation/--dropout-tolerance describe a federated plan's statistics "
+                                      "release; a single mechanism has none (give a plan: --rounds …)")
             return budget_single(delta, sample_rate, steps, noise_multiplier, epsilon)
         if sample_rate is not None or steps is not None:
             raise ValidationError("--sample-rate/--steps describe a single mechanism; a plan derives them (drop them)")

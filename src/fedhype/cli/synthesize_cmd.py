@@ -156,6 +156,8 @@ def register(app: typer.Typer) -> None:
             m = store.meta
             if not m["private"]:
                 console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
+            if store.meta.get("codes_note"):
+                console.print(f"[yellow]note[/]: {store.meta['codes_note']}", highlight=False)
             return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "epsilon": m["epsilon"],
                     "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": store.class_counts(),
                     "embeddings_per_s": len(store) / max(secs, 1e-9)}

@@ -114,6 +114,9 @@ def _render(res: dict) -> None:
     if res.get("target_epsilon") is not None:
         rows["target ε"] = res["target_epsilon"]
     rows["clients"] = ", ".join(res["clients"])
+    if res.get("secure_aggregation"):
+        rows["secure aggregation"] = (f"m = {res['secure_aggregation']['clients']}, t = "
+                                      f"{res['secure_aggregation']['dropout_tolerance']}")
     rows["upload bytes/round/client"] = res["traffic"]["upload_bytes_per_round"]
     Console().print(kv_table("fedhype train", rows))
     if not res["private"]:

@@ -112,6 +112,10 @@ class Partition:
                 f"partition was made from another store ({self.store_n} records, digest {self.store_digest[:12]}…), "
                 f"not this one ({len(store)} records, digest {store.digest()[:12]}…); re-run `fedhype partition`"
             )
+        if list(self.class_names) != list(store.class_names):
+            raise ArtifactError(f"the partition's class names {list(self.class_names)} differ from the store's "
+                                f"{list(store.class_names)}: the partition file was edited or made from another store; "
+                                "re-run `fedhype partition`")
 
     def client_store(self, store: EmbeddingStore, client_id: int, split: str) -> EmbeddingStore:
         """The rows of ``store`` that client ``client_id`` holds in ``split``.

@@ -155,6 +155,9 @@ class TrainConfig:
             raise ValidationError(f"train.dropout_tolerance (--dropout-tolerance) must be an integer ≥ 0, got {self.dropout_tolerance!r}")
         if self.dropout_tolerance and not self.secure_aggregation:
             raise ValidationError("--dropout-tolerance applies to secure aggregation: add --secure-aggregation or drop it")
+        if self.secure_aggregation and self.no_dp:
+            raise ValidationError("--secure-aggregation splits the noise of a private release; a --no-dp run adds "
+                                  "none: drop one of the two")
         if self.secure_aggregation and self.method in NO_SECURE_AGGREGATION:
             raise ValidationError(f"--secure-aggregation pools the clients' statistics release; method {self.method!r} "
                                   f"{NO_SECURE_AGGREGATION[self.method]}")

@@ -42,6 +42,9 @@ from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, already_recorded,
 MECHANISM = "dp-sgd"
 #: public outputs of the statistics release kept for the model's metadata (the clients' DP class counts)
 RELEASE_FILE = "release.json"
+#: the server state right after the release (under ckpt/): a run interrupted before its first commit
+#: resumes from it instead of releasing — and being charged for — the statistics again
+RELEASE_STATE = "release-state.safetensors"
 
 
 def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
@@ -237,7 +240,11 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
     released = run.checkpoint.exists() and bool(read_json(run.checkpoint, "checkpoint").get("statistics_released"))
     if mcfg.class_bias and not (cfg.statistics_only and released):
         # DP statistics → model space, class bias and covariance (fedhype.federated.class_stats)
-        if done == 0:
+        saved = run.root / "ckpt" / RELEASE_STATE
+        if done == 0 and saved.exists() and _release_charged(ledger, clients, cfg):
+            # interrupted after the release: its public outputs are reused, not released (and charged) again
+            server.load_state_tensors(load_tensors(saved, what="released statistics"))
+        elif done == 0:
             dp_stats = DPConfig(privacy["class_stats_noise_multiplier"], RELEASE_SENSITIVITY, enabled=not cfg.no_dp)
             counts = run_class_stats_stage(clients, server, mcfg.n_classes, dp_stats, ledger, run.ledger,
                                            seeded=all(transport.replays_noise(i) for i in range(len(clients))),
@@ -245,6 +252,8 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
                                            distributed=distributed)
             # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
             atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts})
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            atomic_save_tensors(saved, server.state_tensors())  # the model set from the release (public DP outputs)
         for i, c in enumerate(clients):
             c.set_space(client_space(server, i))
     if cfg.statistics_only and not released:  # the model is the release itself: write it, no round
@@ -304,7 +313,20 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
             "clients": [c.id for c in clients], "noise_multiplier": sigma, "private": not cfg.no_dp,
             "class_stats_noise_multiplier": privacy["class_stats_noise_multiplier"],
             "epsilon_per_client": eps, "clip_norm": cfg.clip_norm, "seed": cfg.seed,
-            "seed_secure": cfg.seed is None, "traffic": server.hnet.traffic(), "complete": run.committed_round() >= cfg.rounds_run()}
+            "seed_secure": cfg.seed is None, "traffic": server.hnet.traffic(),
+            "secure_aggregation": ({"clients": distributed.clients, "dropout_tolerance": distributed.dropout_tolerance,
+                                    "min_contributions": distributed.min_contributions}
+                                   if distributed is not None else None), "complete": run.committed_round() >= cfg.rounds_run()}
+
+
+def _release_charged(ledger: PrivacyLedger, clients, cfg: TrainConfig) -> bool:
+    """Whether every client's statistics release is in the ledger (or the run is not private)."""
+    from fedhype.federated.class_stats import MECHANISM as RELEASE
+
+    if cfg.no_dp:
+        return True
+    done = {e.client for e in ledger.events if e.mechanism == RELEASE and e.round == -1}
+    return all(c.id in done for c in clients)
 
 
 def _check_finite(server, round_idx: int) -> None:

@@ -145,9 +145,11 @@ def _secure_aggregation(conf: dict, part, trained: dict) -> dict | None:
             "trust": (f"the statistics released before round 0 were summed by secure aggregation: each client added "
                       f"σ₀/√(m − t) = {s0 / math.sqrt(m - tol):.4g} (m = {m}, t = {tol}) and the server learned only the "
                       f"sum, which carries σ₀ = {s0:.4g}. The claimed ε holds if the aggregation protocol hides the "
-                      f"individual shares and at most {tol} client(s) drop out or collude with the server; with more, "
-                      "the aggregator refuses to release the sum. The DP-SGD updates of the rounds are per client, "
-                      "with the full noise")}
+                      f"individual shares and at most {tol} client(s) drop out or collude with the server together. If "
+                      f"more than {tol} drop out, the aggregator refuses to release the sum; collusion cannot be "
+                      "detected, and with more colluders the guarantee is weaker than claimed. The DP-SGD updates of "
+                      "the rounds are per client, with the full noise, and the client codes carry no per-client "
+                      "statistics (the server never saw them)")}
 
 
 def _class_stats_claims(run_dir: Path, trained: dict) -> dict:

@@ -83,7 +83,9 @@ class DistributedNoise:
         if m < 2:
             raise ValidationError(f"secure aggregation needs at least 2 clients, the federation has {m}: "
                                   "drop --secure-aggregation (a single client's sum is its own message)")
-        if not 0 <= t < m:
+        if t < 0:
+            raise ValidationError(f"--dropout-tolerance must be an integer ≥ 0, got {t}")
+        if t >= m:
             raise ValidationError(f"--dropout-tolerance must be in [0, {m - 1}] for {m} clients, got {t} "
                                   "(t ≥ m would let the server see a sum with no honest contribution)")
 

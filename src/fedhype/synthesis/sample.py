@@ -105,7 +105,9 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
                 else hnet(code_vec)
             out = _decode(theta, labels, cfg, gen, batch_size, temperature, _space(hnet, code_vec))
             domain_names = [spec.text]
+    note = codes_note(hnet, meta, spec.kind)
     provenance = {
+        **({"codes_note": note} if note else {}),
         "kind": "synthetic", "space": "l2", "run_id": meta.get("run_id"), "method": meta.get("method"),
         "epsilon": meta.get("epsilon"), "delta": meta.get("delta"), "private": bool(meta.get("private")),
         "privacy": "DP (post-processing of the run's DP outputs)" if meta.get("private") else "NON-PRIVATE (trained with --no-dp)",
@@ -115,6 +117,22 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
     return EmbeddingStore(embeddings=out, labels=labels, domains=domains,
                           sample_ids=[f"syn/{i}" for i in range(labels.numel())],
                           class_names=list(meta["class_names"]), domain_names=domain_names, meta=provenance)
+
+
+def codes_note(hnet, meta: dict, kind: str) -> str | None:
+    """Why a ``client:``/``mix:``/``mixture`` code of this model gives (nearly) the pooled model, or None.
+
+    A model whose codes generate no client statistics (``model.client_stats`` off: ``dp-gaussian``,
+    ``no-client-stats``, secure aggregation, the baselines) has one pooled decoder: its client codes
+    differ only by what DP-SGD moved the FiLM and prior heads (nothing when it has none).
+    """
+    if kind == "neutral" or is_local(meta) or getattr(hnet.cfg, "client_heads", False):
+        return None
+    why = ("it has no code-dependent parts" if not len(getattr(hnet, "heads", {}))
+           else "its codes carry no client statistics, only what DP-SGD moved the FiLM and prior heads")
+    return (f"this {meta.get('method')} model has one pooled decoder ({why}): client and mixture codes sample "
+            "(nearly) the same distribution as --code neutral; per-client statistics need model.client_stats "
+            "without secure aggregation")
 
 
 def mixture_source_probs(weights, indices, class_counts, n_classes: int) -> torch.Tensor:
