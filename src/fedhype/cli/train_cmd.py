@@ -180,7 +180,7 @@ def register(app: typer.Typer) -> None:
         latent: Optional[int] = _opt("latent", "--latent", section="model", help="Latent dimension L of z (model size)."),
         method: str = _opt("method", "--method",
                            help="fedhypevae | dp-gaussian (the statistics release alone, no DP-SGD) | dp-cvae | no-class-stats | "
-                                "no-second-moment | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
+                                "no-second-moment | no-client-stats | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
                                 "local-cvae (each client alone) | central-cvae (pooled records, one client)."),
         seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run (recorded as 'not secure')."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),

@@ -90,7 +90,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         **_dp_linear_keys(ev.get("dp_linear")),
         "method": conf["train"].get("method"),
         "n_real": len(store), "dim": store.dim, "encoder": store.meta.get("encoder"),
-        "n_synthetic": len(syn), "code": syn.meta.get("code"),
+        "n_synthetic": len(syn), "code": syn.meta.get("code"), "codes_note": syn.meta.get("codes_note"),
         "timings_s": timings, "traffic": trained.get("traffic"),
         "report": str(out / "report.md"), "plots": [str(plots / "projection.png"), str(plots / "training.png")],
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
@@ -192,6 +192,8 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
         "", f"Privacy: {priv}.", "",
         *([f"Secure aggregation: {r['secure_aggregation']['trust']}.", ""] if r.get("secure_aggregation") else []),
+        f"Synthetic: {r['n_synthetic']} embeddings from code `{r['code']}`"
+        + (f" ({r['codes_note']})" if r.get("codes_note") else "") + ".", "",
         *(["| client | ledger id | ε (at δ) |", "|---|---|---|", *eps_rows, ""] if r["private"] and eps_rows else []),
         "## Fidelity (synthetic vs held-out real test embeddings, L2-normalised)", "",
         "| MMD² | p-value | FD | precision | recall | density | coverage |", "|---|---|---|---|---|---|---|",
