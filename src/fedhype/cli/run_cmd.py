@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
             flags = ([f"train.secure_aggregation={str(secure_aggregation).lower()}"] if secure_aggregation is not None else []) + (
                 [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else [])
             conf = resolve(config, [*set_, *flags])
-            log_line(f"run: embed → partition → train ({conf['train']['rounds']} rounds) → synthesize → evaluate → "
+            log_line(f"run: embed → partition → train ({conf['train']['rounds']} round{'s' if conf['train']['rounds'] != 1 else ''}) → synthesize → evaluate → "
                      f"report, into {out}")
             try:
                 return run_job(conf, out, log=log_line, on_round=round_printer(conf["train"]["rounds"]))

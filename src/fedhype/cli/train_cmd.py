@@ -210,7 +210,7 @@ def register(app: typer.Typer) -> None:
             p = Partition.load(partition)
             privacy = ("NON-PRIVATE" if cfg.no_dp else f"σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
                        else f"target ε = {cfg.epsilon:g}")
-            log_line(f"train: {cfg.rounds} rounds over {len(p.clients)} clients ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
+            log_line(f"train: {cfg.rounds} round{'s' if cfg.rounds != 1 else ''} over {len(p.clients)} clients ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
             try:
                 res = train(s, p, cfg, out, resume=resume, progress=round_printer(cfg.rounds))
             except ValidationError as exc:

@@ -111,9 +111,14 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
-    if cfg_path.exists() and read_json(cfg_path, "job config") != json.loads(json.dumps(conf)):
+    old_conf = read_json(cfg_path, "job config") if cfg_path.exists() else None
+    if old_conf is not None and old_conf != json.loads(json.dumps(conf)):
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
-            raise ValidationError(f"{out} holds a job with a different configuration ({cfg_path}); "
+            from fedhype.federated.engine import _differences
+
+            diff = _differences(old_conf, json.loads(json.dumps(conf)))
+            raise ValidationError(f"{out} holds a job with a different configuration ({cfg_path}: "
+                                  f"{'; '.join(diff[:5]) or 'details differ'}); "
                                   "use another --out or the same settings to resume")
         # a job refused before training (e.g. δ ≥ 1/n for a client) spent nothing: its folder is reused,
         # and what its stages wrote under the old settings is removed so nothing stale is reused
