@@ -37,7 +37,7 @@ from fedhype.federated.transport import ClientTransport, InProcessTransport, Rou
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
 from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
-from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, already_recorded, as_rerun, charge, pending_charges
+from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge, pending_charges
 
 MECHANISM = "dp-sgd"
 #: public outputs of the statistics release kept for the model's metadata (the clients' DP class counts)
@@ -362,8 +362,6 @@ def _comparable(conf: dict) -> dict:
     return c
 
 
-#: the ledger's rerun rule (fedhype.privacy.ledger), under the engine's former names
-_already, _rerun = already_recorded, as_rerun
 
 
 def _epsilons(ledger: PrivacyLedger, cfg: TrainConfig) -> dict[str, float]:
