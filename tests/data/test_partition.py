@@ -185,3 +185,15 @@ def test_client_and_split_stores(store):
         part.client_store(store, 0, "dev")
     summ = part.summary()
     assert summ["n_clients"] == 3 and summ["totals"]["train"] + summ["totals"]["val"] + summ["totals"]["test"] == len(store)
+
+
+def test_load_rejects_no_clients_and_shared_names(store, tmp_path):
+    raw = json.loads(make_partition(store, scheme="iid", n_clients=3, seed=0).save(tmp_path / "p.json").read_text())
+    empty = dict(raw, clients=[])
+    (tmp_path / "empty.json").write_text(json.dumps(empty))
+    with pytest.raises(ArtifactError, match="lists no clients"):
+        Partition.load(tmp_path / "empty.json")
+    raw["clients"][2]["name"] = raw["clients"][0]["name"]
+    (tmp_path / "dup.json").write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match=rf"\['{raw['clients'][0]['name']}'\] are used by more than one client"):
+        Partition.load(tmp_path / "dup.json")

@@ -81,8 +81,8 @@ class Partition:
         """Read a partition file.
 
         Raises:
-            ArtifactError: missing file, invalid JSON, wrong format tag, missing fields, or a
-                sample id listed twice.
+            ArtifactError: missing file, invalid JSON, wrong format tag, missing fields, no clients,
+                two clients with the same name, or a sample id listed twice.
         """
         raw = read_json(path, "partition file")
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
@@ -97,6 +97,13 @@ class Partition:
                        int(raw["store_n"]), [str(c) for c in raw["class_names"]], clients)
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"partition file {path} is missing or has a bad field ({exc!r}); re-create it") from None
+        if not clients:
+            raise ArtifactError(f"partition file {path} lists no clients; re-create it with `fedhype partition`")
+        names = [c.name for c in clients]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ArtifactError(f"partition file {path}: client name(s) {dup} are used by more than one client; every "
+                                "client needs its own name (it labels the client's code and rows in every report)")
         all_ids = [s for c in clients for k in SPLITS for s in c.ids(k)]
         if len(set(all_ids)) != len(all_ids):
             raise ArtifactError(f"partition file {path}: a sample id is listed twice; re-create it")
