@@ -412,3 +412,43 @@ def test_above_target_is_the_accountants_figure_past_the_target():
 
     assert above_target(1.059, 1.0) and not above_target(0.9997, 1.0) and not above_target(1.0 + 1e-12, 1.0)
     assert not above_target(None, 1.0) and not above_target(5.0, None)  # no DP / σ given directly: no target
+
+
+def test_no_dp_with_a_privacy_target_is_refused_not_ignored(files, tmp_path):
+    base = ["train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
+            tmp_path / "run", "--no-dp", "--rounds", 1, "--json"]
+    for flag, value in (("--epsilon", 3), ("--noise-multiplier", 1.0), ("--max-epsilon", 2)):
+        r = _invoke(*base, flag, value)
+        assert r.exit_code == 2, r.output
+        assert _one_json(r)["error"] == f"{flag} asks for privacy but --no-dp turns it off; drop one of the two"
+    assert not (tmp_path / "run").exists()
+    from fedhype.errors import ValidationError
+    from fedhype.pipeline.config import resolve
+
+    with pytest.raises(ValidationError, match=r"--set train.epsilon=4: train.epsilon asks for privacy but train.no_dp"):
+        resolve(None, ["train.epsilon=4", "train.no_dp=true"])
+    assert resolve(None, ["train.no_dp=true"])["train"]["epsilon"] is None  # the default ε alone is not a request
+
+
+def test_a_refused_train_leaves_no_folder_behind(files, tmp_path):
+    args = ["train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
+            tmp_path / "run", "--epsilon", 1, "--rounds", 1, "--hidden", 16, "--latent", 4, "--json"]
+    r = _invoke(*args, "--delta", 0.5)  # δ ≥ 1/n: refused before anything is written
+    assert r.exit_code == 2 and "is not below 1/n" in _one_json(r)["error"]
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "kept").mkdir()  # a folder the user made is left where it was
+    r = _invoke(*[a if a != tmp_path / "run" else tmp_path / "kept" for a in args], "--delta", 0.5)
+    assert r.exit_code == 2 and (tmp_path / "kept").is_dir()
+
+
+def test_ctrl_c_exits_130(files, tmp_path, monkeypatch):
+    from fedhype.federated import client as client_mod
+
+    def interrupt(self, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client_mod.Client, "run_round", interrupt)
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
+                tmp_path / "run", "--epsilon", 2, "--delta", 1e-5, "--rounds", 1, "--hidden", 16, "--latent", 4, "--json")
+    assert r.exit_code == 130
+    assert _one_json(r)["kind"] == "interrupted"

@@ -31,7 +31,7 @@ console = Console(stderr=True)
 JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON object on stdout (logs go to stderr).")
 
 #: The ``"kind"`` of an error object, by exit code (README, exit codes).
-KINDS = {1: "runtime", 2: "usage", 3: "budget", 4: "artifact"}
+KINDS = {1: "runtime", 2: "usage", 3: "budget", 4: "artifact", 130: "interrupted"}
 
 _JSON_META = "fedhype.json"
 
@@ -88,7 +88,7 @@ def run_command(
         _fail(str(exc), exc.exit_code, json_mode, extra=_error_extra(exc))
     except KeyboardInterrupt:
         _fail("interrupted; nothing was half-written. Rerun the same command: `fedhype run` and `fedhype train "
-              "--resume` continue from the last completed round, other commands start again", 1, json_mode)
+              "--resume` continue from the last completed round, other commands start again", 130, json_mode)
     except Exception as exc:  # noqa: BLE001 - the CLI boundary
         if os.environ.get("FEDHYPE_DEBUG"):
             raise

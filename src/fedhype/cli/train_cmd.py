@@ -131,6 +131,7 @@ def _render(res: dict) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("train", cls=JobDefaultsCommand)
     def train_cmd(
+        ctx: typer.Context,
         store: Path = typer.Option(..., "--store", help="Embeddings store (from `fedhype embed`).",
                                    callback=existing("embeddings store", "create it with `fedhype embed`")),
         partition: Path = typer.Option(..., "--partition", help="Partition file (from `fedhype partition`).",
@@ -198,6 +199,11 @@ def register(app: typer.Typer) -> None:
             from fedhype.federated.engine import train
 
             check_out_dir(out, "train", "give a new folder, or an existing run directory with --resume")
+            if no_dp:
+                for name, flag in (("epsilon", "--epsilon"), ("noise_multiplier", "--noise-multiplier"),
+                                   ("max_epsilon", "--max-epsilon")):
+                    if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE":
+                        raise ValidationError(f"{flag} asks for privacy but --no-dp turns it off; drop one of the two")
             cfg = build_config(dict(rounds=rounds, local_epochs=local_epochs, local_steps=local_steps,
                                     batch_size=batch_size, participation=participation, lr_local=lr_local,
                                     epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,

@@ -58,9 +58,13 @@ class RunDir:
         holder's pid for the message. A second writer — e.g. two ``--resume`` of the same run, which
         would both train on the private records and spend budget — is refused.
 
+        A folder this call created is removed again if the run wrote nothing into it (a refused
+        configuration leaves nothing behind).
+
         Raises:
             ValidationError: another process holds the lock (the message names its pid).
         """
+        created = not self.root.exists()
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / ".lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -75,6 +79,9 @@ class RunDir:
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             yield self
         finally:
+            if created and [p.name for p in self.root.iterdir()] == [".lock"]:
+                path.unlink(missing_ok=True)  # a run refused before writing anything leaves no folder behind
+                self.root.rmdir()
             os.close(fd)  # closing the descriptor releases the lock
 
     def server_ckpt(self, r: int) -> Path:

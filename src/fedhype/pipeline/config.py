@@ -20,7 +20,7 @@ from fedhype.models.config import ModelConfig
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "data": {"dataset": "digits-domains", "images": "", "encoder": "dinov2-vits14", "image_size": 112,
-             "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "cache_dir": ""},
+             "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "dtype": "auto", "cache_dir": ""},
     "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2], "min_train": 20, "seed": 0},
     # class_stats_share 0.95, second_moment_share 0.3 and latent 64 were chosen on the digits validation
     # split (benchmarks/results/release_defaults.md): the one-shot release carries the class signal. lr_local
@@ -55,6 +55,7 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
         ValidationError: unreadable TOML, unknown section/key, malformed ``--set``.
     """
     conf = copy.deepcopy(DEFAULTS)
+    given: dict[str, str] = {}  # "section.key" → where it was set (file or --set)
     if config_file:
         path = Path(config_file)
         if not path.is_file():
@@ -68,16 +69,23 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
                 raise ValidationError(f"--config {path}: top-level key {section!r} must be a [section]")
             for key, value in values.items():
                 _set(conf, section, key, value, where=f"--config {path}")
+                given[f"{section}.{key}"] = f"--config {path}"
     for item in overrides or []:
         key, eq, value = item.partition("=")
         if not eq or "." not in key:
             raise ValidationError(f"--set {item!r}: expected section.key=value (e.g. train.rounds=20)")
         section, _, name = key.strip().partition(".")
         _set(conf, section, name, _parse_value(value.strip()), where=f"--set {item}")
+        given[f"{section}.{name}"] = f"--set {item}"
     # normalise "none" markers
     for k in ("noise_multiplier", "max_epsilon", "seed", "epsilon"):
         if isinstance(conf["train"].get(k), str) and conf["train"][k].lower() in ("none", "null", ""):
             conf["train"][k] = None
+    if conf["train"]["no_dp"]:
+        for k in ("epsilon", "noise_multiplier", "max_epsilon"):
+            if conf["train"][k] is not None and f"train.{k}" in given:
+                raise ValidationError(f"{given[f'train.{k}']}: train.{k} asks for privacy but train.no_dp = true "
+                                      f"({given.get('train.no_dp', 'set')}) turns it off; drop one of the two")
     if conf["train"]["no_dp"] or conf["train"]["noise_multiplier"] is not None:
         conf["train"]["epsilon"] = None
     return conf
