@@ -9,7 +9,14 @@ workers. Prints a table and writes ``benchmarks/results/embed.json``.
 accuracy (logistic regression and 5-NN, stratified 70/30 split) on ``--sweep-n`` images: the
 trade-off used to choose the default input size.
 
+``--dtype-ratio`` instead measures bfloat16 autocast against float32 in the same run: the encoder's
+forward pass on the same pre-transformed batches (images/s, best of ``--repeats``), the minimum
+cosine between the two embeddings of each image, and the linear-probe accuracy of both on the whole
+bundled digits set (stratified 70/30 split; the float32 store comes from the embedding cache).
+Writes ``benchmarks/results/embed_dtype.{json,md}``.
+
 Usage: python benchmarks/embed.py [--n 256] [--encoder dinov2-vits14] [--image-size N] [--device auto]
+       python benchmarks/embed.py --dtype-ratio [--n 256]        # ≈ 3 min on 2 cores (embeds the digits set in bf16)
 """
 
 from __future__ import annotations
@@ -117,6 +124,62 @@ def sweep(args) -> list[dict]:
     return out
 
 
+def dtype_ratio(args) -> dict:
+    """bfloat16 autocast vs float32: forward throughput, agreement, and probe accuracy on the digits set."""
+    from sklearn.model_selection import train_test_split
+
+    from fedhype.encoders.base import cpu_supports_bf16
+    from fedhype.encoders.cache import cached_embed
+    from fedhype.eval.utility import Probe
+
+    size = args.image_size or 112  # the main job's input size
+    source = load_builtin("digits-domains", limit=args.n, seed=0)
+    encs = {d: create_encoder(args.encoder, device=args.device, dtype=d, image_size=size) for d in ("float32", "bfloat16")}
+    t = encs["float32"].transform
+    batches = [torch.stack([t(r.load()) for r in source.records[i:i + args.batch_size]])
+               for i in range(0, len(source), args.batch_size)]
+    speed, emb = {}, {}
+    for d, enc in encs.items():
+        enc(batches[0][:2])  # warm-up
+    for rep in range(args.repeats):
+        for d, enc in encs.items():  # interleaved, so drifting load affects both alike
+            out, wall, _, _ = _timed(lambda: torch.cat([enc(b) for b in batches]))
+            speed[d] = max(speed.get(d, 0.0), len(source) / wall)
+            emb[d] = out
+    cos = torch.nn.functional.cosine_similarity(emb["float32"], emb["bfloat16"])
+    probe: dict = {}
+    native = encs["float32"].device.type == "cuda" or cpu_supports_bf16()
+    for d in (("float32", "bfloat16") if native or args.probe_anyway else ()):  # emulated bf16: hours for the probe
+        store = cached_embed("digits-domains", args.encoder, image_size=size, device=args.device, dtype=d)
+        x, y, dom = store.embeddings.numpy(), store.labels.numpy(), store.domains.numpy()
+        xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.3, stratify=y * 10 + dom, random_state=0)
+        probe[d] = float((Probe(store.n_classes).fit(xtr, ytr).predict(xte) == yte).mean())
+    return {"encoder": args.encoder, "image_size": size, "n_images": len(source), "batch_size": args.batch_size,
+            "device": str(encs["float32"].device), "cpu_bf16": cpu_supports_bf16(), "torch_threads": torch.get_num_threads(),
+            "images_per_s": speed, "ratio_bf16_vs_fp32": speed["bfloat16"] / speed["float32"],
+            "min_cosine": float(cos.min()), "probe_accuracy": probe,
+            "probe_difference": abs(probe["bfloat16"] - probe["float32"]) if probe else None, "date": time.strftime("%Y-%m-%d"),
+            "load_average": os.getloadavg(), "platform": platform.platform(), "torch": torch.__version__}
+
+
+def dtype_markdown(r: dict) -> str:
+    return (f"# Embedding: bfloat16 autocast vs float32\n\n_{r['date']}, {r['platform']}, torch {r['torch']}, "
+            f"{r['torch_threads']} threads, CPU bf16 instructions: {r['cpu_bf16']}; `benchmarks/embed.py --dtype-ratio`; "
+            f"{r['encoder']} at {r['image_size']} px, forward pass on {r['n_images']} digits images (batches of "
+            f"{r['batch_size']}), load average {', '.join(f'{v:.2f}' for v in r['load_average'])}_\n\n"
+            "| | float32 | bfloat16 autocast | ratio |\n|---|---|---|---|\n"
+            f"| images/s | {r['images_per_s']['float32']:.1f} | {r['images_per_s']['bfloat16']:.1f} | "
+            f"**{r['ratio_bf16_vs_fp32']:.2f}×** |\n"
+            + (f"| linear-probe accuracy (whole digits set, 70/30) | {r['probe_accuracy']['float32']:.4f} | "
+               f"{r['probe_accuracy']['bfloat16']:.4f} | difference {r['probe_difference']:.4f} |\n" if r["probe_accuracy"] else "")
+            + f"\nMinimum cosine between the two embeddings of an image: {r['min_cosine']:.5f}.\n"
+            + ("" if r["probe_accuracy"] else
+               "\nThis CPU has no bfloat16 matrix instructions (no `amx_bf16` / `avx512_bf16` flag): bfloat16 is emulated "
+               "and slower than float32, so `--dtype auto` (the default of `fedhype embed` and `fedhype run`) picks float32 "
+               "here, and the probe comparison (the whole digits set in both precisions) was skipped "
+               "(`--probe-anyway` runs it).\n"))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=256)
@@ -129,7 +192,17 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", default="", help="comma-separated input sizes for the accuracy/throughput sweep")
     p.add_argument("--sweep-n", type=int, default=2000)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--dtype-ratio", action="store_true", help="bfloat16 autocast vs float32 (see the module docstring)")
+    p.add_argument("--probe-anyway", action="store_true", help="with --dtype-ratio: run the probe comparison even "
+                   "where bfloat16 is emulated (slow)")
     args = p.parse_args(argv)
+    if args.dtype_ratio:
+        r = dtype_ratio(args)
+        md = dtype_markdown(r)
+        atomic_write_json(RESULTS.parent / "embed_dtype.json", r)
+        (RESULTS.parent / "embed_dtype.md").write_text(md)
+        Console().print(md)
+        return 0
     result = compare(args)
     if args.sweep:
         result["sweep"] = sweep(args)

@@ -85,6 +85,7 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
 
     base, secagg = (method[: -len(SECAGG)], True) if method.endswith(SECAGG) else (method, False)
     sets = [f"train.method=\"{base}\"", *(["train.secure_aggregation=true"] if secagg else []), f"train.seed={seed}", f"partition.seed={seed}", f"synthesis.seed={seed}",
+            'data.dtype="float32"',  # the grid's embeddings: float32 (measured before the bfloat16 default)
             "evaluate.prototypes=false", "evaluate.code_domain=false", "evaluate.permutations=20"]  # the p-value is not in the tables
     sets.append(f"synthesis.code=\"{code_for(method)}\"")
     sets += [*extra, "train.no_dp=true"] if eps == "none" else [*extra, f"train.epsilon={float(eps)}"]

@@ -63,5 +63,23 @@ def test_bfloat16_output_is_still_float32(tiny_dinov2_dir):
     x = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(0))
     out = enc(x)
     ref = create_encoder(f"hf:{tiny_dinov2_dir}", device="cpu", image_size=28)(x)
-    assert out.dtype == torch.float32 and enc.describe()["dtype"] == "bfloat16"
+    assert out.dtype == torch.float32 and enc.describe()["dtype"] == "bfloat16-autocast"
     assert torch.nn.functional.cosine_similarity(out, ref).min() > 0.98
+    assert next(enc.model.parameters()).dtype == torch.float32  # autocast: the weights stay float32
+    assert (out - ref).abs().max() > 0  # and the products really ran in bfloat16
+
+
+def test_auto_dtype_follows_the_cpu(monkeypatch):
+    import torch
+
+    from fedhype.encoders import base
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(base, "cpu_supports_bf16", lambda: True)
+    assert base.resolve_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(base, "cpu_supports_bf16", lambda: False)
+    assert base.resolve_dtype("auto", cpu) == torch.float32
+    assert base.resolve_dtype(None, cpu) == torch.float32  # the Python default stays the exact reference
+    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    monkeypatch.undo()
+    assert base.cpu_supports_bf16() == (" amx_bf16" in flags or " avx512_bf16" in flags)

@@ -83,7 +83,8 @@ def embed(
     pooling: str = typer.Option("cls", "--pooling", help="Transformer token pooling: cls | mean."),
     image_size: int | None = typer.Option(None, "--image-size", help="Encoder input side in pixels (default: the encoder's)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default bf16 on GPU, fp32 on CPU)."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16. auto: bfloat16 autocast on GPUs "
+                              "and on CPUs with AMX-BF16/AVX512-BF16 (about 2× float32 there), float32 elsewhere."),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
     workers: int | None = typer.Option(None, "--workers", help="Image decoding worker processes (default: cores − 1, at most 4)."),
     limit: int | None = typer.Option(None, "--limit", help="Keep a stratified (domain, class) subset of at most N images."),

@@ -53,12 +53,13 @@ def _embed(conf: dict, out: Path, log: Log) -> EmbeddingStore:
         from fedhype.encoders.embed import embed_source
 
         src = scan_image_folder(d["images"], limit=d["limit"] or None, seed=d["seed"])
-        enc = create_encoder(d["encoder"], device=d["device"], pooling=d["pooling"], image_size=d["image_size"] or None)
+        enc = create_encoder(d["encoder"], device=d["device"], dtype=d.get("dtype", "auto"), pooling=d["pooling"],
+                             image_size=d["image_size"] or None)
         store = embed_source(src, enc, progress=True)
     else:
         store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
                              image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
-                             pooling=d["pooling"], device=d["device"], progress=True)
+                             pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=True)
     store.save(path)
     log(f"embed: {len(store)} images → {store.dim}-d ({store.meta.get('encoder')})")
     return store
