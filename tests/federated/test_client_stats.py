@@ -110,3 +110,72 @@ def test_trained_model_carries_the_counts_and_its_mixture_follows_them(real_stor
         src = syn.domains[syn.labels == y]
         share = torch.bincount(src, minlength=3).to(torch.float64) / src.numel()
         assert torch.allclose(share, probs[y], atol=4 * math.sqrt(0.25 / 400) + 1e-9), y
+
+
+def _client_releases(real_store, part, sigma: float, seed: int):
+    from fedhype.privacy.dp_step import ReleaseWeights, privatize_class_sums
+
+    weights = ReleaseWeights.split(0.3)
+    dp = DPConfig(sigma, 1.0, enabled=sigma > 0)
+    out = []
+    for c in part.clients:
+        s = part.client_store(real_store, c.id, "train")
+        out.append(privatize_class_sums(str(c.id), s.embeddings, s.labels, real_store.n_classes, dp,
+                                        torch.Generator().manual_seed(seed * 100 + c.id), weights))
+    return out, dp, weights
+
+
+def test_shrinkage_is_the_identity_without_noise(real_store, part):
+    from fedhype.federated.class_stats import client_gaussian, release_moments
+
+    ups, dp, w = _client_releases(real_store, part, 0.0, 0)
+    pooled = release_moments(ups, dp, w)
+    for u in ups:
+        a, b = client_gaussian(u, pooled, dp, w, 8, shrink=True), client_gaussian(u, pooled, dp, w, 8, shrink=False)
+        assert torch.equal(a["mean_shrinkage"], torch.ones_like(a["mean_shrinkage"]))
+        assert torch.allclose(a["class_means"], b["class_means"]) and torch.allclose(a["residual_var"], b["residual_var"])
+
+
+def test_shrunk_client_means_are_closer_to_the_clients_true_means(real_store, part):
+    """James–Stein: under the release noise, the shrunk class means of each client have a smaller
+    squared error against its exact (noiseless) class means than its own noisy ones, summed over
+    clients and three noise draws; the factors lie in [0, 1] and approach 1 as the noise vanishes."""
+    from fedhype.federated.class_stats import client_gaussian, release_moments
+
+    exact, dp0, w = _client_releases(real_store, part, 0.0, 0)
+    truth = [client_gaussian(u, release_moments(exact, dp0, w), dp0, w, 8, shrink=False)["class_means"] for u in exact]
+    err = {True: 0.0, False: 0.0}
+    factors = {}
+    for sigma in (2.0, 0.1):
+        for seed in range(3):
+            ups, dp, _ = _client_releases(real_store, part, sigma, seed)
+            pooled = release_moments(ups, dp, w)
+            for i, u in enumerate(ups):
+                for shrink in (True, False):
+                    g = client_gaussian(u, pooled, dp, w, 8, shrink=shrink)
+                    if sigma == 2.0:
+                        err[shrink] += float((g["class_means"] - truth[i]).pow(2).sum())
+                    if shrink:
+                        factors.setdefault(sigma, []).append(g["mean_shrinkage"])
+    assert err[True] < 0.8 * err[False], err
+    for f in factors.values():
+        f = torch.stack(f)
+        assert float(f.min()) >= 0.0 and float(f.max()) <= 1.0
+    assert float(torch.stack(factors[0.1]).mean()) > 0.4 > float(torch.stack(factors[2.0]).mean())
+
+
+def test_client_shrinkage_switch_sets_the_heads_from_the_shrunk_statistics(real_store, part, tmp_path):
+    from fedhype.federated.class_stats import client_gaussian, release_moments
+
+    cfg = TrainConfig(model={**SMALL, "client_shrinkage": True}, seed=0)
+    server, clients, dp, weights, _ = _stage(real_store, part, tmp_path, cfg)
+    updates = [c.release_class_stats(real_store.n_classes, dp, weights) for c in clients]  # seeded: the same noise
+    pooled = release_moments(updates, dp, weights)
+    hnet = server.hnet
+    for i, u in enumerate(updates):
+        want = client_gaussian(u, pooled, dp, weights, hnet.cfg.latent, shrink=True)["class_means"]
+        own = client_gaussian(u, pooled, dp, weights, hnet.cfg.latent, shrink=False)["class_means"]
+        with torch.no_grad():
+            mean, _ = _moments(hnet(server.codes[i]), hnet.space())
+        assert torch.allclose(mean, want, atol=1e-4), i
+        assert not torch.allclose(mean, own, atol=1e-3), i  # σ = 2 on ~100 records: the shrinkage is visible

@@ -61,6 +61,25 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
         ``residual_var`` [] and ``rank`` [] (int64): the covariance estimate
         ``cov_factor·cov_factorᵀ + residual_var·I`` (model space) of :func:`covariance_estimate`.
     """
+    mo = _moments(updates, noise_std, sums_std=sums_std, second_moment_std=second_moment_std)
+    mean, scale, class_means = mo["mean"], torch.sqrt(mo["var"] / mo["mean"].shape[0]), mo["class_means"]
+    out = {"space_mean": mean, "space_scale": scale, "class_bias": (class_means - mean) / scale}
+    if mo["cov"] is not None:
+        factor, resid, rank = _gaussian(mo, max_rank)
+        out.update({"cov_factor": (factor / scale).to(torch.float32), "residual_var": (resid / scale ** 2).to(torch.float32),
+                    "rank": torch.tensor(rank, dtype=torch.int64)})
+    return out
+
+
+def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *,
+             sums_std: float | None = None, second_moment_std: float = 0.0) -> dict:
+    """The DP first and second moments of a release in unit-sphere units (:func:`aggregate_class_stats`).
+
+    Returns ``mean`` [D], ``var`` [] (total variance, clamped), ``class_means`` [K, D] float32;
+    ``counts`` [K] (floored), ``sums_noise_var`` (noise variance per coordinate of the pooled sums),
+    ``cov`` [D, D] float64 (total covariance M/N − m mᵀ, or None without second moments) and
+    ``offdiag_var`` (noise variance of each of its off-diagonal entries).
+    """
     if type(updates) is PrivatizedAggregate:
         n_noise, updates = float(updates.noise_variance_factor), [updates]
     else:
@@ -81,19 +100,66 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
     # collapse the scale
     bias = dim * n_noise * sums_std ** 2 / float(total) ** 2
     var = torch.clamp(1.0 - (mean.pow(2).sum() - bias), min=MIN_TOTAL_VARIANCE, max=1.0)
-    scale = torch.sqrt(var / dim)
-    class_means = mean + (sums - counts[:, None] * mean) / counts.clamp_min(floor)[:, None]
-    out = {"space_mean": mean, "space_scale": scale, "class_bias": (class_means - mean) / scale}
+    class_counts = counts.clamp_min(floor)
+    class_means = mean + (sums - counts[:, None] * mean) / class_counts[:, None]
+    out = {"mean": mean, "var": var, "class_means": class_means, "counts": class_counts,
+           "sums_noise_var": n_noise * sums_std ** 2, "cov": None, "offdiag_var": 0.0}
     if all("second_moment" in u.tensors for u in updates):
         m2 = sum(u.tensors["second_moment"].to(torch.float64) for u in updates)
-        offdiag_var = n_noise * float(second_moment_std) ** 2 / float(total) ** 2
         m64 = mean.to(torch.float64)
-        cov = m2 / float(total) - torch.outer(m64, m64)
-        cov, tr = _within_class(cov, float(var), class_means.to(torch.float64) - m64,
-                                counts.to(torch.float64).clamp_min(floor), n_noise * sums_std ** 2)
-        factor, resid, rank = covariance_estimate(cov, tr, offdiag_var, max_rank=max_rank)
-        out.update({"cov_factor": (factor / scale).to(torch.float32), "residual_var": (resid / scale ** 2).to(torch.float32),
-                    "rank": torch.tensor(rank, dtype=torch.int64)})
+        out["cov"] = m2 / float(total) - torch.outer(m64, m64)
+        out["offdiag_var"] = n_noise * float(second_moment_std) ** 2 / float(total) ** 2
+    return out
+
+
+def _gaussian(mo: dict, max_rank: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The low-rank-plus-isotropic covariance of moments ``mo`` (:func:`_within_class`, :func:`covariance_estimate`)."""
+    m64 = mo["mean"].to(torch.float64)
+    cov, tr = _within_class(mo["cov"], float(mo["var"]), mo["class_means"].to(torch.float64) - m64,
+                            mo["counts"].to(torch.float64), mo["sums_noise_var"])
+    return covariance_estimate(cov, tr, mo["offdiag_var"], max_rank=max_rank)
+
+
+def shrink_toward(client: dict, pooled: dict) -> dict:
+    """Positive-part James–Stein shrinkage of one client's DP moments toward the pooled ones.
+
+    A client's own release is n_clients times noisier than the pool relative to its size; its
+    estimates are shrunk toward the pooled estimates by how much of their difference is noise
+    (James & Stein 1961; positive part, Baranchik 1964; toward a data-chosen target as in Efron &
+    Morris 1973), separately for
+
+    * each class mean: μ'_ik = μ_k + f_ik (μ_ik − μ_k), f_ik = max(0, 1 − D τ²_ik / ‖μ_ik − μ_k‖²),
+      τ²_ik = (noise variance per coordinate of the client's class-k sum) / n_ik² (n_ik: its floored
+      DP count);
+    * the covariance and the total variance: C'_i = C + f_i (C_i − C), v'_i = v + f_i (v_i − v),
+      f_i = max(0, 1 − D(D + 1) v_i / ‖C_i − C‖²_F), v_i the noise variance of an off-diagonal entry
+      of C_i (a diagonal entry has 2 v_i); the shrunk matrix then carries noise variance about
+      f_i² v_i + (1 − f_i)² v per entry (the pool's noise is treated as independent of the client's:
+      it contains it, so this overstates the noise slightly and keeps fewer spikes).
+
+    Without noise (no DP) every f is 1 and the client's own moments are returned unchanged.
+    Post-processing of DP outputs the server already holds (no ε). Both dicts come from
+    :func:`_moments`; returns a new one of the same form (the client's mean is the count-weighted
+    mean of its shrunk class means).
+    """
+    out = dict(client)
+    d = client["class_means"].to(torch.float64) - pooled["class_means"].to(torch.float64)  # [K, D]
+    dim = d.shape[1]
+    tau2 = client["sums_noise_var"] / client["counts"].to(torch.float64) ** 2  # [K]
+    f = (1.0 - dim * tau2 / d.pow(2).sum(1).clamp_min(1e-30)).clamp(0.0, 1.0)
+    cm = pooled["class_means"].to(torch.float64) + f[:, None] * d
+    w = client["counts"].to(torch.float64) / client["counts"].to(torch.float64).sum()
+    out["class_means"] = cm.to(torch.float32)
+    out["mean"] = (w @ cm).to(torch.float32)
+    out["mean_shrinkage"] = f
+    if client["cov"] is not None and pooled["cov"] is not None:
+        delta = client["cov"] - pooled["cov"]
+        v = float(client["offdiag_var"])
+        fc = max(0.0, min(1.0, 1.0 - dim * (dim + 1) * v / max(float(delta.pow(2).sum()), 1e-300))) if v > 0 else 1.0
+        out["cov"] = pooled["cov"] + fc * delta
+        out["var"] = pooled["var"] + fc * (client["var"] - pooled["var"])
+        out["offdiag_var"] = fc ** 2 * v + (1.0 - fc) ** 2 * float(pooled["offdiag_var"])
+        out["cov_shrinkage"] = fc
     return out
 
 
@@ -228,11 +294,12 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         base_cb, base_wl = hnet.base["cb"].to(torch.float64), hnet.base["wl"].to(torch.float64)
         base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
         rows = []
+        pooled = release_moments(updates, dp, weights)
+        shrink = bool(getattr(cfg, "client_shrinkage", False))
         for u in updates:
-            st = pooled_stats([u], dp, weights, max_rank)
-            si, mi = st["space_scale"].to(torch.float64), st["space_mean"].to(torch.float64)
-            cb = (mi + si * st["class_bias"].to(torch.float64) - m) / s
-            f = st["cov_factor"].to(torch.float64) * si / s
+            g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink)
+            cb = (g["class_means"] - m) / s
+            f = g["cov_factor"] / s
             r = min(f.shape[1], L)
             wl = torch.zeros(L, D, dtype=torch.float64)
             wl[:r] = f[:, :r].T
@@ -243,7 +310,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
             wl = (uu @ vh) @ wl
             parts = [(cb - base_cb).flatten(), (wl - base_wl).flatten()]
             if base_lsx is not None:
-                lsx = 0.5 * torch.log(st["residual_var"].to(torch.float64) * si ** 2 / s ** 2)
+                lsx = 0.5 * torch.log(g["residual_var"] / s ** 2)
                 parts.append(lsx - base_lsx)
             rows.append(torch.cat(parts))
         y = torch.stack(rows)  # [m, P]
@@ -256,6 +323,35 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
             hnet.heads["cs_lsx_w"].copy_(w[n_cb + n_wl:].to(torch.float32))
         err = float((c @ w.T - y).abs().max())
     return {"max_abs_error": err}
+
+
+def release_moments(updates, dp, weights) -> dict:
+    """:func:`_moments` of ``updates`` with the noise levels of the release settings (``dp``, ``weights``)."""
+    std = release_noise(dp, weights)
+    return _moments(updates, std["class_counts"], sums_std=std["class_sums"], second_moment_std=std["second_moment_offdiag"])
+
+
+def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_rank: int | None = None, *,
+                    shrink: bool = True) -> dict[str, torch.Tensor]:
+    """Client ``update``'s own DP class-conditional Gaussian, unit-sphere units (float64).
+
+    ``pooled``: :func:`release_moments` of every client's release. With ``shrink`` (``model.client_shrinkage``,
+    the default) the client's moments are first shrunk toward the pooled ones (:func:`shrink_toward`);
+    without, they are its own release alone (as :func:`pooled_stats` ``([update])``).
+
+    Returns ``class_means`` [K, D], ``cov_factor`` [D, r], ``residual_var`` [] (covariance
+    ``cov_factor·cov_factorᵀ + residual_var·I``) and, with ``shrink``, ``mean_shrinkage`` [K] and
+    ``cov_shrinkage`` [] (the James–Stein factors, 1 = the client's own estimate).
+    """
+    mo = release_moments([update], dp, weights)
+    if shrink:
+        mo = shrink_toward(mo, pooled)
+    factor, resid, _ = _gaussian(mo, max_rank)
+    out = {"class_means": mo["class_means"].to(torch.float64), "cov_factor": factor, "residual_var": resid}
+    if shrink:
+        out["mean_shrinkage"] = mo["mean_shrinkage"]
+        out["cov_shrinkage"] = torch.tensor(mo.get("cov_shrinkage", 1.0), dtype=torch.float64)
+    return out
 
 
 def release_noise(dp, weights) -> dict[str, float]:
