@@ -15,6 +15,7 @@ client for :mod:`fedhype.federated.flower` — which hands out RoundTasks and re
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -285,7 +286,7 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
                         f"round {r + 1} would take client(s) {sorted(over)} to ε = {worst:.4g} > --max-epsilon "
                         f"{cfg.max_epsilon}; stopped before spending (completed rounds: {r})", epsilon=worst, limit=cfg.max_epsilon)
             charge(ledger, planned, run.ledger)  # write-ahead: recorded before the data is touched
-        tasks = [RoundTask(round=r, index=i, client=clients[i].id, theta=server.theta_for(i), model=mcfg, dp=dp,
+        tasks = [RoundTask(round=r, index=i, client=clients[i].id, theta=functools.partial(server.theta_for, i), model=mcfg, dp=dp,
                            batch_size=cfg.batch_size, steps=cfg.steps_per_round(clients[i].n), lr=cfg.local_lr(mcfg))
                  for i in chosen]
         for t, upd in zip(tasks, transport.run_round(r, tasks), strict=True):  # PrivatizedUpdates only

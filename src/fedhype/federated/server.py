@@ -20,7 +20,7 @@ import torch
 
 from fedhype.models.config import ModelConfig
 from fedhype.models.hypernet import HyperNetwork
-from fedhype.models.losses import lipschitz_penalty
+from fedhype.models.losses import lipschitz_penalty_backward
 from fedhype.privacy.dp_step import PrivatizedUpdate
 
 
@@ -52,7 +52,7 @@ class Server:
             {"params": list(self.hnet.trunk.parameters()) + head_weight, "lr": lr_hyper},
             {"params": [self.codes], "lr": lr_code},
         ])
-        self._inbox: list[tuple[int, float, PrivatizedUpdate]] = []
+        self._inbox: list[tuple[int, float]] = []  # (client index, weight) of the updates folded in this round
 
     def theta_for(self, index: int) -> dict[str, torch.Tensor]:
         """θ_i = h_Φ(c_i), detached (what client ``index`` downloads)."""
@@ -60,35 +60,44 @@ class Server:
             return {k: v.detach().clone() for k, v in self.hnet(self.codes[index]).items()}
 
     def accept(self, index: int, weight: float, update: PrivatizedUpdate) -> None:
-        """Queue a client's update. Anything but a :class:`PrivatizedUpdate` is refused.
+        """Fold a client's update into the round's pseudo-gradient now (streamed aggregation).
+
+        The vector–Jacobian product of ``−w_i ⟨θ(c_i; Φ), Δθ_i⟩`` is accumulated into the ``.grad`` of
+        Φ and the codes at once, so neither the update nor its autograd graph is kept: the server's
+        memory does not grow with the number of clients in a round. :meth:`aggregate` divides by
+        Σ w_i (the weights are renormalised over the participants, which are known only then); by
+        linearity the result is the module docstring's ∇_Φ.
 
         Raises:
             TypeError: ``update`` is not a PrivatizedUpdate (the privacy boundary is a type).
         """
         if type(update) is not PrivatizedUpdate:
             raise TypeError(f"the server accepts only PrivatizedUpdate, got {type(update).__name__}")
-        self._inbox.append((index, float(weight), update))
+        if not self._inbox:
+            self.opt.zero_grad(set_to_none=True)
+            self.opt_adam.zero_grad(set_to_none=True)
+        theta = self.hnet(self.codes[index])
+        surrogate = self.codes.new_zeros(())
+        for k, d in update.tensors.items():
+            surrogate = surrogate - float(weight) * (theta[k] * d).sum()
+        surrogate.backward()
+        self._inbox.append((index, float(weight)))
 
     def aggregate(self) -> dict[str, float]:
-        """Apply the queued updates (weights renormalised over participants) and clear the inbox."""
+        """Apply the round's folded updates (weights renormalised over participants) and start a new round."""
         if not self._inbox:
             return {"participants": 0}
-        total_w = sum(w for _, w, _ in self._inbox)
-        self.opt.zero_grad(set_to_none=True)
-        self.opt_adam.zero_grad(set_to_none=True)
-        surrogate = self.codes.new_zeros(())
-        for index, w, upd in self._inbox:
-            theta = self.hnet(self.codes[index])
-            for k, d in upd.tensors.items():
-                surrogate = surrogate - (w / total_w) * (theta[k] * d).sum()
+        total_w = sum(w for _, w in self._inbox)
+        with torch.no_grad():  # Σ w_i g_i → Σ (w_i / Σ w) g_i
+            for p in [*self.hnet.parameters(), self.codes]:
+                if p.grad is not None:
+                    p.grad /= total_w
         lip = torch.zeros(())
         if self.lambda_lip > 0:
-            idx = torch.tensor([i for i, _, _ in self._inbox])
-            lip = lipschitz_penalty(self.hnet, self.codes[idx], self.generator)
-            surrogate = surrogate + self.lambda_lip * lip
-        surrogate.backward()
+            lip = lipschitz_penalty_backward(self.hnet, self.codes, [i for i, _ in self._inbox], self.generator,
+                                             self.lambda_lip)
         with torch.no_grad():  # each code gets its own client's full pseudo-gradient (not w_i-scaled)
-            for index, w, _ in (self._inbox if self.codes.grad is not None else []):
+            for index, w in (self._inbox if self.codes.grad is not None else []):
                 self.codes.grad[index] /= (w / total_w)
         self.opt.step()
         self.opt_adam.step()

@@ -159,6 +159,30 @@ def lipschitz_penalty(hnet, codes: torch.Tensor, generator: torch.Generator, del
     return total / max(len(codes), 1)
 
 
+def lipschitz_penalty_backward(hnet, codes: torch.Tensor, indices: list[int], generator: torch.Generator,
+                               weight: float, delta: float = 0.1) -> torch.Tensor:
+    """``weight ×`` :func:`lipschitz_penalty` of ``codes[indices]``, back-propagated one code at a time.
+
+    The same estimate with the same random directions (one ``randn`` of shape [len(indices),
+    code_dim] from ``generator``, as :func:`lipschitz_penalty` draws), but each code's term is
+    back-propagated into the ``.grad`` of Φ and ``codes`` (float32 [n_clients, code_dim], a leaf) as
+    soon as it is built, so memory does not grow with the number of codes. Returns the penalty's
+    value (detached, without ``weight``).
+    """
+    u = F.normalize(torch.randn((len(indices), codes.shape[1]), generator=generator), dim=-1)
+    n = max(len(indices), 1)
+    total = 0.0
+    for i, d in zip(indices, u):
+        c = codes[i]
+        a, b = hnet.generated(c), hnet.generated(c + delta * d)
+        if not a:
+            break
+        term = sum(((b[k] - a[k]) ** 2).sum() for k in a) / delta**2
+        (weight * term / n).backward()
+        total += float(term.detach())
+    return torch.tensor(total / n)
+
+
 def batch_elbo(theta: Params, psi: Params, x: torch.Tensor, labels: torch.Tensor, cfg: ModelConfig,
                generator: torch.Generator) -> dict[str, float]:
     """Diagnostics on a batch (no gradient): mean recon, KL and negative ELBO per example."""

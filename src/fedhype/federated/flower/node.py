@@ -74,7 +74,7 @@ def run_train(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
     if extra["space"] is not None:
         client.set_space(extra["space"])
     prepare_state(client.state_dir, task.round)
-    update = client.run_round(task.round, task.theta, task.model, task.dp, batch_size=task.batch_size,
+    update = client.run_round(task.round, task.theta_tensors(), task.model, task.dp, batch_size=task.batch_size,
                               steps=task.steps, lr=task.lr)
     return wire.encode_update(update, task.round)
 

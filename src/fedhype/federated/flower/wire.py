@@ -107,7 +107,7 @@ def encode_task(task: RoundTask, *, run_key: str, n_train: int, store_digest: st
                            "store-digest": store_digest, "fedhype-version": __version__}
     if task.dp.enabled:
         cfg["noise-multiplier"] = float(task.dp.noise_multiplier)
-    content = RecordDict({THETA: _to_record(task.theta), TASK: ConfigRecord(cfg)})
+    content = RecordDict({THETA: _to_record(task.theta_tensors()), TASK: ConfigRecord(cfg)})
     if space is not None:
         content[SPACE] = _to_record({"mean": space[0], "scale": space[1]})
     return content
@@ -209,7 +209,7 @@ class Expected:
     @classmethod
     def of_task(cls, task: RoundTask, sample_rate: float) -> "Expected":
         """The reply to a round task; ``sample_rate`` = q_i = min(1, B / n_i) of the plan."""
-        return cls(task.client, task.round, task.theta, task.steps, float(sample_rate), float(task.dp.clip_norm),
+        return cls(task.client, task.round, task.theta_tensors(), task.steps, float(sample_rate), float(task.dp.clip_norm),
                    bool(task.dp.enabled), float(task.dp.noise_multiplier) if task.dp.enabled else None)
 
     @classmethod
