@@ -120,7 +120,10 @@ class EmbeddingStore:
                 raise ValidationError(f"{where}: labels outside [0, {len(self.class_names)})")
             if int(self.domains.min()) < 0 or int(self.domains.max()) >= len(self.domain_names):
                 raise ValidationError(f"{where}: domain ids outside [0, {len(self.domain_names)})")
-            bad = (~torch.isfinite(e)).any(dim=1).nonzero().flatten()
+            # one pass without a [N, D] mask: a row sum is finite unless the row holds NaN/Inf (or overflows,
+            # which the exact check below then clears)
+            bad = torch.zeros(0, dtype=torch.int64) if bool(torch.isfinite(e.sum(dim=1)).all()) \
+                else (~torch.isfinite(e)).any(dim=1).nonzero().flatten()
             if bad.numel():
                 i = int(bad[0])
                 raise ValidationError(f"{where}: embeddings contain NaN or Inf: first at row {i} (sample id "

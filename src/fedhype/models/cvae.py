@@ -37,12 +37,12 @@ def to_model_space(x: torch.Tensor, space: Space | None = None) -> torch.Tensor:
     return (u - space[0]) / space[1]
 
 
-def to_output_space(x: torch.Tensor, space: Space | None = None) -> torch.Tensor:
+def to_output_space(x: torch.Tensor, space: Space | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Back from model space to unit-norm embeddings ``y / ‖y‖``, ``y = m + s·x̃`` [..., D] — the
-    space synthetic stores are written in."""
+    space synthetic stores are written in (into ``out`` when given: float32, same shape)."""
     if space is not None:
         x = space[0] + space[1] * x
-    return F.normalize(x, dim=-1)
+    return F.normalize(x, dim=-1, out=out)
 
 
 def init_local_encoder(cfg: ModelConfig, generator: torch.Generator) -> Params:
@@ -148,11 +148,12 @@ def prior(theta: Params, y1h: torch.Tensor, latent: int, tape=None, prefix: str 
 
 
 def sample(theta: Params, labels: torch.Tensor, cfg: ModelConfig, generator: torch.Generator,
-           temperature: float = 1.0, space: Space | None = None) -> torch.Tensor:
+           temperature: float = 1.0, space: Space | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Draw synthetic embeddings: z ~ prior(y), x ~ N(decode(z, y), diag σ_x²), mapped to the unit sphere.
 
     Args:
-        labels: int64 [N]. space: the model space (:func:`to_model_space`). Returns float32 [N, D], unit norm.
+        labels: int64 [N]. space: the model space (:func:`to_model_space`). out: float32 [N, D] to write
+            the result into (optional). Returns float32 [N, D], unit norm.
     """
     y1h = F.one_hot(labels, cfg.n_classes).to(torch.float32)
     mu, lv = prior(theta, y1h, cfg.latent)
@@ -161,4 +162,4 @@ def sample(theta: Params, labels: torch.Tensor, cfg: ModelConfig, generator: tor
     x = decode(theta, z, y1h)
     if "dec.logsx" in theta:
         x = x + temperature * torch.exp(theta["dec.logsx"]) * torch.randn(x.shape, generator=generator, device=x.device)
-    return to_output_space(x, space)
+    return to_output_space(x, space, out)

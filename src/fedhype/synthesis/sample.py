@@ -161,7 +161,9 @@ def _space(hnet, code: torch.Tensor):
     return hnet.space_for(code) if hasattr(hnet, "space_for") else None
 
 
-def _decode(theta, labels, cfg, gen, batch_size, temperature, space=None) -> torch.Tensor:
-    parts = [sample(theta, labels[i:i + batch_size], cfg, gen, temperature, space)
-             for i in range(0, labels.numel(), batch_size)]
-    return torch.cat(parts) if parts else torch.empty(0, cfg.dim)
+def _decode(theta, labels, cfg, gen, batch_size, temperature, space=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode ``labels`` batch by batch into ``out`` (float32 [N, D], allocated if None; no concatenation copy)."""
+    out = torch.empty(labels.numel(), cfg.dim) if out is None else out
+    for i in range(0, labels.numel(), batch_size):
+        sample(theta, labels[i:i + batch_size], cfg, gen, temperature, space, out=out[i:i + batch_size])
+    return out
