@@ -120,11 +120,9 @@ class InProcessTransport:
     def run_round(self, round_idx: int, tasks: list[RoundTask]) -> Iterator[PrivatizedUpdate]:
         """One client after the other, each update handed to the engine (and folded into the server's
         pseudo-gradient) before the next client runs: memory stays flat in the number of clients."""
-        for n, t in enumerate(tasks, 1):
+        for t in tasks:
             yield self.clients[t.index].run_round(t.round, t.theta_tensors(), t.model, t.dp, batch_size=t.batch_size,
                                                   steps=t.steps, lr=t.lr)
-            if n % TRIM_EVERY == 0:
-                release_free_memory()
         chosen = {t.index for t in tasks}
         for i, c in enumerate(self.clients):  # carry the others' private state forward unchanged
             if i not in chosen:
@@ -141,34 +139,6 @@ class InProcessTransport:
     def after_commit(self, rounds_done: int) -> None:
         for c in self.clients:
             c.drop_state_before(rounds_done)
-
-
-#: clients between two :func:`release_free_memory` calls in a round
-TRIM_EVERY = 16
-
-
-def release_free_memory() -> None:
-    """Return freed heap memory to the operating system (glibc ``malloc_trim(0)``; a no-op elsewhere).
-
-    Why: each client's round allocates and frees its model, optimiser state and state file; small
-    long-lived objects between them keep glibc from shrinking the heap, so without this the peak RSS
-    of a 1,000-client round grew by ~120 MB of memory that was free but not returned
-    (``benchmarks/clients_scaling.py``).
-    """
-    global _LIBC
-    if _LIBC is None:
-        try:
-            import ctypes
-
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim  # noqa: B018 - not glibc: AttributeError
-        except (OSError, AttributeError):
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
-
-
-_LIBC = None
 
 
 def carry_state(state_dir: str | Path, round_idx: int) -> None:
