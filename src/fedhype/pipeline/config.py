@@ -123,18 +123,14 @@ def train_config(conf: dict) -> TrainConfig:
 
 
 def to_toml(conf: dict) -> str:
-    """Render a resolved configuration as TOML (None values are omitted, as TOML has no null)."""
-    lines = []
-    for section, values in conf.items():
-        lines.append(f"[{section}]")
-        for k, v in values.items():
-            if v is None:
-                lines.append(f"# {k} = (none)")
-            elif isinstance(v, bool):
-                lines.append(f"{k} = {'true' if v else 'false'}")
-            elif isinstance(v, str):
-                lines.append(f'{k} = "{v}"')
-            else:
-                lines.append(f"{k} = {list(v) if isinstance(v, tuple) else v}")
-        lines.append("")
-    return "\n".join(lines)
+    """Render a resolved configuration as TOML (written by ``tomli-w``, so any string round-trips).
+
+    TOML has no null: keys whose value is None are left out and listed in a comment at the top
+    (reading the file back with :func:`resolve` gives them their default, None).
+    """
+    import tomli_w
+
+    unset = [f"{sec}.{k}" for sec, values in conf.items() for k, v in values.items() if v is None]
+    body = tomli_w.dumps({sec: {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items() if v is not None}
+                          for sec, values in conf.items()})
+    return (f"# not set (none): {', '.join(unset)}\n" if unset else "") + body
