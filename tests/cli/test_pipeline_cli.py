@@ -163,8 +163,8 @@ def test_bad_values_are_refused_before_anything_is_written(files, tmp_path):
 
 
 def test_a_job_refused_before_training_leaves_its_folder_reusable(tmp_path):
-    """δ ≥ 1/n for a client is refused (exit 2) before the run folder is written; the corrected
-    command then runs in the same --out instead of being refused as 'a different configuration'."""
+    """δ ≥ 1/n for a client is refused (exit 2) before the job writes anything (no folder is left);
+    the corrected command then runs in the same --out."""
     runner = CliRunner()
     base = ["run", "--out", str(tmp_path / "job"), "--json",
             "--set", f"data.limit={REAL_STORE['limit']}", "--set", f"data.image_size={REAL_STORE['image_size']}",
@@ -173,7 +173,10 @@ def test_a_job_refused_before_training_leaves_its_folder_reusable(tmp_path):
             "--set", "evaluate.interpolation=false", "--set", "evaluate.dp_linear=false", *SMALL_MODEL_SET]
     r = runner.invoke(app, base + ["--set", "train.delta=0.05"])
     assert r.exit_code == 2 and "delta = 0.05 is not below 1/n" in _json(r)["error"], r.output
-    assert not (tmp_path / "job" / "run" / "config.json").exists()
+    assert not (tmp_path / "job").exists()
+    r = runner.invoke(app, base + ["--secure-aggregation", "--dropout-tolerance", "4"])  # t ≥ m = 4 clients
+    assert r.exit_code == 2 and "dropout" in _json(r)["error"].lower(), r.output
+    assert not (tmp_path / "job").exists()
     r = runner.invoke(app, base)
     assert r.exit_code == 0, r.output
     assert _json(r)["delta"] == 1e-4

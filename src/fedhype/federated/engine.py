@@ -99,6 +99,38 @@ def check_client_sizes(partition: Partition, cfg: TrainConfig) -> None:
             check_delta(cfg.delta, n, where=f"client {c.name!r}")
 
 
+def check_plan(partition: Partition, cfg: TrainConfig, dim: int, n_classes: int):
+    """Every refusal that needs only public values, before a run writes anything.
+
+    Client sizes (``min_records``, δ < 1/n_i), the model, secure aggregation's (m, t), the privacy
+    plan (σ calibrated to the target) and ``max_epsilon`` against the planned run. ``partition`` is
+    the one the engine trains on (:func:`fedhype.federated.baselines.training_partition`).
+
+    Returns:
+        ``(model_config, distributed_noise_or_None, plan_privacy(cfg, sizes))``.
+
+    Raises:
+        ValidationError: a bad size, δ, model or (m, t). BudgetExceededError: the plan exceeds ``max_epsilon``.
+    """
+    check_client_sizes(partition, cfg)
+    sizes = [len(c.train) for c in partition.clients]
+    mcfg = cfg.model_config(dim, n_classes)
+    distributed = cfg.distributed_noise(len(sizes))
+    if distributed is not None and not mcfg.class_bias:
+        raise ValidationError("--secure-aggregation aggregates the statistics release; this model releases none "
+                              "(model.class_bias = false)")
+    privacy = plan_privacy(cfg, sizes)
+    sigma = privacy["noise_multiplier"]
+    if cfg.max_epsilon is not None and not cfg.no_dp:
+        worst_plan = max(epsilon(privacy["prefix"] + ([(sigma, q, s)] if sigma is not None else []), cfg.delta)
+                         for q, s in privacy["plan"])
+        if worst_plan > cfg.max_epsilon:
+            raise BudgetExceededError(
+                f"the planned run would reach ε = {worst_plan:.4g} > --max-epsilon {cfg.max_epsilon} (δ = {cfg.delta}); "
+                "nothing was trained", epsilon=worst_plan, limit=cfg.max_epsilon)
+    return mcfg, distributed, privacy
+
+
 def build_client(store: EmbeddingStore, partition: Partition, index: int, state_dir: str | Path,
                  seed: int | None) -> Client:
     """Client ``index`` of ``partition`` with its training rows of ``store`` — in this process, or on
@@ -186,14 +218,8 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
                            n_classes: int, connect: Callable[[RunDir], ClientTransport], resume: bool,
                            progress: Callable[[dict], None] | None, stop_after: int | None) -> dict[str, Any]:
     """:func:`run_federation`'s body, run while holding the run folder's writer lock."""
-    check_client_sizes(partition, cfg)  # public sizes: refused before anything is written
+    mcfg, distributed, privacy = check_plan(partition, cfg, store_info["dim"], n_classes)
     sizes = [len(c.train) for c in partition.clients]
-    mcfg = cfg.model_config(store_info["dim"], n_classes)
-    distributed = cfg.distributed_noise(len(sizes))  # secure aggregation: (m, t) checked before anything is written
-    if distributed is not None and not mcfg.class_bias:
-        raise ValidationError("--secure-aggregation aggregates the statistics release; this model releases none "
-                              "(model.class_bias = false)")
-    privacy = plan_privacy(cfg, sizes)
     resolved = {"train": cfg.to_dict(), "model": mcfg.to_dict(), "privacy_plan": privacy,
                 "store": dict(store_info),
                 "partition": {"scheme": partition.scheme, "clients": [c.name for c in partition.clients]},
@@ -215,13 +241,6 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
     else:
         done = 0
     sigma = privacy["noise_multiplier"]
-    if cfg.max_epsilon is not None and not cfg.no_dp:
-        worst_plan = max(epsilon(privacy["prefix"] + ([(sigma, q, s)] if sigma is not None else []), cfg.delta)
-                         for q, s in privacy["plan"])
-        if worst_plan > cfg.max_epsilon:
-            raise BudgetExceededError(
-                f"the planned run would reach ε = {worst_plan:.4g} > --max-epsilon {cfg.max_epsilon} (δ = {cfg.delta}); "
-                "nothing was trained", epsilon=worst_plan, limit=cfg.max_epsilon)
     atomic_write_json(run.config, resolved)
 
     transport = connect(run)

@@ -38,10 +38,11 @@ _STAGE_FILES = ("embeddings.safetensors", "partition.json", "synthetic.safetenso
                 "report.md")
 
 
-def _embed(conf: dict, out: Path, log: Log) -> EmbeddingStore:
+def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
+    """The job's real store: the folder's copy when ``reuse``, else embedded (or read from the cache); not written here."""
     path = out / "embeddings.safetensors"
     d = conf["data"]
-    if path.exists():
+    if reuse and path.exists():
         store = EmbeddingStore.load(path)
         log(f"embed: reusing {path} ({len(store)} × {store.dim})")
         return store
@@ -60,21 +61,20 @@ def _embed(conf: dict, out: Path, log: Log) -> EmbeddingStore:
         store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
                              image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
                              pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=True)
-    store.save(path)
     log(f"embed: {len(store)} images → {store.dim}-d ({store.meta.get('encoder')})")
     return store
 
 
-def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log) -> Partition:
+def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bool) -> Partition:
+    """The job's partition: the folder's when ``reuse`` (checked against ``store``), else made; not written here."""
     path = out / "partition.json"
-    if path.exists():
+    if reuse and path.exists():
         part = Partition.load(path)
         part.check_store(store)
         return part
     p = conf["partition"]
     part = make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
                           splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=p["seed"])
-    part.save(path)
     log(f"partition: {len(part.clients)} clients ({p['scheme']}): " +
         ", ".join(f"{c.name}={len(c.train)}" for c in part.clients))
     return part
@@ -107,13 +107,13 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
         ValidationError: a different configuration already in ``out``; bad settings.
         BudgetExceededError: the training plan would exceed ``train.max_epsilon``.
     """
-    train_config(conf)  # validate every training setting before anything is written
+    tcfg = train_config(conf)  # validate every training setting before anything is written
     _check_synthesis_code(conf)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     old_conf = read_json(cfg_path, "job config") if cfg_path.exists() else None
-    if old_conf is not None and old_conf != json.loads(json.dumps(conf)):
+    stale = old_conf is not None and old_conf != json.loads(json.dumps(conf))
+    if stale:
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
             from fedhype.federated.engine import _differences
 
@@ -121,26 +121,38 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
             raise ValidationError(f"{out} holds a job with a different configuration ({cfg_path}: "
                                   f"{'; '.join(diff[:5]) or 'details differ'}); "
                                   "use another --out or the same settings to resume")
-        # a job refused before training (e.g. δ ≥ 1/n for a client) spent nothing: its folder is reused,
-        # and what its stages wrote under the old settings is removed so nothing stale is reused
+        # a job refused before training spent nothing: its folder is reused, and what its stages wrote
+        # under the old settings is not (removed below, once the new settings are known to be valid)
         log(f"run: {out} held a job that never started training (nothing was spent); replacing its configuration")
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    store = _embed(conf, out, log, reuse=not stale)
+    timings["embed_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    part = _partition(conf, store, out, log, reuse=not stale)
+    timings["partition_s"] = time.perf_counter() - t
+
+    from fedhype.federated.baselines import training_partition
+    from fedhype.federated.engine import check_plan
+
+    # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
+    # max_epsilon) happens here, before the job writes anything: a refused job leaves its folder as it was
+    check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)
+    out.mkdir(parents=True, exist_ok=True)
+    if stale:
         for name in _STAGE_FILES:
             (out / name).unlink(missing_ok=True)
     atomic_write_json(cfg_path, conf)
     atomic_write_text(out / "config.toml", to_toml(conf))
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-    store = _embed(conf, out, log)
-    timings["embed_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    part = _partition(conf, store, out, log)
-    timings["partition_s"] = time.perf_counter() - t
+    if not (out / "embeddings.safetensors").exists():
+        store.save(out / "embeddings.safetensors")
+    if not (out / "partition.json").exists():
+        part.save(out / "partition.json")
 
     from fedhype.federated.engine import train
 
     t = time.perf_counter()
-    tcfg = train_config(conf)
     run_dir = out / "run"
     resume = (run_dir / "config.json").exists()
     if resume:
