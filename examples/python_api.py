@@ -1,7 +1,7 @@
-"""The main job through the Python API, stage by stage (what `fedhype run` does, shortened).
+"""The main job through the Python API (what `fedhype run` does, shortened).
 
 embed (cached) → partition by domain → FedHypeVAE under record-level DP at a target ε →
-synthesize from the neutral meta-code → fidelity and utility against held-out real embeddings.
+synthetic embeddings → fidelity and utility against held-out real embeddings → the shareable model.
 
     .venv/bin/python examples/python_api.py                 # ε = 1, 8 rounds (about 1 min on 2 cores)
     .venv/bin/python examples/python_api.py --epsilon 4 --rounds 4 --out /tmp/example-run
@@ -13,13 +13,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from fedhype.data.partition import make_partition
-from fedhype.encoders import cached_embed
-from fedhype.eval.evaluate import evaluate
-from fedhype.federated.config import TrainConfig
-from fedhype.federated.engine import train
-from fedhype.pipeline.config import DEFAULTS
-from fedhype.synthesis import synthesize
+import fedhype
 
 
 def main() -> None:
@@ -28,29 +22,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--limit", type=int, default=None, help="embed a stratified subset of N images")
     ap.add_argument("--image-size", type=int, default=112)
-    ap.add_argument("--out", type=Path, default=None, help="run directory (default: a temporary folder)")
+    ap.add_argument("--out", type=Path, default=None, help="folder for the run and the saved model (default: a temporary one)")
     a = ap.parse_args()
-    out = a.out or Path(tempfile.mkdtemp(prefix="fedhype-example-")) / "run"
+    out = a.out or Path(tempfile.mkdtemp(prefix="fedhype-example-"))
 
     # 1. real embeddings of the bundled digits domains (reused from ~/.cache/fedhype when present)
-    store = cached_embed("digits-domains", "dinov2-vits14", limit=a.limit, image_size=a.image_size, progress=True)
+    store = fedhype.embed("digits-domains", limit=a.limit, image_size=a.image_size)
     # 2. one client per domain; each client's records split 60/20/20 into train/val/test
-    part = make_partition(store, scheme="domain")
+    clients = fedhype.partition(store, scheme="domain")
     # 3. federated training under record-level DP: σ is calibrated so that the accountant's ε for
-    #    the plan (the class-statistics release + every DP-SGD step) meets the target
-    #    (the defaults of `fedhype run`; TrainConfig's own defaults are smaller steps for library use)
-    cfg = TrainConfig(**{**DEFAULTS["train"], "rounds": a.rounds, "epsilon": a.epsilon, "seed": 0},
-                      model=dict(DEFAULTS["model"]))
-    res = train(store, part, cfg, out)
-    print(f"trained {res['rounds']} rounds over {len(res['clients'])} clients: ε = {res['epsilon']:.3f} "
-          f"(accountant), σ = {res['noise_multiplier']:.2f}")
-    # 4. synthetic embeddings from the neutral meta-code, 300 per class
-    syn = synthesize(out, "neutral", per_class=300, seed=0)
+    #    the plan (the class-statistics release + every DP-SGD step) meets the target; every other
+    #    setting is `fedhype run`'s default
+    gen = fedhype.FedHypeVAE(epsilon=a.epsilon, rounds=a.rounds, seed=0, out=out / "run").fit(store, clients)
+    spent = gen.privacy_spent()
+    print(f"trained {gen.result_['rounds']} rounds over {len(spent.per_client)} clients: ε = {spent.epsilon:.3f} "
+          f"(accountant), σ = {gen.result_['noise_multiplier']:.2f}")
+    # 4. synthetic embeddings: each class from the clients that hold it (the `mixture` code), 300 per class
+    syn = gen.sample(per_class=300, seed=0)
     # 5. against the held-out real test split (never seen in training)
-    ev = evaluate(part.split_store(store, "test"), syn, real_train=part.split_store(store, "train"), seed=0)
-    print(f"MMD² {ev['mmd2']:.3f}  FD {ev['fd']:.3f}  TSTR accuracy {ev['tstr_accuracy']:.3f}  "
-          f"(TRTR {ev['trtr_accuracy']:.3f}, chance {1 / store.n_classes:.2f})")
-    print(f"run directory: {out}")
+    ev = fedhype.evaluate(clients.split_store(store, "test"), syn, real_train=clients.split_store(store, "train"))
+    print(ev)
+    # 6. what may leave the site: the DP model, its ledger and its configuration (no client state)
+    print(f"shareable model: {gen.save(out / 'model')}")
 
 
 if __name__ == "__main__":

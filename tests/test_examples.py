@@ -17,10 +17,12 @@ def test_python_api_example_trains_synthesizes_and_evaluates(real_store, tmp_pat
     env = {**os.environ, "FEDHYPE_CACHE": str(TEST_CACHE)}  # real_store filled this cache
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py"), "--rounds", "2", "--epsilon", "8",
                         "--limit", str(REAL_STORE["limit"]), "--image-size", str(REAL_STORE["image_size"]),
-                        "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=900)
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     eps = float(re.search(r"ε = ([0-9.]+) \(accountant\)", r.stdout).group(1))
     tstr = float(re.search(r"TSTR accuracy ([0-9.]+)", r.stdout).group(1))
     assert 7.9 <= eps <= 8.0  # the accountant's figure for the steps run, at the target
     assert tstr > 0.2  # class information in the synthetic embeddings (chance 0.10; 0.29 measured)
-    assert (tmp_path / "run" / "ledger.json").exists() and (tmp_path / "run" / "model.safetensors").exists()
+    assert (tmp_path / "out" / "run" / "ledger.json").exists() and (tmp_path / "out" / "run" / "clients").is_dir()
+    assert sorted(p.name for p in (tmp_path / "out" / "model").iterdir()) == ["config.json", "ledger.json",
+                                                                             "model.safetensors"]

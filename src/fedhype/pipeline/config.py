@@ -48,11 +48,19 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def resolve(config_file: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Defaults ← TOML file ← ``--set`` overrides, validated.
+def resolve(config_file: str | Path | None = None, overrides: list[str] | None = None, *,
+            values: dict[str, Any] | None = None, where: str = "argument") -> dict[str, dict[str, Any]]:
+    """Defaults ← TOML file ← ``--set`` overrides ← ``values``, validated.
+
+    Args:
+        config_file: a job TOML file (sections as :data:`DEFAULTS`).
+        overrides: ``section.key=value`` strings (``--set``; values parsed as TOML).
+        values: ``{"section.key": value}`` with Python values (the Python API's keyword arguments;
+            errors name them as ``{where} key``).
 
     Raises:
-        ValidationError: unreadable TOML, unknown section/key, malformed ``--set``.
+        ValidationError: unreadable TOML, unknown section/key, malformed ``--set``, a value of the
+            wrong type, or ``train.no_dp`` together with an explicit ε, σ or max ε.
     """
     conf = copy.deepcopy(DEFAULTS)
     given: dict[str, str] = {}  # "section.key" → where it was set (file or --set)
@@ -77,6 +85,11 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
         section, _, name = key.strip().partition(".")
         _set(conf, section, name, _parse_value(value.strip()), where=f"--set {item}")
         given[f"{section}.{name}"] = f"--set {item}"
+    for key, value in (values or {}).items():
+        section, _, name = key.partition(".")
+        label = f"{where} {name}"
+        _set(conf, section, name, list(value) if isinstance(value, tuple) else value, where=label)
+        given[key] = label
     # normalise "none" markers
     for k in ("noise_multiplier", "max_epsilon", "seed", "epsilon"):
         if isinstance(conf["train"].get(k), str) and conf["train"][k].lower() in ("none", "null", ""):

@@ -46,6 +46,14 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
         store = EmbeddingStore.load(path)
         log(f"embed: reusing {path} ({len(store)} × {store.dim})")
         return store
+    store = embed_store(d)
+    log(f"embed: {len(store)} images → {store.dim}-d ({store.meta.get('encoder')})")
+    return store
+
+
+def embed_store(d: dict, *, progress: bool = True) -> EmbeddingStore:
+    """The real store of a ``[data]`` section ``d``: an image folder (``images``) embedded, or a bundled
+    ``dataset`` read from (or added to) the embedding cache."""
     from fedhype.encoders.cache import cached_embed
 
     if d["images"]:
@@ -56,13 +64,10 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
         src = scan_image_folder(d["images"], limit=d["limit"] or None, seed=d["seed"])
         enc = create_encoder(d["encoder"], device=d["device"], dtype=d.get("dtype", "auto"), pooling=d["pooling"],
                              image_size=d["image_size"] or None)
-        store = embed_source(src, enc, progress=True)
-    else:
-        store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
-                             image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
-                             pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=True)
-    log(f"embed: {len(store)} images → {store.dim}-d ({store.meta.get('encoder')})")
-    return store
+        return embed_source(src, enc, progress=progress)
+    return cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
+                        image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
+                        pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=progress)
 
 
 def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bool) -> Partition:

@@ -1,0 +1,122 @@
+"""The high-level Python API (fedhype.FedHypeVAE, embed, partition, evaluate): the README's notebook block runs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REAL_STORE, TEST_CACHE
+
+import fedhype
+from fedhype.errors import ValidationError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_block() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Python API"):text.index("## Privacy model")]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_notebook_block_runs_and_reports_the_accountants_epsilon(tmp_path, monkeypatch, real_store):
+    code = readme_block()
+    assert 'fedhype.embed("digits-domains")' in code and "FedHypeVAE(epsilon=4.0, seed=0)" in code
+    # the same block on the shared 800-image test store (already embedded), everything else as written
+    code = code.replace('fedhype.embed("digits-domains")',
+                        f'fedhype.embed("digits-domains", limit={REAL_STORE["limit"]}, image_size={REAL_STORE["image_size"]}, '
+                        f'cache_dir={str(TEST_CACHE / "embeddings")!r}, progress=False)')
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(code, "README.md", "exec"), ns)
+    out = buf.getvalue()
+    gen, syn = ns["gen"], ns["syn"]
+    spent = gen.privacy_spent()
+    # ε is the ledger's, recomputed by the accountant, at the target for the steps run
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger.load(gen.run_dir_ / "ledger.json")
+    assert spent.epsilon == pytest.approx(max(ledger.epsilons().values()))
+    assert 3.9 <= spent.epsilon <= 4.0 and spent.private and spent.delta == 1e-4
+    assert set(spent.mechanisms) == {"dp-class-stats", "dp-sgd"} and len(spent.per_client) == 4
+    assert f"ε = {spent.epsilon:.3f}" in out
+    tstr = float(re.search(r"TSTR accuracy ([0-9.]+)", out).group(1))
+    assert tstr > 0.25  # chance 0.10 over the 10 digits
+    assert len(syn) == 300 * 10 and syn.meta["private"] and syn.meta["epsilon"] == pytest.approx(spent.epsilon)
+    # only the shareable files leave the run directory
+    saved = tmp_path / "shared" / "model"
+    assert sorted(os.listdir(saved)) == sorted(["config.json", "ledger.json", "model.safetensors"])
+    assert (gen.run_dir_ / "clients").is_dir()  # the private client state stays behind
+    back = fedhype.FedHypeVAE.load(saved)
+    assert back.privacy_spent() == spent
+    again = back.sample(per_class=5, seed=3)
+    assert again.embeddings.shape == (50, real_store.dim)
+    assert (gen.sample(per_class=5, seed=3).embeddings == again.embeddings).all()  # the same model
+
+
+def test_defaults_are_fedhype_runs():
+    from fedhype.pipeline.config import resolve, train_config
+
+    assert fedhype.FedHypeVAE().train_config == train_config(resolve())
+    g = fedhype.FedHypeVAE(epsilon=8.0, rounds=3, train={"local_epochs": 1.0}, model={"latent": 32})
+    assert (g.train_config.epsilon, g.train_config.rounds, g.train_config.local_epochs) == (8.0, 3, 1.0)
+    assert g.train_config.model["latent"] == 32
+    assert fedhype.FedHypeVAE(noise_multiplier=2.0).train_config.epsilon is None  # σ given: ε is reported, not targeted
+
+
+def test_bad_arguments_are_refused_with_the_name():
+    with pytest.raises(ValidationError, match="FedHypeVAE: epochs"):
+        fedhype.FedHypeVAE(train={"epochs": 3})
+    with pytest.raises(ValidationError, match="rounds must be a number"):
+        fedhype.FedHypeVAE(rounds="8")
+    with pytest.raises(ValidationError, match="asks for privacy but train.no_dp"):
+        fedhype.FedHypeVAE(no_dp=True, epsilon=4.0)
+    with pytest.raises(ValidationError, match="method"):
+        fedhype.FedHypeVAE(method="gan")
+    g = fedhype.FedHypeVAE()
+    with pytest.raises(ValidationError, match="call fit"):
+        g.sample()
+    with pytest.raises(ValidationError, match="call fit"):
+        g.privacy_spent()
+
+
+def test_save_refuses_an_existing_folder_and_leaves_nothing_half_written(audit_run, tmp_path):
+    run, _ = audit_run
+    g = fedhype.FedHypeVAE.load(run)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ValidationError, match="exists"):
+        g.save(tmp_path / "taken")
+    assert g.save(tmp_path / "new").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "taken"]  # no temporary folder left
+    assert fedhype.FedHypeVAE.load(tmp_path / "new").privacy_spent().epsilon == pytest.approx(
+        g.privacy_spent().epsilon)
+
+
+def test_evaluation_is_typed_and_keeps_every_metric(real_store):
+    part = fedhype.partition(real_store, scheme="iid", clients=2)
+    test, train = part.split_store(real_store, "test"), part.split_store(real_store, "train")
+    ev = fedhype.evaluate(test, train, real_train=train, permutations=0)
+    assert isinstance(ev, fedhype.Evaluation)
+    assert ev.chance == pytest.approx(0.1) and ev.tstr_accuracy == ev.trtr_accuracy > 0.6
+    d = ev.to_dict()
+    assert d["tstr_accuracy"] == ev.tstr_accuracy and d["chance"] == ev.chance and "per_domain" in d
+    assert ev.mmd2_p_value is None and "TSTR accuracy" in str(ev)
+
+
+def test_import_is_light_and_the_package_is_typed():
+    r = subprocess.run([sys.executable, "-c", "import fedhype, sys; print('torch' in sys.modules, sorted(dir(fedhype)))"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("False")  # the API is imported on first use
+    assert "FedHypeVAE" in r.stdout and "evaluate" in r.stdout
+    assert (Path(fedhype.__file__).parent / "py.typed").is_file()
+    with pytest.raises(AttributeError):
+        fedhype.no_such_thing  # noqa: B018
