@@ -129,10 +129,10 @@ MISSING = "/nonexistent/fedhype-missing.safetensors"
     (["train", "--store", MISSING, "--partition", "{part}", "--out", "{tmp}/run"], "--store"),
     (["train", "--store", "{store}", "--partition", MISSING, "--out", "{tmp}/run"], "--partition"),
     (["synthesize", "--run", MISSING, "--out", "{tmp}/s.safetensors"], "--run"),
-    (["evaluate", "--real", MISSING, "--synthetic", "{store}"], "--real"),
-    (["evaluate", "--real", "{store}", "--synthetic", MISSING], "--synthetic"),
-    (["evaluate", "--real", "{store}", "--synthetic", "{store}", "--real-train", MISSING], "--real-train"),
-    (["evaluate", "--real", "{store}", "--synthetic", "{store}", "--partition", MISSING], "--partition"),
+    (["evaluate", "--store", MISSING, "--synthetic", "{store}"], "--store"),
+    (["evaluate", "--store", "{store}", "--synthetic", MISSING], "--synthetic"),
+    (["evaluate", "--store", "{store}", "--synthetic", "{store}", "--real-train", MISSING], "--real-train"),
+    (["evaluate", "--store", "{store}", "--synthetic", "{store}", "--partition", MISSING], "--partition"),
     (["budget", "--noise-multiplier", "1", "--delta", "1e-5", "--rounds", "2", "--local-steps", "1", "--batch-size",
       "8", "--partition", MISSING], "--partition"),
     (["audit", "--run", MISSING], "--run"),
@@ -141,12 +141,12 @@ MISSING = "/nonexistent/fedhype-missing.safetensors"
     (["audit", "--run", "{tmp}", "--mia", "--store", "{store}", "--partition", MISSING], "--partition"),
     (["prototypes", "train", "--data", MISSING, "--out", "{tmp}/m"], "--data"),
     (["prototypes", "train", "--data", "{store}", "--partition", MISSING, "--out", "{tmp}/m"], "--partition"),
-    (["prototypes", "train", "--data", "{store}", "--real", MISSING, "--out", "{tmp}/m"], "--real"),
+    (["prototypes", "train", "--data", "{store}", "--store", MISSING, "--out", "{tmp}/m"], "--store"),
     (["prototypes", "train", "--data", "{store}", "--ledger", MISSING, "--out", "{tmp}/m"], "--ledger"),
-    (["prototypes", "evaluate", "--model", MISSING, "--real", "{store}"], "--model"),
-    (["prototypes", "evaluate", "--model", "{tmp}", "--real", MISSING], "--real"),
-    (["prototypes", "dp-linear", "--real", MISSING, "--partition", "{part}"], "--real"),
-    (["prototypes", "dp-linear", "--real", "{store}", "--partition", MISSING], "--partition"),
+    (["prototypes", "evaluate", "--model", MISSING, "--store", "{store}"], "--model"),
+    (["prototypes", "evaluate", "--model", "{tmp}", "--store", MISSING], "--store"),
+    (["prototypes", "dp-linear", "--store", MISSING, "--partition", "{part}"], "--store"),
+    (["prototypes", "dp-linear", "--store", "{store}", "--partition", MISSING], "--partition"),
     (["embed", "--images", MISSING, "--out", "{tmp}/e.safetensors"], "--images"),
     (["embed", "--dataset", "digits-domains", "--weights", MISSING, "--out", "{tmp}/e.safetensors"], "--weights"),
     (["run", "--config", MISSING, "--out", "{tmp}/job"], "--config"),
@@ -169,7 +169,7 @@ def test_wrong_kind_of_path_and_corrupt_files(files, tmp_path):
     assert r.exit_code == 2 and "holds no model.safetensors" in _one_json(r)["error"]
     r = _invoke("audit", "--run", files / "empty", "--json")
     assert r.exit_code == 2 and "is not a run directory" in _one_json(r)["error"]
-    r = _invoke("prototypes", "evaluate", "--model", files / "empty", "--real", files / "digits.safetensors", "--json")
+    r = _invoke("prototypes", "evaluate", "--model", files / "empty", "--store", files / "digits.safetensors", "--json")
     assert r.exit_code == 2 and "not a `fedhype prototypes train` model directory" in _one_json(r)["error"]
     # a file that exists but is corrupt stays an artifact error
     r = _invoke("budget", "--noise-multiplier", 1, "--delta", 1e-5, "--rounds", 2, "--local-steps", 1, "--batch-size",
@@ -233,8 +233,8 @@ def test_clients_below_min_train_are_capped_in_the_message(files, tmp_path):
                 "--alpha", 0.01, "--out", tmp_path / "p.json", "--json")
     assert r.exit_code == 2
     err = _one_json(r)["error"]
-    assert err.count(" train / ") == 5 and " more;" in err and "(--min-train)" in err
-    assert "a larger --alpha" in err and "lower --min-train" in err and len(err) < 500
+    assert err.count(" train / ") == 5 and " more;" in err and "(--min-records)" in err
+    assert "a larger --alpha" in err and "lower --min-records" in err and len(err) < 500
     r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "iid", "--clients", 56,
                 "--out", tmp_path / "p.json", "--json")
     err = _one_json(r)["error"]
@@ -247,9 +247,9 @@ def test_domain_scheme_advice_fits_the_scheme(files, tmp_path):
     assert r.exit_code == 2
     err = _one_json(r)["error"]
     assert "1 of 2 domains are too small to be clients: tiny (15 train / 25 records)" in err
-    assert "--scheme iid or dirichlet" in err and "lower --min-train" in err and "fewer --clients" not in err
+    assert "--scheme iid or dirichlet" in err and "lower --min-records" in err and "fewer --clients" not in err
     r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--clients", 40,
-                "--min-train", 27, "--out", tmp_path / "p.json", "--json")
+                "--min-records", 27, "--out", tmp_path / "p.json", "--json")
     err = _one_json(r)["error"]
     assert r.exit_code == 2 and "at least 2: one per domain" in err and "--alpha" not in err
 
@@ -261,7 +261,7 @@ def test_train_min_records_names_its_option_and_both_remedies(files, tmp_path):
     assert r.exit_code == 2, r.output
     err = _one_json(r)["error"]
     assert "fewer than --min-records 1000" in err and "lower --min-records" in err
-    assert "`fedhype partition --min-train 1000`" in err and "min_records=" not in err
+    assert "`fedhype partition --min-records 1000`" in err and "min_records=" not in err
 
 
 # ----------------------------------------------------------------------------- 8: embed checks cheap options first
@@ -452,3 +452,39 @@ def test_ctrl_c_exits_130(files, tmp_path, monkeypatch):
                 tmp_path / "run", "--epsilon", 2, "--delta", 1e-5, "--rounds", 1, "--hidden", 16, "--latent", 4, "--json")
     assert r.exit_code == 130
     assert _one_json(r)["kind"] == "interrupted"
+
+
+# ----------------------------------------------------------------------------- one vocabulary
+def test_renamed_options_still_work_under_their_old_names_and_warn(files, tmp_path):
+    new = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--fractions",
+                  "0.5,0.25,0.25", "--min-records", 30, "--out", tmp_path / "new.json", "--json")
+    old = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--split",
+                  "0.5,0.25,0.25", "--min-train", 30, "--out", tmp_path / "old.json", "--json")
+    assert new.exit_code == old.exit_code == 0, old.output
+    assert "deprecated" not in new.stderr
+    assert "--split is deprecated" in old.stderr and "use --fractions" in old.stderr
+    assert "--min-train is deprecated" in old.stderr and "use --min-records" in old.stderr
+    assert (tmp_path / "new.json").read_text() == (tmp_path / "old.json").read_text()  # same meaning
+    r = _invoke("evaluate", "--real", files / "digits.safetensors", "--synthetic", files / "digits.safetensors",
+                "--partition", files / "part.json", "--real-split", "val", "--permutations", 0, "--json")
+    assert r.exit_code == 0, r.output
+    assert "--real is deprecated" in r.stderr and "--real-split is deprecated" in r.stderr
+    part = make_partition(EmbeddingStore.load(files / "digits.safetensors"), scheme="domain")
+    assert _one_json(r)["n_real"] == sum(len(c.val) for c in part.clients)  # the val split, as --split val
+
+
+def test_every_command_answers_dash_h():
+    for argv in ([], ["embed"], ["partition"], ["train"], ["synthesize"], ["evaluate"], ["budget"], ["audit"],
+                 ["prototypes"], ["prototypes", "train"], ["run"]):
+        r = _invoke(*argv, "-h")
+        assert r.exit_code == 0 and "Usage: " in r.stdout, (argv, r.output)
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom fedhype.cli.main import app\nfrom typer.testing import CliRunner\n"
+            "for c in ['embed', 'partition', 'train', 'synthesize', 'evaluate', 'budget', 'audit', 'prototypes', 'run']:\n"
+            "    assert CliRunner().invoke(app, [c, '--help']).exit_code == 0\n"
+            "print(sorted(m for m in ('torch', 'sklearn', 'scipy', 'transformers') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"  # every --help answers without the heavy libraries (< 1 s: benchmarks/cli_help.py)

@@ -48,7 +48,7 @@ def _run(*args):
 
 
 def test_json_output(stores):
-    r = _run("--real", stores["real"], "--synthetic", stores["syn"], "--real-train", stores["train"], *FAST,
+    r = _run("--store", stores["real"], "--synthetic", stores["syn"], "--real-train", stores["train"], *FAST,
              "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -60,7 +60,7 @@ def test_json_output(stores):
 
 
 def test_human_output_is_a_table(stores):
-    r = _run("--real", stores["real"], "--synthetic", stores["syn"], *FAST)
+    r = _run("--store", stores["real"], "--synthetic", stores["syn"], *FAST)
     assert r.exit_code == 0, r.output
     assert "fidelity" in r.stdout and "TSTR" in r.stdout and "balanced_accuracy" in r.stdout
     assert "per domain" in r.stdout
@@ -72,7 +72,7 @@ def test_partition_gives_per_client_results(stores, tmp_path):
     full = EmbeddingStore.load(stores["full"])
     part = make_partition(full, scheme="iid", n_clients=3, seed=0, min_train_per_client=20)
     part_path = part.save(tmp_path / "part.json")
-    r = _run("--real", stores["full"], "--synthetic", stores["syn"], "--partition", part_path, "--interpolation",
+    r = _run("--store", stores["full"], "--synthetic", stores["syn"], "--partition", part_path, "--interpolation",
              *FAST, "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -81,7 +81,7 @@ def test_partition_gives_per_client_results(stores, tmp_path):
     assert out["trtr_accuracy"] is not None
     assert set(out["interpolation"]["clients"]) == {c.name for c in part.clients}
     # a partition made from another store is refused as a mismatched artifact
-    r = _run("--real", stores["real"], "--synthetic", stores["syn"], "--partition", part_path, *FAST, "--json")
+    r = _run("--store", stores["real"], "--synthetic", stores["syn"], "--partition", part_path, *FAST, "--json")
     assert r.exit_code == 4
 
 
@@ -91,14 +91,14 @@ def test_partition_gives_per_client_results(stores, tmp_path):
         (["--synthetic", "corrupt"], 4),
         (["--synthetic", "narrow"], 2),
         (["--synthetic", "syn", "--space", "cosine"], 2),
-        (["--synthetic", "syn", "--real-split", "test"], 2),
+        (["--synthetic", "syn", "--split", "test"], 2),
         (["--synthetic", "syn", "--k", "0"], 2),
         (["--synthetic", "syn", "--permutations", "many"], 2),
     ],
 )
 def test_exit_codes(stores, extra, code):
     extra = [str(stores[a]) if a in stores else a for a in extra]
-    r = _run("--real", stores["real"], *FAST, *extra, "--json")
+    r = _run("--store", stores["real"], *FAST, *extra, "--json")
     assert r.exit_code == code, r.output
     if code == 4 or "narrow" in " ".join(extra):
         err = json.loads(r.stdout)
@@ -109,7 +109,7 @@ def test_exit_codes(stores, extra, code):
 
 def test_console_script_prints_one_json_object(stores):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([sys.executable, "-m", "fedhype.cli.main", "evaluate", "--real", str(stores["real"]),
+    p = subprocess.run([sys.executable, "-m", "fedhype.cli.main", "evaluate", "--store", str(stores["real"]),
                         "--synthetic", str(stores["syn"]), *FAST, "--json"], capture_output=True, text=True, env=env,
                        timeout=120)
     assert p.returncode == 0, p.stderr

@@ -61,7 +61,7 @@ def test_json_output_and_file(store_file, tmp_path):
 
 
 def test_table_output_domain_scheme(store_file, tmp_path):
-    res = invoke("--store", store_file, "--scheme", "domain", "--split", "0.5,0.25,0.25", "--out", tmp_path / "d.json")
+    res = invoke("--store", store_file, "--scheme", "domain", "--fractions", "0.5,0.25,0.25", "--out", tmp_path / "d.json")
     assert res.exit_code == 0, res.output
     assert "first-half" in res.stdout and "second-half" in res.stdout and "10/10" in res.stdout
     part = Partition.load(tmp_path / "d.json")
@@ -73,9 +73,9 @@ def test_table_output_domain_scheme(store_file, tmp_path):
     [
         (["--scheme", "random", "--clients", "3"], "unknown scheme"),
         (["--scheme", "dirichlet", "--clients", "3", "--alpha", "-1"], "alpha"),
-        (["--scheme", "iid", "--clients", "3", "--split", "0.6,0.4"], "--split"),
+        (["--scheme", "iid", "--clients", "3", "--fractions", "0.6,0.4"], "--fractions"),
         (["--scheme", "iid", "--clients", "200"], "--clients 200 is too many"),
-        (["--scheme", "iid", "--clients", "56"], "fewer than 20 train records (--min-train)"),
+        (["--scheme", "iid", "--clients", "56"], "fewer than 20 train records (--min-records)"),
     ],
 )
 def test_validation_errors_exit_2(store_file, tmp_path, extra, match):

@@ -36,7 +36,7 @@ def test_train_on_real_partition_and_evaluate_per_client(files):
     res = json.loads(r.stdout)
     assert res["n_train"] == 480 and res["private"] is False and res["matching"] == "none"
     assert res["train_accuracy"] > 0.45                      # chance 0.1; 6 short epochs
-    r = _run("evaluate", "--model", out, "--real", files["real"], "--partition", files["part"], "--json")
+    r = _run("evaluate", "--model", out, "--store", files["real"], "--partition", files["part"], "--json")
     assert r.exit_code == 0, r.output
     ev = json.loads(r.stdout)
     assert ev["n"] == 160 and 0.35 < ev["accuracy"] <= 1 and 0 < ev["macro_f1"] <= 1
@@ -50,20 +50,20 @@ def test_train_on_real_partition_and_evaluate_per_client(files):
 
 def test_train_on_synthetic_with_dp_matching(files):
     out = files["root"] / "dp-model"
-    r = _run("train", "--data", files["syn"], "--real", files["real"], "--partition", files["part"], "--matching", "dp",
+    r = _run("train", "--data", files["syn"], "--store", files["real"], "--partition", files["part"], "--matching", "dp",
              "--epochs", 3, "--noise-multiplier", 1.5, "--delta", 1e-4, "--out", out, "--json")
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["private"] is True and res["data_epsilon"] == 1.0
     assert 0 < res["epsilon"] < 5 and res["epsilon_scope"].startswith("the DP matching alone") and res["privacy"]["events"] == 3 * 4
     assert (out / "ledger.json").exists()
-    r = _run("evaluate", "--model", out, "--real", files["real"], "--json")      # the whole store, per domain
+    r = _run("evaluate", "--model", out, "--store", files["real"], "--json")      # the whole store, per domain
     assert r.exit_code == 0, r.output
     ev = json.loads(r.stdout)
     assert ev["n"] == 800 and ev["per_client"] is None and len(ev["per_domain"]) == 4
     assert ev["privacy"]["epsilon"] == res["epsilon"]
     # over budget: exit 3 before anything is spent
-    r = _run("train", "--data", files["syn"], "--real", files["real"], "--partition", files["part"], "--matching", "dp",
+    r = _run("train", "--data", files["syn"], "--store", files["real"], "--partition", files["part"], "--matching", "dp",
              "--epochs", 3, "--max-epsilon", 0.01, "--delta", 1e-4, "--out", files["root"] / "x", "--json")
     assert r.exit_code == 3 and json.loads(r.stdout)["epsilon"] > 0.01
 
@@ -93,15 +93,15 @@ def test_train_usage_errors_exit_2(files, args, message):
 
 
 def test_artifact_errors_exit_4_and_mismatch_exit_2(files):
-    r = _run("evaluate", "--model", files["root"] / "missing", "--real", files["real"], "--json")
+    r = _run("evaluate", "--model", files["root"] / "missing", "--store", files["real"], "--json")
     assert r.exit_code == 2 and "no such folder" in json.loads(r.stdout)["error"]  # a missing input is a usage error
     out = files["root"] / "small"
     assert _run("train", "--data", files["real"], "--epochs", 1, "--out", out, "--json").exit_code == 0
-    r = _run("evaluate", "--model", out, "--real", files["narrow"], "--json")
+    r = _run("evaluate", "--model", out, "--store", files["narrow"], "--json")
     assert r.exit_code == 2 and "D=32" in json.loads(r.stdout)["error"]
     raw = (out / "model.safetensors").read_bytes()
     (out / "model.safetensors").write_bytes(raw[:100])
-    r = _run("evaluate", "--model", out, "--real", files["real"], "--json")
+    r = _run("evaluate", "--model", out, "--store", files["real"], "--json")
     assert r.exit_code == 4, r.output
     r = _run("train", "--data", files["root"] / "nope.safetensors", "--out", files["root"] / "y", "--json")
     assert r.exit_code == 2 and "--data" in json.loads(r.stdout)["error"]

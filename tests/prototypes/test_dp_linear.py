@@ -115,7 +115,7 @@ def test_cli_dp_linear(real_store, part, tmp_path):
 
     real_store.save(tmp_path / "real.safetensors")
     part.save(tmp_path / "part.json")
-    args = ["prototypes", "dp-linear", "--real", str(tmp_path / "real.safetensors"), "--partition",
+    args = ["prototypes", "dp-linear", "--store", str(tmp_path / "real.safetensors"), "--partition",
             str(tmp_path / "part.json"), "--rounds", "2", "--seed", "0", "--json"]
     res = CliRunner().invoke(app, [*args, "--epsilon", "8", "--out", str(tmp_path / "m")])
     assert res.exit_code == 0, res.output

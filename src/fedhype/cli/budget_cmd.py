@@ -35,17 +35,6 @@ from rich.table import Table
 from fedhype.cli.train_cmd import job_default
 from fedhype.cli.common import JsonOpt, console, existing, kv_table, run_command
 from fedhype.errors import ValidationError
-from fedhype.privacy.accountant import (
-    calibrate_noise,
-    calibrate_noise_plan,
-    check_delta,
-    epsilon_report,
-    validate_delta,
-    validate_noise_multiplier,
-    validate_sample_rate,
-    validate_steps,
-    validate_target_epsilon,
-)
 
 INFINITE_NOTE = "ε = ∞: σ = 0 adds no noise, so there is no differential-privacy guarantee"
 
@@ -66,6 +55,8 @@ def _mark(result: dict[str, Any], sigma: float, note: bool = True) -> dict[str, 
 def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier: float | None = None,
                   target_epsilon: float | None = None) -> dict[str, Any]:
     """ε of ``steps`` Poisson-subsampled Gaussian steps, or (with ``target_epsilon``) σ for a target ε."""
+    from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps, validate_target_epsilon  # torch: imported on use, not for --help
+
     delta = validate_delta(delta, "--delta")
     q = validate_sample_rate(sample_rate, "--sample-rate")
     steps = validate_steps(steps, "--steps")
@@ -101,6 +92,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     Args:
         clients: ``[(id, name, n_train), ...]``.
     """
+    from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps, validate_target_epsilon  # torch: imported on use, not for --help
+
     delta = validate_delta(delta, "--delta")
     rounds = validate_steps(rounds, "--rounds")
     if rounds < 1:
@@ -278,6 +271,8 @@ def budget(
     """
 
     def body() -> dict[str, Any]:
+        from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps, validate_target_epsilon  # torch: imported on use, not for --help
+
         if delta is None:
             raise ValidationError("--delta is required")
         if (noise_multiplier is None) == (epsilon is None):

@@ -34,6 +34,7 @@ JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON object on s
 KINDS = {1: "runtime", 2: "usage", 3: "budget", 4: "artifact", 130: "interrupted"}
 
 _JSON_META = "fedhype.json"
+_ARGV_META = "fedhype.argv"  # the raw arguments (to tell which name of a renamed option was used)
 
 
 def _clean(obj: Any) -> Any:
@@ -151,6 +152,7 @@ class JsonUsageGroup(TyperGroup):
                 _usage_failure(exc)
             raise
         ctx.meta[_JSON_META] = json_mode
+        ctx.meta[_ARGV_META] = list(args)
         return ctx
 
     def invoke(self, ctx: Any) -> Any:
@@ -160,6 +162,25 @@ class JsonUsageGroup(TyperGroup):
             if ctx.meta.get(_JSON_META):
                 _usage_failure(exc)
             raise
+
+
+# ---------------------------------------------------------------------------- renamed options
+def renamed_option(default: Any, new: str, old: str, *, help: str, callback: Callable[[Any], Any] | None = None,
+                   **kwargs: Any) -> Any:
+    """An option called ``new`` that still answers to its old name ``old`` for one release.
+
+    Using ``old`` works as before and prints ``warning: --old is deprecated …; use --new`` on
+    stderr (the raw arguments are kept by :class:`JsonUsageGroup`). ``callback`` (a one-argument
+    check such as :func:`existing`) runs on the value either way.
+    """
+
+    def check(ctx: typer.Context, value: Any) -> Any:
+        argv = ctx.meta.get(_ARGV_META) or []
+        if any(a == old or a.startswith(old + "=") for a in argv):
+            typer.echo(f"warning: {old} is deprecated and will be removed in the next release; use {new}", err=True)
+        return callback(value) if callback is not None else value
+
+    return typer.Option(default, new, old, help=f"{help} (Old name {old}: deprecated.)", callback=check, **kwargs)
 
 
 # ---------------------------------------------------------------------------- input paths

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, console, existing, run_command
+from fedhype.cli.common import JsonOpt, console, existing, renamed_option, run_command
 from fedhype.errors import ValidationError
 
 _FIDELITY = (("MMD²", "mmd2"), ("MMD² p-value", "mmd2_p_value"), ("MMD² multi-bandwidth", "mmd2_multi"),
@@ -82,15 +82,16 @@ def _by_client(part: Any, store: Any, split: str) -> Any:
 
 
 def evaluate(
-    real: Path = typer.Option(..., "--real", help="Real store: held-out test set (full store with --partition).",
-                             callback=existing("embeddings store", "create it with `fedhype embed`")),
+    real: Path = renamed_option(..., "--store", "--real", help="Real store: held-out test set (the full store with --partition).",
+                                callback=existing("embeddings store", "create it with `fedhype embed`")),
     synthetic: Path = typer.Option(..., "--synthetic", help="Synthetic embeddings store (from `fedhype synthesize`).",
                                   callback=existing("synthetic embeddings store", "create it with `fedhype synthesize`")),
     real_train: Path | None = typer.Option(None, "--real-train", help="Real training store for the TRTR classifier.",
                                            callback=existing("embeddings store", "create it with `fedhype embed`")),
-    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --real is split by it.",
+    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --store is split by it.",
                                           callback=existing("partition file", "create it with `fedhype partition`")),
-    real_split: str | None = typer.Option(None, "--real-split", help="With --partition: held-out split (test)."),
+    real_split: str | None = renamed_option(None, "--split", "--real-split", help="With --partition: the held-out split "
+                                            "of --store to compare with (train, val or test; default test)."),
     interpolation: bool = typer.Option(False, "--interpolation", help="With --partition: per-client λ protocol."),
     space: str = typer.Option("l2", "--space", help="Evaluation space: l2 (unit-norm rows) or raw."),
     permutations: int = typer.Option(200, "--permutations", help="MMD² permutation-test permutations (0: no p-value)."),
@@ -114,10 +115,10 @@ def evaluate(
 
         check_space(space)
         if partition is None and (real_split is not None or interpolation or code_domain is not None):
-            raise ValidationError("--real-split, --interpolation and --code-domain need --partition")
+            raise ValidationError("--split, --interpolation and --code-domain need --partition")
         split = real_split or "test"
         if split not in ("train", "val", "test"):
-            raise ValidationError(f"--real-split must be train, val or test, got {split!r}")
+            raise ValidationError(f"--split must be train, val or test, got {split!r}")
         real_store = EmbeddingStore.load(real)
         syn_store = EmbeddingStore.load(synthetic)
         check_compatible(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}")

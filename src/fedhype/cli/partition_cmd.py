@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, check_out_file, console, existing, run_command
+from fedhype.cli.common import JsonOpt, check_out_file, console, existing, renamed_option, run_command
 from fedhype.errors import ValidationError
 
 #: Clients named in a "too few train records" refusal; the rest are counted.
@@ -27,23 +27,23 @@ def _parse_split(text: str) -> tuple[float, float, float]:
     except ValueError:
         parts = ()
     if len(parts) != 3:
-        raise ValidationError(f"--split must be three comma-separated fractions like 0.6,0.2,0.2, got {text!r}")
+        raise ValidationError(f"--fractions must be three comma-separated fractions like 0.6,0.2,0.2, got {text!r}")
     return parts  # type: ignore[return-value]
 
 
 def _advice(scheme: str, clients: int | None, n_domains: int, max_clients: int | None) -> str:
-    """What to do about clients below --min-train, for ``scheme``."""
+    """What to do about clients below --min-records, for ``scheme``."""
     fewer = f"--clients ≤ {max_clients}" if max_clients and clients and clients > max_clients else "fewer --clients"
     if scheme == "domain" and clients is None:
         return ("with --scheme domain each domain is one client, so a small domain cannot be helped by client "
-                "counts: lower --min-train, raise the train fraction of --split, pool the domains with "
+                "counts: lower --min-records, raise the train fraction of --fractions, pool the domains with "
                 "--scheme iid or dirichlet, or leave the small domain out of the store")
     if scheme == "domain":
         return (f"use fewer --clients (at least {n_domains}: one per domain; omit --clients for exactly one per "
-                "domain) or lower --min-train")
+                "domain) or lower --min-records")
     if scheme == "dirichlet":
-        return f"use {fewer}, a larger --alpha (less label skew) or lower --min-train"
-    return f"use {fewer}, a larger or no --quantity-skew, or lower --min-train"
+        return f"use {fewer}, a larger --alpha (less label skew) or lower --min-records"
+    return f"use {fewer}, a larger or no --quantity-skew, or lower --min-records"
 
 
 def _precheck(n: int, clients: int | None, train_fraction: float, min_train: int) -> None:
@@ -58,14 +58,14 @@ def _precheck(n: int, clients: int | None, train_fraction: float, min_train: int
         return
     fit = int(n * train_fraction // m)
     raise ValidationError(
-        f"--clients {clients} is too many for {n} records: a train fraction of {train_fraction:g} (--split) gives "
-        f"about {round(n * train_fraction)} train records in all, fewer than the {clients} × {m} that --min-train "
-        f"{min_train} asks for; " + (f"use --clients {fit} or fewer, or lower --min-train" if fit >= 1
-                                     else "lower --min-train or use a larger store"))
+        f"--clients {clients} is too many for {n} records: a train fraction of {train_fraction:g} (--fractions) gives "
+        f"about {round(n * train_fraction)} train records in all, fewer than the {clients} × {m} that --min-records "
+        f"{min_train} asks for; " + (f"use --clients {fit} or fewer, or lower --min-records" if fit >= 1
+                                     else "lower --min-records or use a larger store"))
 
 
 def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: int, max_clients: int) -> ValidationError:
-    """A "clients below --min-train" refusal with at most :data:`SHOWN` clients named and advice for ``scheme``.
+    """A "clients below --min-records" refusal with at most :data:`SHOWN` clients named and advice for ``scheme``.
 
     Parses the message of :func:`fedhype.data.partition.make_partition` (which lists every client);
     any other refusal is returned unchanged. tests/cli/test_cli_usability.py pins the format.
@@ -79,7 +79,7 @@ def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: 
     rest = len(entries) + (int(hidden.group(1)) if hidden else 0) - min(len(entries), SHOWN)
     more = f" and {rest} more" if rest > 0 else ""
     what = "domains are too small to be clients" if scheme == "domain" and clients is None else \
-        f"clients have fewer than {m.group(3)} train records (--min-train)"
+        f"clients have fewer than {m.group(3)} train records (--min-records)"
     return ValidationError(f"{m.group(1)} of {m.group(2)} {what}: {shown}{more}; "
                            f"{_advice(scheme, clients, n_domains, max_clients)}")
 
@@ -101,9 +101,9 @@ def partition(
     clients: int | None = typer.Option(None, "--clients", help="Number of clients (dirichlet/iid: required; domain: ≥ #domains)."),
     alpha: float = typer.Option(0.3, "--alpha", help="Dirichlet concentration α (dirichlet scheme; smaller = more label skew)."),
     quantity_skew: float | None = typer.Option(None, "--quantity-skew", help="iid only: client sizes ~ Dirichlet(S)."),
-    split: str = typer.Option("0.6,0.2,0.2", "--split", help="train,val,test fractions per client."),
-    min_train: int = typer.Option(20, "--min-train", help="Refuse a partition in which a client has fewer train records "
-                                   "(`fedhype train --min-records` is the training-time minimum)."),
+    split: str = renamed_option("0.6,0.2,0.2", "--fractions", "--split", help="train,val,test fractions of each client's records."),
+    min_train: int = renamed_option(20, "--min-records", "--min-train", help="Refuse a partition in which a client has fewer "
+                                    "training records (`fedhype train --min-records` checks the same at training time)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the partition."),
     out: Path = typer.Option(..., "--out", help="Partition JSON file to write; an existing file is refused unless "
                              "--overwrite."),

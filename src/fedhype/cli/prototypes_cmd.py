@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JsonOpt, console, existing, kv_table, run_command
+from fedhype.cli.common import JsonOpt, console, existing, kv_table, renamed_option, run_command
 from fedhype.errors import ValidationError
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
@@ -65,7 +65,7 @@ def train(
     federated: bool = typer.Option(False, "--federated", help="FedHPro rounds over the partition's clients of --data "
                                    "(real records; the result is NOT differentially private)."),
     split: str = typer.Option("train", "--split", help="Partition split the clients train on."),
-    real: Path | None = typer.Option(None, "--real", help="Real store of the partition, for --matching dp when --data "
+    real: Path | None = renamed_option(None, "--store", "--real", help="Real store of the partition, for --matching dp when --data "
                                      "is synthetic.", callback=existing("embeddings store", "create it with `fedhype embed`")),
     head: str = typer.Option("both", "--head", help="prototype | linear | both (prediction head)."),
     matching: str = typer.Option("none", "--matching", help="none (default: measured best, see benchmarks/prototypes.py) | "
@@ -103,7 +103,7 @@ def train(
         if matching == "dp" and partition is None:
             raise ValidationError("--matching dp needs --partition (the clients whose records give DP gradients)")
         if matching != "dp" and (real is not None or ledger is not None):
-            raise ValidationError("--real and --ledger are only used with --matching dp")
+            raise ValidationError("--store and --ledger are only used with --matching dp")
         t0 = time.perf_counter()
         store = EmbeddingStore.load(data)
         part = Partition.load(partition) if partition is not None else None
@@ -133,10 +133,10 @@ def train(
             if matching == "dp":
                 real_store = EmbeddingStore.load(real) if real is not None else store
                 if real_store.kind == "synthetic":
-                    raise ValidationError("--matching dp needs the clients' real store: pass --real")
+                    raise ValidationError("--matching dp needs the clients' real store: pass --store")
                 part.check_store(real_store)
                 if real_store.dim != store.dim or real_store.class_names != store.class_names:
-                    raise ValidationError(f"--real {real} and --data {data} differ in dimension or class names")
+                    raise ValidationError(f"--store {real} and --data {data} differ in dimension or class names")
                 dp_clients = _clients(part, real_store, split)
             console.print(f"training on {len(train_store)} embeddings ({store.kind}) …", highlight=False)
             x_tr, y_tr = train_store.embeddings.numpy(), train_store.labels.numpy()
@@ -192,9 +192,9 @@ def evaluate(
     model: Path = typer.Option(..., "--model", help="Model directory from `fedhype prototypes train`.",
                                callback=existing("hyper-prototype model directory",
                                                  "train one with `fedhype prototypes train`", kind="dir")),
-    real: Path = typer.Option(..., "--real", help="Real store (held-out test set; the full store with --partition).",
+    real: Path = renamed_option(..., "--store", "--real", help="Real store (held-out test set; the full store with --partition).",
                               callback=existing("embeddings store", "create it with `fedhype embed`")),
-    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --real is split by it.",
+    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --store is split by it.",
                                           callback=existing("partition file", "create it with `fedhype partition`")),
     split: str = typer.Option("test", "--split", help="With --partition: the split to evaluate on."),
     json_mode: bool = JsonOpt,
@@ -215,11 +215,11 @@ def evaluate(
         clf = HyperPrototypeClassifier.load(model)
         store = EmbeddingStore.load(real)
         if store.dim != clf.n_features_in_:
-            raise ValidationError(f"--real {real} has D={store.dim}, the model was trained on D={clf.n_features_in_} "
+            raise ValidationError(f"--store {real} has D={store.dim}, the model was trained on D={clf.n_features_in_} "
                                   "(use embeddings from the same encoder)")
         names = clf.meta_.get("class_names")
         if names is not None and list(names) != store.class_names:
-            raise ValidationError(f"--real {real} has classes {store.class_names}, the model {names}")
+            raise ValidationError(f"--store {real} has classes {store.class_names}, the model {names}")
         per_client = None
         if partition is not None:
             part = Partition.load(partition)
@@ -245,7 +245,7 @@ def evaluate(
 @sub.command("dp-linear")
 def dp_linear(
     ctx: typer.Context,
-    real: Path = typer.Option(..., "--real", help="Real embeddings store of the partition.",
+    real: Path = renamed_option(..., "--store", "--real", help="Real embeddings store of the partition.",
                               callback=existing("embeddings store", "create it with `fedhype embed`")),
     partition: Path = typer.Option(..., "--partition", help="Partition JSON: clients train on their train split, "
                                    "the test split is the held-out evaluation set.",
@@ -281,7 +281,7 @@ def dp_linear(
                              noise_multiplier=noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed)
         store = EmbeddingStore.load(real)
         if store.kind == "synthetic":
-            raise ValidationError(f"--real {real} is a synthetic store; this reference trains on real records")
+            raise ValidationError(f"--store {real} is a synthetic store; this reference trains on real records")
         console.print(f"DP FedAvg linear classifier: {rounds} rounds …", highlight=False)
         return dp_linear_downstream(store, Partition.load(partition), cfg, out=out)
 

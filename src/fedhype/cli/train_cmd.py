@@ -96,7 +96,7 @@ def explain_min_records(exc: ValidationError, *, records: str, partition: str) -
 
     Args:
         records: how the user sets the training minimum, e.g. ``"--min-records"``.
-        partition: how the user re-partitions, e.g. ``"`fedhype partition` with fewer --clients and --min-train {need}"``
+        partition: how the user re-partitions, e.g. ``"`fedhype partition` with fewer --clients and --min-records {need}"``
             (``{need}`` is replaced by the minimum).
     """
     m = _MIN_RECORDS.match(str(exc))
@@ -174,7 +174,7 @@ def register(app: typer.Typer) -> None:
                                               "second moments, 1e-2 for the others)."),
         max_epsilon: Optional[float] = _opt("max_epsilon", "--max-epsilon", help="Refuse (exit 3) before exceeding this ε."),
         min_records: int = _opt("min_records", "--min-records",
-                                help="Refuse a client with fewer training records (`fedhype partition --min-train` "
+                                help="Refuse a client with fewer training records (`fedhype partition --min-records` "
                                      "is the partition-time minimum)."),
         hidden: Optional[int] = _opt("hidden", "--hidden", section="model",
                                      help="Width of the CVAE's hidden layers (model size)."),
@@ -222,7 +222,7 @@ def register(app: typer.Typer) -> None:
             except ValidationError as exc:
                 raise explain_min_records(
                     exc, records="--min-records",
-                    partition="`fedhype partition --min-train {need}` with fewer --clients (or another --scheme)") from None
+                    partition="`fedhype partition --min-records {need}` with fewer --clients (or another --scheme)") from None
             from fedhype.pipeline.report import above_target
 
             target = cfg.epsilon if res["private"] and cfg.noise_multiplier is None else None
