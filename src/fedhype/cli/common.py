@@ -24,6 +24,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from fedhype.errors import FedhypeError
+from fedhype.progress import LineProgress  # noqa: F401  (re-exported for the commands)
 
 #: All human output and progress goes to stderr; stdout carries results only.
 console = Console(stderr=True)
@@ -286,38 +287,9 @@ def check_out_dir(out: Path, command: str, hint: str) -> None:
 
 
 # ---------------------------------------------------------------------------- progress on stderr
-def stderr_is_tty() -> bool:
-    """True when stderr is an interactive terminal (rich progress bars are visible there only)."""
-    return console.is_terminal
-
-
 def log_line(text: str) -> None:
     """One plain progress/log line on stderr (never wrapped, so log files keep one line per event)."""
     console.print(text, highlight=False, markup=False, soft_wrap=True)
-
-
-class LineProgress:
-    """Plain periodic progress lines on stderr, for logs and pipes where a rich bar is invisible.
-
-    ``update(n)`` adds ``n`` done items and prints ``"<label>: done/total (pct) rate unit/s, t s"``
-    at most every ``every_s`` seconds, and always when the total is reached.
-    """
-
-    def __init__(self, label: str, total: int, unit: str = "items", every_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.label, self.total, self.unit, self.every_s, self.clock = label, int(total), unit, float(every_s), clock
-        self.done = 0
-        self.start = self.last = clock()
-
-    def update(self, n: int) -> None:
-        self.done += int(n)
-        now = self.clock()
-        if self.done >= self.total or now - self.last >= self.every_s:
-            self.last = now
-            secs = max(now - self.start, 1e-9)
-            pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-            log_line(f"{self.label}: {self.done}/{self.total}{pct}  {self.done / secs:.1f} {self.unit}/s  "
-                     f"{secs:.0f} s")
 
 
 def round_printer(rounds: int) -> Callable[[dict], None]:

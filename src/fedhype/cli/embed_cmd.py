@@ -9,8 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import (JsonOpt, LineProgress, check_out_file, console, existing, log_line, run_command,
-                                stderr_is_tty)
+from fedhype.cli.common import JsonOpt, check_out_file, console, existing, log_line, run_command
 from fedhype.errors import ValidationError
 
 
@@ -36,22 +35,6 @@ def _check_options(dataset: str | None, dtype: str | None, device: str, batch_si
         raise ValidationError(f"--workers must be ≥ 0, got {workers}")
     if limit is not None and limit < 1:
         raise ValidationError(f"--limit must be ≥ 1, got {limit}")
-
-
-class _Counted:
-    """An encoder that reports each batch it embeds (plain progress lines when stderr is not a terminal,
-    where the rich bar of :func:`~fedhype.encoders.embed.embed_source` shows only when it ends)."""
-
-    def __init__(self, encoder, progress: LineProgress) -> None:
-        self._encoder, self._progress = encoder, progress
-
-    def __getattr__(self, name: str):
-        return getattr(self._encoder, name)
-
-    def __call__(self, pixels):
-        out = self._encoder(pixels)
-        self._progress.update(len(pixels))
-        return out
 
 
 def _render(result: dict[str, Any]) -> None:
@@ -132,9 +115,8 @@ def embed(
             console.print(f"[yellow]skipped[/] {s['file']}: {s['reason']}", highlight=False)
         log_line(f"encoder {enc.id}: {enc.dim}-d, {enc.preprocess['crop']} px, {enc.device}, "
                  f"{enc.describe()['dtype']}; {len(source)} images")
-        tty = stderr_is_tty()
-        model = enc if tty else _Counted(enc, LineProgress(f"embed: {enc.id}", len(source), "img"))
-        store = embed_source(source, model, batch_size=batch_size, num_workers=workers, strict=strict, progress=tty)
+        # a rich bar in a terminal, plain periodic lines in a pipe or log (embed_source decides)
+        store = embed_source(source, enc, batch_size=batch_size, num_workers=workers, strict=strict, progress=True)
         if dataset is not None:
             from fedhype.encoders.cache import cache_save
 

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import DataLoader, Dataset
 
 from fedhype import __version__
+from fedhype.progress import LineProgress
 from fedhype.data.sources import ImageSource
 from fedhype.data.store import EmbeddingStore
 from fedhype.encoders.base import Encoder
@@ -65,7 +66,8 @@ def embed_source(
         encoder: a frozen encoder (its ``transform`` runs in the workers).
         batch_size: images per forward pass.
         num_workers: DataLoader decode workers; ``None`` → :func:`default_workers`.
-        progress: show a rich progress bar on stderr.
+        progress: show progress on stderr: a rich bar in a terminal, plain periodic lines
+            (``embed: <encoder>: done/total (pct) rate img/s  t s``, every 5 s) in a pipe or log.
         strict: raise on the first image that fails to decode instead of skipping it.
 
     Returns:
@@ -93,10 +95,12 @@ def embed_source(
     kept: list[int] = []
     failed: list[dict[str, str]] = []
     start = time.perf_counter()
+    plain = LineProgress(f"embed: {encoder.id}", len(dataset), "img", every_s=5.0) \
+        if progress and not _console.is_terminal else None
     with Progress(
         TextColumn("[bold]embedding[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[rate]} img/s"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=_console, disable=not progress, transient=False,
+        console=_console, disable=not progress or plain is not None, transient=False,
     ) as bar:
         task = bar.add_task(encoder.id, total=len(dataset), rate="-")
         done = 0
@@ -113,6 +117,8 @@ def embed_source(
             done += len(reasons)
             rate = done / max(time.perf_counter() - start, 1e-9)
             bar.update(task, advance=len(reasons), rate=f"{rate:.1f}")
+            if plain is not None:
+                plain.update(len(reasons))
     elapsed = time.perf_counter() - start
     if not kept:
         raise ValidationError(f"none of the {len(dataset)} images could be decoded; first failure: {failed[0]}")

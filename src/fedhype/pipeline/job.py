@@ -105,13 +105,30 @@ def dp_linear_config(conf: dict):
                           no_dp=bool(t["no_dp"]), max_epsilon=t["max_epsilon"], seed=t["seed"])
 
 
-def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
+def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable[[dict], None] | None = None,
+            quiet: float = 3.0) -> dict[str, Any]:
     """Run (or resume) the whole job into ``out``; returns the report dict.
+
+    Every stage announces itself through ``log``, and while one runs a line comes at least every
+    ``quiet`` seconds (:class:`~fedhype.pipeline.progress.Heartbeat`): a piped log never stays silent.
 
     Raises:
         ValidationError: a different configuration already in ``out``; bad settings.
         BudgetExceededError: the training plan would exceed ``train.max_epsilon``.
     """
+    from fedhype.pipeline.progress import Heartbeat
+
+    with Heartbeat(log, quiet) as beat:
+        def rounds(m: dict) -> None:
+            beat.touch()
+            if on_round is not None:
+                on_round(m)
+            beat.touch()
+
+        return _run_job(conf, out, beat, rounds)
+
+
+def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
     tcfg = train_config(conf)  # validate every training setting before anything is written
     _check_synthesis_code(conf)
     out = Path(out)
@@ -131,18 +148,22 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
         log(f"run: {out} held a job that never started training (nothing was spent); replacing its configuration")
     timings: dict[str, float] = {}
     t = time.perf_counter()
+    log.stage("embed")
     store = _embed(conf, out, log, reuse=not stale)
     timings["embed_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    log.stage("partition")
     part = _partition(conf, store, out, log, reuse=not stale)
     timings["partition_s"] = time.perf_counter() - t
 
     from fedhype.federated.baselines import training_partition
+    from fedhype.federated.config import STATISTICS_ONLY
     from fedhype.federated.engine import check_plan
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
     # max_epsilon) happens here, before the job writes anything: a refused job leaves its folder as it was
+    log.stage("train", "train: checking the privacy plan (σ calibrated for the target ε)")
     check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)
     out.mkdir(parents=True, exist_ok=True)
     if stale:
@@ -162,6 +183,8 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
     resume = (run_dir / "config.json").exists()
     if resume:
         log("train: resuming from the last committed round")
+    log(f"train: {len(part.clients)} clients release their DP class statistics, then {tcfg.rounds} DP-SGD rounds"
+        if tcfg.method not in STATISTICS_ONLY else f"train: {len(part.clients)} clients release their DP class statistics")
     trained = train(store, part, tcfg, run_dir, resume=resume, progress=on_round)
     timings["train_s"] = time.perf_counter() - t
 
@@ -169,6 +192,7 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
 
     t = time.perf_counter()
     s = conf["synthesis"]
+    log.stage("synthesize")
     syn = synthesize(run_dir, s["code"], per_class=s["per_class"], seed=s["seed"], temperature=s["temperature"])
     syn.save(out / "synthetic.safetensors")
     timings["synthesize_s"] = time.perf_counter() - t
@@ -179,26 +203,32 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
     t = time.perf_counter()
     e = conf["evaluate"]
     test, train_split = part.split_store(store, "test"), part.split_store(store, "train")
+    log.stage("evaluate", f"evaluate: MMD², FD, PRDC and TSTR against {len(test)} held-out real test embeddings")
     ev = evaluate(test, syn, real_train=train_split, n_permutations=e["permutations"], max_samples=e["max_samples"],
                   k=e["k"], seed=e["seed"])
     if e["interpolation"]:
+        log("evaluate: the λ-interpolation protocol (each client's real data mixed with synthetic)")
         clients = {c.name: ClientSplits(*(part.client_store(store, c.id, sp) for sp in ("train", "val", "test")))
                    for c in part.clients}
         ev["interpolation"] = interpolation_protocol(clients, syn, seed=e["seed"])
     if e.get("code_domain") and len(part.clients) >= 2:
         from fedhype.eval.domains import code_domain_matrix
 
+        log("evaluate: the code × domain matrix (every client code against every client's test split)")
         ev["code_domain"] = code_domain_matrix(run_dir, {c.name: part.client_store(store, c.id, "test")
                                                          for c in part.clients}, seed=e["seed"])
     if e.get("prototypes"):
         from fedhype.prototypes import prototypes_downstream
 
+        log("evaluate: hyper-prototype classifier trained on the synthetic embeddings")
         ev["prototypes"] = prototypes_downstream(syn, test, real_train=train_split, seed=e["seed"])
     timings["evaluate_s"] = time.perf_counter() - t
     if e.get("dp_linear"):
         from fedhype.prototypes.dp_linear import dp_linear_downstream
 
         t = time.perf_counter()
+        log.stage("dp linear", "dp linear: DP-SGD FedAvg linear classifier on the clients' real embeddings (the reference, "
+                  "its own ε)")
         ev["dp_linear"] = dp_linear_downstream(store, part, dp_linear_config(conf), out=out / "dp_linear")
         timings["dp_linear_s"] = time.perf_counter() - t
         log(f"dp linear: accuracy {ev['dp_linear']['accuracy']:.3f} on real test embeddings "
@@ -208,4 +238,5 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
 
     from fedhype.pipeline.report import write_report
 
+    log.stage("report", "report: report.md, report.json and plots")
     return write_report(out, conf, store, part, trained, syn, ev, timings)
