@@ -72,10 +72,10 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ValidationError(f"--config {path}: not valid TOML ({exc})") from None
-        for section, values in data.items():
-            if not isinstance(values, dict):
+        for section, entries in data.items():
+            if not isinstance(entries, dict):
                 raise ValidationError(f"--config {path}: top-level key {section!r} must be a [section]")
-            for key, value in values.items():
+            for key, value in entries.items():
                 _set(conf, section, key, value, where=f"--config {path}")
                 given[f"{section}.{key}"] = f"--config {path}"
     for item in overrides or []:

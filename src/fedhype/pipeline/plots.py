@@ -47,21 +47,42 @@ def projection_plot(real_x: np.ndarray, real_y: np.ndarray, syn_x: np.ndarray, s
     return path
 
 
-def training_plot(metrics: list[dict], path: Path) -> Path:
-    """ε per round (accountant) and held-out diagnostics (−ELBO, MMD²; not covered by DP)."""
+def training_plot(metrics: list[dict], path: Path, *, release_epsilon: float | None = None,
+                  target_epsilon: float | None = None) -> Path:
+    """ε after the release and after each round (accountant, worst client) beside the target, and the
+    held-out diagnostics (−ELBO, MMD²; not covered by DP)."""
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
     plt = _plt()
     rounds = [m["round"] + 1 for m in metrics]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     eps = [m.get("epsilon") for m in metrics]
-    if any(e is not None for e in eps):
-        axes[0].plot(rounds, [e if e is not None else np.nan for e in eps], marker="o")
-    axes[0].set_title("ε so far (worst client, PRV)")
+    ax = axes[0]
+    if any(e is not None for e in eps) or release_epsilon is not None:
+        xs = ([0] if release_epsilon is not None else []) + rounds
+        ys = ([release_epsilon] if release_epsilon is not None else []) + [e if e is not None else np.nan for e in eps]
+        ax.plot(xs, ys, marker="o", label="ε spent")
+        if target_epsilon is not None:
+            ax.axhline(target_epsilon, color="tab:red", linestyle="--", linewidth=1, label=f"target ε = {target_epsilon:g}")
+        if len(xs) <= 16:
+            ax.set_xticks(xs, [("release" if x == 0 else str(x)) for x in xs])
+        top = max([v for v in ys if v == v] + [target_epsilon or 0.0])
+        ax.set_ylim(0, 1.15 * top if top > 0 else 1)
+        ax.legend(loc="lower right", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "non-private run: no ε", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title("ε spent so far (worst client)")
     for ax, key, title in ((axes[1], "val_neg_elbo", "validation −ELBO"), (axes[2], "val_mmd2", "validation MMD² (fixed kernel)")):
         vals = [m.get("diagnostics_not_dp", {}).get(key, np.nan) for m in metrics]
         ax.plot(rounds, vals, marker="o", color="tab:orange")
         ax.set_title(title + "\n(held-out diagnostics, not DP)", fontsize=9)
-    for ax in axes:
+        fmt = ScalarFormatter(useOffset=False)
+        fmt.set_powerlimits((-3, 4))
+        ax.yaxis.set_major_formatter(fmt)
+    axes[0].set_xlabel("round (release: the DP statistics before round 1)")
+    for ax in axes[1:]:
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

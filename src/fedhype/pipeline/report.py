@@ -58,7 +58,9 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     projection_plot(F.normalize(test.embeddings, dim=-1).numpy(), test.labels.numpy(), syn.embeddings.numpy(),
                     syn.labels.numpy(), store.class_names, plots / "projection.png")
     metrics = read_json(out / "run" / "metrics.json", "metrics")
-    training_plot(metrics, plots / "training.png")
+    release = _class_stats_claims(out / "run", trained).get("class_stats_epsilon")
+    target_eps = conf["train"].get("epsilon") if trained["private"] and conf["train"].get("noise_multiplier") is None else None
+    training_plot(metrics, plots / "training.png", release_epsilon=release, target_epsilon=target_eps)
     if ev.get("code_domain"):
         from fedhype.pipeline.plots import code_domain_plot
 
@@ -169,6 +171,51 @@ def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
             "class_stats_releases": max(per_client.values()) if per_client else 0}
 
 
+def glance(r: dict) -> list[str]:
+    """The report's first section: is the synthetic data useful, and what did it cost (plain sentences)."""
+    k = r.get("n_classes") or 0
+    chance = 1.0 / k if k else None
+    out = []
+    if r["private"]:
+        tgt = r.get("target_epsilon")
+        out.append(f"- **Privacy.** Every training record is protected by (ε = {r['epsilon']:.3g}, δ = {r['delta']:g})-"
+                   "differential privacy (the worst client's ε, recomputed from the ledger"
+                   + (f"; the target was {tgt:g}" if tgt is not None else "") + "). Smaller ε is stronger; "
+                   "ε ≤ 1 is strong, ε ≈ 8 is weak but still bounded.")
+    else:
+        out.append("- **Privacy: none.** This run was trained with `no_dp`: the synthetic data may reveal training "
+                   "records and must not be shared as private.")
+    tstr, trtr = r.get("tstr_accuracy"), r.get("trtr_accuracy")
+    if tstr is not None and chance is not None:
+        line = (f"- **Usefulness.** A classifier trained only on the synthetic embeddings scores {tstr:.3f} on held-out "
+                f"real data (TSTR); a constant guess scores {chance:.3f}")
+        if trtr is not None and trtr > chance:
+            share = max(0.0, (tstr - chance) / (trtr - chance))
+            line += (f" and the same classifier trained on the real records {trtr:.3f}: the synthetic data carries "
+                     f"{100 * share:.0f}% of the real data's gain over chance")
+        out.append(line + ".")
+    lin = r.get("dp_fedavg_linear_accuracy")
+    if lin is not None and tstr is not None and r.get("dp_fedavg_linear_private"):
+        better = "the synthetic data does better" if tstr > lin else "the directly trained classifier does better"
+        out.append(f"- **Against the direct alternative.** A linear classifier trained under DP on the real records "
+                   f"themselves (DP-SGD FedAvg, its own ε = {r['dp_fedavg_linear_epsilon']:.3g}) scores {lin:.3f}: for "
+                   f"this one task {better}; the synthetic data can also serve other models and questions.")
+    if r.get("mmd2") is not None:
+        p = r.get("mmd2_p_value")
+        test = ("" if p is None else
+                f"; a two-sample test {'tells the synthetic set from the real one' if p < 0.05 else 'cannot tell the two sets apart'}"
+                f" (p = {p:.3g})")
+        cov = r.get("coverage")
+        out.append(f"- **Fidelity.** MMD² = {r['mmd2']:.3g} to the real test embeddings (0 = same distribution){test}. "
+                   + (f"Precision {r['precision']:.2f} / coverage {cov:.2f}: the share of synthetic points inside the real "
+                      "records' k-nearest-neighbour balls, and of real records with a synthetic point nearby "
+                      + ("(0: no synthetic point falls where real records lie, the samples sit off the real records' "
+                         "manifold; every DP method of benchmarks/results/utility.md shows this at ε ≤ 8)" if cov == 0
+                         else "(1 = perfect)") + "."
+                      if cov is not None else ""))
+    return out
+
+
 def _markdown(r: dict, ev: dict, conf: dict) -> str:
     target = conf["train"].get("epsilon")
     over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
@@ -187,7 +234,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         "**NON-PRIVATE run (--no-dp): no differential-privacy guarantee**"
     eps_rows = [f"| {c['name']} | {c['id']} | {_fmt(c['epsilon'])} |" for c in r.get("client_epsilons") or []]
     lines = [
-        "# fedhype report", "",
+        "# fedhype report", "", "## At a glance", "", *glance(r), "", "## Details", "",
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
         "", f"Privacy: {priv}.", "",
@@ -209,8 +256,13 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
             "is the floor a trained generator must beat.",
     ]
     if r.get("interpolation_mean_accuracy") is not None:
+        lam = r["interpolation_mean_lambda"]
+        say = ("λ = 1 means every client kept its own real-data classifier alone: mixing in the synthetic one did not "
+               "help on its validation split" if lam is not None and lam >= 1 - 1e-9 else
+               "λ = 0 would be the synthetic classifier alone, λ = 1 the client's own real-data classifier alone; "
+               "below 1, the synthetic data helped the clients' own classifiers")
         lines += ["", f"Predecessor's per-client protocol (λ·p_local + (1−λ)·p_synthetic, λ chosen on validation): "
-                      f"mean accuracy {_fmt(r['interpolation_mean_accuracy'])}, mean λ {_fmt(r['interpolation_mean_lambda'])}."]
+                      f"mean accuracy {_fmt(r['interpolation_mean_accuracy'])}, mean λ {_fmt(lam)} ({say})."]
     if r.get("prototypes"):
         p = r["prototypes"]
         lines += ["", "## Downstream: hyper-prototype classifier vs linear probe (trained on synthetic)", "",
