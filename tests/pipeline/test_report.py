@@ -77,3 +77,26 @@ def test_report_json_is_strict_json():
     out = strict_json({"epsilon": math.inf, "x": [1.0, math.nan, {"y": -math.inf}], "n": 3})
     assert out == {"epsilon": None, "x": [1.0, None, {"y": None}], "n": 3}
     json.dumps(out, allow_nan=False)
+
+
+def _glance_report(**kw) -> dict:
+    base = {"private": True, "epsilon": 0.9991, "delta": 1e-4, "target_epsilon": 1.0, "n_classes": 10,
+            "tstr_accuracy": 0.354, "trtr_accuracy": 0.882, "dp_fedavg_linear_accuracy": 0.522,
+            "dp_fedavg_linear_epsilon": 0.9967, "dp_fedavg_linear_private": True, "mmd2": 0.094,
+            "mmd2_p_value": 0.005, "precision": 0.0, "coverage": 0.0}
+    return {**base, **kw}
+
+
+def test_at_a_glance_says_what_privacy_cost_and_whether_the_data_is_useful():
+    from fedhype.pipeline.report import glance
+
+    text = "\n".join(glance(_glance_report()))
+    assert "(ε = 0.999, δ = 0.0001)-differential privacy" in text and "the target was 1" in text
+    assert "scores 0.354" in text and "a constant guess scores 0.100" in text and "0.882" in text
+    assert "carries 32% of the real data's gain over chance" in text  # (0.354 − 0.1) / (0.882 − 0.1)
+    assert "the directly trained classifier does better" in text and "tells the synthetic set from the real one" in text
+    better = "\n".join(glance(_glance_report(tstr_accuracy=0.6, mmd2_p_value=0.4, coverage=0.5, precision=0.4)))
+    assert "the synthetic data does better" in better and "cannot tell the two sets apart" in better
+    assert "carries 64%" in better
+    plain = "\n".join(glance(_glance_report(private=False)))
+    assert "Privacy: none" in plain and "must not be shared as private" in plain and "ε =" not in plain.split("\n")[0]
