@@ -331,7 +331,7 @@ def test_train_defaults_are_the_jobs(files, tmp_path, monkeypatch):
     def fake_train(store, part, cfg, out, **kw):
         seen["cfg"] = cfg
         return {"run_dir": str(out), "epsilon": 1.0, "delta": cfg.delta, "noise_multiplier": 1.0, "rounds": cfg.rounds,
-                "private": True, "seed_secure": True, "clients": ["0", "1"], "traffic": {"upload_bytes_per_round": 0}}
+                "private": True, "noise_seeded": False, "clients": ["0", "1"], "traffic": {"upload_bytes_per_round": 0}}
 
     monkeypatch.setattr(engine, "train", fake_train)
     base = ["train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out", tmp_path / "r"]

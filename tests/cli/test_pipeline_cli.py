@@ -39,7 +39,7 @@ def test_train_and_synthesize(files, tmp_path):
     res = _json(r)
     assert {"run_dir", "epsilon", "delta", "rounds", "clients"} <= set(res)
     assert 1.5 < res["epsilon"] <= 2.0 and res["delta"] == 1e-4 and res["rounds"] == 2 and len(res["clients"]) == 4
-    assert res["seed_secure"] is False
+    assert res["noise_seeded"] is True  # --seed 0: reproducible noise, not secret
     r = runner.invoke(app, ["synthesize", "--run", str(tmp_path / "run"), "--code", "mixture:0=0.5,1=0.5",
                             "--n", "101", "--seed", "3", "--out", str(tmp_path / "syn.safetensors"), "--json"])
     assert r.exit_code == 0, r.output

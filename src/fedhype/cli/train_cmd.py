@@ -110,7 +110,7 @@ def explain_min_records(exc: ValidationError, *, records: str, partition: str) -
 
 
 def _render(res: dict) -> None:
-    rows = {k: res[k] for k in ("run_dir", "epsilon", "delta", "noise_multiplier", "rounds", "private", "seed_secure")}
+    rows = {k: res[k] for k in ("run_dir", "epsilon", "delta", "noise_multiplier", "rounds", "private", "noise_seeded")}
     if res.get("target_epsilon") is not None:
         rows["target ε"] = res["target_epsilon"]
     rows["clients"] = ", ".join(res["clients"])

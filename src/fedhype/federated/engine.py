@@ -333,7 +333,7 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
             "clients": [c.id for c in clients], "noise_multiplier": sigma, "private": not cfg.no_dp,
             "class_stats_noise_multiplier": privacy["class_stats_noise_multiplier"],
             "epsilon_per_client": eps, "clip_norm": cfg.clip_norm, "seed": cfg.seed,
-            "seed_secure": cfg.seed is None, "traffic": server.hnet.traffic(),
+            "noise_seeded": cfg.seed is not None, "traffic": server.hnet.traffic(),
             "secure_aggregation": ({"clients": distributed.clients, "dropout_tolerance": distributed.dropout_tolerance,
                                     "min_contributions": distributed.min_contributions}
                                    if distributed is not None else None), "complete": run.committed_round() >= cfg.rounds_run()}

@@ -80,7 +80,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "client_sizes": [len(c.train) for c in part.clients],
         # ε per client keyed by client name (as in "clients"); "client_epsilons" keeps the ledger ids
         "epsilon_per_client": by_name(per_client), "client_epsilons": per_client,
-        "seed_secure": trained["seed_secure"],
+        "noise_seeded": trained["noise_seeded"],
         "mmd2": ev["mmd2"], "mmd2_p_value": ev["mmd2_p_value"], "fd": ev["fd"],
         "precision": ev["precision"], "recall": ev["recall"], "density": ev["density"], "coverage": ev["coverage"],
         "tstr_accuracy": ev["tstr_accuracy"], "tstr_balanced_accuracy": ev.get("tstr_balanced_accuracy"),

@@ -244,7 +244,7 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
                "calibrated": private and cfg.noise_multiplier is None,
                "target_epsilon": cfg.epsilon if private and cfg.noise_multiplier is None else None,
                "steps_per_client": {c: s for c, (_, s) in plan.items()}, "client_sizes": sizes,
-               "seed_secure": cfg.seed is None}
+               "noise_seeded": cfg.seed is not None}
     model = DPLinearModel(theta["weight"], theta["bias"], center, cfg.feature_scale, privacy, asdict(cfg), history)
     return model, ledger
 
