@@ -268,10 +268,10 @@ def test_train_min_records_names_its_option_and_both_remedies(files, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--encoder", "resnet-9000"], "unknown encoder 'resnet-9000'"),
     (["--image-size", "0"], "--image-size must be a positive number"),
-    (["--pooling", "max"], "--pooling must be one of"),
+    (["--pooling", "max"], "'max' is not one of 'cls', 'mean'"),
     (["--batch-size", "0"], "--batch-size must be ≥ 1"),
     (["--workers", "-1"], "--workers must be ≥ 0"),
-    (["--dtype", "float8"], "--dtype must be one of"),
+    (["--dtype", "float8"], "'float8' is not one of 'auto'"),
     (["--limit", "0"], "--limit must be ≥ 1"),
 ])
 def test_embed_validates_options_before_scanning(files, tmp_path, monkeypatch, args, needle):
@@ -488,3 +488,18 @@ def test_help_does_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"  # every --help answers without the heavy libraries (< 1 s: benchmarks/cli_help.py)
+
+
+def test_parser_choices_are_the_librarys():
+    from fedhype.cli import choices
+    from fedhype.data import partition
+    from fedhype.encoders import base, registry
+    from fedhype.eval import inputs
+    from fedhype.prototypes import classifier
+
+    assert choices.SCHEMES == partition.SCHEMES and choices.SPLITS == partition.SPLITS
+    assert choices.POOLINGS == registry.POOLINGS and set(choices.DTYPES) == {"auto", *base._DTYPES}
+    assert choices.SPACES == inputs.SPACES and choices.HEADS == classifier.HEADS
+    assert set(choices.MATCHINGS) == set(classifier.MATCHING)
+    r = _invoke("train", "--method", "gan", "--json")  # refused by the parser, before anything else is read
+    assert r.exit_code == 2 and "'gan' is not one of 'fedhypevae'" in _one_json(r)["error"]

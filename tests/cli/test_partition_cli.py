@@ -71,7 +71,7 @@ def test_table_output_domain_scheme(store_file, tmp_path):
 @pytest.mark.parametrize(
     "extra, match",
     [
-        (["--scheme", "random", "--clients", "3"], "unknown scheme"),
+        (["--scheme", "random", "--clients", "3"], "'random' is not one of 'domain', 'dirichlet', 'iid'"),
         (["--scheme", "dirichlet", "--clients", "3", "--alpha", "-1"], "alpha"),
         (["--scheme", "iid", "--clients", "3", "--fractions", "0.6,0.4"], "--fractions"),
         (["--scheme", "iid", "--clients", "200"], "--clients 200 is too many"),

@@ -81,10 +81,10 @@ def test_federated_train(files):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--head", "knn"], "head must be one of"),
+    (["--head", "knn"], "'knn' is not one of 'prototype', 'linear', 'both'"),
     (["--federated"], "--federated needs --partition"),
     (["--matching", "dp"], "--matching dp needs --partition"),
-    (["--split", "dev"], "--split must be"),
+    (["--split", "dev"], "'dev' is not one of 'train', 'val', 'test'"),
 ])
 def test_train_usage_errors_exit_2(files, args, message):
     r = _run("train", "--data", files["real"], "--epochs", 1, "--out", files["root"] / "bad", *args, "--json")

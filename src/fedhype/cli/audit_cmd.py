@@ -26,6 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedhype.cli.choices import CANARIES, choice
 from fedhype.cli.common import JsonOpt, LineProgress, console, existing, kv_table, round_printer, run_command
 from fedhype.errors import ValidationError
 
@@ -163,7 +164,8 @@ def register(app: typer.Typer) -> None:
         partition: Optional[Path] = typer.Option(None, "--partition", help="The run's partition.",
                                                  callback=existing("partition file", "create it with `fedhype partition`")),
         per_class: Optional[int] = typer.Option(None, "--per-class", help="--mia without --synthetic: samples per class to draw."),
-        canaries: Optional[str] = typer.Option(None, "--canaries", help="white-box | black-box one-run canary audit."),
+        canaries: Optional[str] = typer.Option(None, "--canaries", help="white-box | black-box one-run canary audit.",
+                                                click_type=choice(CANARIES)),
         n_canaries: int = typer.Option(1000, "--n-canaries", help="Number of canaries m."),
         noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", help="White-box: σ (default: the run's ledger)."),
         sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="White-box: Poisson rate q."),

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedhype.cli.choices import DTYPES, POOLINGS, choice
 from fedhype.cli.common import JsonOpt, check_out_file, console, existing, log_line, run_command
 from fedhype.errors import ValidationError
 
@@ -63,11 +64,11 @@ def embed(
     encoder: str = typer.Option("dinov2-vits14", "--encoder", help="dinov2-vits14 | efficientnet-lite0 | hf:<hub-id-or-dir> | timm:<name>."),
     weights: Path | None = typer.Option(None, "--weights", help="Weights file for timm: encoders (safetensors or torch state dict).",
                                         callback=existing("encoder weights file")),
-    pooling: str = typer.Option("cls", "--pooling", help="Transformer token pooling: cls | mean."),
+    pooling: str = typer.Option("cls", "--pooling", help="Transformer token pooling: cls | mean.", click_type=choice(POOLINGS)),
     image_size: int | None = typer.Option(None, "--image-size", help="Encoder input side in pixels (default: the encoder's)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16. auto: bfloat16 autocast on GPUs "
-                              "and on CPUs with AMX-BF16/AVX512-BF16 (about 2× float32 there), float32 elsewhere."),
+                              "and on CPUs with AMX-BF16/AVX512-BF16 (about 2× float32 there), float32 elsewhere.", click_type=choice(DTYPES)),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
     workers: int | None = typer.Option(None, "--workers", help="Image decoding worker processes (default: cores − 1, at most 4)."),
     limit: int | None = typer.Option(None, "--limit", help="Keep a stratified (domain, class) subset of at most N images."),

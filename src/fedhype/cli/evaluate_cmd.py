@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedhype.cli.choices import SPACES, SPLITS, choice
 from fedhype.cli.common import JsonOpt, console, existing, renamed_option, run_command
 from fedhype.errors import ValidationError
 
@@ -91,9 +92,9 @@ def evaluate(
     partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --store is split by it.",
                                           callback=existing("partition file", "create it with `fedhype partition`")),
     real_split: str | None = renamed_option(None, "--split", "--real-split", help="With --partition: the held-out split "
-                                            "of --store to compare with (train, val or test; default test)."),
+                                            "of --store to compare with (train, val or test; default test).", click_type=choice(SPLITS)),
     interpolation: bool = typer.Option(False, "--interpolation", help="With --partition: per-client λ protocol."),
-    space: str = typer.Option("l2", "--space", help="Evaluation space: l2 (unit-norm rows) or raw."),
+    space: str = typer.Option("l2", "--space", help="Evaluation space: l2 (unit-norm rows) or raw.", click_type=choice(SPACES)),
     permutations: int = typer.Option(200, "--permutations", help="MMD² permutation-test permutations (0: no p-value)."),
     max_samples: int = typer.Option(2000, "--max-samples", help="MMD² subsamples each set to at most this many rows."),
     k: int = typer.Option(5, "--k", help="PRDC neighbourhood size k."),

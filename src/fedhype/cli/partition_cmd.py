@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedhype.cli.choices import SCHEMES, choice
 from fedhype.cli.common import JsonOpt, check_out_file, console, existing, renamed_option, run_command
 from fedhype.errors import ValidationError
 
@@ -97,7 +98,7 @@ def _render(result: dict[str, Any]) -> None:
 def partition(
     store: Path = typer.Option(..., "--store", help="Embeddings store (.safetensors) made by `fedhype embed`.",
                                callback=existing("embeddings store", "create it with `fedhype embed`")),
-    scheme: str = typer.Option(..., "--scheme", help="domain | dirichlet | iid"),
+    scheme: str = typer.Option(..., "--scheme", help="domain | dirichlet | iid", click_type=choice(SCHEMES)),
     clients: int | None = typer.Option(None, "--clients", help="Number of clients (dirichlet/iid: required; domain: ≥ #domains)."),
     alpha: float = typer.Option(0.3, "--alpha", help="Dirichlet concentration α (dirichlet scheme; smaller = more label skew)."),
     quantity_skew: float | None = typer.Option(None, "--quantity-skew", help="iid only: client sizes ~ Dirichlet(S)."),

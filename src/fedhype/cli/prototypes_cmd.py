@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedhype.cli.choices import HEADS, MATCHINGS, SPLITS, choice
 from fedhype.cli.common import JsonOpt, console, existing, kv_table, renamed_option, run_command
 from fedhype.errors import ValidationError
 
@@ -64,12 +65,12 @@ def train(
                                           "--federated, or --matching dp).", callback=existing("partition file", "create it with `fedhype partition`")),
     federated: bool = typer.Option(False, "--federated", help="FedHPro rounds over the partition's clients of --data "
                                    "(real records; the result is NOT differentially private)."),
-    split: str = typer.Option("train", "--split", help="Partition split the clients train on."),
+    split: str = typer.Option("train", "--split", help="Partition split the clients train on.", click_type=choice(SPLITS)),
     real: Path | None = renamed_option(None, "--store", "--real", help="Real store of the partition, for --matching dp when --data "
                                      "is synthetic.", callback=existing("embeddings store", "create it with `fedhype embed`")),
-    head: str = typer.Option("both", "--head", help="prototype | linear | both (prediction head)."),
+    head: str = typer.Option("both", "--head", help="prototype | linear | both (prediction head).", click_type=choice(HEADS)),
     matching: str = typer.Option("none", "--matching", help="none (default: measured best, see benchmarks/prototypes.py) | "
-                                 "synthetic (free on a synthetic store) | dp."),
+                                 "synthetic (free on a synthetic store) | dp.", click_type=choice(MATCHINGS)),
     epochs: int = typer.Option(30, "--epochs", help="Alternation epochs (federated: rounds)."),
     local_epochs: int = typer.Option(1, "--local-epochs", help="--federated: client epochs per round."),
     noise_multiplier: float = typer.Option(1.0, "--noise-multiplier", help="--matching dp: σ."),
@@ -196,7 +197,7 @@ def evaluate(
                               callback=existing("embeddings store", "create it with `fedhype embed`")),
     partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --store is split by it.",
                                           callback=existing("partition file", "create it with `fedhype partition`")),
-    split: str = typer.Option("test", "--split", help="With --partition: the split to evaluate on."),
+    split: str = typer.Option("test", "--split", help="With --partition: the split to evaluate on.", click_type=choice(SPLITS)),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Accuracy, balanced accuracy and macro-F1 on real embeddings, pooled and per client / domain."""

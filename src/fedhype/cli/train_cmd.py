@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand
 
+from fedhype.cli.choices import choice
+from fedhype.federated.config import METHODS
 from fedhype.cli.common import (JsonOpt, check_out_dir, console, existing, kv_table, log_line, round_printer,
                                 run_command)
 from fedhype.errors import ValidationError
@@ -50,9 +52,9 @@ def job_default(section: str, key: str) -> Callable[[], Any]:
     return factory
 
 
-def _opt(key: str, *flags: str, help: str, section: str = "train") -> Any:
+def _opt(key: str, *flags: str, help: str, section: str = "train", **kwargs: Any) -> Any:
     """An option defaulting to ``fedhype run``'s ``section.key``."""
-    return typer.Option(..., *flags, default_factory=job_default(section, key), help=help)
+    return typer.Option(..., *flags, default_factory=job_default(section, key), help=help, **kwargs)
 
 
 class JobDefaultsCommand(TyperCommand):
@@ -182,8 +184,9 @@ def register(app: typer.Typer) -> None:
         method: str = _opt("method", "--method",
                            help="fedhypevae | dp-gaussian (the statistics release alone, no DP-SGD) | dp-cvae | no-class-stats | "
                                 "no-second-moment | no-client-stats | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
-                                "local-cvae (each client alone) | central-cvae (pooled records, one client)."),
-        seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run (recorded as 'not secure')."),
+                                "local-cvae (each client alone) | central-cvae (pooled records, one client).",
+                           click_type=choice(METHODS)),
+        seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run: the noise is seeded too (recorded as noise_seeded: true; whoever knows the seed can remove it)."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),
         json_out: bool = JsonOpt,
     ) -> None:
