@@ -24,5 +24,5 @@ def test_python_api_example_trains_synthesizes_and_evaluates(real_store, tmp_pat
     assert 7.9 <= eps <= 8.0  # the accountant's figure for the steps run, at the target
     assert tstr > 0.2  # class information in the synthetic embeddings (chance 0.10; 0.29 measured)
     assert (tmp_path / "out" / "run" / "ledger.json").exists() and (tmp_path / "out" / "run" / "clients").is_dir()
-    assert sorted(p.name for p in (tmp_path / "out" / "model").iterdir()) == ["config.json", "ledger.json",
-                                                                             "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out" / "model").iterdir()) == [
+        "README.md", "checkpoint.json", "config.json", "ledger.json", "model.safetensors", "privacy.json"]

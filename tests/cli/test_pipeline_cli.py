@@ -130,6 +130,10 @@ def test_run_end_to_end_and_resume(tmp_path):
     for f in ("report.md", "report.json", "plots/projection.png", "plots/training.png", "synthetic.safetensors",
               "evaluation.json", "partition.json", "config.toml", "run/ledger.json"):
         assert (job / f).exists(), f
+    rel = sorted(p.name for p in (job / "release").iterdir())
+    assert rel == ["README.md", "checkpoint.json", "config.json", "ledger.json", "model.safetensors", "privacy.json",
+                   "synthetic.safetensors"]  # the shareable folder: no real store, partition, report or client state
+    assert json.loads((job / "release" / "privacy.json").read_text())["epsilon"] == pytest.approx(rep["epsilon"])
     ledger = (job / "run" / "ledger.json").read_bytes()
     # rerunning the same command resumes: nothing is trained (or charged) again
     r = runner.invoke(app, args)

@@ -53,10 +53,14 @@ def test_readme_notebook_block_runs_and_reports_the_accountants_epsilon(tmp_path
     assert len(syn) == 300 * 10 and syn.meta["private"] and syn.meta["epsilon"] == pytest.approx(spent.epsilon)
     # only the shareable files leave the run directory
     saved = tmp_path / "shared" / "model"
-    assert sorted(os.listdir(saved)) == sorted(["config.json", "ledger.json", "model.safetensors"])
+    assert sorted(os.listdir(saved)) == ["README.md", "checkpoint.json", "config.json", "ledger.json", "model.safetensors",
+                                     "privacy.json"]
     assert (gen.run_dir_ / "clients").is_dir()  # the private client state stays behind
     back = fedhype.FedHypeVAE.load(saved)
     assert back.privacy_spent() == spent
+    from fedhype.eval.audit_ledger import audit_run
+
+    assert audit_run(saved)["consistent"]  # the recipient can check the claim
     again = back.sample(per_class=5, seed=3)
     assert again.embeddings.shape == (50, real_store.dim)
     assert (gen.sample(per_class=5, seed=3).embeddings == again.embeddings).all()  # the same model

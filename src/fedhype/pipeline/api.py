@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +28,6 @@ from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.eval.result import Evaluation
 from fedhype.pipeline.config import DEFAULTS, resolve, train_config
-
-#: the files of a run a user may share (DP outputs and public bookkeeping); the rest of a run
-#: directory — ``clients/`` (private client state), ``ckpt/``, ``metrics.json`` (held-out diagnostics
-#: that are not DP) — stays at the site
-SHAREABLE = ("model.safetensors", "ledger.json", "config.json")
-
 
 def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: str = DEFAULTS["data"]["encoder"],
           image_size: int | None = DEFAULTS["data"]["image_size"], limit: int | None = None,
@@ -277,31 +270,19 @@ class FedHypeVAE:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the shareable part of the trained model to the new folder ``path``.
+        """Write the shareable part of the trained model to the new folder ``path`` (a release folder).
 
-        Writes :data:`SHAREABLE` (the DP model, its ledger, its configuration) — never the client
-        state, checkpoints or held-out diagnostics of the run directory. The folder appears
+        Writes the DP model, its ledger, the run's public settings, ``privacy.json`` (ε recomputed
+        from the ledger) and a README (:func:`fedhype.pipeline.release.write_release`) — never the
+        client state, checkpoints or held-out diagnostics of the run directory. The folder appears
         complete or not at all (written beside it, then renamed).
 
         Raises:
             ValidationError: no model yet, or ``path`` exists.
         """
-        src, dest = self._model_dir(), Path(path)
-        if dest.exists():
-            raise ValidationError(f"{dest} exists; save() writes a new folder (choose another path or remove it)")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-        try:
-            for name in SHAREABLE:
-                if (src / name).is_file():
-                    shutil.copy2(src / name, tmp / name)
-            if not (tmp / "model.safetensors").is_file():
-                raise ArtifactError(f"{src}: no model.safetensors (training did not finish)")
-            os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return dest
+        from fedhype.pipeline.release import write_release
+
+        return write_release(self._model_dir(), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "FedHypeVAE":

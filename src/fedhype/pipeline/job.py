@@ -11,7 +11,9 @@ Output directory::
       evaluation.json              fidelity and utility against held-out real test embeddings
       dp_linear/                   [evaluate] dp_linear: the DP-SGD FedAvg linear classifier trained on
                                    the clients' real embeddings (model + its own ledger: a separate release)
-      report.json, report.md       the summary; plots/*.png
+      report.json, report.md       the summary; plots/*.png (for the data holder: computed on real records)
+      release/                     what may be shared: model, ledger, config, synthetic store, privacy.json
+                                   (:mod:`fedhype.pipeline.release`); everything else here stays private
 
 Rerunning the same command after an interruption continues where it stopped: embeddings come
 from the cache, the partition is reused, training resumes from its last committed round
@@ -239,4 +241,11 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     from fedhype.pipeline.report import write_report
 
     log.stage("report", "report: report.md, report.json and plots")
-    return write_report(out, conf, store, part, trained, syn, ev, timings)
+    report = write_report(out, conf, store, part, trained, syn, ev, timings)
+    from fedhype.pipeline.release import write_release
+
+    log.stage("release")
+    write_release(run_dir, out / "release", synthetic=out / "synthetic.safetensors", overwrite=True)
+    log(f"release: {out / 'release'} holds what may be shared (model, ledger, synthetic embeddings, privacy.json); "
+        "everything else in the folder stays private")
+    return report

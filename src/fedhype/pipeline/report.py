@@ -234,7 +234,11 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         "**NON-PRIVATE run (--no-dp): no differential-privacy guarantee**"
     eps_rows = [f"| {c['name']} | {c['id']} | {_fmt(c['epsilon'])} |" for c in r.get("client_epsilons") or []]
     lines = [
-        "# fedhype report", "", "## At a glance", "", *glance(r), "", "## Details", "",
+        "# fedhype report", "", "## At a glance", "", *glance(r),
+        "- **What to share.** `release/` (the DP model, its ledger, the synthetic embeddings and `privacy.json`; "
+        "a recipient checks ε with `fedhype audit --run release/`). This report, the plots, `evaluation.json`, the "
+        "real embeddings, the partition and `run/` stay with the data holder: their figures are computed on real "
+        "records outside the DP path.", "", "## Details", "",
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
         "", f"Privacy: {priv}.", "",

@@ -1,0 +1,174 @@
+"""The release folder: what a site may share, apart from everything that stays private.
+
+Layout::
+
+    release/
+      model.safetensors       the DP generator (Φ and the DP client codes): synthesize from it
+      ledger.json             every mechanism event, hash-chained: ε is recomputed from it
+      config.json             the run's public settings (hyperparameters, privacy plan, public sizes)
+      checkpoint.json         how many rounds the model holds (the audit truncates the ledger there)
+      synthetic.safetensors   synthetic embeddings (post-processing of the model; a job's release only)
+      privacy.json            ε per client and worst, δ, accountant, mechanisms (recomputed here)
+      README.md               what the folder holds and what it does not
+
+Nothing else of a run or job is copied: the real embeddings, the partition (record ids), the
+clients' private states, the per-round held-out diagnostics (``metrics.json``: not DP), the
+evaluation and report (their figures are computed on real records outside the DP path) and the
+plots (they show real records). A recipient checks the claim with ``fedhype audit --run release/
+--synthetic release/synthetic.safetensors`` and samples more with ``fedhype synthesize --run release/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fedhype.errors import ArtifactError, ValidationError
+from fedhype.io import atomic_write_json, read_json
+
+#: files copied from the run directory (model first: a folder without it is no release)
+RUN_FILES = ("model.safetensors", "ledger.json", "config.json", "checkpoint.json")
+FORMAT = "fedhype-release/1"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def privacy_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """ε per client and worst, recomputed from ``run_dir``'s ledger by the accountant (never read from a claim).
+
+    Returns a JSON-able dict: ``private``, ``epsilon`` (worst client; None without DP), ``delta``,
+    ``accountant``, ``epsilon_per_client`` (client name → ε), ``mechanisms``, ``method``,
+    ``rounds``, ``noise_seeded`` and, when the guarantee does not hold as a release, ``warning``.
+
+    Raises:
+        ArtifactError: no model, or a missing or tampered ledger for a private run.
+    """
+    from fedhype.federated.rundir import load_model
+    from fedhype.privacy.accountant import REPORTED
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    root = Path(run_dir)
+    _, _, meta = load_model(root)
+    private = bool(meta.get("private"))
+    names = dict(zip([str(c) for c in meta["clients"]], [str(n) for n in (meta.get("client_names") or meta["clients"])]))
+    out: dict[str, Any] = {"format": FORMAT, "private": private, "epsilon": None, "delta": meta.get("delta"),
+                           "accountant": REPORTED, "epsilon_per_client": {}, "mechanisms": [],
+                           "method": meta.get("method"), "rounds": meta.get("rounds_done"),
+                           "noise_seeded": meta.get("seed") is not None}
+    if private:
+        if not (root / "ledger.json").is_file():
+            raise ArtifactError(f"{root / 'ledger.json'}: the run's privacy ledger is missing; ε cannot be recomputed")
+        ledger = PrivacyLedger.load(root / "ledger.json")
+        eps = ledger.epsilons()
+        out.update(epsilon=max(eps.values()) if eps else 0.0, delta=ledger.delta,
+                   epsilon_per_client={names.get(c, c): e for c, e in eps.items()},
+                   mechanisms=list(dict.fromkeys(e.mechanism for e in ledger.events)))
+    if not private:
+        out["warning"] = "NON-PRIVATE: trained with no_dp; nothing here is differentially private"
+    elif out["noise_seeded"]:
+        out["warning"] = ("the noise was seeded (--seed / train.seed): whoever knows the seed can regenerate and remove "
+                          "it, so this run is reproducible but must not be shared as private; train again without a seed")
+    return out
+
+
+def _readme(summary: dict[str, Any], files: list[str]) -> str:
+    if summary["private"]:
+        claim = (f"(ε = {summary['epsilon']:.4g}, δ = {summary['delta']:g})-differential privacy per training record "
+                 f"(worst client; accountant: the smaller of Opacus's PRV and RDP bounds, recomputed from ledger.json)")
+    else:
+        claim = "NO differential privacy (trained with no_dp)"
+    lines = ["# fedhype release", "",
+             f"Everything in this folder may leave the site: it is the output of DP mechanisms and their public "
+             f"bookkeeping, with {claim}.", ""]
+    if summary.get("warning"):
+        lines += [f"**Warning: {summary['warning']}.**", ""]
+    what = {"model.safetensors": "the DP generator (hypernetwork Φ and the DP client codes)",
+            "ledger.json": "every mechanism event (σ, q, steps per client), hash-chained",
+            "config.json": "the run's settings: hyperparameters, privacy plan, public client sizes",
+            "checkpoint.json": "how many rounds the model holds (the audit reads it)",
+            "synthetic.safetensors": "synthetic embeddings sampled from the model (post-processing: no further cost)",
+            "privacy.json": "ε per client and worst, δ, mechanisms (recomputed from the ledger)"}
+    lines += [f"- `{f}`: {what.get(f, '')}" for f in files]
+    lines += ["", "Not here (private to the data holder): the real embeddings, the partition, the clients' private "
+                  "states, the per-round held-out diagnostics and the evaluation report (computed on real records "
+                  "outside the DP path).", "",
+              "Check the claim: `fedhype audit --run <this folder>"
+              + (" --synthetic <this folder>/synthetic.safetensors" if "synthetic.safetensors" in files else "")
+              + "`. Sample more: `fedhype synthesize --run <this folder> --code mixture --per-class 300 --out syn.safetensors`.",
+              ""]
+    return "\n".join(lines)
+
+
+def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthetic: str | os.PathLike | None = None,
+                  overwrite: bool = False) -> Path:
+    """Write the release folder ``dest`` of the run ``run_dir`` (see the module docstring).
+
+    The folder appears complete or not at all: it is written beside ``dest`` and renamed into place
+    (with ``overwrite``, an existing release is replaced the same way).
+
+    Args:
+        run_dir: a run directory (``fedhype train --out`` or a job's ``run/``).
+        dest: the folder to write. synthetic: a synthetic store drawn from this run, copied too.
+        overwrite: replace an existing ``dest`` (only a fedhype release).
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        ValidationError: ``dest`` exists (without ``overwrite``, or it is not a release).
+        ArtifactError: no model in ``run_dir``, a tampered ledger, a synthetic store of another run.
+    """
+    src, dest = Path(run_dir), Path(dest)
+    if not (src / "model.safetensors").is_file():
+        raise ArtifactError(f"{src}: no model.safetensors (training did not finish)")
+    if dest.exists():
+        is_release = (dest / "privacy.json").is_file() and read_json(dest / "privacy.json", "release").get("format") == FORMAT
+        if not overwrite or not is_release:
+            raise ValidationError(f"{dest} exists; a release is written into a new folder"
+                                  + ("" if is_release else " (and this one is not a fedhype release)"))
+    summary = privacy_summary(src)
+    if synthetic is not None:
+        from fedhype.data.store import EmbeddingStore
+        from fedhype.federated.rundir import load_model
+
+        syn = EmbeddingStore.load(synthetic)
+        run_id = load_model(src)[2].get("run_id")
+        if syn.kind != "synthetic" or syn.meta.get("run_id") != run_id:
+            raise ArtifactError(f"{synthetic} is not a synthetic store drawn from {src} "
+                                f"(kind {syn.kind!r}, run_id {syn.meta.get('run_id')!r} vs {run_id!r})")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        files = []
+        for name in RUN_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
+                files.append(name)
+        if synthetic is not None:
+            shutil.copy2(synthetic, tmp / "synthetic.safetensors")
+            files.append("synthetic.safetensors")
+        summary["files"] = {f: _sha256(tmp / f) for f in files}
+        atomic_write_json(tmp / "privacy.json", summary)
+        files.append("privacy.json")
+        (tmp / "README.md").write_text(_readme(summary, files), encoding="utf-8")
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
+            os.replace(dest, old / "release")
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
