@@ -32,3 +32,27 @@ def test_config_toml_round_trips_any_string_and_lists_what_is_unset(tmp_path):
     assert text.startswith("# not set (none): ") and "train.noise_multiplier" in text.splitlines()[0]
     (tmp_path / "job.toml").write_text(text)
     assert resolve(tmp_path / "job.toml") == conf  # the written file reproduces the job
+
+
+def test_data_store_takes_an_existing_real_store_and_refuses_the_rest(real_store, tmp_path):
+    import pytest
+    import torch
+
+    from fedhype.data.store import EmbeddingStore
+    from fedhype.errors import ValidationError
+    from fedhype.pipeline.config import resolve
+    from fedhype.pipeline.job import embed_store
+
+    real_store.save(tmp_path / "emb.safetensors")
+    conf = resolve(None, [f"data.store='{tmp_path / 'emb.safetensors'}'"])
+    got = embed_store(conf["data"], progress=False)
+    assert torch.equal(got.embeddings, real_store.embeddings) and got.sample_ids == real_store.sample_ids
+    syn = EmbeddingStore(real_store.embeddings[:10], real_store.labels[:10], real_store.domains[:10],
+                         real_store.sample_ids[:10], real_store.class_names, real_store.domain_names, {"kind": "synthetic"})
+    syn.save(tmp_path / "syn.safetensors")
+    with pytest.raises(ValidationError, match="is a 'synthetic' store"):
+        embed_store(resolve(None, [f"data.store='{tmp_path / 'syn.safetensors'}'"])["data"])
+    with pytest.raises(ValidationError, match="data.store = .*: no such file"):
+        embed_store(resolve(None, [f"data.store='{tmp_path / 'nope.safetensors'}'"])["data"])
+    with pytest.raises(ValidationError, match="data.images .* and data.store .* both name the real data"):
+        resolve(None, [f"data.store='{tmp_path / 'emb.safetensors'}'", f"data.images='{tmp_path}'"])

@@ -19,7 +19,8 @@ from fedhype.federated.config import TrainConfig
 from fedhype.models.config import ModelConfig
 
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "data": {"dataset": "digits-domains", "images": "", "encoder": "dinov2-vits14", "image_size": 112,
+    # data: a bundled dataset, an image folder (images) or an existing real store from `fedhype embed` (store)
+    "data": {"dataset": "digits-domains", "images": "", "store": "", "encoder": "dinov2-vits14", "image_size": 112,
              "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "dtype": "auto", "cache_dir": ""},
     "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2], "min_train": 20, "seed": 0},
     # class_stats_share 0.95, second_moment_share 0.3 and latent 64 were chosen on the digits validation
@@ -101,6 +102,9 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
                                       f"({given.get('train.no_dp', 'set')}) turns it off; drop one of the two")
     if conf["train"]["no_dp"] or conf["train"]["noise_multiplier"] is not None:
         conf["train"]["epsilon"] = None
+    if conf["data"]["images"] and conf["data"]["store"]:
+        raise ValidationError(f"data.images ({given.get('data.images', 'set')}) and data.store ({given.get('data.store', 'set')}) "
+                              "both name the real data; give one (an image folder to embed, or a store made by `fedhype embed`)")
     return conf
 
 

@@ -54,10 +54,23 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
 
 
 def embed_store(d: dict, *, progress: bool = True) -> EmbeddingStore:
-    """The real store of a ``[data]`` section ``d``: an image folder (``images``) embedded, or a bundled
-    ``dataset`` read from (or added to) the embedding cache."""
+    """The real store of a ``[data]`` section ``d``: an existing store (``store``, from ``fedhype embed``),
+    an image folder (``images``) embedded, or a bundled ``dataset`` read from (or added to) the embedding cache.
+
+    Raises:
+        ValidationError: ``store`` is missing or not a real embeddings store. ArtifactError: a corrupt store.
+    """
     from fedhype.encoders.cache import cached_embed
 
+    if d.get("store"):
+        path = Path(d["store"])
+        if not path.is_file():
+            raise ValidationError(f"data.store = {str(path)!r}: no such file (make one with `fedhype embed --out ...`)")
+        store = EmbeddingStore.load(path)
+        if store.kind != "real":
+            raise ValidationError(f"data.store = {str(path)!r} is a {store.kind!r} store; the job trains on real "
+                                  "embeddings (from `fedhype embed`)")
+        return store
     if d["images"]:
         from fedhype.data.images import scan_image_folder
         from fedhype.encoders import create_encoder
