@@ -308,6 +308,6 @@ def make_partition(
                 "domain": "use fewer clients (--clients)"}[scheme]
         raise ValidationError(
             f"{len(bad)} of {len(clients)} clients have fewer than {floor} train records: {listed}; "
-            f"{hint}, or lower the minimum (--min-records, or partition.min_train in a job)"
+            f"{hint}, or lower the minimum (--min-records, min_records= in Python, partition.min_train in a job)"
         )
     return Partition(scheme, params, int(seed), store.digest(), n, list(store.class_names), clients)

@@ -65,18 +65,18 @@ def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: s
 def partition(store: EmbeddingStore, *, scheme: str = DEFAULTS["partition"]["scheme"], clients: int | None = None,
               alpha: float = DEFAULTS["partition"]["alpha"],
               split: tuple[float, float, float] = tuple(DEFAULTS["partition"]["split"]),
-              min_train: int = DEFAULTS["partition"]["min_train"], seed: int = DEFAULTS["partition"]["seed"]) -> Partition:
+              min_records: int = DEFAULTS["partition"]["min_train"], seed: int = DEFAULTS["partition"]["seed"]) -> Partition:
     """Clients and their train/val/test splits (:func:`fedhype.data.partition.make_partition`).
 
     ``scheme``: ``domain`` (one client per domain of the store), ``dirichlet`` (``clients`` clients
     with Dirichlet(``alpha``) label skew) or ``iid``. ``split``: train/val/test fractions of each client.
-    ``min_train``: the smallest training set a client may have (records).
+    ``min_records``: the smallest training set a client may have (records; ``--min-records`` of the CLI).
 
     Raises:
-        ValidationError: unknown scheme, bad fractions, a client below ``min_train``.
+        ValidationError: unknown scheme, bad fractions, a client below ``min_records``.
     """
     return make_partition(store, scheme=scheme, n_clients=clients, alpha=alpha, splits=tuple(split),
-                          min_train_per_client=min_train, seed=seed)
+                          min_train_per_client=min_records, seed=seed)
 
 
 def evaluate(real_test: EmbeddingStore, synthetic: EmbeddingStore, *, real_train: EmbeddingStore | None = None,
