@@ -503,3 +503,42 @@ def test_parser_choices_are_the_librarys():
     assert set(choices.MATCHINGS) == set(classifier.MATCHING)
     r = _invoke("train", "--method", "gan", "--json")  # refused by the parser, before anything else is read
     assert r.exit_code == 2 and "'gan' is not one of 'fedhypevae'" in _one_json(r)["error"]
+
+
+# ----------------------------------------------------------------------------- output folders that spent budget
+def test_no_command_writes_into_a_folder_that_records_spent_budget(files, tmp_path, audit_run):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(audit_run[0], run)
+    ledger = (run / "ledger.json").read_bytes()
+    syn = tmp_path / "syn.safetensors"
+    _digits_store(np.zeros(len(load_digits().target), dtype=int), ["all"]).save(syn)
+    for argv in (["prototypes", "train", "--data", syn, "--epochs", 1, "--out", run, "--overwrite"],
+                 ["run", "--out", run], ["train", "--store", files / "digits.safetensors", "--partition",
+                                         files / "part.json", "--out", files, "--rounds", 1]):
+        r = _invoke(*argv, "--json")
+        assert r.exit_code == 2, (argv, r.output)
+        assert "does not write into it" in _one_json(r)["error"], argv
+    assert (run / "ledger.json").read_bytes() == ledger and (run / "model.safetensors").is_file()
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "holiday.txt").write_text("x")
+    r = _invoke("run", "--out", other, "--json")
+    assert r.exit_code == 2 and "files fedhype did not write" in _one_json(r)["error"]
+    assert sorted(p.name for p in other.iterdir()) == ["holiday.txt"]
+
+
+def test_epsilon_and_noise_multiplier_together_are_refused(files, tmp_path):
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
+                "--out", tmp_path / "run", "--epsilon", 1, "--noise-multiplier", 0.5, "--json")
+    assert r.exit_code == 2 and "give one of the two" in _one_json(r)["error"]
+    assert not (tmp_path / "run").exists()
+    from fedhype.errors import ValidationError
+    from fedhype.pipeline.config import resolve
+
+    with pytest.raises(ValidationError, match="give one of the two"):
+        resolve(None, ["train.epsilon=1", "train.noise_multiplier=0.5"])
+    assert resolve(None, ["train.noise_multiplier=0.5"])["train"]["epsilon"] is None  # σ alone: ε is reported
+    with pytest.raises(ValidationError, match="data.dataset .* and data.images both name the real data"):
+        resolve(None, ["data.dataset='fashion-mnist'", f"data.images='{tmp_path}'"])

@@ -55,7 +55,9 @@ def test_readme_notebook_block_runs_and_reports_the_accountants_epsilon(tmp_path
     saved = tmp_path / "shared" / "model"
     assert sorted(os.listdir(saved)) == ["README.md", "checkpoint.json", "config.json", "ledger.json", "model.safetensors",
                                      "privacy.json"]
-    assert (gen.run_dir_ / "clients").is_dir()  # the private client state stays behind
+    # a temporary run keeps no private client state, checkpoints or non-DP diagnostics once trained
+    assert not (gen.run_dir_ / "clients").exists() and not (gen.run_dir_ / "ckpt").exists()
+    assert not (gen.run_dir_ / "metrics.json").exists() and (gen.run_dir_ / "ledger.json").is_file()
     back = fedhype.FedHypeVAE.load(saved)
     assert back.privacy_spent() == spent
     from fedhype.eval.audit_ledger import audit_run

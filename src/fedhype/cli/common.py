@@ -286,6 +286,54 @@ def check_out_dir(out: Path, command: str, hint: str) -> None:
         raise ValidationError(f"--out {out} is a file, not a folder: `fedhype {command}` writes a folder there; {hint}")
 
 
+def folder_kind(path: Path) -> str:
+    """What an output folder already holds, read cheaply (no torch): ``"missing"``, ``"empty"``,
+    ``"job"`` (a ``fedhype run`` folder), ``"run"`` (a training run), ``"prototypes"`` (a
+    hyper-prototype model), ``"dp-linear"`` (a DP linear reference: it spent budget) or ``"other"``."""
+    if not path.exists():
+        return "missing"
+    names = {p.name for p in path.iterdir()} - {".lock"}
+    if not names:
+        return "empty"
+    conf: Any = None
+    if "config.json" in names:
+        try:
+            conf = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            conf = None
+    if isinstance(conf, dict):
+        if str(conf.get("format", "")).startswith("fedhype-hyperprototypes"):
+            return "prototypes"
+        if {"data", "partition", "train"} <= set(conf) and "privacy_plan" not in conf:
+            return "job"
+        if "privacy_plan" in conf or "train" in conf:
+            return "run"
+    if "model.safetensors" in names and "ledger.json" in names and "config.json" not in names:
+        return "dp-linear"
+    if names & {"model.safetensors", "ledger.json", "checkpoint.json"}:
+        return "run"
+    return "other"
+
+
+_KIND_WORDS = {"job": "a `fedhype run` job", "run": "a training run (its ledger records spent privacy budget)",
+               "prototypes": "a hyper-prototype model", "dp-linear": "a DP linear reference (it spent privacy budget)",
+               "other": "files fedhype did not write"}
+
+
+def check_out_kind(out: Path, command: str, allowed: tuple[str, ...]) -> str:
+    """Refuse an ``--out`` folder holding something else than ``allowed`` kinds (:func:`folder_kind`); exit 2.
+
+    A folder that records spent privacy budget is never replaced by another command's output.
+    """
+    from fedhype.errors import ValidationError
+
+    kind = folder_kind(out)
+    if kind not in ("missing", "empty", *allowed):
+        raise ValidationError(f"--out {out} already holds {_KIND_WORDS[kind]}; `fedhype {command}` does not write into it "
+                              "(nothing was changed): give a new or empty folder")
+    return kind
+
+
 # ---------------------------------------------------------------------------- progress on stderr
 def log_line(text: str) -> None:
     """One plain progress/log line on stderr (never wrapped, so log files keep one line per event)."""

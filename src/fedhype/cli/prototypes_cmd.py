@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import HEADS, MATCHINGS, SPLITS, choice
-from fedhype.cli.common import JsonOpt, console, existing, kv_table, renamed_option, run_command
+from fedhype.cli.common import JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command
 from fedhype.errors import ValidationError
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
@@ -94,10 +94,9 @@ def train(
         from fedhype.data.store import EmbeddingStore
         from fedhype.privacy.ledger import PrivacyLedger
         from fedhype.prototypes import HyperPrototypeClassifier, fit_federated
-        from fedhype.prototypes.persistence import CONFIG
 
         _check_split(split)
-        if (out / CONFIG).exists() and not overwrite:
+        if check_out_kind(out, "prototypes train", ("prototypes",)) == "prototypes" and not overwrite:
             raise ValidationError(f"{out} already holds a hyper-prototype model; choose another --out or pass --overwrite")
         if federated and partition is None:
             raise ValidationError("--federated needs --partition (the clients)")

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, check_out_dir, console, existing, kv_table, log_line, round_printer, run_command
+from fedhype.cli.common import JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, round_printer, run_command
 from fedhype.cli.train_cmd import explain_min_records
 from fedhype.errors import ValidationError
 
@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
             from fedhype.pipeline.job import run_job
 
             check_out_dir(out, "run", "give a new folder, or the folder of the job to resume")
+            check_out_kind(out, "run", ("job",))  # never into a training run, a model or a folder of other files
             flags = ([f"train.secure_aggregation={str(secure_aggregation).lower()}"] if secure_aggregation is not None else []) + (
                 [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else [])
             conf = resolve(config, [*set_, *flags])

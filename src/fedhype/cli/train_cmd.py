@@ -17,7 +17,7 @@ from typer.core import TyperCommand
 
 from fedhype.cli.choices import choice
 from fedhype.federated.config import METHODS
-from fedhype.cli.common import (JsonOpt, check_out_dir, console, existing, kv_table, log_line, round_printer,
+from fedhype.cli.common import (JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, round_printer,
                                 run_command)
 from fedhype.errors import ValidationError
 
@@ -202,6 +202,12 @@ def register(app: typer.Typer) -> None:
             from fedhype.federated.engine import train
 
             check_out_dir(out, "train", "give a new folder, or an existing run directory with --resume")
+            check_out_kind(out, "train", ("run",))  # never into a job, a model or a folder of other files
+            given = {name for name in ("epsilon", "noise_multiplier")
+                     if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
+            if given == {"epsilon", "noise_multiplier"}:
+                raise ValidationError("--epsilon asks σ to be calibrated for a target ε and --noise-multiplier sets σ "
+                                      "directly; give one of the two (with --noise-multiplier ε is what the accountant says)")
             if no_dp:
                 for name, flag in (("epsilon", "--epsilon"), ("noise_multiplier", "--noise-multiplier"),
                                    ("max_epsilon", "--max-epsilon")):

@@ -146,8 +146,10 @@ class FedHypeVAE:
             (:data:`fedhype.federated.config.METHODS`).
         secure_aggregation: pool the clients' releases by secure aggregation (the server sees only sums).
         seed: seed of the initialisation, sampling and noise (reproducible, not secure; None: OS entropy).
-        out: the run directory ``fit`` writes (default: a new temporary folder). It holds private
-            client state; share only what :meth:`save` writes.
+        out: the run directory ``fit`` writes. It holds private client state (to resume); share only
+            what :meth:`save` writes. Default: a new temporary folder from which ``fit`` removes the
+            client states, checkpoints and held-out diagnostics once training ends (the model, ledger,
+            configuration and commit point stay, for sampling and audit).
         train, model: any other ``[train]`` / ``[model]`` key of the job configuration (e.g.
             ``train={"local_epochs": 3}``, ``model={"latent": 32}``).
 
@@ -208,6 +210,12 @@ class FedHypeVAE:
         self.result_ = train(store, partition, cfg, out, resume=resume, progress=progress,
                              diagnostics=diagnostics)
         self.run_dir_ = Path(out)
+        if self.out is None:  # a temporary run cannot be resumed: drop what is private, keep the DP outputs
+            import shutil
+
+            for name in ("clients", "ckpt"):
+                shutil.rmtree(out / name, ignore_errors=True)
+            (out / "metrics.json").unlink(missing_ok=True)
         return self
 
     def _model_dir(self) -> Path:

@@ -100,8 +100,17 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
             if conf["train"][k] is not None and f"train.{k}" in given:
                 raise ValidationError(f"{given[f'train.{k}']}: train.{k} asks for privacy but train.no_dp = true "
                                       f"({given.get('train.no_dp', 'set')}) turns it off; drop one of the two")
+    if conf["train"]["noise_multiplier"] is not None and conf["train"]["epsilon"] is not None \
+            and "train.epsilon" in given and "train.noise_multiplier" in given:
+        raise ValidationError(f"train.epsilon ({given['train.epsilon']}) asks σ to be calibrated for a target ε and "
+                              f"train.noise_multiplier ({given['train.noise_multiplier']}) sets σ directly; give one of the two")
     if conf["train"]["no_dp"] or conf["train"]["noise_multiplier"] is not None:
         conf["train"]["epsilon"] = None
+    # (a written config.toml lists every key, so only a dataset other than the default is a contradiction)
+    if "data.dataset" in given and conf["data"]["dataset"] != DEFAULTS["data"]["dataset"] and (
+            conf["data"]["images"] or conf["data"]["store"]):
+        raise ValidationError(f"data.dataset ({given['data.dataset']}) and data.{'images' if conf['data']['images'] else 'store'} "
+                              "both name the real data; give one")
     if conf["data"]["images"] and conf["data"]["store"]:
         raise ValidationError(f"data.images ({given.get('data.images', 'set')}) and data.store ({given.get('data.store', 'set')}) "
                               "both name the real data; give one (an image folder to embed, or a store made by `fedhype embed`)")

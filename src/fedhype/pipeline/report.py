@@ -180,8 +180,12 @@ def glance(r: dict) -> list[str]:
         tgt = r.get("target_epsilon")
         out.append(f"- **Privacy.** Every training record is protected by (ε = {r['epsilon']:.3g}, δ = {r['delta']:g})-"
                    "differential privacy (the worst client's ε, recomputed from the ledger"
-                   + (f"; the target was {tgt:g}" if tgt is not None else "") + "). Smaller ε is stronger; "
-                   "ε ≤ 1 is strong, ε ≈ 8 is weak but still bounded.")
+                   + (f"; the target was {tgt:g}" if tgt is not None else "") + ") for what `release/` holds. Smaller "
+                   "ε is stronger; ε ≤ 1 is strong, ε ≈ 8 is weak but still bounded."
+                   + (f" The job also trained the DP linear reference below on the same records, a separate release "
+                      f"with its own ε = {r['dp_fedavg_linear_epsilon']:.3g}: a record in both has spent both "
+                      "(sequential composition); it stays with the data holder unless shared too."
+                      if r.get("dp_fedavg_linear_private") and r.get("dp_fedavg_linear_epsilon") is not None else ""))
     else:
         out.append("- **Privacy: none.** This run was trained with `no_dp`: the synthetic data may reveal training "
                    "records and must not be shared as private.")
