@@ -15,13 +15,14 @@ from typer.testing import CliRunner
 
 from fedhype.cli import partition_cmd
 from fedhype.data.partition import Partition
+from fedhype.cli.common import JsonUsageGroup
 from fedhype.data.store import EmbeddingStore
 
 runner = CliRunner()
 
 # The command on its own app, so these tests do not depend on the other subcommands' modules;
 # test_subprocess_exit_code runs it through the real `fedhype.cli.main` entry point.
-app = typer.Typer()
+app = typer.Typer(cls=JsonUsageGroup)  # parser errors under --json as one object, as the real root group
 app.callback()(lambda: None)
 partition_cmd.register(app)
 

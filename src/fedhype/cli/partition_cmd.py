@@ -86,7 +86,7 @@ def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: 
 
 
 def _render(result: dict[str, Any]) -> None:
-    table = Table(title=f"partition {result['partition']} ({result['scheme']}, {len(result['clients'])} clients)")
+    table = Table(title=f"partition {result['partition']} ({result['scheme']}, {len(result['clients'])} client{'' if len(result['clients']) == 1 else 's'})")
     for col in ("client", "name", "train", "val", "test", "classes"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for c in result["clients"]:

@@ -236,7 +236,7 @@ def _check_args(scheme: str, n_clients, alpha, quantity_skew, splits, min_train)
     if s.shape != (3,) or not np.all(np.isfinite(s)) or s.min() < 0 or s[0] <= 0 or abs(s.sum() - 1) > 1e-6:
         raise ValidationError(f"splits must be three fractions train,val,test ≥ 0 summing to 1 (train > 0), got {splits}")
     if min_train < 0:
-        raise ValidationError(f"min_train_per_client must be ≥ 0, got {min_train}")
+        raise ValidationError(f"the minimum training set (--min-records, min_records=) must be ≥ 0, got {min_train}")
     return s / s.sum()
 
 

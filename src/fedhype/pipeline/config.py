@@ -119,7 +119,7 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
 
 def _set(conf: dict, section: str, key: str, value: Any, where: str) -> None:
     if section not in conf:
-        raise ValidationError(f"{where}: unknown section [{section}]; sections: {sorted(conf)}")
+        raise ValidationError(f"{where}: unknown section {section!r}; sections: {sorted(conf)}")
     allowed = _MODEL_KEYS if section == "model" else (_TRAIN_KEYS if section == "train" else set(conf[section]))
     if key not in allowed:
         raise ValidationError(f"{where}: unknown key {section}.{key}; known: {sorted(allowed)}")
