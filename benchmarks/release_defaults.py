@@ -9,6 +9,10 @@ The test split is not read. Grids:
 * ``second_moment_share`` ∈ {0.1, 0.3, 0.5} for ``dp-gaussian`` (the release alone) at ε = 1 / 4 / 8;
 * ``class_stats_share`` ∈ {0.8, 0.9, 0.95} for ``fedhypevae`` at ε = 1 / 4, beside ``dp-gaussian``;
 * without DP: ``lr_local`` 1e-2 vs 1e-3 and ``latent`` 32 vs 64 for ``fedhypevae``, beside ``dp-gaussian``;
+* the centred release (:mod:`fedhype.privacy.centring`) for ``dp-gaussian`` at ε = 1 / 4 / 8: off
+  (``centre_share = 0``), the clip radius κ ∈ {0.6, 0.8, 1.0, 1.5} at centre share 0.06, and the share
+  ∈ {0.03, 0.12} at κ = 0.8 (ε = 4). The grids above it were measured before it existed and keep
+  ``centre_share = 0`` (the uncentred release they ran);
 * the within-class threshold of :func:`fedhype.federated.class_stats._within_class` (the James–Stein
   factor above which the between-class scatter is subtracted): 0 (always), 0.9 (default) and never,
   for ``dp-gaussian`` at ε = 4 / 8 and without DP.
@@ -34,15 +38,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: the grids measured before the centred release existed ran the uncentred release (centre_share = 0);
+#: their rows say so, so that a rerun reproduces them rather than mixing them with the new default
+_U = {"centre_share": 0.0}
 GRID: list[tuple[str, str, dict]] = (
-    [("second_moment_share", e, {"method": "dp-gaussian", "second_moment_share": s})
+    [("second_moment_share", e, {"method": "dp-gaussian", "second_moment_share": s, **_U})
      for e in ("1", "4", "8") for s in (0.1, 0.3, 0.5)]
-    + [("class_stats_share", e, {"method": "dp-gaussian"}) for e in ("1", "4")]
-    + [("class_stats_share", e, {"class_stats_share": s}) for e in ("1", "4") for s in (0.8, 0.9, 0.95)]
+    + [("class_stats_share", e, {"method": "dp-gaussian", **_U}) for e in ("1", "4")]
+    + [("class_stats_share", e, {"class_stats_share": s, **_U}) for e in ("1", "4") for s in (0.8, 0.9, 0.95)]
     + [("no DP: lr_local, latent", "none", {"method": "dp-gaussian"})]
     + [("no DP: lr_local, latent", "none", {"lr_local": lr, "latent": lat}) for lr in (1e-2, 1e-3) for lat in (32, 64)]
-    + [("within-class threshold", e, {"method": "dp-gaussian", "within_class_min_snr": t})
+    + [("within-class threshold", e, {"method": "dp-gaussian", "within_class_min_snr": t, **({} if e == "none" else _U)})
        for e in ("4", "8", "none") for t in (0.0, 0.9, "never")]
+    # the centred release (fedhype.privacy.centring): off, and the clip radius κ at the default centre share
+    + [("centred release", e, {"method": "dp-gaussian", "centre_share": 0.0}) for e in ("1", "4", "8")]
+    + [("centred release", e, {"method": "dp-gaussian", "centre_share": 0.06, "release_radius": k})
+       for e in ("1", "4", "8") for k in (0.6, 0.8, 1.0, 1.5)]
+    + [("centred release", "4", {"method": "dp-gaussian", "centre_share": s, "release_radius": 0.8}) for s in (0.03, 0.12)]
 )
 
 
@@ -123,10 +135,12 @@ def main() -> None:
              "(the test split is not read); defaults in bold_", "",
              "| grid | target ε | setting | TSTR-val | seeds |", "|---|---|---|---|---|"]
     defaults = {"second_moment_share = 0.3", "class_stats_share = 0.95", "lr_local = 0.001, latent = 64",
-                "method = dp-gaussian, within_class_min_snr = 0.9"}
+                "method = dp-gaussian, within_class_min_snr = 0.9",
+                "method = dp-gaussian, centre_share = 0.06, release_radius = 0.8"}
     for (grid, eps, lab), v in groups.items():
         cell = f"{st.fmean(v):.3f} ± {st.stdev(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
-        shown = f"**{lab}**" if lab in defaults or (lab.endswith("second_moment_share = 0.3")) else lab
+        shown = f"**{lab}**" if lab.replace(", centre_share = 0.0", "") in defaults or "second_moment_share = 0.3" in lab \
+            else lab
         lines.append(f"| {grid} | {'no DP' if eps == 'none' else eps} | {shown} | {cell} | {len(v)} |")
     md = "\n".join(lines) + "\n"
     out = Path(a.results)

@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from fedhype.data.partition import make_partition
+from fedhype.privacy.centring import MECHANISM as CENTRE_MECHANISM
 from fedhype.federated.class_stats import MECHANISM, aggregate_class_stats
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.engine import train
@@ -63,14 +64,23 @@ def test_release_is_in_the_ledger_and_composed_by_the_accountant(real_store, par
     ledger = PrivacyLedger.load(tmp_path / "run" / "ledger.json")
     pre = [e for e in ledger.events if e.mechanism == MECHANISM]
     assert sorted(e.client for e in pre) == sorted(str(c.id) for c in part.clients)
-    s0 = pre[0].noise_multiplier
-    assert all(e.round == -1 and e.sample_rate == 1.0 and e.steps == 1 and e.noise_multiplier == s0 for e in pre)
-    # σ of the release is calibrated to its share of ε on its own (TrainConfig default share 0.8)
-    assert epsilon([(s0, 1.0, 1)], 1e-4) == pytest.approx(0.8 * 2.0, abs=0.02)
+    sb = pre[0].noise_multiplier
+    assert all(e.round == -1 and e.sample_rate == 1.0 and e.steps == 1 and e.noise_multiplier == sb for e in pre)
+    # the centred release: its centre first (σ_A), charged for every client with the statistics (σ_B)
+    centre = [e for e in ledger.events if e.mechanism == CENTRE_MECHANISM]
+    assert sorted(e.client for e in centre) == sorted(str(c.id) for c in part.clients)
+    sa = centre[0].noise_multiplier
+    assert all(e.round == -1 and e.sample_rate == 1.0 and e.steps == 1 and e.noise_multiplier == sa for e in centre)
+    # σ_A = σ₀/√s, σ_B = σ₀/√(1 − s): Gaussian composition, 1/σ_A² + 1/σ_B² = 1/σ₀²
+    s0 = res["class_stats_noise_multiplier"]
+    assert sa == pytest.approx(s0 / math.sqrt(cfg.centre_share)) and sb == pytest.approx(s0 / math.sqrt(1 - cfg.centre_share))
+    # both steps together cost the release's share of ε (TrainConfig default share 0.8), as one step at σ₀ would
+    assert epsilon([(sa, 1.0, 1), (sb, 1.0, 1)], 1e-4) == pytest.approx(0.8 * 2.0, abs=0.02)
+    assert epsilon([(sa, 1.0, 1), (sb, 1.0, 1)], 1e-4) == pytest.approx(epsilon([(s0, 1.0, 1)], 1e-4), abs=0.01)
     worst = 0.0
     for c in part.clients:
         q = 32 / len(c.train)
-        worst = max(worst, epsilon([(s0, 1.0, 1), (res["noise_multiplier"], q, 4)], 1e-4))
+        worst = max(worst, epsilon([(sa, 1.0, 1), (sb, 1.0, 1), (res["noise_multiplier"], q, 4)], 1e-4))
     assert res["epsilon"] == pytest.approx(worst, rel=1e-9)
     assert res["epsilon"] <= 2.0 and res["epsilon"] > 1.9
     hnet, _, _ = load_model(tmp_path / "run")

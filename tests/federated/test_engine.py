@@ -58,15 +58,17 @@ def test_epsilon_is_the_accountants_for_the_steps_run(real_store, part, tmp_path
 
     res = train(real_store, part, _cfg(), tmp_path / "run", diagnostics=False)
     sigma = res["noise_multiplier"]
-    # the DP class statistics released before round 0 (fedhype.federated.class_stats): one
-    # un-subsampled Gaussian step per client, composed with the DP-SGD steps
-    s0 = {e.client: e.noise_multiplier for e in PrivacyLedger.load(tmp_path / "run" / "ledger.json").events
-          if e.mechanism == "dp-class-stats"}
-    assert sorted(s0) == sorted(str(c.id) for c in part.clients)
+    # the DP statistics released before round 0 (fedhype.federated.class_stats): the centre and the
+    # class statistics, two un-subsampled Gaussian steps per client, composed with the DP-SGD steps
+    s0: dict[str, list] = {}
+    for e in PrivacyLedger.load(tmp_path / "run" / "ledger.json").events:
+        if e.round == -1:
+            s0.setdefault(e.client, []).append((e.noise_multiplier, 1.0, 1))
+    assert sorted(s0) == sorted(str(c.id) for c in part.clients) and all(len(v) == 2 for v in s0.values())
     worst = 0.0
     for c in part.clients:
         acc = PRVAccountant()
-        acc.history = [(s0[str(c.id)], 1.0, 1), (sigma, 32 / len(c.train), 2 * 3)]
+        acc.history = s0[str(c.id)] + [(sigma, 32 / len(c.train), 2 * 3)]
         eps = acc.get_epsilon(delta=1e-4)
         assert res["epsilon_per_client"][str(c.id)] == pytest.approx(eps, rel=1e-9)
         worst = max(worst, eps)
@@ -76,7 +78,7 @@ def test_epsilon_is_the_accountants_for_the_steps_run(real_store, part, tmp_path
     # and within 1 % of dp-accounting's PLD
     from fedhype.privacy.accountant import epsilon
     smallest = min(len(c.train) for c in part.clients)
-    pld = epsilon([(next(iter(s0.values())), 1.0, 1), (sigma, 32 / smallest, 6)], 1e-4, accountant="pld")
+    pld = epsilon(next(iter(s0.values())) + [(sigma, 32 / smallest, 6)], 1e-4, accountant="pld")
     assert res["epsilon"] == pytest.approx(pld, rel=0.01)
     meta = load_model(tmp_path / "run")[2]
     assert meta["epsilon"] == pytest.approx(res["epsilon"]) and meta["private"] is True
@@ -96,7 +98,7 @@ def test_resume_is_identical_and_counts_each_step_once(real_store, part, tmp_pat
         assert torch.equal(va, vb), k
     la = json.loads((tmp_path / "a" / "ledger.json").read_text())
     lb = json.loads((tmp_path / "b" / "ledger.json").read_text())
-    assert len(la["events"]) == len(lb["events"]) == (3 + 1) * len(part.clients)  # + the class statistics
+    assert len(la["events"]) == len(lb["events"]) == (3 + 2) * len(part.clients)  # + the centre and the class statistics
     assert done["epsilon"] == pytest.approx(full["epsilon"])
 
 
@@ -136,7 +138,7 @@ def test_interrupted_round_without_seed_is_charged_again(real_store, part, tmp_p
     res = train(real_store, part, _cfg(seed=None), tmp_path / "r", resume=True, diagnostics=False)
     events = json.loads((tmp_path / "r" / "ledger.json").read_text())["events"]
     # round 2 was announced (write-ahead) before the crash and is charged again on the rerun
-    assert len(events) == (3 + 1) * len(part.clients)  # + the class statistics, released once before round 0
+    assert len(events) == (3 + 2) * len(part.clients)  # + the centre and class statistics, released once before round 0
     assert sum("rerun" in (e.get("note") or "") for e in events) == len(part.clients)
     steps = {c: sum(e["steps"] for e in events if e["client"] == c and e["mechanism"] == "dp-sgd")
              for c in res["epsilon_per_client"]}
@@ -191,9 +193,11 @@ def test_baselines_and_ablations_train_with_exact_accounting(real_store, part, t
     smallest = min(len(c.train) for c in part.clients)
     acc = PRVAccountant()
     acc.history = [(res["noise_multiplier"], 32 / smallest, 2)]
-    if meta["model"]["class_bias"]:  # the DP class statistics are composed in (one σ₀ step, q = 1)
+    if meta["model"]["class_bias"]:  # the DP release is composed in (centre and statistics: σ₀ split in two, q = 1)
+        from fedhype.privacy.centring import release_steps
+
         assert method != "dp-cvae" and res["class_stats_noise_multiplier"] > 0
-        acc.history = [(res["class_stats_noise_multiplier"], 1.0, 1)] + acc.history
+        acc.history = release_steps(res["class_stats_noise_multiplier"], TrainConfig().centre_share) + acc.history
     else:
         assert method in ("dp-cvae", "no-class-stats") and "dec.cb" not in theta
     assert res["epsilon"] == pytest.approx(acc.get_epsilon(delta=1e-4), rel=1e-9)

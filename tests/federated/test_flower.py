@@ -283,8 +283,9 @@ def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
     stats = {"class_sums": ["float32", [k, d]], "class_counts": ["float32", [k]]}
     if TrainConfig(**CFG).model_config(d, k).linear_path:  # the second-order release: M = Σ x xᵀ [D, D]
         stats["second_moment"] = ["float32", [d, d]]
+    centre = {"sum": ["float32", [d]], "count": ["float32", [1]]}
     log = [json.loads(line) for line in (scenario["root"] / "wire.jsonl").read_text().splitlines()]
-    seen = set()
+    seen, replies, stages = set(), [], []
     for e in log:
         rec, kind = e["records"], e["type"]
         seen.add((e["direction"], kind))
@@ -294,7 +295,9 @@ def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
                                             "keys": {"client": "str", "seeded": "bool", "fedhype-version": "str"}}}
                 continue
             assert set(rec) == {"update", "update-meta"}, e
-            assert rec["update"]["arrays"] == (theta if kind == "train" else stats), e
+            # the centred release: the centre's sum and count first, then the class statistics
+            assert rec["update"]["arrays"] in ([theta] if kind == "train" else [stats, centre]), e
+            replies.append(rec["update"]["arrays"])
             assert rec["update-meta"]["type"] == "ConfigRecord"
             assert set(rec["update-meta"]["keys"]) == META_KEYS | {"noise-multiplier"}
         else:
@@ -309,9 +312,15 @@ def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
                 if kind != "query":  # public settings only: σ₀ and the release weights, no data
                     from fedhype.federated.flower.wire import STATS_KEYS
 
-                    assert set(rec["stats-task"]["keys"]) == STATS_KEYS | {"noise-multiplier"}
+                    keys = set(rec["stats-task"]["keys"])
+                    centred = {"centre", "radius"} & keys  # the statistics of a centred release: its public centre
+                    assert keys == STATS_KEYS | {"noise-multiplier"} | centred and centred in (set(), {"centre", "radius"})
+                    stages.append(bool(centred))
     kinds = ("query", "train.class_stats", "train") if stats_on else ("query", "train")
     assert seen == {(a, t) for a in ("server→node", "node→server") for t in kinds}
+    if stats_on and TrainConfig(**CFG).centre_share > 0:  # per client: the centre, then the centred statistics
+        assert sorted(stages) == [False, False, True, True]
+        assert sum(r == centre for r in replies) == 2 and sum(r == stats for r in replies) == 2
     n_updates = sum(e["direction"] == "node→server" and e["type"] == "train" for e in log)
     assert n_updates == 2 + 1 + 2  # round 1, round 2 (node 1 killed: no reply), round 2 again
 

@@ -9,6 +9,7 @@ import torch
 from scipy import stats
 from torch.nn import functional as F
 
+from fedhype.privacy.centring import MECHANISM as CENTRE
 from fedhype.data.partition import make_partition
 from fedhype.federated.class_stats import MECHANISM, aggregate_class_stats, covariance_estimate, pooled_stats
 from fedhype.federated.config import TrainConfig
@@ -94,7 +95,7 @@ def test_noise_has_the_stated_scale_for_every_statistic(real_store):
 
 def test_composed_plan_is_accounted_and_audited(real_store, part, tmp_path):
     cfg = TrainConfig(rounds=2, local_steps=2, batch_size=32, epsilon=2.0, delta=1e-4, seed=0,
-                      class_stats_share=0.9, model=SMALL)
+                      class_stats_share=0.9, centre_share=0.0, model=SMALL)  # the uncentred release (centred: test_class_stats)
     res = train(real_store, part, cfg, tmp_path / "run", diagnostics=False)
     ledger = PrivacyLedger.load(tmp_path / "run" / "ledger.json")
     pre = [e for e in ledger.events if e.mechanism == MECHANISM]
@@ -194,11 +195,11 @@ def test_dp_gaussian_spends_the_whole_budget_on_the_release_and_resumes_free(rea
     cfg = TrainConfig(rounds=3, epsilon=1.0, method="dp-gaussian", model=SMALL)  # unseeded: OS-entropy noise
     res = train(real_store, part, cfg, tmp_path / "g", diagnostics=False)
     ledger = PrivacyLedger.load(tmp_path / "g" / "ledger.json")
-    assert {e.mechanism for e in ledger.events} == {MECHANISM} and len(ledger.events) == len(part.clients)
+    assert {e.mechanism for e in ledger.events} == {MECHANISM, CENTRE} and len(ledger.events) == 2 * len(part.clients)
     assert 0.98 < res["epsilon"] <= 1.0 and res["epsilon"] == pytest.approx(ledger.worst()[1])
     # rerunning a finished dp-gaussian run releases nothing again, even without a seed
     again = train(real_store, part, cfg, tmp_path / "g", diagnostics=False, resume=True)
-    assert len(PrivacyLedger.load(tmp_path / "g" / "ledger.json").events) == len(part.clients)
+    assert len(PrivacyLedger.load(tmp_path / "g" / "ledger.json").events) == 2 * len(part.clients)
     assert again["epsilon"] == pytest.approx(res["epsilon"])
 
 
@@ -207,7 +208,7 @@ def test_no_second_moment_ablation_releases_sums_and_counts_only(real_store, par
     train(real_store, part, cfg, tmp_path / "n", diagnostics=False)
     hnet, _, _ = load_model(tmp_path / "n")
     assert "wl" not in hnet.base and "cb" in hnet.base
-    note = PrivacyLedger.load(tmp_path / "n" / "ledger.json").events[0].note
+    note = next(e.note for e in PrivacyLedger.load(tmp_path / "n" / "ledger.json").events if e.mechanism == MECHANISM)
     assert "second moments" not in note and "class sums and counts" in note
 
 

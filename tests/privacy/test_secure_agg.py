@@ -146,18 +146,32 @@ def test_engine_hands_the_server_only_the_aggregate_and_the_ledger_names_the_spl
         return real(updates, *a, **k)
 
     monkeypatch.setattr(class_stats, "aggregate_class_stats", spy)
+    from fedhype.privacy import centring
+
+    real_centre = centring.centring_from
+
+    def spy_centre(updates, *a, **k):
+        seen.append("centre:" + (type(updates).__name__ if not isinstance(updates, list) else "list"))
+        return real_centre(updates, *a, **k)
+
+    monkeypatch.setattr(centring, "centring_from", spy_centre)
     cfg = TrainConfig(rounds=1, local_steps=1, batch_size=32, epsilon=2.0, seed=0, model=SMALL,
                       secure_aggregation=True, dropout_tolerance=1, class_stats_share=0.9)
     res = train(real_store, part, cfg, tmp_path / "sa", diagnostics=False)
-    assert seen == ["PrivatizedAggregate"]  # no single client's release reached the server
+    # no single client's release reached the server: neither the centre nor the statistics
+    assert seen == ["centre:PrivatizedAggregate", "PrivatizedAggregate"]
     ledger = PrivacyLedger.load(tmp_path / "sa" / "ledger.json")
     release = [e for e in ledger.events if e.mechanism == class_stats.MECHANISM]
     assert len(release) == len(part.clients)
-    assert all("m = 4 clients, dropout tolerance t = 1" in e.note for e in release)
+    centre = [e for e in ledger.events if e.mechanism == centring.MECHANISM]
+    assert len(centre) == len(part.clients)
+    assert all("m = 4 clients, dropout tolerance t = 1" in e.note for e in release + centre)
     # ε is the accountant's figure for the σ₀ the sum is guaranteed to carry: the same plan as without
     plain = plan_privacy(TrainConfig(**{**cfg.to_dict(), "secure_aggregation": False, "dropout_tolerance": 0}),
                          [len(c.train) for c in part.clients])
-    assert release[0].noise_multiplier == pytest.approx(plain["class_stats_noise_multiplier"])
+    s0, share = plain["class_stats_noise_multiplier"], cfg.centre_share
+    assert release[0].noise_multiplier == pytest.approx(s0 / (1 - share) ** 0.5)
+    assert centre[0].noise_multiplier == pytest.approx(s0 / share ** 0.5)
     assert res["epsilon"] <= 2.0 + 1e-6
 
 

@@ -75,7 +75,7 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
                 local_epochs: int | None = None, local_steps: int | None = None, participation: float = 1.0,
                 noise_multiplier: float | None = None, target_epsilon: float | None = None,
                 class_stats_share: float = 0.0, class_stats_noise_multiplier: float | None = None,
-                secure_aggregation: bool = False, dropout_tolerance: int = 0) -> dict[str, Any]:
+                secure_aggregation: bool = False, dropout_tolerance: int = 0, centre_share: float | None = None) -> dict[str, Any]:
     """Per-client ε of a federated DP-SGD plan (see the module docstring).
 
     With ``class_stats_share > 0`` the plan includes the DP class statistics that ``fedhype train``
@@ -83,6 +83,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     with a target ε, σ₀ is calibrated so the release alone costs ``class_stats_share × ε`` and σ so
     that both compose to ε — exactly what ``fedhype train --epsilon`` does; with an explicit σ,
     σ₀ is ``class_stats_noise_multiplier`` or calibrated as ``fedhype train --noise-multiplier`` does.
+    With ``centre_share`` s > 0 the release is centred as train's (:mod:`fedhype.privacy.centring`):
+    two steps, σ₀/√s and σ₀/√(1 − s), which compose to the cost of one at σ₀ (default: train's s).
 
     With ``secure_aggregation`` the release's noise is split over the m clients
     (:class:`fedhype.privacy.secure_agg.DistributedNoise` ``(m, t)``): ε is unchanged (the sum is
@@ -134,7 +136,10 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     s0 = class_stats_noise_multiplier
     if class_stats_share > 0 and s0 is None:
         s0 = release_sigma(class_stats_share, delta, plan, target_epsilon=target_epsilon, noise_multiplier=noise_multiplier)
-    prefix = [(float(s0), 1.0, 1)] if class_stats_share > 0 else []
+    from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, release_steps
+
+    centre_share = DEFAULT_CENTRE_SHARE if centre_share is None else centre_share
+    prefix = release_steps(float(s0), centre_share) if class_stats_share > 0 else []
     if target_epsilon is not None:
         sigma = calibrate_noise_plan(target_epsilon, delta, plan, prefix=prefix)
     else:
@@ -154,7 +159,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
            "participation": p, "batch_size": batch_size, "local_epochs": local_epochs, "local_steps": local_steps,
            "clients": rows, "class_stats_share": class_stats_share,
            "class_stats_noise_multiplier": float(s0) if prefix else None,
-           "class_stats_epsilon": epsilon_report(prefix, delta)["epsilon"] if prefix else 0.0}
+           "class_stats_epsilon": epsilon_report(prefix, delta)["epsilon"] if prefix else 0.0,
+           "release_steps": [list(s) for s in prefix]}
     if secure_aggregation:
         from fedhype.privacy.secure_agg import DistributedNoise
 
@@ -255,6 +261,9 @@ def budget(
                                             help="Plan: share of the target ε spent on the DP statistics (class sums, "
                                                  "counts, second moments) that `fedhype train` releases once before round 0 "
                                                  "(default: train's; 0 for methods without them: dp-cvae, no-class-stats)."),
+    centre_share: float = typer.Option(..., "--centre-share", default_factory=job_default("train", "centre_share"),
+                                       help="Plan: share of the release's budget spent on its DP centre (as "
+                                            "`fedhype train --centre-share`; 0: the uncentred release)."),
     secure_aggregation: bool = typer.Option(False, "--secure-aggregation",
                                             help="Plan: the statistics release under secure aggregation with "
                                                  "distributed noise (as `fedhype train --secure-aggregation`)."),
@@ -297,7 +306,8 @@ def budget(
         clients = parse_client_sizes(client_sizes) if client_sizes is not None else read_partition_sizes(partition)
         return budget_plan(delta, rounds, batch_size, clients, local_epochs, local_steps, participation,
                            noise_multiplier, epsilon, class_stats_share=class_stats_share,
-                           secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance)
+                           secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
+                           centre_share=centre_share)
 
     run_command(body, json_mode, render=_render)
 

@@ -153,6 +153,13 @@ def register(app: typer.Typer) -> None:
         second_moment_share: float = _opt("second_moment_share", "--second-moment-share",
                                           help="Share c² of the release's unit sensitivity given to the second-moment "
                                                "matrix (its noise std is σ₀/c); 0 releases sums and counts only."),
+        centre_share: float = _opt("centre_share", "--centre-share",
+                                   help="Share of the release's budget spent first on a DP centre; the class "
+                                        "statistics are then those of the deviations from it, clipped (less noise "
+                                        "at the same ε). 0: the uncentred release."),
+        release_radius: float = _opt("release_radius", "--release-radius",
+                                     help="Clip radius of the centred release, in units of the DP spread of the "
+                                          "records around the centre."),
         secure_aggregation: bool = _opt("secure_aggregation", "--secure-aggregation",
                                         help="Release the statistics before round 0 under secure aggregation with "
                                              "distributed noise: each client adds σ₀²/(m − t), the server learns only the "
@@ -217,6 +224,7 @@ def register(app: typer.Typer) -> None:
                                     batch_size=batch_size, participation=participation, lr_local=lr_local,
                                     epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
                                     clip_norm=clip_norm, class_stats_share=class_stats_share, second_moment_share=second_moment_share,
+                                    centre_share=centre_share, release_radius=release_radius,
                                     secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                                     class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
                                     min_records=min_records, method=method),

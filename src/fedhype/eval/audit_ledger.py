@@ -32,7 +32,6 @@ from typing import Any
 
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError
-from fedhype.federated.class_stats import MECHANISM as CLASS_STATS
 from fedhype.federated.rundir import RunDir, load_model
 from fedhype.io import read_json
 from fedhype.privacy.ledger import PrivacyLedger, audit_consistency
@@ -45,8 +44,8 @@ CROSS_CHECK_SLACK = 0.05
 
 def _truncated(ledger: PrivacyLedger, last_round: int) -> PrivacyLedger:
     out = PrivacyLedger(ledger.delta, ledger.meta)
-    for e in ledger.events:  # the class statistics (round −1) are released before round 0
-        if 0 <= e.round <= last_round or e.mechanism == CLASS_STATS:
+    for e in ledger.events:  # the releases before round 0 (round −1: the centre and the class statistics) count too
+        if e.round <= last_round:
             out.record(e)
     return out
 

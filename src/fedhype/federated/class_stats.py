@@ -36,7 +36,7 @@ MIN_TOTAL_VARIANCE = 0.05
 
 
 def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *, sums_std: float | None = None,
-                          second_moment_std: float = 0.0, max_rank: int | None = None) -> dict[str, torch.Tensor]:
+                          second_moment_std: float = 0.0, max_rank: int | None = None, centring=None) -> dict[str, torch.Tensor]:
     """Pool the clients' privatized statistics into the model space, the class bias and the covariance.
 
     Args:
@@ -53,6 +53,8 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
         second_moment_std: the std of the noise on each *off-diagonal* entry of a client's second
             moments (:meth:`fedhype.privacy.dp_step.ReleaseWeights.noise_std`).
         max_rank: the largest rank of the covariance factor (the model's latent size L).
+        centring: the :class:`~fedhype.privacy.centring.Centring` (c, R) of a centred release: the
+            updates hold statistics of ``y = clip_R(x − c)/R`` and are mapped back (:func:`_moments`).
 
     Returns:
         float32 tensors in model space: ``space_mean`` [D], ``space_scale`` [] and ``class_bias``
@@ -61,7 +63,7 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
         ``residual_var`` [] and ``rank`` [] (int64): the covariance estimate
         ``cov_factor·cov_factorᵀ + residual_var·I`` (model space) of :func:`covariance_estimate`.
     """
-    mo = _moments(updates, noise_std, sums_std=sums_std, second_moment_std=second_moment_std)
+    mo = _moments(updates, noise_std, sums_std=sums_std, second_moment_std=second_moment_std, centring=centring)
     mean, scale, class_means = mo["mean"], torch.sqrt(mo["var"] / mo["mean"].shape[0]), mo["class_means"]
     out = {"space_mean": mean, "space_scale": scale, "class_bias": (class_means - mean) / scale}
     if mo["cov"] is not None:
@@ -72,7 +74,7 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
 
 
 def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *,
-             sums_std: float | None = None, second_moment_std: float = 0.0) -> dict:
+             sums_std: float | None = None, second_moment_std: float = 0.0, centring=None) -> dict:
     """The DP first and second moments of a release in unit-sphere units (:func:`aggregate_class_stats`).
 
     Returns ``mean`` [D], ``var`` [] (total variance, clamped), ``class_means`` [K, D] float32;
@@ -109,6 +111,24 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
         m64 = mean.to(torch.float64)
         out["cov"] = m2 / float(total) - torch.outer(m64, m64)
         out["offdiag_var"] = n_noise * float(second_moment_std) ** 2 / float(total) ** 2
+    return out if centring is None else _uncentre(out, centring, n_noise * sums_std ** 2, float(total))
+
+
+def _uncentre(mo: dict, centring, sums_noise_var: float, total: float) -> dict:
+    """Moments of the centred release (records ``y = clip_R(x − c)/R``) back in unit-sphere units.
+
+    Means ``c + R·m_y``, covariance ``R²·C_y``, noise variances × R² (sums) and × R⁴ (second moments);
+    the total variance from the unit norms, ``1 − ‖m‖²`` debiased for the noise on m (as :func:`_moments`).
+    Post-processing (:mod:`fedhype.privacy.centring`).
+    """
+    c, r = centring.centre.to(torch.float32), float(centring.radius)
+    mean = c + r * mo["mean"]
+    nv = r * r * sums_noise_var
+    var = torch.clamp(1.0 - (mean.pow(2).sum() - mean.shape[0] * nv / total ** 2), min=MIN_TOTAL_VARIANCE, max=1.0)
+    out = dict(mo, mean=mean, var=var, class_means=c + r * mo["class_means"], sums_noise_var=r * r * mo["sums_noise_var"],
+               offdiag_var=r ** 4 * mo["offdiag_var"])
+    if mo["cov"] is not None:
+        out["cov"] = (r * r) * mo["cov"]
     return out
 
 
@@ -260,7 +280,7 @@ def apply_class_stats(hnet, stats: dict[str, torch.Tensor]) -> None:
 
 
 def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate], dp, weights,
-                       max_rank: int | None = None) -> dict[str, float]:
+                       max_rank: int | None = None, centring=None) -> dict[str, float]:
     """Set the client-statistics heads of ``hnet`` so that h(c_i) is client i's own DP Gaussian.
 
     After :func:`apply_class_stats` has set the base to the pooled statistics, client i's own release
@@ -294,10 +314,10 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         base_cb, base_wl = hnet.base["cb"].to(torch.float64), hnet.base["wl"].to(torch.float64)
         base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
         rows = []
-        pooled = release_moments(updates, dp, weights)
+        pooled = release_moments(updates, dp, weights, centring)
         shrink = bool(getattr(cfg, "client_shrinkage", False))
         for u in updates:
-            g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink)
+            g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=centring)
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
             r = min(f.shape[1], L)
@@ -325,14 +345,15 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
     return {"max_abs_error": err}
 
 
-def release_moments(updates, dp, weights) -> dict:
+def release_moments(updates, dp, weights, centring=None) -> dict:
     """:func:`_moments` of ``updates`` with the noise levels of the release settings (``dp``, ``weights``)."""
     std = release_noise(dp, weights)
-    return _moments(updates, std["class_counts"], sums_std=std["class_sums"], second_moment_std=std["second_moment_offdiag"])
+    return _moments(updates, std["class_counts"], sums_std=std["class_sums"], second_moment_std=std["second_moment_offdiag"],
+                    centring=centring)
 
 
 def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_rank: int | None = None, *,
-                    shrink: bool = True) -> dict[str, torch.Tensor]:
+                    shrink: bool = True, centring=None) -> dict[str, torch.Tensor]:
     """Client ``update``'s own DP class-conditional Gaussian, unit-sphere units (float64).
 
     ``pooled``: :func:`release_moments` of every client's release. With ``shrink`` (``model.client_shrinkage``,
@@ -343,7 +364,7 @@ def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_ran
     ``cov_factor·cov_factorᵀ + residual_var·I``) and, with ``shrink``, ``mean_shrinkage`` [K] and
     ``cov_shrinkage`` [] (the James–Stein factors, 1 = the client's own estimate).
     """
-    mo = release_moments([update], dp, weights)
+    mo = release_moments([update], dp, weights, centring)
     if shrink:
         mo = shrink_toward(mo, pooled)
     factor, resid, _ = _gaussian(mo, max_rank)
@@ -361,15 +382,17 @@ def release_noise(dp, weights) -> dict[str, float]:
     return {"second_moment_offdiag": 0.0, **weights.noise_std(float(dp.noise_multiplier))}
 
 
-def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | None = None) -> dict[str, torch.Tensor]:
+def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | None = None,
+                 centring=None) -> dict[str, torch.Tensor]:
     """:func:`aggregate_class_stats` with the noise levels of the release settings (``dp``, ``weights``)."""
     std = release_noise(dp, weights)
     return aggregate_class_stats(updates, std["class_counts"], sums_std=std["class_sums"],
-                                 second_moment_std=std["second_moment_offdiag"], max_rank=max_rank)
+                                 second_moment_std=std["second_moment_offdiag"], max_rank=max_rank, centring=centring)
 
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
-                          weights=None, distributed: DistributedNoise | None = None):
+                          weights=None, distributed: DistributedNoise | None = None, centre_share: float = 0.0,
+                          radius: float | None = None):
     """Release every client's class statistics (write-ahead ledger first) and set the model(s).
 
     A federated server pools all clients (:func:`aggregate_class_stats`); a ``local-cvae`` server
@@ -381,39 +404,69 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     share with the noise split over m − t clients, the server receives only their sum (its ledger
     events name the split; ε is that of the σ₀ release the sum is guaranteed to carry).
 
+    With ``centre_share`` s > 0 (and DP) the release is centred (:mod:`fedhype.privacy.centring`):
+    each client first releases its sum and count at σ_A = σ₀/√s, the server pools them into the public
+    centre c and radius R (``radius`` κ × the DP spread), and the class statistics of the clipped
+    deviations follow at σ_B = σ₀/√(1 − s) — together the cost of one release at σ₀. Both are
+    charged write-ahead before either runs. A ``local-cvae`` server centres each client on its own
+    centre release.
+
     Returns the clients' DP class counts ``[m][K]`` (floored at 0; public DP outputs, used to weight
     a mixture per class), or None under secure aggregation (the server sees only their sum).
     """
-    from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY
+    from fedhype.privacy import centring as centring_mod
+    from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY, DPConfig
     from fedhype.privacy.ledger import LedgerEvent, charge, pending_charges
 
     weights = LEGACY_WEIGHTS if weights is None else weights
     what = "class sums, counts and second moments" if weights.second_moment > 0 else "class sums and counts"
+    centred = bool(dp.enabled and centre_share > 0)
+    radius = centring_mod.DEFAULT_RADIUS if radius is None else float(radius)
+    steps = centring_mod.release_steps(float(dp.noise_multiplier), centre_share if centred else 0.0) if dp.enabled else []
+    if centred:
+        sigma_a, sigma_b = steps[0][0], steps[1][0]
+        dp = DPConfig(sigma_b, dp.clip_norm, enabled=True)
+    split = f"; {distributed.describe()}" if distributed is not None else ""
     if dp.enabled:
-        events = [LedgerEvent(client=c.id, round=-1, mechanism=MECHANISM, noise_multiplier=float(dp.noise_multiplier),
-                              sample_rate=1.0, steps=1, clip_norm=RELEASE_SENSITIVITY,
-                              note=f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
-                              + (f"; {distributed.describe()}" if distributed is not None else ""))
-                  for c in clients]
+        events = []
+        for c in clients:
+            if centred:
+                events.append(LedgerEvent(client=c.id, round=-1, mechanism=centring_mod.MECHANISM, noise_multiplier=sigma_a,
+                                          sample_rate=1.0, steps=1, clip_norm=RELEASE_SENSITIVITY,
+                                          note=f"sum and count of the unit records (the release's centre){split}"))
+            events.append(LedgerEvent(client=c.id, round=-1, mechanism=MECHANISM, noise_multiplier=float(dp.noise_multiplier),
+                                      sample_rate=1.0, steps=1, clip_norm=RELEASE_SENSITIVITY,
+                                      note=f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
+                                      + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split))
         charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
     rank_cap = server.cfg.latent
     parts = getattr(server, "servers", None)
     if distributed is not None:
         if parts is not None:
             raise ValidationError("secure aggregation pools the clients' statistics; local-cvae needs each client's own")
-        agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed) for c in clients],
-                         distributed)
-        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap))  # the server sees the sum only
+        cen = None
+        if centred:
+            cen = centring_mod.centring_from(secure_sum([c.release_centre(sigma_a, distributed=distributed) for c in clients],
+                                                        distributed), radius)
+        agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed, centring=cen)
+                          for c in clients], distributed)
+        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap, cen))  # the server sees the sum only
         return None
-    updates = [c.release_class_stats(n_classes, dp, weights) for c in clients]
+    if centred:
+        centres = [c.release_centre(sigma_a) for c in clients]
+        cens = [centring_mod.centring_from([u], radius) for u in centres] if parts is not None else \
+            [centring_mod.centring_from(centres, radius)] * len(clients)
+    else:
+        cens = [None] * len(clients)
+    updates = [c.release_class_stats(n_classes, dp, weights, centring=cen) for c, cen in zip(clients, cens)]
     counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
-        for s, u in zip(parts, updates):
-            apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap))
+        for s, u, cen in zip(parts, updates, cens):
+            apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap, cen))
     else:
-        apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap))
+        apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap, cens[0]))
         if server.hnet.cfg.client_heads:  # h(c_i) = client i's own DP Gaussian
-            apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap)
+            apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens[0])
     return counts
 
 

@@ -54,19 +54,30 @@ class Client:
         self.space = (space[0].detach().clone(), space[1].detach().clone())
         self.x = to_model_space(self._raw, self.space)
 
+    def release_centre(self, noise_multiplier: float | None, *, distributed=None) -> PrivatizedUpdate:
+        """The client's DP sum and count of its unit records (the centred release's first step,
+        :func:`~fedhype.privacy.centring.privatize_centre`), from a generator of its own."""
+        from fedhype.privacy.centring import privatize_centre
+
+        gen = torch.Generator().manual_seed(
+            _entropy_seed() if self.seed is None else (self.seed * 7_777_793 + self.index + 29) & ((1 << 63) - 1))
+        return privatize_centre(self.id, self._raw, noise_multiplier, gen, distributed=distributed)
+
     def release_class_stats(self, n_classes: int, dp: DPConfig, weights: ReleaseWeights | None = None, *,
-                            distributed=None) -> PrivatizedUpdate:
+                            distributed=None, centring=None) -> PrivatizedUpdate:
         """The client's per-class sums, counts and (with ``weights.second_moment > 0``) second moments
         through one Gaussian mechanism (:func:`~fedhype.privacy.dp_step.privatize_class_sums`).
 
         The noise generator is seeded from the run seed (reproducible, not secure) or from OS
-        entropy, separately from the DP-SGD noise. ``distributed``: the run's
+        entropy, separately from the DP-SGD noise. ``centring``: the public centre and radius of a
+        centred release (:mod:`fedhype.privacy.centring`). ``distributed``: the run's
         :class:`~fedhype.privacy.secure_agg.DistributedNoise` under secure aggregation (the result is
         then this client's :class:`~fedhype.privacy.secure_agg.SecureShare`).
         """
         gen = torch.Generator().manual_seed(
             _entropy_seed() if self.seed is None else (self.seed * 5_555_557 + self.index + 17) & ((1 << 63) - 1))
-        return privatize_class_sums(self.id, self._raw, self.labels, n_classes, dp, gen, weights, distributed=distributed)
+        return privatize_class_sums(self.id, self._raw, self.labels, n_classes, dp, gen, weights, distributed=distributed,
+                                    centring=centring)
 
     @property
     def n(self) -> int:

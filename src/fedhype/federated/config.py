@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from fedhype.errors import ValidationError
 from fedhype.models.config import ModelConfig
+from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS
 
 #: ``--method`` presets: model overrides applied on top of ``model`` (the user's keys win).
 #: ``dp-cvae`` is the predecessor (Di Salvo et al. 2025) with correct accounting: one shared
@@ -76,6 +77,13 @@ class TrainConfig:
             :data:`~fedhype.privacy.dp_step.COUNT_SHARE`, the class sums the rest). Used when
             ``model.second_moment``; chosen on the digits validation split
             (benchmarks/results/release_defaults.md).
+        centre_share: share s of the release's 1/σ₀² spent on a DP centre released first; the class
+            statistics are then those of the records' deviations from it, clipped to a radius
+            (:mod:`fedhype.privacy.centring`). 0 = the uncentred release. Both steps together cost
+            the one release at σ₀ (Gaussian composition); chosen on the digits validation split
+            (benchmarks/results/release_defaults.md, "centred release").
+        release_radius: κ, the clip radius of the centred release in units of the DP root-mean-square
+            distance of a record from the centre (post-processing of the centre release; no ε).
         class_stats_noise_multiplier: σ of that release set directly (default with an explicit
             ``noise_multiplier``: calibrated so the release alone costs ``class_stats_share`` × the
             DP-SGD steps' own ε).
@@ -111,6 +119,8 @@ class TrainConfig:
     class_stats_share: float = 0.8
     class_stats_noise_multiplier: float | None = None
     second_moment_share: float = 0.3
+    centre_share: float = DEFAULT_CENTRE_SHARE
+    release_radius: float = DEFAULT_RADIUS
     secure_aggregation: bool = False
     dropout_tolerance: int = 0
     no_dp: bool = False
@@ -145,6 +155,10 @@ class TrainConfig:
             raise ValidationError(f"train.class_stats_share must be in (0, 1), got {self.class_stats_share}")
         if not (isinstance(self.second_moment_share, (int, float)) and 0 <= self.second_moment_share < 0.95):
             raise ValidationError(f"train.second_moment_share must be in [0, 0.95), got {self.second_moment_share!r}")
+        if not (isinstance(self.centre_share, (int, float)) and 0 <= self.centre_share < 1):
+            raise ValidationError(f"train.centre_share must be in [0, 1) (0: no centred release), got {self.centre_share!r}")
+        if not (isinstance(self.release_radius, (int, float)) and math.isfinite(self.release_radius) and self.release_radius > 0):
+            raise ValidationError(f"train.release_radius must be a number > 0, got {self.release_radius!r}")
         if self.class_stats_noise_multiplier is not None and not (self.class_stats_noise_multiplier > 0):
             raise ValidationError(f"train.class_stats_noise_multiplier must be > 0, got {self.class_stats_noise_multiplier}")
         if self.method not in METHODS:

@@ -37,6 +37,7 @@ from fedhype.federated.server import Server
 from fedhype.federated.transport import ClientTransport, InProcessTransport, RoundTask
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
 from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon
+from fedhype.privacy.centring import release_steps
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge, pending_charges
 
@@ -66,19 +67,19 @@ def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
         s0 = cfg.class_stats_noise_multiplier or cfg.noise_multiplier or calibrate_noise(cfg.epsilon, cfg.delta, 1.0, 1)
         return {"noise_multiplier": None, "plan": plan, "calibrated": cfg.noise_multiplier is None and
                 cfg.class_stats_noise_multiplier is None, "class_stats_noise_multiplier": float(s0),
-                "prefix": [(float(s0), 1.0, 1)]}
+                "prefix": release_steps(float(s0), cfg.centre_share)}
     if cfg.noise_multiplier is not None:
         s0 = None
         if stats:  # default: the release costs class_stats_share × the DP-SGD plan's own worst ε
             s0 = cfg.class_stats_noise_multiplier or class_stats_noise_multiplier(
                 cfg.class_stats_share, cfg.delta, plan, noise_multiplier=cfg.noise_multiplier)
         return {"noise_multiplier": float(cfg.noise_multiplier), "plan": plan, "calibrated": False,
-                "class_stats_noise_multiplier": s0, "prefix": [(s0, 1.0, 1)] if stats else []}
+                "class_stats_noise_multiplier": s0, "prefix": release_steps(s0, cfg.centre_share) if stats else []}
     s0 = None
     if stats:  # the class statistics: one un-subsampled Gaussian release, calibrated to its share of ε
         s0 = cfg.class_stats_noise_multiplier or class_stats_noise_multiplier(
             cfg.class_stats_share, cfg.delta, plan, target_epsilon=cfg.epsilon)
-    prefix = [(float(s0), 1.0, 1)] if stats else []
+    prefix = release_steps(float(s0), cfg.centre_share) if stats else []
     sigma = calibrate_noise_plan(cfg.epsilon, cfg.delta, plan, prefix=prefix)
     return {"noise_multiplier": float(sigma), "plan": plan, "calibrated": True, "class_stats_noise_multiplier": s0,
             "prefix": prefix}
@@ -269,7 +270,8 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
             counts = run_class_stats_stage(clients, server, mcfg.n_classes, dp_stats, ledger, run.ledger,
                                            seeded=all(transport.replays_noise(i) for i in range(len(clients))),
                                            weights=cfg.release_weights(mcfg),
-                                           distributed=distributed)
+                                           distributed=distributed, centre_share=cfg.centre_share,
+                                           radius=cfg.release_radius)
             # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
             atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts})
             saved.parent.mkdir(parents=True, exist_ok=True)

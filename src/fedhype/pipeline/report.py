@@ -163,11 +163,19 @@ def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
     from fedhype.privacy.accountant import epsilon
     from fedhype.privacy.ledger import PrivacyLedger
 
-    events = [e for e in PrivacyLedger.load(Path(run_dir) / "ledger.json").events if e.mechanism == MECHANISM]
+    pre = [e for e in PrivacyLedger.load(Path(run_dir) / "ledger.json").events if e.round == -1]
     per_client: dict[str, int] = {}
-    for e in events:
-        per_client[e.client] = per_client.get(e.client, 0) + 1
-    return {"class_stats_epsilon": epsilon([(float(s0), 1.0, 1)], trained["delta"]),
+    for e in pre:
+        if e.mechanism == MECHANISM:
+            per_client[e.client] = per_client.get(e.client, 0) + 1
+    # one client's first release as recorded: the centre (when centred) and the statistics
+    first = pre[0].client if pre else None
+    steps, seen = [], set()
+    for e in pre:
+        if e.client == first and e.mechanism not in seen:
+            seen.add(e.mechanism)
+            steps.append((float(e.noise_multiplier), float(e.sample_rate), int(e.steps)))
+    return {"class_stats_epsilon": epsilon(steps or [(float(s0), 1.0, 1)], trained["delta"]),
             "class_stats_releases": max(per_client.values()) if per_client else 0}
 
 

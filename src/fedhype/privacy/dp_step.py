@@ -388,7 +388,7 @@ def symmetric_noise(dim: int, diag_std: float, generator: torch.Generator) -> to
 
 def privatize_class_sums(client: str, x: torch.Tensor, labels: torch.Tensor, n_classes: int, dp: DPConfig,
                          generator: torch.Generator, weights: ReleaseWeights | None = None, *,
-                         distributed=None) -> PrivatizedUpdate:
+                         distributed=None, centring=None) -> PrivatizedUpdate:
     """Per-class sums and counts (and, with ``weights.second_moment > 0``, the second-moment matrix)
     of a client's unit-norm embeddings, through one Gaussian mechanism.
 
@@ -412,6 +412,9 @@ def privatize_class_sums(client: str, x: torch.Tensor, labels: torch.Tensor, n_c
             :class:`~fedhype.privacy.secure_agg.SecureShare`, readable only by
             :func:`~fedhype.privacy.secure_agg.secure_sum` (whose sum of ≥ m − t shares carries the
             noise of the σ₀ release; the derivation is in that module's docstring).
+        centring: a :class:`fedhype.privacy.centring.Centring` (c, R) — the public outputs of the
+            centre release: the statistics are those of ``y = clip_R(x/‖x‖ − c)/R`` (‖y‖ ≤ 1, so the
+            sensitivity stays 1; :mod:`fedhype.privacy.centring`) and ``dp.noise_multiplier`` is σ_B.
 
     Returns:
         PrivatizedUpdate with tensors ``class_sums`` float32 [K, D], ``class_counts`` [K] and, when
@@ -419,7 +422,8 @@ def privatize_class_sums(client: str, x: torch.Tensor, labels: torch.Tensor, n_c
         ``sample_rate = 1``, ``clip_norm`` = :data:`RELEASE_SENSITIVITY`.
     """
     w = LEGACY_WEIGHTS if weights is None else weights
-    x = torch.nn.functional.normalize(x.to(torch.float32), dim=-1)
+    x = torch.nn.functional.normalize(x.to(torch.float32), dim=-1) if centring is None else \
+        centring.transform(x)[0].to(torch.float32)
     onehot = torch.nn.functional.one_hot(labels.to(torch.int64), n_classes).to(torch.float32)
     tensors = {"class_sums": onehot.T @ x, "class_counts": onehot.sum(0)}
     if w.second_moment > 0:

@@ -34,7 +34,7 @@ from fedhype.errors import FedhypeError
 from fedhype.federated.flower import handshake, wire
 from fedhype.federated.rundir import RunDir
 from fedhype.federated.transport import RoundTask
-from fedhype.privacy.dp_step import DPConfig, PrivatizedUpdate
+from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig, PrivatizedUpdate
 
 
 class NodeFailure(FedhypeError):
@@ -49,9 +49,13 @@ class RemoteClient:
         self.index, self.id, self.name, self.n = index, client_id, name, n
         self.space: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def release_class_stats(self, n_classes: int, dp: DPConfig, weights=None) -> PrivatizedUpdate:
+    def release_centre(self, noise_multiplier: float | None) -> PrivatizedUpdate:
+        """This client's DP centre release (all clients are asked at once, on the first call)."""
+        return self._transport.centres(noise_multiplier)[self.index]
+
+    def release_class_stats(self, n_classes: int, dp: DPConfig, weights=None, *, centring=None) -> PrivatizedUpdate:
         """This client's DP class statistics (all clients are asked at once, on the first call)."""
-        return self._transport.class_stats(n_classes, dp, weights)[self.index]
+        return self._transport.class_stats(n_classes, dp, weights, centring)[self.index]
 
     def set_space(self, space: tuple[torch.Tensor, torch.Tensor]) -> None:
         """The public model space ``(mean [D], scale [])`` sent with this client's round tasks."""
@@ -184,25 +188,36 @@ class FlowerTransport:
                                    wire.Expected.of_task(t, min(1.0, t.batch_size / self.clients[t.index].n)))
                 for t in tasks]
 
-    def class_stats(self, n_classes: int, dp: DPConfig, weights=None) -> list[PrivatizedUpdate]:
+    def centres(self, noise_multiplier: float | None) -> list[PrivatizedUpdate]:
+        """Every client's DP centre release (``train.class_stats`` with stage ``centre``, asked once)."""
+        from fedhype.privacy.dp_step import LEGACY_WEIGHTS
+
+        dp = DPConfig(noise_multiplier, RELEASE_SENSITIVITY, enabled=bool(noise_multiplier))
+        return self._release(("centre", dp), "the release's centre", lambda i: wire.encode_stats_request(
+            self.clients[i].id, 0, dp, LEGACY_WEIGHTS, run_key=self._key(), n_train=self.clients[i].n,
+            store_digest=self.partition.store_digest, stage="centre"),
+            lambda i: wire.Expected.of_centre(self.clients[i].id, self.dim, dp))
+
+    def class_stats(self, n_classes: int, dp: DPConfig, weights=None, centring=None) -> list[PrivatizedUpdate]:
         """Every client's DP class statistics (one ``train.class_stats`` message each, asked once)."""
         from fedhype.privacy.dp_step import LEGACY_WEIGHTS
 
         weights = LEGACY_WEIGHTS if weights is None else weights
-        key = (n_classes, dp, weights)
+        key = (n_classes, dp, weights, None if centring is None else (tuple(centring.centre.tolist()), centring.radius))
+        return self._release(key, "the class statistics", lambda i: wire.encode_stats_request(
+            self.clients[i].id, n_classes, dp, weights, run_key=self._key(), n_train=self.clients[i].n,
+            store_digest=self.partition.store_digest, centring=centring),
+            lambda i: wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp, weights))
+
+    def _release(self, key, what: str, request, expected) -> list[PrivatizedUpdate]:
+        """Ask every client once for a pre-round release (cached by ``key``) and decode the replies."""
         if key not in self._stats:
             everyone = list(range(len(self.clients)))
-            msgs = [Message(wire.encode_stats_request(self.clients[i].id, n_classes, dp, weights, run_key=self._key(),
-                                                      n_train=self.clients[i].n, store_digest=self.partition.store_digest),
-                            dst_node_id=self.nodes[i], message_type=wire.STATS_TYPE, ttl=self.round_timeout + 60)
-                    for i in everyone]
+            msgs = [Message(request(i), dst_node_id=self.nodes[i], message_type=wire.STATS_TYPE,
+                            ttl=self.round_timeout + 60) for i in everyone]
             replies = self._exchange(everyone, msgs, wire.STATS_TYPE, -1)
-            self._raise_failures(replies, everyone, "the class statistics",
-                                 "No round was trained (completed rounds: 0).")
-            self._stats[key] = [wire.decode_update(replies[i].content,
-                                                   wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp,
-                                                                          weights))
-                                for i in everyone]
+            self._raise_failures(replies, everyone, what, "No round was trained (completed rounds: 0).")
+            self._stats[key] = [wire.decode_update(replies[i].content, expected(i)) for i in everyone]
         return self._stats[key]
 
     # ------------------------------------------------------------------ plumbing

@@ -85,4 +85,7 @@ def run_class_stats(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
     node = NodeSettings.from_node_config(nc)
     node.check_mechanism(req["dp"].enabled, req["dp"].noise_multiplier)
     client = _client(node, extra, req["client"])
-    return wire.encode_update(client.release_class_stats(req["n-classes"], req["dp"], req["weights"]), -1)
+    if req["stage"] == "centre":  # the centred release's first step (fedhype.privacy.centring)
+        return wire.encode_update(client.release_centre(req["dp"].noise_multiplier if req["dp"].enabled else None), -1)
+    return wire.encode_update(client.release_class_stats(req["n-classes"], req["dp"], req["weights"],
+                                                         centring=req["centring"]), -1)

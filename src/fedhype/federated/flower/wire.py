@@ -19,7 +19,11 @@ node → server, the reply: a :class:`~fedhype.privacy.dp_step.PrivatizedUpdate`
 server → node, message type ``train.class_stats`` (once, before round 0, with ``model.class_bias``)
     ``stats-task``   ConfigRecord — ``client``, ``n-classes``, ``dp``, ``noise-multiplier`` (with DP),
                      ``release-weights`` (a, b, c), ``run``, ``n-train``, ``store-digest``, ``fedhype-version``
-node → server, the reply: the PrivatizedUpdate of :func:`~fedhype.privacy.dp_step.privatize_class_sums`
+                     ``stage`` — ``"centre"`` (the centred release's first step) or ``"statistics"``;
+                     with a centred release, the statistics request carries the public ``centre``
+                     (list of D floats) and ``radius`` (:mod:`fedhype.privacy.centring`)
+node → server, the reply: the PrivatizedUpdate of :func:`~fedhype.privacy.centring.privatize_centre`
+    (``sum`` [D], ``count`` [1]) or of :func:`~fedhype.privacy.dp_step.privatize_class_sums`
     (``update``: ``class_sums`` [K, D], ``class_counts`` [K], and ``second_moment`` [D, D] when c > 0;
     ``update-meta`` with round −1)
 server → node, message type ``query`` (once per Flower run), and its reply ``identity``: see
@@ -51,7 +55,8 @@ TRAIN, STATS_TYPE = "train", "train.class_stats"
 THETA, SPACE, TASK, UPDATE, UPDATE_META, STATS_TASK = "theta", "space", "task", "update", "update-meta", "stats-task"
 #: Record names of a reply (a reply with other records is refused).
 REPLY_RECORDS = {UPDATE, UPDATE_META}
-STATS_KEYS = {"client", "n-classes", "dp", "run", "n-train", "store-digest", "fedhype-version", "release-weights"}  # + σ with DP
+STATS_KEYS = {"client", "n-classes", "dp", "run", "n-train", "store-digest", "fedhype-version", "release-weights",
+              "stage"}  # + σ with DP, + centre and radius for a centred release's statistics
 TASK_KEYS = {"round", "client", "steps", "batch-size", "lr", "clip-norm", "dp", "grad-method", "model", "run",
              "n-train", "store-digest", "fedhype-version"}  # + "noise-multiplier" with DP
 META_KEYS = {"client", "round", "steps", "clip-norm", "sample-rate", "private"}  # + "noise-multiplier" if private
@@ -145,13 +150,17 @@ def decode_task(content: RecordDict) -> tuple[RoundTask, dict[str, Any]]:
 
 
 def encode_stats_request(client: str, n_classes: int, dp: DPConfig, weights: ReleaseWeights, *, run_key: str,
-                         n_train: int, store_digest: str) -> RecordDict:
-    """The ``train.class_stats`` message content (public settings only: σ₀ and the release weights)."""
+                         n_train: int, store_digest: str, stage: str = "statistics", centring=None) -> RecordDict:
+    """The ``train.class_stats`` message content (public settings only: σ, the release weights and,
+    for a centred release, its public centre and radius)."""
     cfg: dict[str, Any] = {"client": client, "n-classes": int(n_classes), "dp": bool(dp.enabled), "run": run_key,
-                           "release-weights": weights.as_list(),
+                           "release-weights": weights.as_list(), "stage": stage,
                            "n-train": int(n_train), "store-digest": store_digest, "fedhype-version": __version__}
     if dp.enabled:
         cfg["noise-multiplier"] = float(dp.noise_multiplier)
+    if centring is not None:
+        cfg["centre"] = [float(v) for v in centring.centre.tolist()]
+        cfg["radius"] = float(centring.radius)
     return RecordDict({STATS_TASK: ConfigRecord(cfg)})
 
 
@@ -159,14 +168,23 @@ def decode_stats_request(content: RecordDict) -> tuple[dict[str, Any], dict[str,
     """``({"client", "n-classes", "dp"}, {"run", "n-train", "store-digest"})`` (node side)."""
     where = "class-statistics request"
     _records(content, {STATS_TASK}, where)
-    c = _config(content, STATS_TASK, STATS_KEYS, {"noise-multiplier"}, where)
+    c = _config(content, STATS_TASK, STATS_KEYS, {"noise-multiplier", "centre", "radius"}, where)
     check_version(c, where)
+    if c["stage"] not in ("centre", "statistics") or (("centre" in c) != ("radius" in c)) or \
+            (c["stage"] == "centre" and "centre" in c):
+        raise ArtifactError(f"{where}: stage {c['stage']!r} with centre {'centre' in c} and radius {'radius' in c} "
+                            "is not a release fedhype knows; refused")
     try:
+        from fedhype.privacy.centring import Centring
+
         dp = DPConfig(c.get("noise-multiplier"), RELEASE_SENSITIVITY, enabled=bool(c["dp"]))
         weights = ReleaseWeights(*[float(w) for w in c["release-weights"]])
+        centring = Centring(torch.tensor([float(v) for v in c["centre"]], dtype=torch.float32), float(c["radius"])) \
+            if "centre" in c else None
     except (TypeError, ValueError, FedhypeError) as exc:
         raise ArtifactError(f"{where}: bad DP settings ({exc})") from None
-    return ({"client": str(c["client"]), "n-classes": int(c["n-classes"]), "dp": dp, "weights": weights},
+    return ({"client": str(c["client"]), "n-classes": int(c["n-classes"]), "dp": dp, "weights": weights,
+             "stage": str(c["stage"]), "centring": centring},
             {"run": str(c["run"]), "n-train": int(c["n-train"]), "store-digest": str(c["store-digest"])})
 
 
@@ -211,6 +229,12 @@ class Expected:
         """The reply to a round task; ``sample_rate`` = q_i = min(1, B / n_i) of the plan."""
         return cls(task.client, task.round, task.theta_tensors(), task.steps, float(sample_rate), float(task.dp.clip_norm),
                    bool(task.dp.enabled), float(task.dp.noise_multiplier) if task.dp.enabled else None)
+
+    @classmethod
+    def of_centre(cls, client: str, dim: int, dp: DPConfig) -> "Expected":
+        """The reply to a centre request (the centred release's first step, σ_A)."""
+        return cls(client, -1, {"sum": torch.zeros(dim), "count": torch.zeros(1)}, 1, 1.0, float(RELEASE_SENSITIVITY),
+                   bool(dp.enabled), float(dp.noise_multiplier) if dp.enabled else None)
 
     @classmethod
     def of_stats(cls, client: str, n_classes: int, dim: int, dp: DPConfig, weights: ReleaseWeights) -> "Expected":
