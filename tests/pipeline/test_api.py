@@ -46,7 +46,7 @@ def test_readme_notebook_block_runs_and_reports_the_accountants_epsilon(tmp_path
     ledger = PrivacyLedger.load(gen.run_dir_ / "ledger.json")
     assert spent.epsilon == pytest.approx(max(ledger.epsilons().values()))
     assert 3.9 <= spent.epsilon <= 4.0 and spent.private and spent.delta == 1e-4
-    assert set(spent.mechanisms) == {"dp-class-stats", "dp-sgd"} and len(spent.per_client) == 4
+    assert set(spent.mechanisms) == {"dp-release-centre", "dp-class-stats", "dp-sgd"} and len(spent.per_client) == 4
     assert f"ε = {spent.epsilon:.3f}" in out
     tstr = float(re.search(r"TSTR accuracy ([0-9.]+)", out).group(1))
     assert tstr > 0.25  # chance 0.10 over the 10 digits

@@ -109,8 +109,9 @@ class PrivacySpent:
         per_client: ε of each client (the ledger's client ids).
         accountant: the accountant that produced the figures (``"best"``: the smaller of Opacus's PRV
             and RDP bounds, :mod:`fedhype.privacy.accountant`).
-        mechanisms: the mechanisms in the ledger (``dp-class-stats``: the one-shot statistics
-            release before round 0; ``dp-sgd``: the local DP-SGD steps).
+        mechanisms: the mechanisms in the ledger (``dp-release-centre`` and ``dp-class-stats``: the
+            centred statistics release before round 0, :mod:`fedhype.privacy.centring`; ``dp-sgd``:
+            the local DP-SGD steps).
         private: False for a run trained with ``no_dp``.
     """
 

@@ -74,6 +74,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "method": conf["train"].get("method"), "n_classes": store.n_classes,
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
         "second_moment_share": _second_moment_share(conf),
+        "centre_share": float(conf["train"].get("centre_share") or 0.0) if trained["private"] else None,
         "secure_aggregation": _secure_aggregation(conf, part, trained),
         **_class_stats_claims(out / "run", trained),
         "rounds": trained["rounds"], "clients": [c.name for c in part.clients],
@@ -236,10 +237,14 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
            else "no DP-SGD round: the model is the release itself (dp-gaussian)")
     priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (accountant: the smaller of Opacus's PRV and RDP upper "
             f"bounds, worst client, for the steps run; target {target}; {sgd}"
-            + (f"; statistics released once before round 0 — class sums, counts"
+            + (f"; statistics released once before round 0 — "
+               + ("a DP centre, then the class sums, counts" if r.get("centre_share") else "class sums, counts")
                + (" and second moments" if r.get("second_moment_share") else "")
-               + f", one Gaussian mechanism on a weighted vector of L2 sensitivity 1, σ₀ = "
-               f"{_fmt(r['class_stats_noise_multiplier'])}, costing ε = {_fmt(r.get('class_stats_epsilon'))} alone"
+               + (" of the records' deviations from it, clipped (two Gaussian mechanisms of L2 sensitivity 1 that "
+                  "compose to one at σ₀ = " if r.get("centre_share") else
+                  ", one Gaussian mechanism on a weighted vector of L2 sensitivity 1, σ₀ = ")
+               + f"{_fmt(r['class_stats_noise_multiplier'])}" + (")" if r.get("centre_share") else "")
+               + f", costing ε = {_fmt(r.get('class_stats_epsilon'))} alone"
                + (f", charged {r['class_stats_releases']} times per client (rerun after an interruption)"
                   if (r.get("class_stats_releases") or 1) > 1 else "")
                if r.get("class_stats_noise_multiplier") else "") + f"){over}") if r["private"] else \
