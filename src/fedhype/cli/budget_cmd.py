@@ -55,13 +55,14 @@ def _mark(result: dict[str, Any], sigma: float, note: bool = True) -> dict[str, 
 def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier: float | None = None,
                   target_epsilon: float | None = None) -> dict[str, Any]:
     """ε of ``steps`` Poisson-subsampled Gaussian steps, or (with ``target_epsilon``) σ for a target ε."""
-    from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps, validate_target_epsilon  # torch: imported on use, not for --help
+    from fedhype.privacy.accountant import epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps  # torch: imported on use, not for --help
+    from fedhype.privacy.plan import single_noise
 
     delta = validate_delta(delta, "--delta")
     q = validate_sample_rate(sample_rate, "--sample-rate")
     steps = validate_steps(steps, "--steps")
     if target_epsilon is not None:
-        sigma = calibrate_noise(target_epsilon, delta, q, steps)
+        sigma = single_noise(target_epsilon, delta, q, steps)
     else:
         sigma = validate_noise_multiplier(noise_multiplier, "--noise-multiplier")
     rep = epsilon_report([(sigma, q, steps)], delta)
@@ -94,7 +95,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     Args:
         clients: ``[(id, name, n_train), ...]``.
     """
-    from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps, validate_target_epsilon  # torch: imported on use, not for --help
+    from fedhype.privacy.accountant import check_delta, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps  # torch: imported on use, not for --help
+    from fedhype.privacy.plan import plan_noise
 
     delta = validate_delta(delta, "--delta")
     rounds = validate_steps(rounds, "--rounds")
@@ -128,22 +130,17 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
                      "steps": rounds_per_client * per_round})
     if not (0 <= class_stats_share < 1):
         raise ValidationError(f"--class-stats-share must be in [0, 1) (0: no class-statistics release), got {class_stats_share}")
-    from fedhype.federated.class_stats import class_stats_noise_multiplier as release_sigma
+    from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE
 
     plan = [(r["sample_rate"], r["steps"]) for r in rows]
     if target_epsilon is None:
         noise_multiplier = validate_noise_multiplier(noise_multiplier, "--noise-multiplier")
-    s0 = class_stats_noise_multiplier
-    if class_stats_share > 0 and s0 is None:
-        s0 = release_sigma(class_stats_share, delta, plan, target_epsilon=target_epsilon, noise_multiplier=noise_multiplier)
-    from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, release_steps
-
     centre_share = DEFAULT_CENTRE_SHARE if centre_share is None else centre_share
-    prefix = release_steps(float(s0), centre_share) if class_stats_share > 0 else []
-    if target_epsilon is not None:
-        sigma = calibrate_noise_plan(target_epsilon, delta, plan, prefix=prefix)
-    else:
-        sigma = noise_multiplier
+    # the privacy core's plan, as `fedhype train` calibrates it (fedhype.federated.engine.plan_privacy)
+    noise = plan_noise(plan, delta, target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
+                       release_share=class_stats_share, release_sigma=class_stats_noise_multiplier,
+                       centre_share=centre_share)
+    sigma, s0, prefix = noise["noise_multiplier"], noise["class_stats_noise_multiplier"], noise["prefix"]
     warnings: list[str] = []
     for r in rows:
         rep = epsilon_report(prefix + [(sigma, r["sample_rate"], r["steps"])], delta)
@@ -280,7 +277,7 @@ def budget(
     """
 
     def body() -> dict[str, Any]:
-        from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps, validate_target_epsilon  # torch: imported on use, not for --help
+        from fedhype.privacy.accountant import validate_target_epsilon  # torch: imported on use, not for --help
 
         if delta is None:
             raise ValidationError("--delta is required")

@@ -20,6 +20,7 @@ from fedhype.models.cvae import init_encoder_from_decoder, init_local_encoder, t
 from fedhype.models.losses import batch_elbo, make_batch_loss, make_per_example_loss, make_public_grad
 from fedhype.privacy.dp_step import (DPConfig, LocalDPSession, PrivatizedUpdate, ReleaseWeights, poisson_batch,
                                     privatize_class_sums)
+from fedhype.privacy.randomness import noise_generator
 
 
 def _entropy_seed() -> int:
@@ -88,13 +89,12 @@ class Client:
         return self.state_dir / f"state-r{round_idx}.safetensors"
 
     def _fresh_state(self, cfg: ModelConfig) -> dict:
-        base = 0 if self.seed is None else self.seed
-        init_gen = torch.Generator().manual_seed((base * 1_000_003 + 7919 * (self.index + 1)) & ((1 << 63) - 1))
+        # ψ_i's initialisation is public (seed 0 without a run seed); sampling and noise follow the one
+        # generator rule (fedhype.privacy.randomness.noise_generator), each client its own salted stream
+        init_gen = noise_generator(0 if self.seed is None else self.seed, 1_000_003, 7919 * (self.index + 1))
         psi = dict(sorted(init_local_encoder(cfg, init_gen).items()))  # canonical order = optimiser index order
-        sample_gen = torch.Generator().manual_seed(
-            _entropy_seed() if self.seed is None else (self.seed * 7_777_777 + self.index + 11) & ((1 << 63) - 1))
-        noise_gen = torch.Generator().manual_seed(
-            _entropy_seed() if self.seed is None else (self.seed * 9_999_991 + self.index + 13) & ((1 << 63) - 1))
+        sample_gen = noise_generator(self.seed, 7_777_777, self.index + 11)
+        noise_gen = noise_generator(self.seed, 9_999_991, self.index + 13)
         return {"psi": psi, "opt": None, "sample_gen": sample_gen, "noise_gen": noise_gen}
 
     def load_state(self, round_idx: int, cfg: ModelConfig) -> dict:
@@ -105,11 +105,10 @@ class Client:
         t = load_tensors(path, what=f"client {self.id} state")
         psi = dict(sorted((k[4:], v) for k, v in t.items() if k.startswith("psi.")))
         opt = {k[4:]: v for k, v in t.items() if k.startswith("opt.")}
-        sample_gen, noise_gen = torch.Generator(), torch.Generator()
+        sample_gen = torch.Generator()
         sample_gen.set_state(t["gen.sample"])
-        if self.seed is None:
-            noise_gen.manual_seed(_entropy_seed())  # fresh noise after a restart: never replayed
-        else:
+        noise_gen = noise_generator(None)  # unseeded: fresh noise after a restart, never replayed
+        if self.seed is not None:
             noise_gen.set_state(t["gen.noise"])
         return {"psi": psi, "opt": opt or None, "sample_gen": sample_gen, "noise_gen": noise_gen}
 

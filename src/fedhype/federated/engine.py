@@ -29,19 +29,20 @@ from fedhype.data.partition import Partition
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import BudgetExceededError, ValidationError
 from fedhype.federated.baselines import make_server, training_partition
-from fedhype.federated.class_stats import class_stats_noise_multiplier, client_space, run_class_stats_stage
+from fedhype.federated.class_stats import client_space, run_class_stats_stage
 from fedhype.federated.client import Client
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.rundir import RunDir, save_model
 from fedhype.federated.server import Server
 from fedhype.federated.transport import ClientTransport, InProcessTransport, RoundTask
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
-from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon
-from fedhype.privacy.centring import release_steps
+from fedhype.privacy.accountant import check_delta
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
-from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge, pending_charges
+from fedhype.privacy.events import DP_SGD as MECHANISM
+from fedhype.privacy.events import dp_sgd_events
+from fedhype.privacy.ledger import PrivacyLedger, charge, pending_charges
+from fedhype.privacy.plan import check_max_epsilon, plan_noise
 
-MECHANISM = "dp-sgd"
 #: public outputs of the statistics release kept for the model's metadata (the clients' DP class counts)
 RELEASE_FILE = "release.json"
 #: the server state right after the release (under ckpt/): a run interrupted before its first commit
@@ -52,37 +53,28 @@ RELEASE_STATE = "release-state.safetensors"
 def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
     """σ and per-client (q_i, steps_i) for the plan actually run (all rounds, all participations).
 
-    With a target ε, σ is the smallest common noise multiplier such that every client's
-    Opacus-PRV ε at δ after ``rounds × K_i`` steps is ≤ target (the worst client binds).
-    A statistics-only method (``dp-gaussian``) runs no DP-SGD step: the release before round 0
-    gets the whole target ε (or ``class_stats_noise_multiplier``, else ``noise_multiplier``, as its
-    σ₀) and ``noise_multiplier`` is None.
+    The plan ``[(q_i, R·K_i)]`` comes from ``cfg`` (:meth:`TrainConfig.sample_rate`,
+    :meth:`TrainConfig.steps_per_round`); σ and σ₀ from the privacy core
+    (:func:`fedhype.privacy.plan.plan_noise`). With a target ε, σ is the smallest common noise
+    multiplier such that every client's reported ε at δ after the release and ``rounds × K_i`` steps
+    is ≤ target (the worst client binds). A statistics-only method (``dp-gaussian``) runs no DP-SGD
+    step: the release before round 0 gets the whole target ε (or ``class_stats_noise_multiplier``,
+    else ``noise_multiplier``, as its σ₀) and ``noise_multiplier`` is None.
+
+    Returns:
+        ``{"noise_multiplier", "plan", "calibrated", "class_stats_noise_multiplier", "prefix"}``.
     """
     plan = [(cfg.sample_rate(n), cfg.rounds_run() * cfg.steps_per_round(n)) for n in sizes]
-    stats = bool(cfg.model_config(1, 1).class_bias)
     if cfg.no_dp:
         return {"noise_multiplier": None, "plan": plan, "calibrated": False, "class_stats_noise_multiplier": None,
                 "prefix": []}
-    if cfg.statistics_only:
-        s0 = cfg.class_stats_noise_multiplier or cfg.noise_multiplier or calibrate_noise(cfg.epsilon, cfg.delta, 1.0, 1)
-        return {"noise_multiplier": None, "plan": plan, "calibrated": cfg.noise_multiplier is None and
-                cfg.class_stats_noise_multiplier is None, "class_stats_noise_multiplier": float(s0),
-                "prefix": release_steps(float(s0), cfg.centre_share)}
-    if cfg.noise_multiplier is not None:
-        s0 = None
-        if stats:  # default: the release costs class_stats_share × the DP-SGD plan's own worst ε
-            s0 = cfg.class_stats_noise_multiplier or class_stats_noise_multiplier(
-                cfg.class_stats_share, cfg.delta, plan, noise_multiplier=cfg.noise_multiplier)
-        return {"noise_multiplier": float(cfg.noise_multiplier), "plan": plan, "calibrated": False,
-                "class_stats_noise_multiplier": s0, "prefix": release_steps(s0, cfg.centre_share) if stats else []}
-    s0 = None
-    if stats:  # the class statistics: one un-subsampled Gaussian release, calibrated to its share of ε
-        s0 = cfg.class_stats_noise_multiplier or class_stats_noise_multiplier(
-            cfg.class_stats_share, cfg.delta, plan, target_epsilon=cfg.epsilon)
-    prefix = release_steps(float(s0), cfg.centre_share) if stats else []
-    sigma = calibrate_noise_plan(cfg.epsilon, cfg.delta, plan, prefix=prefix)
-    return {"noise_multiplier": float(sigma), "plan": plan, "calibrated": True, "class_stats_noise_multiplier": s0,
-            "prefix": prefix}
+    stats = bool(cfg.model_config(1, 1).class_bias)
+    noise = plan_noise(plan, cfg.delta, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
+                       release_share=cfg.class_stats_share if stats else 0.0,
+                       release_sigma=cfg.class_stats_noise_multiplier, centre_share=cfg.centre_share,
+                       release_only=cfg.statistics_only)
+    return {"noise_multiplier": noise["noise_multiplier"], "plan": plan, "calibrated": noise["calibrated"],
+            "class_stats_noise_multiplier": noise["class_stats_noise_multiplier"], "prefix": noise["prefix"]}
 
 
 def check_client_sizes(partition: Partition, cfg: TrainConfig) -> None:
@@ -121,14 +113,9 @@ def check_plan(partition: Partition, cfg: TrainConfig, dim: int, n_classes: int)
         raise ValidationError("--secure-aggregation aggregates the statistics release; this model releases none "
                               "(model.class_bias = false)")
     privacy = plan_privacy(cfg, sizes)
-    sigma = privacy["noise_multiplier"]
-    if cfg.max_epsilon is not None and not cfg.no_dp:
-        worst_plan = max(epsilon(privacy["prefix"] + ([(sigma, q, s)] if sigma is not None else []), cfg.delta)
-                         for q, s in privacy["plan"])
-        if worst_plan > cfg.max_epsilon:
-            raise BudgetExceededError(
-                f"the planned run would reach ε = {worst_plan:.4g} > --max-epsilon {cfg.max_epsilon} (δ = {cfg.delta}); "
-                "nothing was trained", epsilon=worst_plan, limit=cfg.max_epsilon)
+    if not cfg.no_dp:
+        check_max_epsilon(privacy["plan"], cfg.delta, privacy["noise_multiplier"], cfg.max_epsilon,
+                          prefix=privacy["prefix"])
     return mcfg, distributed, privacy
 
 
@@ -294,11 +281,9 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
             transport.preflight(r, chosen, mcfg)
         if not cfg.no_dp:
             index = {clients[i].id: i for i in chosen}
-            planned = pending_charges(ledger, [
-                LedgerEvent(client=clients[i].id, round=r, mechanism=MECHANISM, noise_multiplier=sigma,
-                            sample_rate=cfg.sample_rate(clients[i].n), steps=cfg.steps_per_round(clients[i].n),
-                            clip_norm=cfg.clip_norm) for i in chosen],
-                replays=lambda e: transport.replays_noise(index[e.client]))
+            planned = pending_charges(ledger, dp_sgd_events(
+                r, [(clients[i].id, cfg.sample_rate(clients[i].n), cfg.steps_per_round(clients[i].n)) for i in chosen],
+                sigma, cfg.clip_norm, mechanism=MECHANISM), replays=lambda e: transport.replays_noise(index[e.client]))
             if cfg.max_epsilon is not None:
                 over = ledger.would_exceed(planned, cfg.max_epsilon)
                 if over:

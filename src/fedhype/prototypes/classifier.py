@@ -78,7 +78,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from fedhype.errors import BudgetExceededError, ValidationError
 from fedhype.privacy.accountant import check_delta
-from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
+from fedhype.privacy.events import dp_sgd_events
+from fedhype.privacy.ledger import PrivacyLedger
+from fedhype.privacy.randomness import noise_generator
 from fedhype.prototypes.dp_gradients import MECHANISM, dp_class_gradients, privacy_summary
 from fedhype.prototypes.inputs import as_features, as_labels
 from fedhype.prototypes.matching import class_gradients, match_prototypes
@@ -189,8 +191,8 @@ class HyperPrototypeClassifier(ClassifierMixin, BaseEstimator):
     def _start(self, dim: int, classes: np.ndarray, x_init: torch.Tensor | None, y_init: torch.Tensor | None):
         """Create net, prototypes and generators; returns ``(net, P, optimizer_P, generator)``."""
         self._check_params()
-        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)
-        gen = torch.Generator().manual_seed(int(seed))
+        seed = None if self.seed is None else int(self.seed)
+        gen = noise_generator(seed)  # initialisation and shuffling
         self.classes_ = np.asarray(classes, dtype=np.int64)
         self.n_features_in_ = int(dim)
         k = len(self.classes_)
@@ -205,7 +207,8 @@ class HyperPrototypeClassifier(ClassifierMixin, BaseEstimator):
         net = net.to(self.device)
         p = p.to(self.device).requires_grad_(True)
         opt_p = torch.optim.Adam([p], lr=float(self.match_lr))
-        self.dp_generator_ = torch.Generator().manual_seed(int(seed) + 1)
+        # the DP matching's sampling and noise: seed + 1 (a stream of its own)
+        self.dp_generator_ = noise_generator(None if seed is None else seed + 1)
         self.noise_seed_note_ = "not secure: reproducible noise (seed given)" if self.seed is not None else \
             "noise seeded from OS entropy"
         self.history_ = []
@@ -298,8 +301,9 @@ class HyperPrototypeClassifier(ClassifierMixin, BaseEstimator):
         if ledger.delta != float(self.delta):
             raise ValidationError(f"ledger has delta={ledger.delta:g}, this classifier uses delta={self.delta:g}")
         if self.max_epsilon is not None and self.match_steps > 0:
-            planned = [LedgerEvent(cid, e, MECHANISM, float(self.noise_multiplier), self.sample_rate(len(xc)), 1,
-                                   float(self.clip_norm)) for cid, (xc, _) in clients.items() for e in range(int(self.epochs))]
+            planned = [ev for cid, (xc, _) in clients.items() for e in range(int(self.epochs))
+                       for ev in dp_sgd_events(e, [(cid, self.sample_rate(len(xc)), 1)], float(self.noise_multiplier),
+                                               float(self.clip_norm), mechanism=MECHANISM)]
             over = ledger.would_exceed(planned, float(self.max_epsilon))
             if over:
                 worst = max(over, key=over.get)

@@ -1,21 +1,15 @@
 """Class-wise gradients of a client's real records under record-level DP (one ledger event per call).
 
-The mechanism (DP-SGD's clip-and-noise, Abadi et al. 2016, Alg. 1, applied to class-wise sums):
-
-1. a Poisson batch: each of the client's n records independently with probability q;
-2. per-example gradients ``g_j = ∂CE(W f_j + b, y_j)/∂(W, b)`` of the linear head at the current
-   (public) model, with ``torch.func`` (:func:`fedhype.privacy.dp_step.per_example_grads`);
-3. each ``g_j`` clipped to L2 norm ≤ C jointly over W and b, then summed *per class*:
-   ``G_c = Σ_{j: y_j = c} clip_C(g_j)`` (:func:`fedhype.privacy.dp_step.clip_and_sum`);
-4. ``G̃_c = G_c + N(0, σ²C² I)`` for *every* class c (also classes absent from the batch), divided by
-   the expected batch size ``q·n`` (public: n is the client's public size; Opacus convention).
-
-Privacy: a record enters exactly one class sum, so the concatenation ``(G_1, …, G_K)`` has L2
-sensitivity C under adding/removing one record; noising every coordinate with std σC is one
-Poisson-subsampled Gaussian mechanism with noise multiplier σ and rate q, recorded in the ledger as
-``LedgerEvent(mechanism="hyperprototype-dp-gradient", noise_multiplier=σ, sample_rate=q, steps=1,
-clip_norm=C)``. Everything computed from ``G̃`` afterwards (prototype matching) is post-processing.
-No per-class count is released or used: the matching distance is scale invariant.
+The mechanism is :func:`fedhype.privacy.class_gradients.privatize_class_gradients` (DP-SGD's
+clip-and-noise, Abadi et al. 2016, Alg. 1, applied to class-wise sums of the linear head's
+per-example cross-entropy gradients): a Poisson batch at rate q, per-example gradients clipped to
+L2 norm ≤ C jointly over (W, b), summed per class, N(0, σ²C²) added to every class's sum, divided by
+the expected batch size q·n. A record enters one class sum, so the release has sensitivity C: one
+Poisson-subsampled Gaussian step, charged write-ahead as
+a ledger event (mechanism ``"hyperprototype-dp-gradient"``, noise_multiplier σ, sample_rate q, steps 1,
+clip_norm C; :func:`fedhype.privacy.events.dp_sgd_events`). Everything computed from the release
+afterwards (prototype matching) is post-processing. No per-class count is released or used: the
+matching distance is scale invariant.
 """
 
 from __future__ import annotations
@@ -25,11 +19,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedhype.errors import ValidationError
-from fedhype.privacy.dp_step import clip_and_sum, gaussian_noise_like, per_example_grads, poisson_batch
-from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
-
-MECHANISM = "hyperprototype-dp-gradient"
+from fedhype.privacy.class_gradients import privatize_class_gradients
+from fedhype.privacy.dp_step import PrivatizedUpdate
+from fedhype.privacy.events import PROTOTYPE_GRADIENT as MECHANISM
+from fedhype.privacy.events import dp_sgd_events
+from fedhype.privacy.ledger import PrivacyLedger, charge
 
 
 def _example_loss(params: dict[str, torch.Tensor], f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -51,7 +45,7 @@ def dp_class_gradients(features: torch.Tensor, labels: torch.Tensor, weight: tor
         clip_norm: C > 0.
         sample_rate: Poisson rate q ∈ (0, 1].
         generator: the client's sampling and noise generator.
-        ledger: where the event is recorded (before the release is returned).
+        ledger: where the event is recorded, write-ahead (before the records are touched).
         client: the client id used in the ledger.
         round: federated round or matching round number (−1: outside rounds).
 
@@ -59,10 +53,11 @@ def dp_class_gradients(features: torch.Tensor, labels: torch.Tensor, weight: tor
         class → ``(G̃_W [K, d], G̃_b [K])`` for every class ``0 .. K−1``.
 
     Raises:
-        ValidationError: C ≤ 0, σ < 0, q ∉ (0, 1], or an empty client.
+        ValidationError: C ≤ 0, σ < 0, q ∉ (0, 1], or an empty client (nothing is recorded then).
     """
-    n, k = int(features.shape[0]), int(weight.shape[0])
-    if n == 0:
+    from fedhype.errors import ValidationError
+
+    if int(features.shape[0]) == 0:
         raise ValidationError(f"client {client!r} has no records for the DP class gradients")
     if not clip_norm > 0:
         raise ValidationError(f"clip_norm C must be > 0, got {clip_norm}")
@@ -70,27 +65,20 @@ def dp_class_gradients(features: torch.Tensor, labels: torch.Tensor, weight: tor
         raise ValidationError(f"noise_multiplier σ must be ≥ 0, got {noise_multiplier}")
     if not 0 < sample_rate <= 1:
         raise ValidationError(f"sample_rate q must be in (0, 1], got {sample_rate}")
-    event = LedgerEvent(client=str(client), round=int(round), mechanism=MECHANISM,
-                        noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate), steps=1,
-                        clip_norm=float(clip_norm), note="class-wise linear-head gradients for hyper-prototype matching")
-    idx = poisson_batch(n, sample_rate, generator)
-    params = {"weight": weight.detach(), "bias": bias.detach()}
-    f, y = features.detach()[idx], labels[idx]
-    per_example = per_example_grads(_example_loss, params, (f, y)) if idx.numel() else None
-    std = float(noise_multiplier) * float(clip_norm)
-    denom = sample_rate * n
-    out = {}
-    for c in range(k):
-        mask = y == c
-        if per_example is not None and bool(mask.any()):
-            summed, _ = clip_and_sum({name: g[mask] for name, g in per_example.items()}, clip_norm)
-        else:
-            summed = {name: torch.zeros_like(p) for name, p in params.items()}
-        if std > 0:
-            summed = {name: g + gaussian_noise_like(g, std, generator) for name, g in summed.items()}
-        out[c] = (summed["weight"] / denom, summed["bias"] / denom)
-    ledger.record(event)
-    return out
+    charge(ledger, dp_sgd_events(round, [(client, sample_rate, 1)], noise_multiplier, clip_norm, mechanism=MECHANISM,
+                                 note="class-wise linear-head gradients for hyper-prototype matching"))
+    update = privatize_class_gradients(str(client), _example_loss, {"weight": weight, "bias": bias}, features, labels,
+                                       int(weight.shape[0]), noise_multiplier=noise_multiplier, clip_norm=clip_norm,
+                                       sample_rate=sample_rate, generator=generator)
+    return _by_class(update)
+
+
+def _by_class(update: PrivatizedUpdate) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """class → ``(G̃_W, G̃_b)`` of a release; only the boundary type is accepted."""
+    if type(update) is not PrivatizedUpdate:
+        raise TypeError(f"class gradients must arrive as a PrivatizedUpdate, got {type(update).__name__}")
+    w, b = update.tensors["weight"], update.tensors["bias"]
+    return {c: (w[c], b[c]) for c in range(int(w.shape[0]))}
 
 
 def privacy_summary(matching: str, ledger: PrivacyLedger | None, noise_note: str) -> dict[str, Any]:

@@ -21,8 +21,9 @@ un-centred, zero-initialised model reached 0.41 / 0.39 accuracy, with stage 0 (h
 Training (record-level DP-SGD on every client, Abadi et al. 2016, Alg. 1, averaged by FedAvg,
 McMahan et al. 2017, Alg. 1): per round r = 0 … R−1, for every client i
 
-1. a ledger event ``LedgerEvent(client=i, round=r, mechanism="dp-fedavg-linear", σ, q_i = B/n_i,
-   steps=K_i, C)`` is recorded *before* the client's records are touched (write-ahead);
+1. a ledger event (mechanism ``"dp-fedavg-linear"``, σ, q_i = B/n_i, steps = K_i, C;
+   :func:`fedhype.privacy.events.dp_sgd_events`) is charged *before* the client's records are
+   touched (write-ahead, :func:`fedhype.privacy.ledger.charge`);
 2. the client runs K_i = ⌈E·n_i/B⌉ local steps from the global (W, b) in a
    :class:`~fedhype.privacy.dp_step.LocalDPSession`: Poisson batch with rate q_i, per-example
    cross-entropy gradients (book-keeping, :mod:`fedhype.privacy.bookkeeping`) clipped jointly over
@@ -33,7 +34,7 @@ McMahan et al. 2017, Alg. 1): per round r = 0 … R−1, for every client i
 
 σ₀ spends ``class_stats_share`` of the target ε alone; then σ is the smallest common noise
 multiplier with every client's Opacus-PRV ε at δ of (σ₀ release) ∘ (R·K_i steps) ≤ the target
-(:func:`fedhype.privacy.accountant.calibrate_noise_plan` with the release as prefix); the reported
+(:func:`fedhype.privacy.plan.plan_noise` with the release as prefix); the reported
 ε is the accountant's over the ledger's events (what actually ran), worst client. This is a
 separate release from the generator's: a client that takes part in both spends both budgets
 (sequential composition); the run pipeline reports the two ε side by side, never summed by us.
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,17 +53,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedhype.errors import BudgetExceededError, ValidationError
-from fedhype.privacy.accountant import calibrate_noise, calibrate_noise_plan, check_delta, epsilon
+from fedhype.errors import ValidationError
+from fedhype.privacy.accountant import check_delta
 from fedhype.privacy.dp_step import (CLASS_STATS_SENSITIVITY, DPConfig, LocalDPSession, PrivatizedUpdate,
                                      poisson_batch, privatize_class_sums)
-from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
+from fedhype.privacy.events import DP_LINEAR as MECHANISM
+from fedhype.privacy.events import DP_LINEAR_RELEASE as STATS_MECHANISM
+from fedhype.privacy.events import dp_sgd_events, release_events
+from fedhype.privacy.ledger import PrivacyLedger, charge
+from fedhype.privacy.plan import check_max_epsilon, plan_noise
+from fedhype.privacy.randomness import noise_generator
 from fedhype.prototypes.dp_linear_model import DPLinearModel, features as _features
 from fedhype.prototypes.inputs import as_features, as_labels
 from fedhype.prototypes.training import torch_threads
-
-MECHANISM = "dp-fedavg-linear"
-STATS_MECHANISM = "dp-linear-class-stats"
 
 
 @dataclass
@@ -149,8 +151,8 @@ def _sgd(lr: float):
 
 
 def _client_generator(seed: int | None, i: int) -> torch.Generator:
-    s = int.from_bytes(os.urandom(8), "little") if seed is None else seed * 1_000_003 + 104_729 * (i + 1)
-    return torch.Generator().manual_seed(s & ((1 << 63) - 1))
+    """Client ``i``'s sampling and noise stream (:func:`fedhype.privacy.randomness.noise_generator`)."""
+    return noise_generator(seed, 1_000_003, 104_729 * (i + 1))
 
 
 def fit_dp_fedavg_linear(clients: Mapping[str, tuple[Any, Any]], n_classes: int, cfg: DPLinearConfig | None = None,
@@ -197,17 +199,13 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
     if private:
         for c, n in sizes.items():
             check_delta(cfg.delta, n, where=f"client {c!r}")
-        if stats:
-            sigma0 = float(cfg.noise_multiplier) if cfg.noise_multiplier is not None else \
-                calibrate_noise(cfg.class_stats_share * cfg.epsilon, cfg.delta, 1.0, 1)
-        prefix = [(sigma0, 1.0, 1)] if stats else []
-        sigma = float(cfg.noise_multiplier) if cfg.noise_multiplier is not None else \
-            calibrate_noise_plan(cfg.epsilon, cfg.delta, list(plan.values()), prefix=prefix)
-        if cfg.max_epsilon is not None:
-            worst = max(epsilon(prefix + [(sigma, q, s)], cfg.delta) for q, s in plan.values())
-            if worst > cfg.max_epsilon:
-                raise BudgetExceededError(f"the DP linear classifier's plan would reach ε = {worst:.4g} > max_epsilon "
-                                          f"{cfg.max_epsilon}; nothing was trained", epsilon=worst, limit=cfg.max_epsilon)
+        # σ₀ spends class_stats_share of the target alone (an explicit σ is used for both), σ the rest
+        noise = plan_noise(list(plan.values()), cfg.delta, target_epsilon=cfg.epsilon,
+                           noise_multiplier=cfg.noise_multiplier, release_share=cfg.class_stats_share,
+                           release_follows_sigma=True)
+        sigma, sigma0 = noise["noise_multiplier"], noise["class_stats_noise_multiplier"]
+        check_max_epsilon(list(plan.values()), cfg.delta, sigma, cfg.max_epsilon, prefix=noise["prefix"],
+                          what="the DP linear classifier's plan", flag="max_epsilon", show_delta=False)
     ledger = ledger if ledger is not None else PrivacyLedger(cfg.delta, meta={"mechanism": MECHANISM})
     if ledger.delta != cfg.delta:
         raise ValidationError(f"the ledger's δ = {ledger.delta:g} differs from dp_linear.delta = {cfg.delta:g}")
@@ -224,9 +222,8 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
         for c, (x, y) in data.items():
             n, q, k = sizes[c], cfg.sample_rate(sizes[c]), cfg.steps_per_round(sizes[c])
             if private:  # write-ahead: recorded before the client's records are touched
-                ledger.record(LedgerEvent(client=c, round=r, mechanism=MECHANISM, noise_multiplier=sigma,
-                                          sample_rate=q, steps=k, clip_norm=cfg.clip_norm,
-                                          note="DP-SGD FedAvg linear classifier (downstream reference)"))
+                charge(ledger, dp_sgd_events(r, [(c, q, k)], sigma, cfg.clip_norm, mechanism=MECHANISM,
+                                             note="DP-SGD FedAvg linear classifier (downstream reference)"))
             session = LocalDPSession(c, theta, {}, dp, sample_rate=q, expected_batch_size=q * n, generator=gens[c],
                                      make_optimizer=_sgd(cfg.lr))
             for _ in range(k):
@@ -258,9 +255,8 @@ def _class_stats_start(raw, n_classes: int, cfg: DPLinearConfig, sigma0: float |
     updates = []
     for c, (x, y) in raw.items():
         if dp0.enabled:  # write-ahead
-            ledger.record(LedgerEvent(client=c, round=-1, mechanism=STATS_MECHANISM, noise_multiplier=sigma0,
-                                      sample_rate=1.0, steps=1, clip_norm=CLASS_STATS_SENSITIVITY,
-                                      note="class sums and counts (DP linear classifier's centring and start)"))
+            charge(ledger, release_events([c], [(sigma0, 1.0, 1)], [STATS_MECHANISM], CLASS_STATS_SENSITIVITY,
+                                          ["class sums and counts (DP linear classifier's centring and start)"]))
         updates.append(privatize_class_sums(c, x, y, n_classes, dp0, gens[c]))
     std = sigma0 * CLASS_STATS_SENSITIVITY if dp0.enabled else 0.0
     pooled = aggregate_class_stats(updates, std)  # type-checks the PrivatizedUpdates

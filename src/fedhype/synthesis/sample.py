@@ -8,7 +8,6 @@ provenance (run id, ε, δ, code spec, seed, private flag).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from fedhype.errors import ValidationError
 from fedhype.federated.baselines import is_local
 from fedhype.federated.rundir import load_model
 from fedhype.models.cvae import sample
+from fedhype.privacy.randomness import entropy_seed, noise_generator
 from fedhype.synthesis.codes import parse_code_spec
 
 
@@ -80,8 +80,9 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
                               "there is no shared code space), so neutral and mix: codes are not meaningful; use "
                               "--code mixture (all clients in proportion to their public sizes), "
                               "mixture:<id>=<w>,... or client:<id>")
-    seed_used = seed if seed is not None else int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1)
-    gen = torch.Generator().manual_seed(seed_used)
+    # the one generator rule (OS entropy unless seeded); the seed drawn is kept in the provenance
+    seed_used = seed if seed is not None else entropy_seed(62)
+    gen = noise_generator(seed_used)
     labels = class_labels(cfg.n_classes, per_class=per_class, n=n, label_weights=label_weights, generator=gen)
     hnet = hnet.to(device).eval()
     out = torch.empty(labels.numel(), cfg.dim)
