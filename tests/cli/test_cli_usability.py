@@ -299,7 +299,8 @@ def test_line_progress_prints_periodic_plain_lines(capsys):
     assert capsys.readouterr().err.strip() == "embed: enc: 100/100 (100%)  3.6 img/s  28 s"
 
 
-def test_embed_and_train_print_progress_lines_to_a_non_tty_stderr(files, tmp_path, tiny_dinov2_dir):
+def test_embed_and_train_print_progress_lines_to_a_non_tty_stderr(files, tmp_path, tiny_dinov2_dir, monkeypatch):
+    monkeypatch.setenv("FEDHYPE_CACHE", str(tmp_path / "cache"))  # image folders are cached: not in ~/.cache
     root = tmp_path / "imgs"
     d = load_digits()
     for c in ("0", "1"):
@@ -492,14 +493,14 @@ def test_help_does_not_import_torch():
 
 def test_parser_choices_are_the_librarys():
     from fedhype.cli import choices
-    from fedhype.data import partition
+    from fedhype.data import layout, partition
     from fedhype.encoders import base, registry
     from fedhype.eval import inputs
     from fedhype.prototypes import classifier
 
     assert choices.SCHEMES == partition.SCHEMES and choices.SPLITS == partition.SPLITS
     assert choices.POOLINGS == registry.POOLINGS and set(choices.DTYPES) == {"auto", *base._DTYPES}
-    assert choices.SPACES == inputs.SPACES and choices.HEADS == classifier.HEADS
+    assert choices.SPACES == inputs.SPACES and choices.HEADS == classifier.HEADS and choices.LAYOUTS == layout.LAYOUTS
     assert set(choices.MATCHINGS) == set(classifier.MATCHING)
     r = _invoke("train", "--method", "gan", "--json")  # refused by the parser, before anything else is read
     assert r.exit_code == 2 and "'gan' is not one of 'fedhypevae'" in _one_json(r)["error"]

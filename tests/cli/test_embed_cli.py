@@ -40,7 +40,10 @@ def _embed(*args: str):
 
 
 @pytest.fixture()
-def tiny(tiny_dinov2_dir) -> list[str]:
+def tiny(tiny_dinov2_dir, tmp_path, monkeypatch) -> list[str]:
+    # image folders are cached by content: keep the test's cache out of the user's ~/.cache (the hf: encoder
+    # reads its own directory, not $FEDHYPE_CACHE)
+    monkeypatch.setenv("FEDHYPE_CACHE", str(tmp_path / "cache"))
     return ["--encoder", f"hf:{tiny_dinov2_dir}", "--image-size", "28", "--device", "cpu", "--workers", "0"]
 
 
@@ -54,7 +57,8 @@ def test_folder_with_bad_files_is_embedded_and_they_are_listed(tmp_path, tiny):
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     assert set(got) == {"store", "n", "dim", "encoder", "weights_hash", "class_counts", "domain_counts", "skipped",
-                        "images_per_s", "from_cache"}
+                        "images_per_s", "from_cache", "image_size", "layout", "splits"}
+    assert got["image_size"] == 28 and got["layout"] == "class" and got["splits"] is None
     assert got["n"] == 11 and got["dim"] == 32 and got["class_counts"] == {"0": 4, "1": 3, "2": 4}
     assert got["domain_counts"] == {"imgs": 11}
     skipped = {s["file"]: s["reason"] for s in got["skipped"]}

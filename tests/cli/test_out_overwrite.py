@@ -122,8 +122,10 @@ def test_partition_overwrite_rule(files, copy):
 
 
 # ----------------------------------------------------------------------------- embed
-def test_embed_overwrite_rule(files, copy, tmp_path, tiny_dinov2_dir):
+def test_embed_overwrite_rule(files, copy, tmp_path, tiny_dinov2_dir, monkeypatch):
     from PIL import Image
+
+    monkeypatch.setenv("FEDHYPE_CACHE", str(tmp_path / "cache"))  # image folders are cached: not in ~/.cache
 
     for c in ("a", "b"):
         (tmp_path / "imgs" / c).mkdir(parents=True)

@@ -57,7 +57,8 @@ def test_imagefolder_tree_labels_ids_and_pixels(tmp_path):
     assert src.class_names == ["0", "1", "2"]
     assert src.domain_names == ["clinic-a"]
     assert sorted(r.sample_id for r in src.records) == sorted(written)
-    assert src.skipped == [] and src.source["layout"] == "imagefolder"
+    assert src.skipped == [] and src.source["layout"] == "class" and src.source["layout_asked"] == "auto"
+    assert "splits" not in src.source and all(r.split is None for r in src.records)
     for r in src.records:
         assert src.class_names[r.label] == r.sample_id.split("/")[0] and r.domain == 0
         px = np.asarray(r.load())
@@ -68,8 +69,8 @@ def test_imagefolder_tree_labels_ids_and_pixels(tmp_path):
 def test_domain_tree_union_of_classes(tmp_path):
     write_class_tree(tmp_path / "site-b", labels=(1, 2))
     write_class_tree(tmp_path / "site-a", labels=(0, 1), k=2)
-    src = scan_image_folder(tmp_path)
-    assert src.source["layout"] == "domains"
+    src = scan_image_folder(tmp_path, layout="domain/class")  # a two-level tree is ambiguous under auto
+    assert src.source["layout"] == "domain/class"
     assert src.domain_names == ["site-a", "site-b"] and src.class_names == ["0", "1", "2"]
     got = Counter((src.domain_names[r.domain], src.class_names[r.label]) for r in src.records)
     assert got == {("site-a", "0"): 2, ("site-a", "1"): 2, ("site-b", "1"): 3, ("site-b", "2"): 3}
@@ -222,13 +223,13 @@ def test_root_is_a_file(tmp_path):
 def test_limit_is_stratified_and_seeded(tmp_path):
     write_class_tree(tmp_path / "a", labels=(0, 1, 2), k=6)
     write_class_tree(tmp_path / "b", labels=(0, 1), k=6)
-    full = scan_image_folder(tmp_path)
+    full = scan_image_folder(tmp_path, layout="domain/class")
     assert len(full) == 30
-    sub = scan_image_folder(tmp_path, limit=10, seed=1)
+    sub = scan_image_folder(tmp_path, layout="domain/class", limit=10, seed=1)
     strata = Counter((r.domain, r.label) for r in sub.records)
     assert len(sub) == 10 and len(strata) == 5 and set(strata.values()) == {2}
-    again = scan_image_folder(tmp_path, limit=10, seed=1)
-    other = scan_image_folder(tmp_path, limit=10, seed=2)
+    again = scan_image_folder(tmp_path, layout="domain/class", limit=10, seed=1)
+    other = scan_image_folder(tmp_path, layout="domain/class", limit=10, seed=2)
     ids = [r.sample_id for r in sub.records]
     assert ids == [r.sample_id for r in again.records] and ids != [r.sample_id for r in other.records]
     assert sub.source["limit"] == 10 and sub.source["n_before_limit"] == 30

@@ -11,6 +11,7 @@ import click
 SCHEMES = ("domain", "dirichlet", "iid")  # fedhype.data.partition.SCHEMES
 SPLITS = ("train", "val", "test")  # fedhype.data.partition.SPLITS
 POOLINGS = ("cls", "mean")  # fedhype.encoders.registry.POOLINGS
+LAYOUTS = ("auto", "class", "domain/class")  # fedhype.data.layout.LAYOUTS
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto" + fedhype.encoders.base._DTYPES
 SPACES = ("l2", "raw")  # fedhype.eval.inputs.SPACES
 HEADS = ("prototype", "linear", "both")  # fedhype.prototypes.classifier.HEADS

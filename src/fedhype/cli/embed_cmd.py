@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.choices import DTYPES, POOLINGS, choice
+from fedhype.cli.choices import DTYPES, LAYOUTS, POOLINGS, choice
 from fedhype.cli.common import JsonOpt, check_out_file, console, existing, log_line, run_command
 from fedhype.errors import ValidationError
 
@@ -43,10 +43,14 @@ def _render(result: dict[str, Any]) -> None:
     table = Table(title=f"embeddings store {result['store']}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    for key in ("n", "dim", "encoder", "weights_hash", "images_per_s"):
+    for key in ("n", "dim", "encoder", "weights_hash", "image_size", "images_per_s"):
         table.add_row(key, str(result[key]))
     table.add_row("classes", ", ".join(f"{k}: {v}" for k, v in result["class_counts"].items()))
     table.add_row("domains", ", ".join(f"{k}: {v}" for k, v in result["domain_counts"].items()))
+    if result.get("layout"):
+        table.add_row("layout", str(result["layout"]))
+    if result.get("splits"):
+        table.add_row("given splits", ", ".join(f"{k}: {v}" for k, v in result["splits"].items()))
     table.add_row("skipped", str(len(result["skipped"] or [])))
     table.add_row("from cache", str(result.get("from_cache", False)))
     out.print(table)
@@ -57,15 +61,20 @@ def _render(result: dict[str, Any]) -> None:
 
 
 def embed(
-    images: Path | None = typer.Option(None, "--images", help="Folder of <class>/<image> or <domain>/<class>/<image> files.",
+    images: Path | None = typer.Option(None, "--images", help="Folder of <class>/<image> or <domain>/<class>/<image> files "
+                                       "(see --layout); train/, val/, test/ folders give splits.",
                                        callback=existing("image folder", "one sub-folder per class, or per domain holding "
                                                          "class folders", kind="dir")),
+    layout: str = typer.Option("auto", "--layout", help="--images: class (<class>/..., nested folders stay in their "
+                               "class, as torchvision ImageFolder) | domain/class | auto (detected where unambiguous, "
+                               "else refused).", click_type=choice(LAYOUTS)),
     dataset: str | None = typer.Option(None, "--dataset", help="Built-in dataset: digits-domains | fashion-mnist."),
     encoder: str = typer.Option("dinov2-vits14", "--encoder", help="dinov2-vits14 | efficientnet-lite0 | hf:<hub-id-or-dir> | timm:<name>."),
     weights: Path | None = typer.Option(None, "--weights", help="Weights file for timm: encoders (safetensors or torch state dict).",
                                         callback=existing("encoder weights file")),
     pooling: str = typer.Option("cls", "--pooling", help="Transformer token pooling: cls | mean.", click_type=choice(POOLINGS)),
-    image_size: int | None = typer.Option(None, "--image-size", help="Encoder input side in pixels (default: the encoder's)."),
+    image_size: int | None = typer.Option(None, "--image-size", help="Encoder input side in pixels (default: the encoder's own: 112 for "
+                                            "dinov2-vits14, 224 for efficientnet-lite0; `fedhype run` and fedhype.embed use the same)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16. auto: bfloat16 autocast on GPUs "
                               "and on CPUs with AMX-BF16/AVX512-BF16 (about 2× float32 there), float32 elsewhere.", click_type=choice(DTYPES)),
@@ -74,8 +83,9 @@ def embed(
     limit: int | None = typer.Option(None, "--limit", help="Keep a stratified (domain, class) subset of at most N images."),
     seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset."),
     strict: bool = typer.Option(False, "--strict", help="Stop on the first unreadable image instead of skipping it."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="--dataset: embed again even when the embedding cache "
-                                  "($FEDHYPE_CACHE, default ~/.cache/fedhype) holds these embeddings."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Embed again even when the embedding cache ($FEDHYPE_CACHE, "
+                                  "default ~/.cache/fedhype) holds these embeddings (an image folder is matched by its "
+                                  "files' content); with --images nothing is written to the cache either."),
     out: Path = typer.Option(..., "--out", help="Embeddings store to write (.safetensors); an existing file is refused "
                              "unless --overwrite."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a real embeddings "
@@ -90,6 +100,8 @@ def embed(
 
         if (images is None) == (dataset is None):
             raise ValidationError("give exactly one of --images DIR or --dataset NAME")
+        if dataset is not None and layout != "auto":
+            raise ValidationError(f"--layout {layout} applies to --images folders; a built-in --dataset has its own domains")
         from fedhype.data.store import FORMAT
 
         check_out_file(out, overwrite, writes=f"{FORMAT} (real)", command="embed")
@@ -99,8 +111,19 @@ def embed(
                              weights=str(weights) if weights else None)
         if images is not None:
             from fedhype.data.images import scan_image_folder
+            from fedhype.encoders.cache import cache_save, image_cache_lookup
 
-            source = scan_image_folder(images, strict=strict, limit=limit, seed=seed)
+            source = scan_image_folder(images, layout=layout, strict=strict, limit=limit, seed=seed)
+            src = source.source
+            log_line(f"embed: {images} read as layout {src['layout']!r}" + (" (detected)" if layout == "auto" else "")
+                     + f": {len(source.class_names)} classes, {len(source.domain_names)} domain(s)"
+                     + (f", given splits {src['split_counts']}" if src.get("splits") else ""))
+            cache_path, cache_key, hit = (None, None, None) if no_cache else image_cache_lookup(source, enc)
+            if hit is not None:
+                hit.save(out)
+                console.print(f"reused the cached embeddings {cache_path} (the same files, layout, encoder, weights, "
+                              f"size; --no-cache embeds again); wrote {out} ({len(hit)} × {hit.dim})", highlight=False)
+                return _summary(out, hit, enc, cached=True)
         else:
             from fedhype.data.datasets import load_builtin
             from fedhype.encoders.cache import cache_lookup
@@ -118,7 +141,7 @@ def embed(
                  f"{enc.describe()['dtype']}; {len(source)} images")
         # a rich bar in a terminal, plain periodic lines in a pipe or log (embed_source decides)
         store = embed_source(source, enc, batch_size=batch_size, num_workers=workers, strict=strict, progress=True)
-        if dataset is not None:
+        if dataset is not None or not no_cache:
             from fedhype.encoders.cache import cache_save
 
             cache_save(cache_path, cache_key, store)
@@ -141,6 +164,9 @@ def _summary(out: Path, store, enc, cached: bool) -> dict[str, Any]:
         "skipped": store.meta.get("skipped"),
         "images_per_s": None if cached else store.meta.get("images_per_s"),
         "from_cache": cached,
+        "image_size": (store.meta.get("preprocess") or {}).get("crop"),
+        "layout": (store.meta.get("source") or {}).get("layout"),
+        "splits": (store.meta.get("source") or {}).get("split_counts"),
     }
 
 

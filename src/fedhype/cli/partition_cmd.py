@@ -106,6 +106,8 @@ def partition(
     min_train: int = renamed_option(20, "--min-records", "--min-train", help="Refuse a partition in which a client has fewer "
                                     "training records (`fedhype train --min-records` checks the same at training time)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the partition."),
+    draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw every client's train/val/test from --fractions "
+                                     "even when the store's image folders give splits (train/, val/, test/)."),
     out: Path = typer.Option(..., "--out", help="Partition JSON file to write; an existing file is refused unless "
                              "--overwrite."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a partition (an "
@@ -115,7 +117,7 @@ def partition(
     """Partition a store over clients and write the partition (sample ids only, no data)."""
 
     def body() -> dict[str, Any]:
-        from fedhype.data.partition import FORMAT, make_partition
+        from fedhype.data.partition import FORMAT, given_splits_line, make_partition
         from fedhype.data.store import EmbeddingStore
 
         check_out_file(out, overwrite, writes=FORMAT, command="partition")
@@ -127,10 +129,14 @@ def partition(
             _precheck(len(emb), clients, fraction, min_train)
         try:
             part = make_partition(emb, scheme=scheme, n_clients=clients, alpha=alpha, quantity_skew=quantity_skew,
-                                  splits=splits, min_train_per_client=min_train, seed=seed)
+                                  splits=splits, min_train_per_client=min_train, seed=seed,
+                                  use_given_splits=not draw_splits)
         except ValidationError as exc:
             fit = int(len(emb) * fraction // max(1, min_train))
             raise _shorten(exc, scheme, clients, len(emb.domain_names), fit) from None
+        given = part.params.get("given_splits")
+        if given:
+            console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)
         part.save(out)
         labels = emb.labels.numpy()
         rows = []
@@ -139,7 +145,7 @@ def partition(
             rows.append({**size, "classes_present": int(np.unique(labels[pos]).size)})
         console.print(f"wrote {out}", highlight=False)
         return {"partition": str(out), "scheme": part.scheme, "params": part.params, "seed": part.seed,
-                "n_classes": emb.n_classes, "clients": rows}
+                "n_classes": emb.n_classes, "given_splits": given, "clients": rows}
 
     run_command(body, json_mode, _render)
 

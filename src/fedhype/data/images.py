@@ -1,9 +1,13 @@
 """Reading labelled image folders into an :class:`~fedhype.data.sources.ImageSource`.
 
-Two layouts are accepted (detected from the tree, see :func:`scan_image_folder`):
+Two layouts are accepted (chosen with ``layout=``, or detected where unambiguous; see
+:mod:`fedhype.data.layout`):
 
-* ImageFolder: ``root/<class>/<image>`` — one domain, named after ``root``;
-* domain tree: ``root/<domain>/<class>/<image>`` — one domain per sub-folder.
+* ``class`` (torchvision ImageFolder): ``root/<class>/...`` — one domain, named after ``root``;
+  images nested deeper below a class folder stay in that class;
+* ``domain/class``: ``root/<domain>/<class>/...`` — one domain per sub-folder.
+
+Split folders (``train/``, ``val/``, ``test/``) at the top or under each domain give splits.
 
 Every file is checked when the folder is scanned, so a corrupt file is reported up front (in
 ``ImageSource.skipped``, or as an error with ``strict=True``) instead of failing mid-encoding.
@@ -93,7 +97,7 @@ def check_image_file(path: str | os.PathLike) -> str | None:
 
 
 # ---------------------------------------------------------------------------- stratified subsets
-def stratified_subset(keys: list[tuple[int, int]], limit: int | None, seed: int) -> np.ndarray:
+def stratified_subset(keys: list[tuple], limit: int | None, seed: int) -> np.ndarray:
     """Positions of a stratified random subset of at most ``limit`` items.
 
     Strata are the distinct ``keys`` (e.g. ``(domain, label)``). When ``limit ≥ #strata`` every
@@ -118,7 +122,7 @@ def stratified_subset(keys: list[tuple[int, int]], limit: int | None, seed: int)
     if limit < 1:
         raise ValidationError(f"limit must be a positive number of images, got {limit}")
     rng = np.random.default_rng(seed)
-    strata: dict[tuple[int, int], list[int]] = {}
+    strata: dict[tuple, list[int]] = {}
     for i, k in enumerate(keys):
         strata.setdefault(tuple(k), []).append(i)
     names = sorted(strata)
@@ -144,10 +148,12 @@ def stratified_subset(keys: list[tuple[int, int]], limit: int | None, seed: int)
 
 
 def subset_source(source: ImageSource, limit: int | None, seed: int) -> ImageSource:
-    """``source`` reduced to a stratified subset by ``(domain, label)`` (see :func:`stratified_subset`)."""
+    """``source`` reduced to a stratified subset by ``(domain, label[, split])`` (see :func:`stratified_subset`)."""
     if limit is None or limit >= len(source):
         return source
-    pos = stratified_subset([(r.domain, r.label) for r in source.records], limit, seed)
+    # (domain, class), and the given split where the source has one: a subset keeps every split's classes
+    keys = [(r.domain, r.label) if r.split is None else (r.domain, r.label, r.split) for r in source.records]
+    pos = stratified_subset(keys, limit, seed)
     return ImageSource(
         records=[source.records[i] for i in pos],
         class_names=source.class_names,
@@ -175,47 +181,46 @@ def _files_under(folder: Path) -> list[Path]:
 
 
 def scan_image_folder(
-    root: str | os.PathLike, *, strict: bool = False, limit: int | None = None, seed: int = 0
+    root: str | os.PathLike, *, layout: str = "auto", strict: bool = False, limit: int | None = None, seed: int = 0
 ) -> ImageSource:
     """Scan a labelled image folder into an :class:`ImageSource` (images are decoded lazily).
 
-    Layout: if every non-empty sub-folder of ``root`` holds only folders, ``root`` is a domain
-    tree ``root/<domain>/<class>/...``; otherwise an ImageFolder tree ``root/<class>/...`` with
-    one domain named after ``root``. Images may sit in nested folders below a class folder.
-    Class names are the sorted union of class folder names; domain names the sorted domain
-    folder names. Sample ids are POSIX paths relative to ``root``. Hidden files and folders
-    (leading dot) are ignored.
+    ``layout`` says which folders are classes and domains (:mod:`fedhype.data.layout`): ``class``
+    (torchvision ImageFolder: ``root/<class>/...``, nested folders stay in their class; one
+    domain named after ``root``), ``domain/class`` (``root/<domain>/<class>/...``) or ``auto``
+    (detected where unambiguous, refused otherwise). Split folders (``train/``, ``val/``,
+    ``validation/``, ``test/``) at the top or directly under each domain give each record's
+    split (:attr:`ImageRecord.split`; recorded in ``source["splits"]``). Class names are the
+    sorted union of class folder names; domain names the sorted domain folder names. Sample ids
+    are POSIX paths relative to ``root``. Hidden files and folders (leading dot) are ignored.
 
     Args:
         root: the folder.
+        layout: ``"auto"``, ``"class"`` or ``"domain/class"``.
         strict: raise on the first unusable file instead of skipping it.
-        limit: keep a stratified subset of at most ``limit`` images (:func:`stratified_subset`).
+        limit: keep a stratified subset of at most ``limit`` images (:func:`stratified_subset`,
+            strata (domain, class, split)).
         seed: seed for ``limit``.
 
     Returns:
-        An ``ImageSource``; unusable files are listed in ``skipped`` as ``{"file", "reason"}``.
+        An ``ImageSource``; unusable files are listed in ``skipped`` as ``{"file", "reason"}``;
+        ``source`` holds ``root``, ``layout`` (the one used), ``layout_asked`` and, when the tree
+        gives splits, ``splits = {"component": i, "folders": {folder name: split}}`` (the split
+        of a record is component ``i`` of its sample id).
 
     Raises:
-        ValidationError: missing root, root is a file, empty class or domain folder, a class
-            folder without a usable image, no usable image at all, or (``strict``) any
-            unusable file — each message names the path and what to do.
+        ValidationError: missing root, root is a file, an unknown or (``auto``) ambiguous layout,
+            empty class or domain folder, a class folder without a usable image, no usable image
+            at all, or (``strict``) any unusable file — each message names the path and what to do.
     """
+    from fedhype.data.layout import read_layout
+
     root = Path(root)
     if not root.exists():
         raise ValidationError(f"image folder not found: {root} (give an existing folder of <class>/<image> files)")
     if not root.is_dir():
         raise ValidationError(f"{root} is a file, not a folder: give the folder that holds the class folders")
-    tops = _entries(root)
-    subdirs = [Path(e.path) for e in tops if e.is_dir()]
-    content = {d: _entries(d) for d in subdirs}
-    is_domain_tree = any(content.values()) and all(all(e.is_dir() for e in c) for c in content.values())
-    layout = "domains" if is_domain_tree else "imagefolder"
-    if not is_domain_tree:
-        nested = sorted(d.name for d, c in content.items() if any(e.is_dir() for e in c))
-        if nested:
-            raise ValidationError(
-                f"{root}: mixed layout — folder(s) {nested[:5]} hold sub-folders while others hold images. Use either "
-                "<class>/<image> (ImageFolder) or <domain>/<class>/<image> for every sub-folder")
+    plan = read_layout(root, layout)
 
     skipped: list[dict[str, str]] = []
 
@@ -225,59 +230,53 @@ def scan_image_folder(
             raise ValidationError(f"unusable file {root / rel}: {reason} (remove or fix it, or drop --strict)")
         skipped.append({"file": rel, "reason": reason})
 
-    stray = [Path(e.path) for e in tops if e.is_file()]
-    if is_domain_tree:
-        domain_dirs = subdirs
-        for d in subdirs:
-            if not content[d]:
-                raise ValidationError(f"domain folder {d} is empty: add <class>/<image> folders to it or remove it")
-    else:
-        domain_dirs = [root]
-    for f in stray:
+    for f in plan.stray:
         skip(f, "not inside a class folder")
 
-    found: list[tuple[Path, int, str]] = []  # (file, domain, class name)
-    for dom, ddir in enumerate(domain_dirs):
-        for cdir in (subdirs if ddir is root else [Path(e.path) for e in content[ddir]]):
-            files = _files_under(cdir)
-            if not files:
-                raise ValidationError(f"class folder {cdir} is empty: add images to it or remove it")
-            n_ok = 0
-            for f in files:
-                reason = check_image_file(f)
-                if reason is None:
-                    found.append((f, dom, cdir.name))
-                    n_ok += 1
-                else:
-                    skip(f, reason)
-            if n_ok == 0:
-                raise ValidationError(
-                    f"class folder {cdir} has no usable image ({len(files)} files skipped, e.g. "
-                    f"{skipped[-1]['file']}: {skipped[-1]['reason']}); fix or remove them"
-                )
+    found: list[tuple[Path, str, str, str | None]] = []  # (file, domain name, class name, split)
+    for cf in plan.folders:
+        files = _files_under(cf.path)
+        if not files:
+            raise ValidationError(f"class folder {cf.path} is empty: add images to it or remove it")
+        n_ok = 0
+        for f in files:
+            reason = check_image_file(f)
+            if reason is None:
+                found.append((f, cf.domain_name, cf.class_name, cf.split))
+                n_ok += 1
+            else:
+                skip(f, reason)
+        if n_ok == 0:
+            raise ValidationError(
+                f"class folder {cf.path} has no usable image ({len(files)} files skipped, e.g. "
+                f"{skipped[-1]['file']}: {skipped[-1]['reason']}); fix or remove them"
+            )
     if not found:
         raise ValidationError(
             f"no usable image under {root}: expected {root}/<class>/<image> or {root}/<domain>/<class>/<image>"
             + (f" ({len(skipped)} files skipped)" if skipped else "")
         )
-    class_names = sorted({c for _, _, c in found})
+    found.sort(key=lambda t: t[0])
+    class_names = sorted({c for _, _, c, _ in found})
+    domain_names = sorted({d for _, d, _, _ in found})
     cindex = {c: i for i, c in enumerate(class_names)}
-    domain_names = [root.resolve().name or "images"] if not is_domain_tree else [d.name for d in domain_dirs]
+    dindex = {d: i for i, d in enumerate(domain_names)}
     records = [
         ImageRecord(
             sample_id=f.relative_to(root).as_posix(),
             label=cindex[c],
-            domain=dom,
+            domain=dindex[d],
             load=functools.partial(_load_file, str(f)),
+            split=split,
         )
-        for f, dom, c in found
+        for f, d, c, split in found
     ]
-    src = ImageSource(
-        records=records,
-        class_names=class_names,
-        domain_names=domain_names,
-        source={"dataset": "image-folder", "root": str(root), "layout": layout, "n_images": len(records),
-                "n_skipped": len(skipped)},
-        skipped=skipped,
-    )
+    source = {"dataset": "image-folder", "root": str(root), "layout": plan.layout, "layout_asked": plan.asked,
+              "n_images": len(records), "n_skipped": len(skipped)}
+    if plan.split_component is not None:
+        source["splits"] = {"component": plan.split_component, "folders": dict(sorted(plan.split_folders.items()))}
+        source["split_counts"] = {s: sum(r.split == s for r in records) for s in ("train", "val", "test")
+                                  if any(r.split == s for r in records)}
+    src = ImageSource(records=records, class_names=class_names, domain_names=domain_names, source=source,
+                      skipped=skipped)
     return subset_source(src, limit, seed)

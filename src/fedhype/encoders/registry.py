@@ -100,12 +100,17 @@ def create_encoder(
     Raises:
         ValidationError: unknown spec (the message lists the known ones), bad option or missing weights.
     """
-    _load_families()
-    spec = (spec or "").strip()
     if pooling not in POOLINGS:
         raise ValidationError(f"--pooling must be one of {list(POOLINGS)}, got {pooling!r}")
     if image_size is not None and int(image_size) < 1:
         raise ValidationError(f"--image-size must be a positive number of pixels, got {image_size}")
+    entry, ref = _lookup(spec)
+    return entry.factory(ref, device=device, dtype=dtype, pooling=pooling, image_size=image_size, weights=weights)
+
+
+def _lookup(spec: str) -> tuple[_Entry, str]:
+    _load_families()
+    spec = (spec or "").strip()
     entry = _REGISTRY.get(spec)
     ref = spec
     if entry is None or entry.prefix:
@@ -118,4 +123,17 @@ def create_encoder(
         ref = rest.strip()
     if entry is None:
         raise ValidationError(f"unknown encoder {spec!r}; known encoders: {', '.join(list_encoders())}")
-    return entry.factory(ref, device=device, dtype=dtype, pooling=pooling, image_size=image_size, weights=weights)
+    return entry, ref
+
+
+def check_encoder_spec(spec: str) -> str:
+    """Check that ``spec`` names a registered encoder family, without loading any weights.
+
+    Returns the spec stripped. (Whether a ``hf:`` hub id or a ``timm:`` name exists is only known
+    when :func:`create_encoder` loads it.)
+
+    Raises:
+        ValidationError: an unknown name (the message lists the known ones) or a prefix without a model.
+    """
+    _lookup(spec)
+    return (spec or "").strip()

@@ -30,17 +30,23 @@ from fedhype.eval.result import Evaluation
 from fedhype.pipeline.config import DEFAULTS, resolve, train_config
 
 def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: str = DEFAULTS["data"]["encoder"],
-          image_size: int | None = DEFAULTS["data"]["image_size"], limit: int | None = None,
+          image_size: int | None = None, layout: str = DEFAULTS["data"]["layout"], limit: int | None = None,
           pooling: str = DEFAULTS["data"]["pooling"], device: str = DEFAULTS["data"]["device"],
           dtype: str = DEFAULTS["data"]["dtype"], seed: int = DEFAULTS["data"]["seed"],
           cache_dir: str | os.PathLike | None = None, progress: bool = True) -> EmbeddingStore:
     """Real embeddings of a bundled dataset or of an image folder, with a frozen encoder.
 
     Args:
-        source: a bundled dataset name (``digits-domains``, ``fashion-mnist``, …; cached under
-            ``~/.cache/fedhype/embeddings``) or a folder laid out ``<folder>/<class>/*.png`` or
-            ``<folder>/<domain>/<class>/*.png`` (embedded each call, not cached).
-        encoder: encoder name (``fedhype embed --help`` lists them). image_size: input side in px.
+        source: a bundled dataset name (``digits-domains``, ``fashion-mnist``, …) or an image
+            folder. Both are cached under ``~/.cache/fedhype/embeddings`` (``cache_dir``), a folder
+            by the content of its files (:func:`fedhype.encoders.cache.image_cache_key`).
+        encoder: encoder name (``fedhype embed --help`` lists them).
+        image_size: input side in px; None: the encoder's own default (as ``fedhype embed`` and
+            ``fedhype run``; 112 px for ``dinov2-vits14``). The size used is in ``meta["preprocess"]``.
+        layout: how a folder is read (:mod:`fedhype.data.layout`): ``class`` (``<folder>/<class>/...``,
+            nested folders stay in their class, as torchvision's ImageFolder), ``domain/class``
+            (``<folder>/<domain>/<class>/...``) or ``auto`` (detected where unambiguous, else refused).
+            Split folders (``train/``, ``val/``, ``test/``) give the records' splits.
         limit: a stratified subset of this many images (None: all). pooling: ``cls`` or ``mean``.
         device, dtype: ``auto`` picks CUDA / bfloat16 autocast where the machine has them.
 
@@ -48,12 +54,15 @@ def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: s
         An :class:`~fedhype.data.store.EmbeddingStore` (float32 ``[N, D]`` embeddings, labels, domains).
 
     Raises:
-        ValidationError: unknown dataset or encoder, an unreadable folder, bad sizes.
+        ValidationError: unknown dataset or encoder, an unreadable folder, an ambiguous layout, bad sizes.
     """
+    from fedhype.data.layout import check_layout
     from fedhype.pipeline.job import embed_store
 
+    check_layout(layout, "layout=")
     d = {**DEFAULTS["data"], "encoder": encoder, "image_size": image_size or 0, "limit": limit or 0,
-         "pooling": pooling, "device": device, "dtype": dtype, "seed": seed, "cache_dir": str(cache_dir or "")}
+         "pooling": pooling, "device": device, "dtype": dtype, "seed": seed, "cache_dir": str(cache_dir or ""),
+         "layout": layout}
     folder = Path(source)
     if folder.is_dir():
         d.update(images=str(folder), dataset="")

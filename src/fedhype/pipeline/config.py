@@ -20,9 +20,12 @@ from fedhype.models.config import ModelConfig
 from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS
 
 DEFAULTS: dict[str, dict[str, Any]] = {
-    # data: a bundled dataset, an image folder (images) or an existing real store from `fedhype embed` (store)
-    "data": {"dataset": "digits-domains", "images": "", "store": "", "encoder": "dinov2-vits14", "image_size": 112,
-             "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "dtype": "auto", "cache_dir": ""},
+    # data: a bundled dataset, an image folder (images, read as layout) or an existing real store from
+    # `fedhype embed` (store). image_size 0 = the encoder's own default input size, as `fedhype embed` and
+    # fedhype.embed use (112 px for dinov2-vits14; configs/*.toml set 112 explicitly, the size the committed
+    # benchmark figures were measured at); cache_dir "" = ~/.cache/fedhype/embeddings ($FEDHYPE_CACHE)
+    "data": {"dataset": "digits-domains", "images": "", "layout": "auto", "store": "", "encoder": "dinov2-vits14",
+             "image_size": 0, "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "dtype": "auto", "cache_dir": ""},
     "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2], "min_train": 20, "seed": 0},
     # class_stats_share 0.95, second_moment_share 0.3 and latent 64 were chosen on the digits validation
     # split (benchmarks/results/release_defaults.md): the one-shot release carries the class signal. lr_local
@@ -112,10 +115,53 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
             conf["data"]["images"] or conf["data"]["store"]):
         raise ValidationError(f"data.dataset ({given['data.dataset']}) and data.{'images' if conf['data']['images'] else 'store'} "
                               "both name the real data; give one")
+    from fedhype.data.layout import check_layout
+
+    check_layout(conf["data"]["layout"], f"{given.get('data.layout', 'data.layout')}: data.layout")
+    for k in ("image_size", "limit"):
+        if conf["data"][k] < 0:
+            raise ValidationError(f"{given.get(f'data.{k}', f'data.{k}')}: data.{k} must be ≥ 0 (0: "
+                                  f"{'the encoder’s default size' if k == 'image_size' else 'every image'}), got {conf['data'][k]}")
     if conf["data"]["images"] and conf["data"]["store"]:
         raise ValidationError(f"data.images ({given.get('data.images', 'set')}) and data.store ({given.get('data.store', 'set')}) "
                               "both name the real data; give one (an image folder to embed, or a store made by `fedhype embed`)")
     return conf
+
+
+def check_data(conf: dict) -> None:
+    """Check the ``[data]`` section of a resolved configuration beyond types, loading nothing.
+
+    The encoder name must be a known family (:func:`fedhype.encoders.registry.check_encoder_spec`),
+    ``pooling``, ``device`` and ``dtype`` valid, ``images`` an existing folder, ``dataset`` a
+    bundled one. ``fedhype run`` calls this before it writes anything into its ``--out``.
+
+    Raises:
+        ValidationError: naming the ``data.*`` key at fault and what to do.
+    """
+    from fedhype.encoders.base import resolve_device, resolve_dtype
+    from fedhype.encoders.registry import POOLINGS, check_encoder_spec
+
+    d = conf["data"]
+    for key, check in (("encoder", lambda: d["store"] or check_encoder_spec(d["encoder"])),
+                       ("device", lambda: resolve_device(d["device"])),
+                       ("dtype", lambda: resolve_dtype(d["dtype"], resolve_device(d["device"])))):
+        try:
+            check()
+        except ValidationError as exc:
+            raise ValidationError(f"data.{key} = {d[key]!r}: {exc}") from None
+    if d["pooling"] not in POOLINGS:
+        raise ValidationError(f"data.pooling must be one of {list(POOLINGS)}, got {d['pooling']!r}")
+    if d["images"]:
+        path = Path(d["images"])
+        if not path.is_dir():
+            raise ValidationError(f"data.images = {str(path)!r}: " + ("a file, not a folder" if path.exists() else "no such folder")
+                                  + " (give the folder that holds the class or domain folders)")
+    elif not d["store"]:
+        from fedhype.data.datasets import BUILTIN_DATASETS
+
+        if d["dataset"] not in BUILTIN_DATASETS:
+            raise ValidationError(f"data.dataset = {d['dataset']!r} is not a bundled dataset; available: "
+                                  f"{', '.join(BUILTIN_DATASETS)} (or set data.images to a folder, data.store to a store)")
 
 
 def _set(conf: dict, section: str, key: str, value: Any, where: str) -> None:

@@ -48,19 +48,36 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
         store = EmbeddingStore.load(path)
         log(f"embed: reusing {path} ({len(store)} × {store.dim})")
         return store
-    store = embed_store(d)
-    log(f"embed: {len(store)} images → {store.dim}-d ({store.meta.get('encoder')})")
+    store, note = _embed_store(d, progress=True)
+    pre = store.meta.get("preprocess") or {}
+    log(f"embed: {len(store)} images → {store.dim}-d ({store.meta.get('encoder')}, {pre.get('crop', '?')} px){note}")
+    src = store.meta.get("source") or {}
+    if d["images"]:
+        log(f"embed: {d['images']} read as layout {src.get('layout')!r}" + (" (detected)" if src.get("layout_asked") == "auto"
+                                                                            else "")
+            + (f"; its split folders give {src.get('split_counts')}" if src.get("splits") else ""))
     return store
 
 
 def embed_store(d: dict, *, progress: bool = True) -> EmbeddingStore:
     """The real store of a ``[data]`` section ``d``: an existing store (``store``, from ``fedhype embed``),
-    an image folder (``images``) embedded, or a bundled ``dataset`` read from (or added to) the embedding cache.
+    an image folder (``images``, read as ``layout``) or a bundled ``dataset``, both read from (or added to)
+    the embedding cache (:mod:`fedhype.encoders.cache`; an image folder by the content of its files).
+
+    ``image_size`` 0 means the encoder's own default input size — the size ``fedhype embed`` uses
+    without ``--image-size`` — so one encoder name gives the same embeddings in both commands; the
+    size used is in the store's ``meta["preprocess"]``.
 
     Raises:
-        ValidationError: ``store`` is missing or not a real embeddings store. ArtifactError: a corrupt store.
+        ValidationError: ``store`` is missing or not a real embeddings store; an ambiguous image
+            folder layout. ArtifactError: a corrupt store.
     """
-    from fedhype.encoders.cache import cached_embed
+    return _embed_store(d, progress=progress)[0]
+
+
+def _embed_store(d: dict, *, progress: bool) -> tuple[EmbeddingStore, str]:
+    """:func:`embed_store` and a note for the log (``" (from the embedding cache)"`` or ``""``)."""
+    from fedhype.encoders.cache import cached_embed, cached_embed_images
 
     if d.get("store"):
         path = Path(d["store"])
@@ -70,19 +87,16 @@ def embed_store(d: dict, *, progress: bool = True) -> EmbeddingStore:
         if store.kind != "real":
             raise ValidationError(f"data.store = {str(path)!r} is a {store.kind!r} store; the job trains on real "
                                   "embeddings (from `fedhype embed`)")
-        return store
+        return store, ""
     if d["images"]:
-        from fedhype.data.images import scan_image_folder
-        from fedhype.encoders import create_encoder
-        from fedhype.encoders.embed import embed_source
-
-        src = scan_image_folder(d["images"], limit=d["limit"] or None, seed=d["seed"])
-        enc = create_encoder(d["encoder"], device=d["device"], dtype=d.get("dtype", "auto"), pooling=d["pooling"],
-                             image_size=d["image_size"] or None)
-        return embed_source(src, enc, progress=progress)
+        store, hit = cached_embed_images(d["images"], d["encoder"], layout=d.get("layout", "auto"),
+                                         limit=d["limit"] or None, seed=d["seed"], image_size=d["image_size"] or None,
+                                         cache_dir=d["cache_dir"] or None, pooling=d["pooling"], device=d["device"],
+                                         dtype=d.get("dtype", "auto"), progress=progress)
+        return store, " (the same files' embeddings, from the embedding cache)" if hit else ""
     return cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
                         image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
-                        pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=progress)
+                        pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=progress), ""
 
 
 def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bool) -> Partition:
@@ -95,6 +109,10 @@ def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bo
     p = conf["partition"]
     part = make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
                           splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=p["seed"])
+    if part.params.get("given_splits"):
+        from fedhype.data.partition import given_splits_line
+
+        log(given_splits_line(part.params["given_splits"], "partition.split applies only to the splits drawn"))
     log(f"partition: {len(part.clients)} clients ({p['scheme']}): " +
         ", ".join(f"{c.name}={len(c.train)}" for c in part.clients))
     return part
@@ -144,11 +162,16 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
 
 
 def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
+    from fedhype.pipeline.config import check_data
+
     tcfg = train_config(conf)  # validate every training setting before anything is written
+    check_data(conf)  # and the [data] section: encoder name, folder, pooling, device, dtype
     _check_synthesis_code(conf)
     out = Path(out)
     cfg_path = out / "config.json"
     old_conf = read_json(cfg_path, "job config") if cfg_path.exists() else None
+    if isinstance(old_conf, dict) and isinstance(old_conf.get("data"), dict):
+        old_conf["data"].setdefault("layout", "auto")  # jobs written before data.layout existed read folders as auto
     stale = old_conf is not None and old_conf != json.loads(json.dumps(conf))
     if stale:
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it

@@ -1,0 +1,186 @@
+"""Your own images at the CLI: --layout, split folders through `fedhype partition` and `fedhype run`,
+the content-hash embedding cache, one preprocessing for `embed` and `run`, and a job refused before it
+writes anything. Image folders are real UCI optdigits (sklearn load_digits) written as PNG files; the
+encoder is the tiny saved DINOv2 directory (tests/conftest.py), the cache a temporary $FEDHYPE_CACHE."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+from typer.testing import CliRunner
+
+from fedhype.cli.main import app
+from fedhype.data.partition import Partition
+from fedhype.data.store import EmbeddingStore
+
+runner = CliRunner()
+_D = load_digits()
+
+
+def _save(root: Path, rel: str, i: int) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    px = np.kron(np.round(_D.images[i] * 255 / 16), np.ones((4, 4))).astype(np.uint8)
+    Image.fromarray(px, "L").save(path)
+
+
+def _rows(label: int, k: int, skip: int = 0) -> list[int]:
+    return np.flatnonzero(_D.target == label)[skip:skip + k].tolist()
+
+
+def patient_tree(root: Path) -> Path:
+    """benign|malignant|normal/patient_XY/<i>.png: digits 0, 1, 2; two patients × two images per class."""
+    for label, cls in enumerate(("benign", "malignant", "normal")):
+        for p in range(2):
+            for i in _rows(label, 2, skip=2 * p):
+                _save(root, f"{cls}/patient_{label}{p}/{i}.png", i)
+    return root
+
+
+def split_tree(root: Path, train: int = 10, test: int = 4) -> Path:
+    """train|test/<digit>/<i>.png for digits 0, 1, 2."""
+    for label in range(3):
+        for split, rows in (("train", _rows(label, train)), ("test", _rows(label, test, skip=train))):
+            for i in rows:
+                _save(root, f"{split}/{label}/{i}.png", i)
+    return root
+
+
+def _json(r):
+    assert r.stdout.count("\n") == 1, r.output
+    return json.loads(r.stdout)
+
+
+@pytest.fixture()
+def enc(tiny_dinov2_dir, tmp_path, monkeypatch) -> list[str]:
+    monkeypatch.setenv("FEDHYPE_CACHE", str(tmp_path / "cache"))
+    return ["--encoder", f"hf:{tiny_dinov2_dir}", "--device", "cpu", "--workers", "0"]
+
+
+def test_embed_layout_class_keeps_patients_in_their_class_and_auto_refuses(tmp_path, enc):
+    root = patient_tree(tmp_path / "clinic")
+    r = runner.invoke(app, ["embed", "--images", str(root), *enc, "--out", str(tmp_path / "a.safetensors"), "--json"])
+    assert r.exit_code == 2
+    err = _json(r)["error"]
+    assert "ambiguous layout" in err and "--layout class (classes benign, malignant, normal" in err
+    assert "--layout domain/class (domains benign, malignant, normal; classes patient_00" in err
+    assert not (tmp_path / "a.safetensors").exists()
+    r = runner.invoke(app, ["embed", "--images", str(root), "--layout", "class", *enc,
+                            "--out", str(tmp_path / "a.safetensors"), "--json"])
+    assert r.exit_code == 0, r.output
+    got = _json(r)
+    assert got["class_counts"] == {"benign": 4, "malignant": 4, "normal": 4} and got["domain_counts"] == {"clinic": 12}
+    assert got["layout"] == "class" and got["from_cache"] is False
+    store = EmbeddingStore.load(tmp_path / "a.safetensors")
+    assert store.meta["source"]["layout"] == "class" and store.meta["source"]["layout_asked"] == "class"
+    r = runner.invoke(app, ["embed", "--images", str(root), "--layout", "flat", *enc,
+                            "--out", str(tmp_path / "b.safetensors"), "--json"])
+    assert r.exit_code == 2 and "flat" in r.output
+
+
+def test_second_embed_of_the_same_files_comes_from_the_cache(tmp_path, enc, monkeypatch):
+    import fedhype.encoders.embed as embed_mod
+
+    root = patient_tree(tmp_path / "clinic")
+    args = ["embed", "--images", str(root), "--layout", "class", *enc, "--image-size", "28", "--json"]
+    r = runner.invoke(app, [*args, "--out", str(tmp_path / "first.safetensors")])
+    assert r.exit_code == 0 and _json(r)["from_cache"] is False, r.output
+    first = EmbeddingStore.load(tmp_path / "first.safetensors")
+    cache = tmp_path / "cache" / "embeddings"
+    (entry,) = cache.iterdir()
+    # the same files in another place: served from the cache, the encoder is never run
+    moved = tmp_path / "elsewhere" / "clinic"
+    moved.parent.mkdir()
+    root.rename(moved)
+    monkeypatch.setattr(embed_mod, "embed_source", lambda *a, **k: pytest.fail("embedded again"))
+    r = runner.invoke(app, ["embed", "--images", str(moved), *args[3:], "--out", str(tmp_path / "second.safetensors")])
+    assert r.exit_code == 0 and _json(r)["from_cache"] is True, r.output
+    second = EmbeddingStore.load(tmp_path / "second.safetensors")
+    assert torch.equal(second.embeddings, first.embeddings) and second.sample_ids == first.sample_ids
+    assert second.meta["cache_key"] == first.meta["cache_key"] and second.meta["source"]["root"] == str(moved)
+    assert second.meta["cache_key"]["layout"] == "class" and second.meta["cache_key"]["image_size"] == 28
+    monkeypatch.undo()
+    monkeypatch.setenv("FEDHYPE_CACHE", str(tmp_path / "cache"))
+    # one changed byte of one file is a miss; --no-cache embeds again and leaves nothing in the cache
+    victim = sorted((moved / "normal").rglob("*.png"))[0]
+    Image.fromarray(np.zeros((32, 32), np.uint8), "L").save(victim)
+    r = runner.invoke(app, ["embed", "--images", str(moved), *args[3:], "--no-cache",
+                            "--out", str(tmp_path / "third.safetensors")])
+    assert r.exit_code == 0 and _json(r)["from_cache"] is False
+    assert sorted(cache.iterdir()) == [entry]
+    r = runner.invoke(app, ["embed", "--images", str(moved), *args[3:], "--out", str(tmp_path / "fourth.safetensors")])
+    assert r.exit_code == 0 and _json(r)["from_cache"] is False
+    assert len(list(cache.iterdir())) == 2
+
+
+def test_partition_uses_the_given_train_and_test_folders(tmp_path, enc):
+    root = split_tree(tmp_path / "digits")
+    r = runner.invoke(app, ["embed", "--images", str(root), *enc, "--image-size", "28",
+                            "--out", str(tmp_path / "s.safetensors"), "--json"])
+    assert r.exit_code == 0, r.output
+    got = _json(r)
+    assert got["layout"] == "class" and got["splits"] == {"train": 30, "test": 12}
+    assert got["domain_counts"] == {"digits": 42}  # train/ and test/ are splits, not two domains
+    r = runner.invoke(app, ["partition", "--store", str(tmp_path / "s.safetensors"), "--scheme", "iid", "--clients", "2",
+                            "--min-records", "5", "--out", str(tmp_path / "p.json"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "using the splits the image folders give (train, test)" in r.stderr and "val drawn" in r.stderr
+    assert _json(r)["given_splits"] == {"given": ["train", "test"], "drawn_from_train": {"val": 0.25}}
+    part = Partition.load(tmp_path / "p.json")
+    tests = sorted(s for c in part.clients for s in c.test)
+    assert tests == sorted(str(p.relative_to(root)) for p in (root / "test").rglob("*.png"))
+    assert all(s.startswith("train/") for c in part.clients for s in c.train + c.val)
+    r = runner.invoke(app, ["partition", "--store", str(tmp_path / "s.safetensors"), "--scheme", "iid", "--clients", "2",
+                            "--min-records", "5", "--draw-splits", "--out", str(tmp_path / "q.json"), "--json"])
+    assert r.exit_code == 0 and _json(r)["given_splits"] is None and "using the splits" not in r.stderr
+
+
+SMALL_JOB = ["--set", "train.rounds=1", "--set", "train.batch_size=16", "--set", "train.seed=0",
+             "--set", "train.epsilon=8", "--set", "partition.min_train=5", "--set", "train.min_records=5", "--set", "synthesis.per_class=20",
+             "--set", "evaluate.permutations=10", "--set", "evaluate.interpolation=false",
+             "--set", "evaluate.dp_linear=false", "--set", "evaluate.prototypes=false",
+             "--set", "evaluate.code_domain=false", "--set", "model.hidden=16", "--set", "model.latent=4",
+             "--set", "model.hyper_hidden=8", "--set", "model.code_dim=4"]
+
+
+def test_run_checks_the_job_before_writing_then_embeds_like_embed_and_keeps_the_splits(tmp_path, enc, tiny_dinov2_dir,
+                                                                                      monkeypatch):
+    import fedhype.pipeline.job as job
+
+    root = split_tree(tmp_path / "digits")
+    out = tmp_path / "job"
+    data = ["--set", f"data.images='{root}'", "--set", "data.device='cpu'", "--set", "partition.scheme='iid'",
+            "--set", "partition.clients=2"]
+    # a typo in the encoder name or the layout is refused before anything is embedded or written
+    real = job._embed_store
+    monkeypatch.setattr(job, "_embed_store", lambda *a, **k: pytest.fail("embedded before the job was checked"))
+    for bad, needle in (("data.encoder='dinov2-vitS14'", "data.encoder = 'dinov2-vitS14': unknown encoder"),
+                        ("data.layout='flat'", "data.layout must be one of auto, class, domain/class, got 'flat'"),
+                        ("data.pooling='max'", "data.pooling must be one of"),
+                        (f"data.images='{tmp_path / 'nope'}'", "no such folder")):
+        r = runner.invoke(app, ["run", "--out", str(out), *data, "--set", bad, *SMALL_JOB, "--json"])
+        assert r.exit_code == 2 and needle in _json(r)["error"], r.output
+        assert not out.exists()
+    monkeypatch.setattr(job, "_embed_store", real)
+    # `fedhype embed` with the encoder's default size, then `fedhype run` with its default data.image_size (0):
+    # the same preprocessing, so the run's embeddings are the cached ones, identical
+    r = runner.invoke(app, ["embed", "--images", str(root), *enc, "--out", str(tmp_path / "e.safetensors"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert _json(r)["image_size"] == 56  # the tiny model's own input size (its config)
+    r = runner.invoke(app, ["run", "--out", str(out), *data, "--set", f"data.encoder='hf:{tiny_dinov2_dir}'",
+                            "--set", f"data.cache_dir='{tmp_path / 'cache' / 'embeddings'}'", *SMALL_JOB, "--json"])
+    assert r.exit_code == 0, r.output
+    assert "from the embedding cache" in r.stderr and "read as layout 'class' (detected)" in r.stderr
+    assert "partition: using the splits the image folders give (train, test)" in r.stderr
+    mine = EmbeddingStore.load(out / "embeddings.safetensors")
+    theirs = EmbeddingStore.load(tmp_path / "e.safetensors")
+    assert torch.equal(mine.embeddings, theirs.embeddings) and mine.meta["preprocess"] == theirs.meta["preprocess"]
+    part = Partition.load(out / "partition.json")
+    assert sorted(s for c in part.clients for s in c.test) == sorted(s for s in mine.sample_ids if s.startswith("test/"))
+    assert json.loads((out / "config.json").read_text())["data"]["layout"] == "auto"
