@@ -8,7 +8,6 @@ deployment that folder lives on the institution's machine). What it returns is a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -21,10 +20,6 @@ from fedhype.models.losses import batch_elbo, make_batch_loss, make_per_example_
 from fedhype.privacy.dp_step import (DPConfig, LocalDPSession, PrivatizedUpdate, ReleaseWeights, poisson_batch,
                                     privatize_class_sums)
 from fedhype.privacy.randomness import noise_generator
-
-
-def _entropy_seed() -> int:
-    return int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
 
 
 class Client:
@@ -60,8 +55,7 @@ class Client:
         :func:`~fedhype.privacy.centring.privatize_centre`), from a generator of its own."""
         from fedhype.privacy.centring import privatize_centre
 
-        gen = torch.Generator().manual_seed(
-            _entropy_seed() if self.seed is None else (self.seed * 7_777_793 + self.index + 29) & ((1 << 63) - 1))
+        gen = noise_generator(self.seed, 7_777_793, self.index + 29)
         return privatize_centre(self.id, self._raw, noise_multiplier, gen, distributed=distributed)
 
     def release_class_stats(self, n_classes: int, dp: DPConfig, weights: ReleaseWeights | None = None, *,
@@ -75,8 +69,7 @@ class Client:
         :class:`~fedhype.privacy.secure_agg.DistributedNoise` under secure aggregation (the result is
         then this client's :class:`~fedhype.privacy.secure_agg.SecureShare`).
         """
-        gen = torch.Generator().manual_seed(
-            _entropy_seed() if self.seed is None else (self.seed * 5_555_557 + self.index + 17) & ((1 << 63) - 1))
+        gen = noise_generator(self.seed, 5_555_557, self.index + 17)
         return privatize_class_sums(self.id, self._raw, self.labels, n_classes, dp, gen, weights, distributed=distributed,
                                     centring=centring)
 
