@@ -28,9 +28,9 @@ import torch
 
 from fedhype.errors import ValidationError
 from fedhype.privacy.dp_step import PrivatizedUpdate
+from fedhype.privacy.events import RELEASE as MECHANISM  # the one list of mechanism names
 from fedhype.privacy.secure_agg import DistributedNoise, PrivatizedAggregate, secure_sum
 
-MECHANISM = "dp-class-stats"
 #: floor of the total variance 1 − ‖μ‖² used for the scale s (DINOv2-S digits: 0.24)
 MIN_TOTAL_VARIANCE = 0.05
 
@@ -183,6 +183,80 @@ def shrink_toward(client: dict, pooled: dict) -> dict:
     return out
 
 
+def shrink_client(client: dict, pooled: dict) -> dict:
+    """One client's DP moments pulled toward the pooled ones by one factor, from a heterogeneity test.
+
+    :func:`shrink_toward` treats only the DP noise as noise, so a client's *sampling* error (its n_ik
+    records' class mean differs from its population's by about s²/n_ik per coordinate) counts as a
+    difference to keep; with label skew alone (clients drawn from one population) that keeps
+    nothing but noise. Here the noise of the difference d_ik = μ̂_ik − μ̂_k of the client's class-k mean
+    to the pooled one has, per coordinate, variance τ²_ik = (DP noise variance of the class sum)/n²_ik
+    + s²/n_ik, with s² the pooled within-class variance per coordinate (tr C_within / D, from the
+    release). The inverse-variance-weighted statistic χ²_i = Σ_k ‖d_ik‖²/τ²_ik has expectation K·D when
+    the client's class means equal the pool's, and K·D + Σ_k ‖θ_ik‖²/τ²_ik otherwise, so the
+    method-of-moments factor (James–Stein's for the stacked K·D vector, Efron & Morris 1973, Sec. 2;
+    positive part, Baranchik 1964)
+
+        f_i = max(0, 1 − K·D / χ²_i)
+
+    estimates the share of the client's deviation that is signal: about 0 for a client of the pool's
+    population, about 1 for a distinct domain. The client's class means, covariance and total variance
+    are all moved by the same f_i: μ' = μ + f_i d, C' = C + f_i (C_i − C), v' = v + f_i (v_i − v)
+    (noise variance per off-diagonal entry f_i² v_i + (1 − f_i)² v, per coordinate of a class mean
+    f_i² τ²_DP,ik + (1 − f_i)² τ²_pool,k: at f_i = 0 the client's Gaussian is the pooled one). Post-processing of DP outputs
+    (no ε). Without DP noise the client's own moments are returned (f_i = 1, as :func:`shrink_toward`):
+    on the Fashion-MNIST validation split pulling exact statistics to the pool cost 0.026 TSTR
+    (benchmarks/results/client_shrinkage.md).
+
+    Both dicts come from :func:`_moments`; returns a new one of the same form with ``mean_shrinkage``
+    (f_i for every class, [K] float64) and ``cov_shrinkage`` (f_i).
+    """
+    out = dict(client)
+    cm, pm = client["class_means"].to(torch.float64), pooled["class_means"].to(torch.float64)
+    d = cm - pm  # [K, D]
+    k, dim = d.shape
+    if not float(client["sums_noise_var"]) > 0:  # no DP: the client's own statistics (as shrink_toward)
+        out["mean_shrinkage"] = torch.ones(k, dtype=torch.float64)
+        out["cov_shrinkage"] = 1.0
+        return out
+    n_i = client["counts"].to(torch.float64)
+    n_pool = pooled["counts"].to(torch.float64)
+    w = n_pool / n_pool.sum()
+    dev = pm - pooled["mean"].to(torch.float64)
+    between = float((w * (dev.pow(2).sum(1) - dim * pooled["sums_noise_var"] / n_pool ** 2)).sum())
+    total = float(pooled["var"])
+    s2 = max(total - max(between, 0.0), 0.25 * total) / dim
+    tau2 = client["sums_noise_var"] / n_i ** 2 + s2 / n_i  # [K]
+    chi2 = float((d.pow(2).sum(1) / tau2).sum())
+    f = max(0.0, 1.0 - k * dim / chi2) if chi2 > 0 else 0.0
+    out["class_means"] = (pm + f * d).to(torch.float32)
+    # the noise of the shrunk class means, per coordinate f²·τ²_DP,ik + (1 − f)²·τ²_pool,k, expressed as a
+    # per-class sum noise variance over the client's counts (what _within_class reads): at f = 0 the
+    # client's Gaussian is the pooled one, within-class decision included
+    mean_noise = f ** 2 * client["sums_noise_var"] / n_i ** 2 + (1.0 - f) ** 2 * pooled["sums_noise_var"] / n_pool ** 2
+    out["sums_noise_var"] = n_i ** 2 * mean_noise  # [K]
+    wi = n_i / n_i.sum()
+    out["mean"] = (wi @ (pm + f * d)).to(torch.float32)
+    out["mean_shrinkage"] = torch.full((k,), f, dtype=torch.float64)
+    if client["cov"] is not None and pooled["cov"] is not None:
+        out["cov"] = pooled["cov"] + f * (client["cov"] - pooled["cov"])
+        out["var"] = pooled["var"] + f * (client["var"] - pooled["var"])
+        out["offdiag_var"] = f ** 2 * float(client["offdiag_var"]) + (1.0 - f) ** 2 * float(pooled["offdiag_var"])
+    out["cov_shrinkage"] = f
+    return out
+
+
+#: ``model.client_shrinkage`` values → the shrinkage of a client's moments (None: its own release)
+SHRINKAGE = {"none": None, "class": shrink_toward, "client": shrink_client}
+
+
+def shrinkage_mode(value) -> str:
+    """``model.client_shrinkage`` as one of :data:`SHRINKAGE`'s names (False → none, True → class)."""
+    if value is True or value is False:
+        return "class" if value else "none"
+    return str(value)
+
+
 #: the James–Stein factor of the class means above which the between-class scatter is subtracted
 #: from the total covariance (:func:`_within_class`; chosen on the digits validation split)
 WITHIN_CLASS_MIN_SNR = 0.9
@@ -315,7 +389,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
         rows = []
         pooled = release_moments(updates, dp, weights, centring)
-        shrink = bool(getattr(cfg, "client_shrinkage", False))
+        shrink = shrinkage_mode(getattr(cfg, "client_shrinkage", False))
         for u in updates:
             g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=centring)
             cb = (g["class_means"] - m) / s
@@ -353,20 +427,25 @@ def release_moments(updates, dp, weights, centring=None) -> dict:
 
 
 def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_rank: int | None = None, *,
-                    shrink: bool = True, centring=None) -> dict[str, torch.Tensor]:
+                    shrink: bool | str = True, centring=None) -> dict[str, torch.Tensor]:
     """Client ``update``'s own DP class-conditional Gaussian, unit-sphere units (float64).
 
-    ``pooled``: :func:`release_moments` of every client's release. With ``shrink`` (``model.client_shrinkage``,
-    the default) the client's moments are first shrunk toward the pooled ones (:func:`shrink_toward`);
-    without, they are its own release alone (as :func:`pooled_stats` ``([update])``).
+    ``pooled``: :func:`release_moments` of every client's release. ``shrink`` (``model.client_shrinkage``):
+    ``"class"`` (or True) first shrinks the client's moments toward the pooled ones class by class
+    (:func:`shrink_toward`), ``"client"`` by one factor from a heterogeneity test (:func:`shrink_client`);
+    ``"none"`` (or False) keeps its own release alone (as :func:`pooled_stats` ``([update])``).
 
     Returns ``class_means`` [K, D], ``cov_factor`` [D, r], ``residual_var`` [] (covariance
     ``cov_factor·cov_factorᵀ + residual_var·I``) and, with ``shrink``, ``mean_shrinkage`` [K] and
     ``cov_shrinkage`` [] (the James–Stein factors, 1 = the client's own estimate).
     """
     mo = release_moments([update], dp, weights, centring)
+    mode = shrinkage_mode(shrink)
+    if mode not in SHRINKAGE:
+        raise ValidationError(f"model.client_shrinkage must be one of {sorted(SHRINKAGE)} (or true/false), got {shrink!r}")
+    shrink = SHRINKAGE[mode] is not None
     if shrink:
-        mo = shrink_toward(mo, pooled)
+        mo = SHRINKAGE[mode](mo, pooled)
     factor, resid, _ = _gaussian(mo, max_rank)
     out = {"class_means": mo["class_means"].to(torch.float64), "cov_factor": factor, "residual_var": resid}
     if shrink:
@@ -416,7 +495,8 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     """
     from fedhype.privacy import centring as centring_mod
     from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY, DPConfig
-    from fedhype.privacy.ledger import LedgerEvent, charge, pending_charges
+    from fedhype.privacy.events import release_events
+    from fedhype.privacy.ledger import charge, pending_charges
 
     weights = LEGACY_WEIGHTS if weights is None else weights
     what = "class sums, counts and second moments" if weights.second_moment > 0 else "class sums and counts"
@@ -428,16 +508,12 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         dp = DPConfig(sigma_b, dp.clip_norm, enabled=True)
     split = f"; {distributed.describe()}" if distributed is not None else ""
     if dp.enabled:
-        events = []
-        for c in clients:
-            if centred:
-                events.append(LedgerEvent(client=c.id, round=-1, mechanism=centring_mod.MECHANISM, noise_multiplier=sigma_a,
-                                          sample_rate=1.0, steps=1, clip_norm=RELEASE_SENSITIVITY,
-                                          note=f"sum and count of the unit records (the release's centre){split}"))
-            events.append(LedgerEvent(client=c.id, round=-1, mechanism=MECHANISM, noise_multiplier=float(dp.noise_multiplier),
-                                      sample_rate=1.0, steps=1, clip_norm=RELEASE_SENSITIVITY,
-                                      note=f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
-                                      + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split))
+        stats_note = (f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
+                      + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split)
+        centre_note = f"sum and count of the unit records (the release's centre){split}"
+        events = release_events([c.id for c in clients], steps if centred else [(float(dp.noise_multiplier), 1.0, 1)],
+                                [centring_mod.MECHANISM, MECHANISM] if centred else [MECHANISM], RELEASE_SENSITIVITY,
+                                [centre_note, stats_note] if centred else [stats_note])
         charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
     rank_cap = server.cfg.latent
     parts = getattr(server, "servers", None)
@@ -474,21 +550,3 @@ def client_space(server, index: int):
     """The model space (m, s) client ``index`` trains in."""
     parts = getattr(server, "servers", None)
     return (parts[index] if parts is not None else server).hnet.space()
-
-
-def class_stats_noise_multiplier(share: float, delta: float, plan: list[tuple[float, int]], *,
-                                 target_epsilon: float | None = None, noise_multiplier: float | None = None) -> float:
-    """σ₀ of the class-statistics release (one un-subsampled Gaussian step, Δ = √2).
-
-    With a target ε: calibrated so the release alone costs ``share × target_epsilon`` (the DP-SGD σ
-    is then calibrated on top, :func:`fedhype.privacy.accountant.calibrate_noise_plan` with the
-    release as ``prefix``). With an explicit DP-SGD σ: calibrated to ``share ×`` the worst ε of the
-    DP-SGD ``plan`` ``[(q_i, steps_i)]`` alone (σ₀ = 1 if that ε is infinite).
-    Used by ``fedhype train`` (:func:`fedhype.federated.engine.plan_privacy`) and ``fedhype budget``.
-    """
-    from fedhype.privacy.accountant import calibrate_noise, epsilon
-
-    if target_epsilon is not None:
-        return calibrate_noise(share * target_epsilon, delta, 1.0, 1)
-    eps_sgd = max(epsilon([(float(noise_multiplier), q, t)], delta) for q, t in plan)
-    return calibrate_noise(share * eps_sgd, delta, 1.0, 1) if math.isfinite(eps_sgd) else 1.0
