@@ -56,3 +56,21 @@ def test_data_store_takes_an_existing_real_store_and_refuses_the_rest(real_store
         embed_store(resolve(None, [f"data.store='{tmp_path / 'nope.safetensors'}'"])["data"])
     with pytest.raises(ValidationError, match="data.images .* and data.store .* both name the real data"):
         resolve(None, [f"data.store='{tmp_path / 'emb.safetensors'}'", f"data.images='{tmp_path}'"])
+
+
+def test_no_dp_of_a_later_layer_overrides_a_config_files_epsilon(tmp_path):
+    """--set train.no_dp=true over a config file with a target ε (configs/fashion-mnist.toml) runs without
+    DP; asking both in one layer, or ε in a later layer than no_dp, is refused."""
+    from pathlib import Path
+
+    fashion = Path(__file__).resolve().parents[2] / "configs" / "fashion-mnist.toml"
+    conf = resolve(fashion, ["train.no_dp=true"])
+    assert conf["train"]["no_dp"] is True and conf["train"]["epsilon"] is None
+    both = tmp_path / "both.toml"
+    both.write_text("[train]\nno_dp = true\nepsilon = 2.0\n")
+    with pytest.raises(ValidationError, match="asks for privacy but train.no_dp"):
+        resolve(both)
+    off = tmp_path / "off.toml"
+    off.write_text("[train]\nno_dp = true\n")
+    with pytest.raises(ValidationError, match=r"--set train.epsilon=4: train.epsilon asks for privacy"):
+        resolve(off, ["train.epsilon=4"])

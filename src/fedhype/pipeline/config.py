@@ -65,7 +65,8 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
 
     Raises:
         ValidationError: unreadable TOML, unknown section/key, malformed ``--set``, a value of the
-            wrong type, or ``train.no_dp`` together with an explicit ε, σ or max ε.
+            wrong type, or ``train.no_dp`` together with an explicit ε, σ or max ε of the same or a
+            later layer (a config file's ε is overridden by ``--set train.no_dp=true``).
     """
     conf = copy.deepcopy(DEFAULTS)
     given: dict[str, str] = {}  # "section.key" → where it was set (file or --set)
@@ -100,8 +101,13 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
         if isinstance(conf["train"].get(k), str) and conf["train"][k].lower() in ("none", "null", ""):
             conf["train"][k] = None
     if conf["train"]["no_dp"]:
+        # a later layer (file ← --set ← values) turning DP off overrides an ε of an earlier one (a config
+        # file's target ε with --set train.no_dp=true); the same layer asking both is refused
+        layer = {label: (0 if label.startswith("--config") else 1 if label.startswith("--set") else 2)
+                 for label in given.values()}
+        off = layer.get(given.get("train.no_dp", ""), 0)
         for k in ("epsilon", "noise_multiplier", "max_epsilon"):
-            if conf["train"][k] is not None and f"train.{k}" in given:
+            if conf["train"][k] is not None and f"train.{k}" in given and layer[given[f"train.{k}"]] >= off:
                 raise ValidationError(f"{given[f'train.{k}']}: train.{k} asks for privacy but train.no_dp = true "
                                       f"({given.get('train.no_dp', 'set')}) turns it off; drop one of the two")
     if conf["train"]["noise_multiplier"] is not None and conf["train"]["epsilon"] is not None \
