@@ -184,3 +184,72 @@ def test_run_checks_the_job_before_writing_then_embeds_like_embed_and_keeps_the_
     part = Partition.load(out / "partition.json")
     assert sorted(s for c in part.clients for s in c.test) == sorted(s for s in mine.sample_ids if s.startswith("test/"))
     assert json.loads((out / "config.json").read_text())["data"]["layout"] == "auto"
+
+
+def test_rerun_refuses_a_changed_image_folder_and_a_too_small_test_split_before_training(tmp_path, enc, tiny_dinov2_dir):
+    """A new user's findings: rerunning a finished job after one image changed is refused (the job's ε
+    belongs to the old files), and a test split too small for PRDC's k is refused before any ε is spent."""
+    root = split_tree(tmp_path / "digits")
+    data = ["--set", f"data.images='{root}'", "--set", "data.device='cpu'", "--set", "partition.scheme='iid'",
+            "--set", "partition.clients=2", "--set", f"data.encoder='hf:{tiny_dinov2_dir}'"]
+    small = tmp_path / "small-job"
+    r = runner.invoke(app, ["run", "--out", str(small), *data, *SMALL_JOB, "--set", "evaluate.k=12", "--json"])
+    assert r.exit_code == 2, r.output
+    assert "leaves 12 real test record(s) over 2 client(s)" in _json(r)["error"] and "evaluate.k = 12" in _json(r)["error"]
+    assert not (small / "run").exists() and not (small / "config.json").exists()  # nothing trained, nothing written
+    out = tmp_path / "job"
+    r = runner.invoke(app, ["run", "--out", str(out), *data, *SMALL_JOB, "--json"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["run", "--out", str(out), *data, *SMALL_JOB, "--json"])  # the same files: it resumes
+    assert r.exit_code == 0, r.output
+    _save(root, "train/0/extra.png", int(_rows(0, 1, skip=30)[0]))
+    r = runner.invoke(app, ["run", "--out", str(out), *data, *SMALL_JOB, "--json"])
+    assert r.exit_code == 2, r.output
+    assert "changed since this job embedded it" in _json(r)["error"] and "42 → 43 images" in _json(r)["error"]
+    (root / "train/0/extra.png").unlink()
+    first = sorted((root / "train/1").glob("*.png"))[0]
+    _save(root, f"train/1/{first.name}", int(_rows(1, 1, skip=40)[0]))  # same name, other pixels
+    r = runner.invoke(app, ["run", "--out", str(out), *data, *SMALL_JOB, "--json"])
+    assert r.exit_code == 2 and "other content" in _json(r)["error"], r.output
+
+
+def test_folder_edge_cases_get_clear_errors_and_the_cache_follows_content(tmp_path, enc, monkeypatch):
+    # a renamed domain/class folder is found in the cache (the cache file name holds no folder name; with
+    # --layout class the top folder names the domain, so there a rename is a different store)
+    sites = tmp_path / "sites"
+    for site, skip in (("site_a", 0), ("site_b", 3)):
+        for label in range(2):
+            for i in _rows(label, 3, skip=skip):
+                _save(sites, f"{site}/{label}/{i}.png", i)
+    r = runner.invoke(app, ["embed", "--images", str(sites), "--layout", "domain/class", *enc,
+                            "--out", str(tmp_path / "a.safetensors"), "--json"])
+    assert r.exit_code == 0 and _json(r)["from_cache"] is False and _json(r)["layout"] == "domain/class", r.output
+    moved = sites.rename(tmp_path / "sites-renamed")
+    r = runner.invoke(app, ["embed", "--images", str(moved), "--layout", "domain/class", *enc,
+                            "--out", str(tmp_path / "b.safetensors"), "--json"])
+    assert r.exit_code == 0 and _json(r)["from_cache"] is True, r.output
+    renamed = split_tree(tmp_path / "digits")
+    # --limit: the split counts are those of the subset kept
+    r = runner.invoke(app, ["embed", "--images", str(renamed), *enc, "--limit", "12", "--no-cache",
+                            "--out", str(tmp_path / "c.safetensors"), "--json"])
+    assert r.exit_code == 0, r.output
+    got = _json(r)
+    assert got["n"] == 12 and sum(got["splits"].values()) == 12
+    # a symlink loop below a class folder: a clear error (exit 2), not a traceback
+    loop = tmp_path / "loop"
+    _save(loop, "a/1.png", 0)
+    _save(loop, "b/1.png", 1)
+    (loop / "a" / "again").symlink_to(loop, target_is_directory=True)
+    r = runner.invoke(app, ["embed", "--images", str(loop), "--layout", "class", *enc,
+                            "--out", str(tmp_path / "d.safetensors"), "--json"])
+    assert r.exit_code == 2 and "symlink loop" in _json(r)["error"], r.output
+    # an unwritable cache folder names the folder and the way out
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("FEDHYPE_CACHE", str(blocker))
+    r = runner.invoke(app, ["embed", "--images", str(renamed), *enc, "--out", str(tmp_path / "e.safetensors"), "--json"])
+    assert r.exit_code == 2 and "cannot write the embedding cache" in _json(r)["error"], r.output
+    assert not (tmp_path / "e.safetensors").exists()
+    # an unquoted number for a folder name
+    r = runner.invoke(app, ["run", "--out", str(tmp_path / "job"), "--set", "data.images=2024", "--json"])
+    assert r.exit_code == 2 and "data.images must be a string" in _json(r)["error"], r.output

@@ -154,27 +154,37 @@ def subset_source(source: ImageSource, limit: int | None, seed: int) -> ImageSou
     # (domain, class), and the given split where the source has one: a subset keeps every split's classes
     keys = [(r.domain, r.label) if r.split is None else (r.domain, r.label, r.split) for r in source.records]
     pos = stratified_subset(keys, limit, seed)
-    return ImageSource(
-        records=[source.records[i] for i in pos],
-        class_names=source.class_names,
-        domain_names=source.domain_names,
-        source={**source.source, "limit": int(limit), "limit_seed": int(seed), "n_before_limit": len(source)},
-        skipped=source.skipped,
-    )
+    records = [source.records[i] for i in pos]
+    meta = {**source.source, "limit": int(limit), "limit_seed": int(seed), "n_before_limit": len(source)}
+    if "split_counts" in meta:  # the counts of the subset kept, not of the whole folder
+        meta["split_counts"] = {s: sum(r.split == s for r in records) for s in ("train", "val", "test")
+                                if any(r.split == s for r in records)}
+    return ImageSource(records=records, class_names=source.class_names, domain_names=source.domain_names,
+                       source=meta, skipped=source.skipped)
 
 
 # ---------------------------------------------------------------------------- folder scanning
 def _entries(folder: Path) -> list[os.DirEntry]:
-    with os.scandir(folder) as it:
-        return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    try:
+        with os.scandir(folder) as it:
+            return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError as exc:  # a symlink loop, a folder without read permission, a vanished folder
+        raise ValidationError(f"cannot read the folder {folder}: {exc.strerror or exc} (fix or remove it)") from None
 
 
-def _files_under(folder: Path) -> list[Path]:
-    """Non-hidden files below ``folder`` (recursively, hidden folders skipped), sorted."""
+def _files_under(folder: Path, _seen: frozenset = frozenset()) -> list[Path]:
+    """Non-hidden files below ``folder`` (recursively, hidden folders skipped), sorted; a folder link
+    that leads back to a folder above it is refused (it would list the same images forever)."""
+    try:
+        real = Path(os.path.realpath(folder))
+    except OSError as exc:
+        raise ValidationError(f"cannot read the folder {folder}: {exc}") from None
+    if real in _seen:
+        raise ValidationError(f"{folder} links back to {real}, a folder above it (a symlink loop): remove the link")
     out: list[Path] = []
     for e in _entries(folder):
         if e.is_dir():
-            out.extend(_files_under(Path(e.path)))
+            out.extend(_files_under(Path(e.path), _seen | {real}))
         elif e.is_file():
             out.append(Path(e.path))
     return out

@@ -21,7 +21,7 @@ from typing import Any
 
 from fedhype.data.store import EmbeddingStore
 from fedhype.encoders.registry import DEFAULT_ENCODER, create_encoder
-from fedhype.errors import ArtifactError
+from fedhype.errors import ArtifactError, ValidationError
 
 
 def default_cache_dir() -> Path:
@@ -144,8 +144,8 @@ def image_cache_lookup(source, enc, *, cache_dir: str | os.PathLike | None = Non
     """
     key = image_cache_key(source, enc)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    root_name = Path(source.source["root"]).resolve().name or "images"
-    name = f"images-{_slug(root_name)}-{_slug(enc.id)}-{key['image_size']}px-{digest}.safetensors"
+    # the name holds only the key's digest (no folder name): a renamed or moved folder finds its embeddings
+    name = f"images-{_slug(enc.id)}-{key['image_size']}px-{digest}.safetensors"
     path = Path(cache_dir or default_cache_dir()) / name
     if path.is_file():
         try:
@@ -216,4 +216,9 @@ def cached_embed_images(
 def cache_save(path: Path, key: dict[str, Any], store: EmbeddingStore) -> None:
     """Record ``key`` in ``store.meta`` and write it to ``path`` (atomically)."""
     store.meta["cache_key"] = key
-    store.save(path)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        store.save(path)
+    except OSError as exc:  # an unwritable or wrong $FEDHYPE_CACHE: say which folder, not a traceback
+        raise ValidationError(f"cannot write the embedding cache {Path(path).parent}: {exc.strerror or exc} (set "
+                              "$FEDHYPE_CACHE to a writable folder, or use --no-cache / data.cache_dir)") from None

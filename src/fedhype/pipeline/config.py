@@ -187,6 +187,9 @@ def _set(conf: dict, section: str, key: str, value: Any, where: str) -> None:
         raise ValidationError(f"{where}: {section}.{key} must be an integer, got {value!r}")
     if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
         value = int(value)
+    if isinstance(default, str) and not isinstance(value, str):  # e.g. data.images=2024 (a folder named 2024)
+        raise ValidationError(f"{where}: {section}.{key} must be a string, got {value!r}; quote it "
+                              f"(--set '{section}.{key}=\"{value}\"')")
     conf[section][key] = value
 
 

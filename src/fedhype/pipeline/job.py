@@ -46,6 +46,8 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
     d = conf["data"]
     if reuse and path.exists():
         store = EmbeddingStore.load(path)
+        if d["images"]:
+            _check_same_images(d, store, path, started=(out / "run" / "config.json").exists())
         log(f"embed: reusing {path} ({len(store)} × {store.dim})")
         return store
     store, note = _embed_store(d, progress=True)
@@ -57,6 +59,42 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
                                                                             else "")
             + (f"; its split folders give {src.get('split_counts')}" if src.get("splits") else ""))
     return store
+
+
+def _check_same_images(d: dict, store: EmbeddingStore, path: Path, *, started: bool) -> None:
+    """Refuse to resume a job whose image folder no longer holds the files it embedded.
+
+    The folder is scanned and hashed again (:func:`fedhype.encoders.cache.image_cache_key`) and compared
+    with the key recorded in the job's ``embeddings.safetensors``.
+
+    Raises:
+        ValidationError: the files (or their bytes, classes, splits) differ — the job's training and
+            ε belong to the old files, so it cannot go on with new ones: use another ``--out``.
+    """
+    from fedhype.data.images import scan_image_folder
+    from fedhype.encoders.cache import image_cache_key
+
+    old = store.meta.get("cache_key")
+    if not isinstance(old, dict) or old.get("kind") != "image-folder":
+        return  # embedded with --no-cache: no content key to compare
+    source = scan_image_folder(d["images"], layout=d.get("layout", "auto"), limit=d["limit"] or None, seed=d["seed"])
+
+    class _Enc:  # the recorded encoder fields: only the files are compared here
+        id, weights_hash, pooling = old.get("encoder"), old.get("weights_hash"), old.get("pooling")
+        preprocess = {"crop": old.get("image_size")}
+
+        @staticmethod
+        def describe():
+            return {"dtype": old.get("dtype")}
+
+    now = image_cache_key(source, _Enc)
+    if now["files"] != old.get("files") or now["skipped"] != old.get("skipped"):
+        what = f"{old.get('n_files')} → {now['n_files']} images" if now["n_files"] != old.get("n_files") else \
+            "the same number of images, other content"
+        raise ValidationError(
+            f"data.images = {d['images']!r} changed since this job embedded it into {path} ({what})"
+            + ("; its training and ε belong to the old files: use another --out for the new ones" if started else
+               "; use another --out (or delete the folder: nothing was trained in it yet)"))
 
 
 def embed_store(d: dict, *, progress: bool = True) -> EmbeddingStore:
@@ -97,6 +135,24 @@ def _embed_store(d: dict, *, progress: bool) -> tuple[EmbeddingStore, str]:
     return cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
                         image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
                         pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=progress), ""
+
+
+def _check_evaluation(conf: dict, part: Partition) -> None:
+    """Refuse, before training, a job whose test split is too small for its evaluation.
+
+    PRDC's k-nearest-neighbour radii need more than ``evaluate.k`` real test records and MMD² at least
+    2 (:func:`fedhype.eval.evaluate`); the job would otherwise spend its ε and fail afterwards.
+
+    Raises:
+        ValidationError: naming ``evaluate.k``, the test split's size and what to change.
+    """
+    n_test = sum(len(c.test) for c in part.clients)
+    k = int(conf["evaluate"]["k"])
+    if n_test <= max(k, 1):
+        raise ValidationError(
+            f"the partition leaves {n_test} real test record(s) over {len(part.clients)} client(s); the evaluation needs "
+            f"more than evaluate.k = {k} (PRDC's nearest neighbours) and at least 2 (MMD²): give more images, a larger "
+            "test share (partition.split) or a smaller evaluate.k; nothing was trained")
 
 
 def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bool) -> Partition:
@@ -201,6 +257,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
     # max_epsilon) happens here, before the job writes anything: a refused job leaves its folder as it was
+    _check_evaluation(conf, part)  # what evaluation needs of the test split, before any ε is spent
     log.stage("train", "train: checking the privacy plan (σ calibrated for the target ε)")
     check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)
     out.mkdir(parents=True, exist_ok=True)

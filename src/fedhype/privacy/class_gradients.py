@@ -30,6 +30,25 @@ from fedhype.privacy.dp_step import (_TOKEN, PrivatizedUpdate, clip_and_sum, gau
                                      poisson_batch)
 
 
+def check_arguments(client: str, n: int, *, noise_multiplier: float, clip_norm: float, sample_rate: float,
+                    n_classes: int = 1) -> None:
+    """Refuse arguments :func:`privatize_class_gradients` cannot run with (callers check before they charge).
+
+    Raises:
+        ValidationError: no records (n = 0), C ≤ 0, σ < 0, q ∉ (0, 1] or K < 1, naming the value.
+    """
+    if n == 0:
+        raise ValidationError(f"client {client!r} has no records for the DP class gradients")
+    if not clip_norm > 0:
+        raise ValidationError(f"clip_norm C must be > 0, got {clip_norm}")
+    if not noise_multiplier >= 0:
+        raise ValidationError(f"noise_multiplier σ must be ≥ 0, got {noise_multiplier}")
+    if not 0 < sample_rate <= 1:
+        raise ValidationError(f"sample_rate q must be in (0, 1], got {sample_rate}")
+    if int(n_classes) < 1:
+        raise ValidationError(f"n_classes must be ≥ 1, got {n_classes}")
+
+
 def privatize_class_gradients(client: str, loss_fn: Callable[..., torch.Tensor], params: dict[str, torch.Tensor],
                               features: torch.Tensor, labels: torch.Tensor, n_classes: int, *,
                               noise_multiplier: float, clip_norm: float, sample_rate: float,
@@ -54,16 +73,8 @@ def privatize_class_gradients(client: str, loss_fn: Callable[..., torch.Tensor],
         ValidationError: C ≤ 0, σ < 0, q ∉ (0, 1], K < 1, or an empty client.
     """
     n = int(features.shape[0])
-    if n == 0:
-        raise ValidationError(f"client {client!r} has no records for the DP class gradients")
-    if not clip_norm > 0:
-        raise ValidationError(f"clip_norm C must be > 0, got {clip_norm}")
-    if not noise_multiplier >= 0:
-        raise ValidationError(f"noise_multiplier σ must be ≥ 0, got {noise_multiplier}")
-    if not 0 < sample_rate <= 1:
-        raise ValidationError(f"sample_rate q must be in (0, 1], got {sample_rate}")
-    if int(n_classes) < 1:
-        raise ValidationError(f"n_classes must be ≥ 1, got {n_classes}")
+    check_arguments(client, n, noise_multiplier=noise_multiplier, clip_norm=clip_norm, sample_rate=sample_rate,
+                    n_classes=n_classes)
     idx = poisson_batch(n, sample_rate, generator)
     params = {k: v.detach() for k, v in params.items()}
     f, y = features.detach()[idx], labels[idx]

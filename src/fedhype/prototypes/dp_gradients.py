@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedhype.privacy.class_gradients import privatize_class_gradients
+from fedhype.privacy.class_gradients import check_arguments, privatize_class_gradients
 from fedhype.privacy.dp_step import PrivatizedUpdate
 from fedhype.privacy.events import PROTOTYPE_GRADIENT as MECHANISM
 from fedhype.privacy.events import dp_sgd_events
@@ -55,16 +55,8 @@ def dp_class_gradients(features: torch.Tensor, labels: torch.Tensor, weight: tor
     Raises:
         ValidationError: C ≤ 0, σ < 0, q ∉ (0, 1], or an empty client (nothing is recorded then).
     """
-    from fedhype.errors import ValidationError
-
-    if int(features.shape[0]) == 0:
-        raise ValidationError(f"client {client!r} has no records for the DP class gradients")
-    if not clip_norm > 0:
-        raise ValidationError(f"clip_norm C must be > 0, got {clip_norm}")
-    if not noise_multiplier >= 0:
-        raise ValidationError(f"noise_multiplier σ must be ≥ 0, got {noise_multiplier}")
-    if not 0 < sample_rate <= 1:
-        raise ValidationError(f"sample_rate q must be in (0, 1], got {sample_rate}")
+    check_arguments(client, int(features.shape[0]), noise_multiplier=noise_multiplier, clip_norm=clip_norm,
+                    sample_rate=sample_rate)  # before the charge: nothing is recorded for a refused call
     charge(ledger, dp_sgd_events(round, [(client, sample_rate, 1)], noise_multiplier, clip_norm, mechanism=MECHANISM,
                                  note="class-wise linear-head gradients for hyper-prototype matching"))
     update = privatize_class_gradients(str(client), _example_loss, {"weight": weight, "bias": bias}, features, labels,
