@@ -44,7 +44,7 @@ def knn_radii(x: torch.Tensor, k: int, chunk_size: int | None = None) -> torch.T
         raise ValidationError(f"PRDC: k must be ≥ 1, got {k}")
     if k >= n:
         raise ValidationError(
-            f"PRDC: k={k} nearest neighbours need more than k samples per set, got N={n}; lower --k or add samples"
+            f"PRDC: k={k} nearest neighbours need more than k samples per set, got N={n}; lower k (--k, evaluate.k in a job) or add samples"
         )
     step = _chunk(n, chunk_size)
     out = torch.empty(n, dtype=torch.float32)

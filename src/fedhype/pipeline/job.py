@@ -277,7 +277,8 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     run_dir = out / "run"
     resume = (run_dir / "config.json").exists()
     if resume:
-        log("train: resuming from the last committed round")
+        log("train: resuming from the last committed round (or from the statistics release before round 0 when none "
+            "was committed; a release or round that was interrupted is charged again)")
     log(f"train: {len(part.clients)} clients release their DP class statistics, then {tcfg.rounds} DP-SGD rounds"
         if tcfg.method not in STATISTICS_ONLY else f"train: {len(part.clients)} clients release their DP class statistics")
     trained = train(store, part, tcfg, run_dir, resume=resume, progress=on_round)
