@@ -258,3 +258,15 @@ def test_mixed_layout_is_refused_not_flattened(tmp_path):
         img.save(tmp_path / rel)
     with pytest.raises(ValidationError, match="mixed layout"):
         scan_image_folder(tmp_path)
+
+
+def test_a_dangling_link_is_listed_as_skipped(tmp_path):
+    import os
+
+    for c in "ab":
+        (tmp_path / c).mkdir()
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / c / "1.png")
+    os.symlink(tmp_path / "gone.png", tmp_path / "a" / "dangling.png")
+    src = scan_image_folder(tmp_path, layout="class")
+    assert len(src.records) == 2
+    assert src.skipped == [{"file": "a/dangling.png", "reason": f"a symbolic link to a missing file ({tmp_path / 'gone.png'})"}]

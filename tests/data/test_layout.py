@@ -150,3 +150,14 @@ def test_bad_layout_value_and_domain_without_class_folders(tmp_path):
         _save(tmp_path / "d", f"site/{i}.png", i)
     with pytest.raises(ValidationError, match=r"domain folder .*site holds no class folder"):
         scan_image_folder(tmp_path / "d", layout="domain/class")
+
+
+def test_two_folders_giving_one_split_are_refused(tmp_path):
+    from fedhype.data.layout import read_layout
+
+    for split in ("train", "val", "validation"):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            (tmp_path / split / cls / "x.png").write_bytes(b"")
+    with pytest.raises(ValidationError, match=r"'val' and 'validation' both give the 'val' split"):
+        read_layout(tmp_path, "auto")

@@ -79,6 +79,8 @@ def check_image_file(path: str | os.PathLike) -> str | None:
     other formats, for which ``verify`` checks little, are also decoded (JPEG in draft mode at
     1/8 scale, which still reads every entropy-coded byte).
     """
+    if os.path.islink(path) and not os.path.exists(path):
+        return f"a symbolic link to a missing file ({os.readlink(path)})"
     try:
         with Image.open(path) as im:
             fmt = im.format
@@ -185,7 +187,7 @@ def _files_under(folder: Path, _seen: frozenset = frozenset()) -> list[Path]:
     for e in _entries(folder):
         if e.is_dir():
             out.extend(_files_under(Path(e.path), _seen | {real}))
-        elif e.is_file():
+        elif e.is_file() or e.is_symlink():  # a dangling link is listed, then skipped as unreadable
             out.append(Path(e.path))
     return out
 

@@ -98,6 +98,12 @@ def _splits_of(folder: Path, strict_names: bool) -> list[Path] | None:
     subs = _dirs(folder)
     split = [d for d in subs if d.name.lower() in SPLIT_FOLDERS]
     if split and len(split) == len(subs):
+        seen: dict[str, str] = {}
+        for d in subs:  # val/ beside validation/ (or Train/ beside train/): one split from two folders
+            other = seen.setdefault(SPLIT_FOLDERS[d.name.lower()], d.name)
+            if other != d.name:
+                raise ValidationError(f"{folder}: the folders {other!r} and {d.name!r} both give the "
+                                      f"{SPLIT_FOLDERS[d.name.lower()]!r} split; merge them into one or rename one")
         return subs
     if split and strict_names:
         other = [d.name for d in subs if d not in split]
