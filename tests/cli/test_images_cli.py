@@ -253,3 +253,14 @@ def test_folder_edge_cases_get_clear_errors_and_the_cache_follows_content(tmp_pa
     # an unquoted number for a folder name
     r = runner.invoke(app, ["run", "--out", str(tmp_path / "job"), "--set", "data.images=2024", "--json"])
     assert r.exit_code == 2 and "data.images must be a string" in _json(r)["error"], r.output
+
+
+def test_a_class_without_training_records_is_warned_about(tmp_path, enc, tiny_dinov2_dir):
+    root = split_tree(tmp_path / "digits")
+    for i in _rows(3, 6):  # class 3 only under test/
+        _save(root, f"test/3/{i}.png", i)
+    data = ["--set", f"data.images='{root}'", "--set", "data.device='cpu'", "--set", "partition.scheme='iid'",
+            "--set", "partition.clients=2", "--set", f"data.encoder='hf:{tiny_dinov2_dir}'"]
+    r = runner.invoke(app, ["run", "--out", str(tmp_path / "job"), *data, *SMALL_JOB, "--json"])
+    assert r.exit_code == 0, r.output
+    assert "no client has a training record of class(es) ['3']" in r.stderr

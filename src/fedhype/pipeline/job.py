@@ -171,7 +171,18 @@ def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bo
         log(given_splits_line(part.params["given_splits"], "partition.split applies only to the splits drawn"))
     log(f"partition: {len(part.clients)} clients ({p['scheme']}): " +
         ", ".join(f"{c.name}={len(c.train)}" for c in part.clients))
+    missing = _classes_without_training_records(store, part)
+    if missing:
+        log(f"partition: warning: no client has a training record of class(es) {missing}; their synthetic "
+            "embeddings come from the DP noise alone (add training images of them, or drop them)")
     return part
+
+
+def _classes_without_training_records(store: EmbeddingStore, part: Partition) -> list[str]:
+    """Names of the classes that no client's training split holds (e.g. a class only under test/)."""
+    train = part.split_store(store, "train")
+    present = set(int(v) for v in train.labels.tolist())
+    return [name for k, name in enumerate(store.class_names) if k not in present]
 
 
 def _check_synthesis_code(conf: dict) -> None:
