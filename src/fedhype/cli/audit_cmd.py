@@ -33,6 +33,14 @@ from fedhype.errors import ValidationError
 _CANARY_KEYS = ("claimed_epsilon", "empirical_epsilon_lower_bound", "exceeds_claim", "n_canaries", "guesses", "correct")
 
 
+
+def job_model(dim: int, n_classes: int):
+    """The model ``fedhype train`` / ``fedhype run`` build with their defaults (the job's ``[model]``
+    and the default method's preset): what a white-box audit without ``--run`` replays."""
+    from fedhype.pipeline.config import resolve, train_config
+
+    return train_config(resolve(None, [])).model_config(dim, n_classes)
+
 def _fmt(v: Any) -> str:
     return "—" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
 
@@ -106,7 +114,7 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
     if run is not None:
         mech = run_mechanism(run_directory(run), client)
     elif s is not None:
-        cfg, theta = default_model(s.dim, s.n_classes, opts["seed"])
+        cfg, theta = default_model(s.dim, s.n_classes, opts["seed"], cfg=job_model(s.dim, s.n_classes))
         mech = {"client": client or "0", "phases": None, "delta": None, "model_cfg": cfg, "theta": theta}
     else:
         raise ValidationError("white-box canaries need --run (model and mechanism) or --store (data) with "

@@ -273,11 +273,16 @@ def white_box_audit(phases: list[MechanismPhase], *, delta: float, model_cfg: Mo
     return res
 
 
-def default_model(dim: int, n_classes: int, seed: int = 0) -> tuple[ModelConfig, dict]:
-    """A freshly initialised model of the default size (what ``fedhype train`` builds): ``(cfg, θ)``."""
+def default_model(dim: int, n_classes: int, seed: int = 0, cfg: ModelConfig | None = None) -> tuple[ModelConfig, dict]:
+    """A freshly initialised model: ``(cfg, θ)``.
+
+    ``cfg``: the model to build — pass the job's (``fedhype audit`` passes what ``fedhype train`` builds
+    with its defaults, :func:`fedhype.cli.audit_cmd.job_model`); None: the bare :class:`ModelConfig`
+    defaults, which are not the shipped job's sizes.
+    """
     from fedhype.models.hypernet import HyperNetwork
 
-    cfg = ModelConfig(dim=dim, n_classes=n_classes)
+    cfg = ModelConfig(dim=dim, n_classes=n_classes) if cfg is None else cfg
     hnet = HyperNetwork(cfg, torch.Generator().manual_seed(seed))
     with torch.no_grad():
         return cfg, {k: v.detach().clone() for k, v in hnet(torch.zeros(cfg.code_dim)).items()}
