@@ -75,7 +75,7 @@ def train(
     local_epochs: int = typer.Option(1, "--local-epochs", help="--federated: client epochs per round."),
     noise_multiplier: float = typer.Option(1.0, "--noise-multiplier", help="--matching dp: σ."),
     clip_norm: float = typer.Option(1.0, "--clip-norm", help="--matching dp: clipping norm C."),
-    delta: float | None = typer.Option(None, "--delta", help="--matching dp: δ (default: the --ledger's, else 1e-5)."),
+    delta: float | None = typer.Option(None, "--delta", help="--matching dp: δ (default: the --ledger's, else 1e-4, as every command)."),
     max_epsilon: float | None = typer.Option(None, "--max-epsilon", help="--matching dp: refuse (exit 3) above this ε."),
     ledger: Path | None = typer.Option(None, "--ledger", help="--matching dp: the run's ledger.json; the matching events "
                                        "are added to a copy in --out, so the reported ε composes both (the original "
@@ -110,7 +110,7 @@ def train(
         run_ledger = PrivacyLedger.load(ledger) if ledger is not None else None
         if run_ledger is not None and delta is not None and run_ledger.delta != delta:
             raise ValidationError(f"--delta {delta:g} differs from the ledger's δ = {run_ledger.delta:g}")
-        dlt = delta if delta is not None else (run_ledger.delta if run_ledger is not None else 1e-5)
+        dlt = delta if delta is not None else (run_ledger.delta if run_ledger is not None else 1e-4)
         clf = HyperPrototypeClassifier(head=head, matching=matching, epochs=epochs, noise_multiplier=noise_multiplier,
                                        clip_norm=clip_norm, delta=dlt, max_epsilon=max_epsilon,
                                        seed=seed if seed is not None else (None if matching == "dp" else 0))

@@ -132,7 +132,7 @@ class HyperPrototypeClassifier(ClassifierMixin, BaseEstimator):
                  margin: bool = True, head: str = "both", pool: str = "lse", epochs: int = 30, lr: float = 1e-3,
                  batch_size: int = 64, matching: str = "none", match_steps: int = 10, match_lr: float = 0.01,
                  init: str = "orthogonal", noise_multiplier: float = 1.0, clip_norm: float = 1.0,
-                 delta: float = 1e-5, dp_batch_size: int = 64, max_epsilon: float | None = None,
+                 delta: float = 1e-4, dp_batch_size: int = 64, max_epsilon: float | None = None,
                  seed: int | None = 0, device: str = "cpu", n_threads: int | None = 1):
         self.n_prototypes = n_prototypes
         self.hidden_dim = hidden_dim
