@@ -12,44 +12,20 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from sklearn.datasets import load_digits
 from typer.testing import CliRunner
 
 from fedhype.cli.main import app
 from fedhype.data.partition import Partition
 from fedhype.data.store import EmbeddingStore
+import image_trees  # tests/image_trees.py
+from image_trees import digit_rows as _rows
+from image_trees import patient_tree
+from image_trees import save_digit as _save
 
 runner = CliRunner()
-_D = load_digits()
-
-
-def _save(root: Path, rel: str, i: int) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    px = np.kron(np.round(_D.images[i] * 255 / 16), np.ones((4, 4))).astype(np.uint8)
-    Image.fromarray(px, "L").save(path)
-
-
-def _rows(label: int, k: int, skip: int = 0) -> list[int]:
-    return np.flatnonzero(_D.target == label)[skip:skip + k].tolist()
-
-
-def patient_tree(root: Path) -> Path:
-    """benign|malignant|normal/patient_XY/<i>.png: digits 0, 1, 2; two patients × two images per class."""
-    for label, cls in enumerate(("benign", "malignant", "normal")):
-        for p in range(2):
-            for i in _rows(label, 2, skip=2 * p):
-                _save(root, f"{cls}/patient_{label}{p}/{i}.png", i)
-    return root
-
-
 def split_tree(root: Path, train: int = 10, test: int = 4) -> Path:
     """train|test/<digit>/<i>.png for digits 0, 1, 2."""
-    for label in range(3):
-        for split, rows in (("train", _rows(label, train)), ("test", _rows(label, test, skip=train))):
-            for i in rows:
-                _save(root, f"{split}/{label}/{i}.png", i)
-    return root
+    return image_trees.split_tree(root, train=train, test=test)
 
 
 def _json(r):

@@ -8,46 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-from sklearn.datasets import load_digits
 
 from fedhype.data.images import scan_image_folder
 from fedhype.errors import ValidationError
-
-_D = load_digits()
-
-
-def _save(root: Path, rel: str, i: int) -> None:
-    """Real optdigits image ``i`` (0–16 scaled to 0–255, 4× nearest upscaling) at ``root/rel``."""
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    px = np.kron(np.round(_D.images[i] * 255 / 16), np.ones((4, 4))).astype(np.uint8)
-    Image.fromarray(px, "L").save(path)
-
-
-def _rows(label: int, k: int, skip: int = 0) -> list[int]:
-    return np.flatnonzero(_D.target == label)[skip:skip + k].tolist()
-
-
-def patient_tree(root: Path) -> Path:
-    """``<class>/patient_XX/<i>.png``: three classes (digits 0, 1, 2 standing for benign, malignant,
-    normal), two patients each, two images per patient; 12 images."""
-    for label, cls in enumerate(("benign", "malignant", "normal")):
-        for p, rows in enumerate((_rows(label, 2), _rows(label, 2, skip=2))):
-            for i in rows:
-                _save(root, f"{cls}/patient_{label}{p}/{i}.png", i)
-    return root
-
-
-def split_tree(root: Path, labels=(0, 1, 2), train: int = 4, test: int = 2, domains=(None,)) -> Path:
-    """``[<domain>/]<split>/<label>/<i>.png`` (or ``<split>/<label>/...`` without a domain)."""
-    for d in domains:
-        for label in labels:
-            for split, rows in (("train", _rows(label, train)), ("test", _rows(label, test, skip=train))):
-                for i in rows:
-                    _save(root, f"{d + '/' if d else ''}{split}/{label}/{i}.png", i)
-    return root
-
+from image_trees import DIGITS as _D  # tests/image_trees.py
+from image_trees import digit_rows as _rows
+from image_trees import patient_tree, split_tree
+from image_trees import save_digit as _save
 
 def test_class_layout_keeps_nested_patients_in_their_class(tmp_path):
     root = patient_tree(tmp_path / "clinic")
