@@ -92,14 +92,19 @@ def cache_lookup(dataset: str, enc, *, limit: int | None, seed: int,
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     name = f"{_slug(dataset)}-{_slug(enc.id)}-{key['image_size']}px-{limit or 'all'}-s{seed}-{digest}.safetensors"
     path = Path(cache_dir or default_cache_dir()) / name
-    if path.is_file():
-        try:
-            store = EmbeddingStore.load(path)
-            if store.meta.get("cache_key") == key:
-                return path, key, store
-        except ArtifactError:
-            pass  # corrupt or foreign file: embed again and overwrite it
-    return path, key, None
+    return path, key, _cached(path, key)
+
+
+def _cached(path: Path, key: dict[str, Any]) -> EmbeddingStore | None:
+    """The store at ``path`` if it records exactly ``key``; None for no file, another key, or a corrupt
+    or foreign file (embedded again, and overwritten by :func:`cache_save`)."""
+    if not path.is_file():
+        return None
+    try:
+        store = EmbeddingStore.load(path)
+    except ArtifactError:
+        return None
+    return store if store.meta.get("cache_key") == key else None
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -111,12 +116,12 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def image_cache_key(source, enc) -> dict[str, Any]:
-    """The cache key of embedding the image-folder ``source`` (an ImageSource) with encoder ``enc``.
+def image_files_key(source) -> dict[str, Any]:
+    """The content part of an image folder's cache key: what is embedded, independent of the encoder.
 
     ``files`` is the SHA-256 over one line per record, sorted by relative path:
     ``path \t sha256(file bytes) \t class \t domain \t split``; the files skipped while scanning
-    (``path \t reason``) are in ``skipped``. Every file of ``source`` is read once.
+    (``path \t reason``) are in ``skipped``. Every file of ``source`` (an ImageSource) is read once.
 
     Raises:
         OSError: a file vanished since the folder was scanned.
@@ -126,12 +131,20 @@ def image_cache_key(source, enc) -> dict[str, Any]:
         "\t".join((r.sample_id, file_sha256(root / r.sample_id), source.class_names[r.label],
                    source.domain_names[r.domain], r.split or "")) for r in source.records)
     skipped = sorted(f"{s['file']}\t{s['reason']}" for s in source.skipped)
-    return {
-        "kind": "image-folder", "files": hashlib.sha256("\n".join(lines).encode()).hexdigest(), "n_files": len(lines),
-        "skipped": hashlib.sha256("\n".join(skipped).encode()).hexdigest(), "layout": source.source.get("layout"),
-        "encoder": enc.id, "weights_hash": enc.weights_hash, "image_size": enc.preprocess["crop"],
-        "pooling": enc.pooling, "dtype": enc.describe()["dtype"],
-    }
+    return {"kind": "image-folder", "files": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
+            "n_files": len(lines), "skipped": hashlib.sha256("\n".join(skipped).encode()).hexdigest(),
+            "layout": source.source.get("layout")}
+
+
+def image_cache_key(source, enc) -> dict[str, Any]:
+    """The cache key of embedding the image-folder ``source`` with encoder ``enc``:
+    :func:`image_files_key` plus the encoder, its weights hash, input size, pooling and dtype.
+
+    Raises:
+        OSError: a file vanished since the folder was scanned.
+    """
+    return {**image_files_key(source), "encoder": enc.id, "weights_hash": enc.weights_hash,
+            "image_size": enc.preprocess["crop"], "pooling": enc.pooling, "dtype": enc.describe()["dtype"]}
 
 
 def image_cache_lookup(source, enc, *, cache_dir: str | os.PathLike | None = None
@@ -147,15 +160,10 @@ def image_cache_lookup(source, enc, *, cache_dir: str | os.PathLike | None = Non
     # the name holds only the key's digest (no folder name): a renamed or moved folder finds its embeddings
     name = f"images-{_slug(enc.id)}-{key['image_size']}px-{digest}.safetensors"
     path = Path(cache_dir or default_cache_dir()) / name
-    if path.is_file():
-        try:
-            store = EmbeddingStore.load(path)
-            if store.meta.get("cache_key") == key:
-                store.meta["source"] = dict(source.source)
-                return path, key, store
-        except ArtifactError:
-            pass  # corrupt or foreign file: embed again and overwrite it
-    return path, key, None
+    store = _cached(path, key)
+    if store is not None:
+        store.meta["source"] = dict(source.source)
+    return path, key, store
 
 
 def cached_embed_images(

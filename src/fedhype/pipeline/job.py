@@ -64,7 +64,7 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
 def _check_same_images(d: dict, store: EmbeddingStore, path: Path, *, started: bool) -> None:
     """Refuse to resume a job whose image folder no longer holds the files it embedded.
 
-    The folder is scanned and hashed again (:func:`fedhype.encoders.cache.image_cache_key`) and compared
+    The folder is scanned and hashed again (:func:`fedhype.encoders.cache.image_files_key`) and compared
     with the key recorded in the job's ``embeddings.safetensors``.
 
     Raises:
@@ -72,22 +72,13 @@ def _check_same_images(d: dict, store: EmbeddingStore, path: Path, *, started: b
             ε belong to the old files, so it cannot go on with new ones: use another ``--out``.
     """
     from fedhype.data.images import scan_image_folder
-    from fedhype.encoders.cache import image_cache_key
+    from fedhype.encoders.cache import image_files_key
 
     old = store.meta.get("cache_key")
     if not isinstance(old, dict) or old.get("kind") != "image-folder":
         return  # embedded with --no-cache: no content key to compare
     source = scan_image_folder(d["images"], layout=d.get("layout", "auto"), limit=d["limit"] or None, seed=d["seed"])
-
-    class _Enc:  # the recorded encoder fields: only the files are compared here
-        id, weights_hash, pooling = old.get("encoder"), old.get("weights_hash"), old.get("pooling")
-        preprocess = {"crop": old.get("image_size")}
-
-        @staticmethod
-        def describe():
-            return {"dtype": old.get("dtype")}
-
-    now = image_cache_key(source, _Enc)
+    now = image_files_key(source)
     if now["files"] != old.get("files") or now["skipped"] != old.get("skipped"):
         what = f"{old.get('n_files')} → {now['n_files']} images" if now["n_files"] != old.get("n_files") else \
             "the same number of images, other content"
