@@ -27,6 +27,7 @@ import math
 import torch
 
 from fedhype.errors import ValidationError
+from fedhype.models.config import CLIENT_SHRINKAGE
 from fedhype.privacy.dp_step import PrivatizedUpdate
 from fedhype.privacy.events import RELEASE as MECHANISM  # the one list of mechanism names
 from fedhype.privacy.secure_agg import DistributedNoise, PrivatizedAggregate, secure_sum
@@ -246,8 +247,10 @@ def shrink_client(client: dict, pooled: dict) -> dict:
     return out
 
 
-#: ``model.client_shrinkage`` values → the shrinkage of a client's moments (None: its own release)
+#: ``model.client_shrinkage`` values (:data:`fedhype.models.config.CLIENT_SHRINKAGE`) → the shrinkage of a
+#: client's moments (None: its own release)
 SHRINKAGE = {"none": None, "class": shrink_toward, "client": shrink_client}
+assert tuple(SHRINKAGE) == CLIENT_SHRINKAGE
 
 
 def shrinkage_mode(value) -> str:

@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass
 from fedhype.errors import ValidationError
 
 
+#: the values of ``ModelConfig.client_shrinkage`` (besides true / false = "class" / "none"); each names
+#: a rule of :data:`fedhype.federated.class_stats.SHRINKAGE`
+CLIENT_SHRINKAGE = ("none", "class", "client")
+
+
 @dataclass
 class ModelConfig:
     """Sizes and loss weights of the hypernetwork CVAE.
@@ -105,7 +110,7 @@ class ModelConfig:
         for name in ("beta", "lambda_mmd", "lambda_lip"):
             if float(getattr(self, name)) < 0:
                 raise ValidationError(f"model.{name} must be ≥ 0")
-        if self.client_shrinkage not in (True, False, "none", "class", "client"):
+        if self.client_shrinkage not in (True, False, *CLIENT_SHRINKAGE):
             raise ValidationError(f"model.client_shrinkage must be \"none\", \"class\" or \"client\" (or true/false), "
                                   f"got {self.client_shrinkage!r}")
         self.mmd_bandwidths = tuple(float(b) for b in self.mmd_bandwidths)
