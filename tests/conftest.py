@@ -65,3 +65,24 @@ def audit_run(real_store, tmp_path_factory):
         train(real_store, part, TrainConfig(**AUDIT_CFG), root / "run-tmp", diagnostics=False)
         (root / "run-tmp").rename(root / "run")
     return root / "run", part
+
+
+@pytest.fixture(scope="session")
+def skewed_federation(real_store, tmp_path_factory):
+    """``(partition, clients, synthetic)``: 4 Dirichlet α = 0.2 clients of the real store (each lacks classes),
+    their ``ClientSplits`` by name, and 100 synthetic embeddings per class from the class-conditional Gaussian
+    fitted to their training records (``dp-gaussian`` without DP: a good synthetic store in under a second; the
+    per-client downstream tests check the protocols, not the generator)."""
+    from fedhype.data.partition import make_partition
+    from fedhype.eval.interpolation import ClientSplits
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import train
+    from fedhype.synthesis import synthesize
+
+    part = make_partition(real_store, scheme="dirichlet", n_clients=4, alpha=0.2, seed=0)
+    run = tmp_path_factory.mktemp("skewed") / "run"
+    train(real_store, part, TrainConfig(method="dp-gaussian", no_dp=True, epsilon=None, seed=0), run, diagnostics=False)
+    syn = synthesize(run, "mixture", per_class=100, seed=0)
+    clients = {c.name: ClientSplits(*(part.client_store(real_store, c.id, s) for s in ("train", "val", "test")))
+               for c in part.clients}
+    return part, clients, syn

@@ -77,6 +77,7 @@ def interpolation_protocol(
     grid: Sequence[float] = LAMBDA_GRID,
     select_by: str = "accuracy",
     seed: int = 0,
+    union_test: EmbeddingStore | None = None,
 ) -> dict:
     """Run the λ-interpolation protocol for every client.
 
@@ -88,12 +89,17 @@ def interpolation_protocol(
         grid: λ values (each in [0, 1]).
         select_by: validation metric that picks λ (``accuracy``, ``balanced_accuracy``, ``macro_f1``).
         seed: ``random_state`` of the classifiers.
+        union_test: a second test set scored with each client's chosen λ (ours, not the
+            predecessor's: the union of all clients' test splits, where a client's classifier meets
+            the classes and domains it does not hold); ``None`` skips it.
 
     Returns:
         ``{"clients": {name: {"lambda", "val_scores", "n_train", "n_val", "n_test", "accuracy",
         "balanced_accuracy", "macro_f1", "local_only": {...}, "synthetic_only": {...}}},
         "mean_lambda", "mean_accuracy", "mean_balanced_accuracy", "mean_macro_f1", "grid",
-        "select_by"}`` (test metrics; ``local_only`` is λ = 1, ``synthetic_only`` λ = 0).
+        "select_by"}`` (test metrics; ``local_only`` is λ = 1, ``synthetic_only`` λ = 0). With
+        ``union_test`` every client also has ``"union": {metrics of its chosen λ, "local_only",
+        "synthetic_only"}`` and the result ``"mean_union_accuracy"`` etc.
 
     Raises:
         ValidationError: no clients, an empty split, a λ outside [0, 1], or stores whose D or
@@ -109,7 +115,13 @@ def interpolation_protocol(
     grid = [float(g) for g in grid]
     if not grid or any(not 0.0 <= g <= 1.0 for g in grid):
         raise ValidationError(f"λ grid values must lie in [0, 1], got {grid}")
+    if union_test is not None:
+        check_compatible(union_test, synthetic, "union test store", "synthetic store")
+        if len(union_test) == 0:
+            raise ValidationError("the union test store is empty")
+        x_union, y_union = as_matrix(union_test, space).numpy(), labels_of(union_test)
     syn_probe = fit_probe(synthetic, space, seed)
+    p_union_syn = syn_probe.predict_proba(x_union) if union_test is not None else None
     per: dict[str, dict] = {}
     for name, c in items:
         for split in ("train", "val", "test"):
@@ -134,10 +146,15 @@ def interpolation_protocol(
             "local_only": local_only,
             "synthetic_only": syn_only,
         }
+        if union_test is not None:
+            u_chosen, u_local, u_syn = _mix_scores(local.predict_proba(x_union), p_union_syn, y_union, [lam, 1.0, 0.0])
+            per[name]["union"] = {**u_chosen, "local_only": u_local, "synthetic_only": u_syn}
     out = {"clients": per, "grid": grid, "select_by": select_by}
     out["mean_lambda"] = float(np.mean([r["lambda"] for r in per.values()]))
     for m in METRICS:
         out[f"mean_{m}"] = float(np.mean([r[m] for r in per.values()]))
+        if union_test is not None:
+            out[f"mean_union_{m}"] = float(np.mean([r["union"][m] for r in per.values()]))
     return out
 
 

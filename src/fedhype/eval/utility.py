@@ -51,17 +51,29 @@ class Probe(ClassifierMixin, BaseEstimator):
         self.C = C
         self.seed = seed
 
-    def fit(self, x: np.ndarray, y: np.ndarray) -> "Probe":
+    def fit(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None) -> "Probe":
         """Fit on float ``x`` ``[N, D]`` and int labels ``y`` ``[N]`` in ``[0, n_classes)``.
 
+        ``sample_weight`` (float ``[N]``, ≥ 0, not all 0; default all 1) weights every record in both
+        the scaler's mean/variance and the logistic loss (scikit-learn's ``sample_weight``).
+
         Raises:
-            ValidationError: if ``x`` is empty or labels fall outside ``[0, n_classes)``.
+            ValidationError: if ``x`` is empty, labels fall outside ``[0, n_classes)``, or
+                ``sample_weight`` has the wrong shape, a negative or non-finite entry, or sums to 0.
         """
         x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64)
         if x.shape[0] == 0:
             raise ValidationError("cannot train a classifier on an empty set")
         if y.min() < 0 or y.max() >= self.n_classes:
             raise ValidationError(f"labels outside [0, {self.n_classes})")
+        fit_params = {}
+        if sample_weight is not None:
+            w = np.asarray(sample_weight, dtype=np.float64)
+            if w.shape != y.shape:
+                raise ValidationError(f"sample_weight must have shape {y.shape} (one weight per record), got {w.shape}")
+            if not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
+                raise ValidationError("sample_weight must be finite, ≥ 0 and not all 0")
+            fit_params = {"standardscaler__sample_weight": w, "logisticregression__sample_weight": w}
         self.classes_ = np.unique(y)
         self.converged_ = True
         if len(self.classes_) == 1:
@@ -72,7 +84,7 @@ class Probe(ClassifierMixin, BaseEstimator):
         )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
-            self.model_.fit(x, y)
+            self.model_.fit(x, y, **fit_params)
         self.converged_ = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
         return self
 
