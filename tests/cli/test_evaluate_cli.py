@@ -85,6 +85,31 @@ def test_partition_gives_per_client_results(stores, tmp_path):
     assert r.exit_code == 4
 
 
+def test_downstream_table_per_client_and_its_human_output(stores, tmp_path):
+    from fedhype.data.partition import make_partition
+
+    full = EmbeddingStore.load(stores["full"])
+    part = make_partition(full, scheme="dirichlet", n_clients=3, alpha=0.2, seed=0, min_train_per_client=20)
+    part_path = part.save(tmp_path / "part.json")
+    args = ("--store", stores["full"], "--synthetic", stores["syn"], "--partition", part_path, *FAST)
+    r = _run(*args, "--downstream", "--interpolation", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    d = out["downstream"]
+    assert set(d["clients"]) == {c.name for c in part.clients} and "interpolation" not in d
+    assert d["n_union_test"] == sum(len(c.test) for c in part.clients) == out["n_real"]
+    # the λ protocol ran once, inside the downstream table: the same λ, and the union scores with it
+    for name, c in d["clients"].items():
+        assert out["interpolation"]["clients"][name]["lambda"] == c["lambda"]
+        assert out["interpolation"]["clients"][name]["union"]["accuracy"] == c["union"]["interpolation"]["accuracy"]
+    assert d["gain_union_accuracy"] > 0  # Dirichlet α = 0.2: the clients lack classes the (real) stand-in store has
+    r = _run(*args, "--downstream")
+    assert r.exit_code == 0, r.output
+    assert "downstream accuracy per client" in r.stdout and "local+syn" in r.stdout
+    r = _run("--store", stores["real"], "--synthetic", stores["syn"], "--downstream", *FAST, "--json")
+    assert r.exit_code == 2 and "--downstream" in json.loads(r.stdout)["error"]
+
+
 @pytest.mark.parametrize(
     "extra, code",
     [

@@ -71,6 +71,20 @@ def _render(r: dict[str, Any]) -> None:
             t.add_row(name, _fmt(c["lambda"]), *[_fmt(c[m]) for m in _UTILITY])
         t.add_row("mean", _fmt(lam["mean_lambda"]), *[_fmt(lam[f"mean_{m}"]) for m in _UTILITY])
         out.print(t)
+    dd = r.get("downstream")
+    if dd:
+        t = Table(title="downstream accuracy per client (own test / union test)")
+        t.add_column("client")
+        for row in dd["rows"]:
+            t.add_column({"local_synthetic": "local+syn", "synthetic_only": "synthetic", "local_only": "local",
+                          "interpolation": "λ-interp."}.get(row, row), justify="right")
+        t.add_column("r", justify="right")
+        for name, c in dd["clients"].items():
+            t.add_row(name, *[f"{c['own'][row]['accuracy']:.3f} / {c['union'][row]['accuracy']:.3f}" for row in dd["rows"]],
+                      "unweighted" if c["real_share"] is None else f"{c['real_share']:g}")
+        m = dd["mean"]
+        t.add_row("mean", *[f"{m['own'][row]['accuracy']:.3f} / {m['union'][row]['accuracy']:.3f}" for row in dd["rows"]], "")
+        out.print(t)
 
 
 def _by_client(part: Any, store: Any, split: str) -> Any:
@@ -94,6 +108,10 @@ def evaluate(
     real_split: str | None = renamed_option(None, "--split", "--real-split", help="With --partition: the held-out split "
                                             "of --store to compare with (train, val or test; default test).", click_type=choice(SPLITS)),
     interpolation: bool = typer.Option(False, "--interpolation", help="With --partition: per-client λ protocol."),
+    downstream: bool = typer.Option(False, "--downstream",
+                                    help="With --partition: the per-client downstream table (local-only, synthetic-only, "
+                                         "local + synthetic, λ protocol) on each client's test split and their union "
+                                         "([evaluate] downstream in `fedhype run`)."),
     space: str = typer.Option("l2", "--space", help="Evaluation space: l2 (unit-norm rows) or raw.", click_type=choice(SPACES)),
     permutations: int = typer.Option(200, "--permutations", help="MMD² permutation-test permutations (0: no p-value)."),
     max_samples: int = typer.Option(2000, "--max-samples", help="MMD² subsamples each set to at most this many rows."),
@@ -115,8 +133,8 @@ def evaluate(
         from fedhype.eval.interpolation import ClientSplits, interpolation_protocol
 
         check_space(space)
-        if partition is None and (real_split is not None or interpolation or code_domain is not None):
-            raise ValidationError("--split, --interpolation and --code-domain need --partition")
+        if partition is None and (real_split is not None or interpolation or downstream or code_domain is not None):
+            raise ValidationError("--split, --interpolation, --downstream and --code-domain need --partition")
         split = real_split or "test"
         if split not in ("train", "val", "test"):
             raise ValidationError(f"--split must be train, val or test, got {split!r}")
@@ -150,9 +168,16 @@ def evaluate(
         if result.get("synthetic_missing_classes"):
             console.print("[yellow]warning[/]: classes absent from the synthetic store: "
                           f"{result['synthetic_missing_classes']}", highlight=False)
-        if interpolation:
-            clients = {c.name: ClientSplits(*(part.client_store(real_store, c.id, s) for s in ("train", "val", "test")))
-                       for c in part.clients}
+        clients = ({c.name: ClientSplits(*(part.client_store(real_store, c.id, s) for s in ("train", "val", "test")))
+                    for c in part.clients} if interpolation or downstream else {})
+        if downstream:
+            from fedhype.eval.client_downstream import client_downstream
+
+            result["downstream"] = client_downstream(clients, syn_store, space=space, seed=seed)
+            lam = result["downstream"].pop("interpolation")  # the λ protocol ran inside it
+            if interpolation:
+                result["interpolation"] = lam
+        elif interpolation:
             result["interpolation"] = interpolation_protocol(clients, syn_store, space=space, seed=seed)
         if code_domain is not None:
             from fedhype.eval.domains import code_domain_matrix

@@ -38,8 +38,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # bounds the rank of the decoder's linear-Gaussian path (32 lost 0.01–0.02 TSTR without DP)
     "model": {"hidden": 128, "latent": 64},
     "synthesis": {"code": "mixture", "per_class": 300, "seed": 0, "temperature": 1.0},
+    # downstream: the per-client table of fedhype.eval.client_downstream (local-only, synthetic-only, local +
+    # synthetic, λ-interpolation on each client's test split and their union); the prototype-anchor rows of
+    # fedhype.prototypes.anchored train a network per client and are left to benchmarks/downstream.py
     "evaluate": {"permutations": 200, "max_samples": 2000, "k": 5, "seed": 0, "interpolation": True,
-                 "prototypes": True, "dp_linear": True, "code_domain": True},
+                 "downstream": True, "prototypes": True, "dp_linear": True, "code_domain": True},
 }
 
 _TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"model"}

@@ -304,10 +304,19 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     log.stage("evaluate", f"evaluate: MMD², FD, PRDC and TSTR against {len(test)} held-out real test embeddings")
     ev = evaluate(test, syn, real_train=train_split, n_permutations=e["permutations"], max_samples=e["max_samples"],
                   k=e["k"], seed=e["seed"])
-    if e["interpolation"]:
+    clients = {c.name: ClientSplits(*(part.client_store(store, c.id, sp) for sp in ("train", "val", "test")))
+               for c in part.clients}
+    if e.get("downstream"):
+        from fedhype.eval.client_downstream import client_downstream
+
+        log("evaluate: the per-client downstream table (local-only, synthetic-only, local + synthetic, λ-interpolation; "
+            "each client's test split and their union)")
+        ev["downstream"] = client_downstream(clients, syn, seed=e["seed"])
+        lam = ev["downstream"].pop("interpolation")  # the λ protocol ran inside it (with the union test set too)
+        if e["interpolation"]:
+            ev["interpolation"] = lam
+    elif e["interpolation"]:
         log("evaluate: the λ-interpolation protocol (each client's real data mixed with synthetic)")
-        clients = {c.name: ClientSplits(*(part.client_store(store, c.id, sp) for sp in ("train", "val", "test")))
-                   for c in part.clients}
         ev["interpolation"] = interpolation_protocol(clients, syn, seed=e["seed"])
     if e.get("code_domain") and len(part.clients) >= 2:
         from fedhype.eval.domains import code_domain_matrix

@@ -89,6 +89,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "interpolation_mean_accuracy": ev.get("interpolation", {}).get("mean_accuracy"),
         "interpolation_mean_lambda": ev.get("interpolation", {}).get("mean_lambda"),
         "prototypes": ev.get("prototypes"),
+        "downstream": downstream_summary(ev.get("downstream")),
         "code_domain": ev.get("code_domain"),
         **_dp_linear_keys(ev.get("dp_linear")),
         "method": conf["train"].get("method"),
@@ -116,6 +117,60 @@ def _dp_linear_keys(d: dict | None) -> dict[str, Any]:
     out["dp_fedavg_linear_per_client_accuracy"] = (
         {name: row["accuracy"] for name, row in d["per_client"].items()} if d else None)
     return out
+
+
+#: the per-client table's rows and their names in the report
+DOWNSTREAM_ROWS = {"local_only": "local-only", "synthetic_only": "synthetic-only", "local_synthetic": "local + synthetic",
+                   "interpolation": "λ-interpolation"}
+
+
+def downstream_summary(d: dict | None) -> dict | None:
+    """The report's view of :func:`fedhype.eval.client_downstream.client_downstream` (None when it did not run):
+    the means over clients, the gains of local + synthetic over local-only, and per client its accuracies
+    (own test split and union of the test splits), the chosen real share r and λ, and the classes it lacks."""
+    if not d:
+        return None
+    per = {name: {"n_train": c["n_train"], "missing_classes": c["missing_classes"], "real_share": c["real_share"],
+                  "lambda": c["lambda"], **{w: {row: c[w][row]["accuracy"] for row in DOWNSTREAM_ROWS}
+                                            for w in ("own", "union")}}
+           for name, c in d["clients"].items()}
+    union_gains = [c["union"]["local_synthetic"] - c["union"]["local_only"] for c in per.values()]
+    return {"mean": d["mean"], "gain_own_accuracy": d["gain_own_accuracy"], "gain_union_accuracy": d["gain_union_accuracy"],
+            "clients_gaining_union": sum(g > 0 for g in union_gains), "per_client": per,
+            "n_union_test": d["n_union_test"], "select_by": d["select_by"], "private": False}
+
+
+def _downstream_lines(dd: dict) -> list[str]:
+    """The report.md section of :func:`downstream_summary`."""
+    rows = list(DOWNSTREAM_ROWS)
+    lines = ["", "## Downstream value per client (linear probes; accuracy on the client's own test split / on the "
+                 "union of all clients' test splits)", "",
+             "Each client trains on its own real training records only (local-only), on the shared synthetic store only, "
+             "on both (local + synthetic: within each class it holds, its real records get the share r of the class's "
+             "weight, r chosen on its validation split; the classes it lacks come from the synthetic records alone), and "
+             "the predecessor's λ-interpolation of the first two (λ chosen on validation). These figures use held-out "
+             f"real records and are not covered by DP; the union test set has {dd['n_union_test']} records.", "",
+             "| client | train records | classes it lacks | " + " | ".join(DOWNSTREAM_ROWS.values()) + " | r | λ |",
+             "|---|---|---|" + "---|" * len(rows) + "---|---|"]
+    for name, c in dd["per_client"].items():
+        cells = [f"{c['own'][row]:.3f} / {c['union'][row]:.3f}" for row in rows]
+        r = "unweighted" if c["real_share"] is None else f"{c['real_share']:g}"
+        lines.append(f"| {name} | {c['n_train']} | {', '.join(c['missing_classes']) or '–'} | " + " | ".join(cells)
+                     + f" | {r} | {c['lambda']:g} |")
+    m = dd["mean"]
+    lines.append("| **mean** | | | " + " | ".join(f"{m['own'][row]['accuracy']:.3f} / {m['union'][row]['accuracy']:.3f}"
+                                                  for row in rows) + " | | |")
+    n = len(dd["per_client"])
+    g = dd["gain_union_accuracy"]
+    lines += ["", f"Local + synthetic against local-only: {g:+.3f} accuracy on the union test set for the average "
+                  f"client ({dd['clients_gaining_union']} of {n} clients gain), {dd['gain_own_accuracy']:+.3f} on their "
+                  "own test splits. "
+                  + ("The synthetic data helps the clients beyond what they hold." if g > 0 else
+                     "The synthetic data does not help the average client on the union test set here."),
+              "", "The classifiers trained with hyper-prototype anchors from the synthetic store (FedHPro) and FedProto "
+                  "class means are compared per client by `benchmarks/downstream.py` "
+                  "(`fedhype.prototypes.anchored`), not in this job: they train a network per client."]
+    return lines
 
 
 def strict_json(obj: Any) -> Any:
@@ -284,6 +339,8 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
                "below 1, the synthetic data helped the clients' own classifiers")
         lines += ["", f"Predecessor's per-client protocol (λ·p_local + (1−λ)·p_synthetic, λ chosen on validation): "
                       f"mean accuracy {_fmt(r['interpolation_mean_accuracy'])}, mean λ {_fmt(lam)} ({say})."]
+    if r.get("downstream"):
+        lines += _downstream_lines(r["downstream"])
     if r.get("prototypes"):
         p = r["prototypes"]
         lines += ["", "## Downstream: hyper-prototype classifier vs linear probe (trained on synthetic)", "",
