@@ -100,3 +100,26 @@ def test_at_a_glance_says_what_privacy_cost_and_whether_the_data_is_useful():
     assert "carries 64%" in better
     plain = "\n".join(glance(_glance_report(private=False)))
     assert "Privacy: none" in plain and "must not be shared as private" in plain and "ε =" not in plain.split("\n")[0]
+
+
+def test_report_downstream_section(skewed_federation):
+    """report.json's downstream summary and report.md's per-client table, from the real protocol's output."""
+    from fedhype.eval.client_downstream import client_downstream
+    from fedhype.pipeline.report import DOWNSTREAM_ROWS, _downstream_lines, downstream_summary
+
+    _, clients, syn = skewed_federation
+    d = client_downstream(clients, syn, seed=0)
+    d.pop("interpolation")  # as the job stores it
+    s = downstream_summary(d)
+    assert downstream_summary(None) is None and s["private"] is False
+    assert set(s["per_client"]) == set(clients) and s["gain_union_accuracy"] == d["gain_union_accuracy"]
+    gains = [c["union"]["local_synthetic"] - c["union"]["local_only"] for c in s["per_client"].values()]
+    assert s["clients_gaining_union"] == sum(g > 0 for g in gains)
+    md = "\n".join(_downstream_lines(s))
+    name, c = next(iter(s["per_client"].items()))
+    row = next(line for line in md.splitlines() if line.startswith(f"| {name} |"))
+    assert f"{c['own']['local_only']:.3f} / {c['union']['local_only']:.3f}" in row
+    assert ", ".join(c["missing_classes"]) in row
+    assert md.count("\n| ") == 2 + len(clients) and all(v in md for v in DOWNSTREAM_ROWS.values())
+    assert f"{d['gain_union_accuracy']:+.3f} accuracy on the union test set" in md
+    assert "not covered by DP" in md and "benchmarks/downstream.py" in md
