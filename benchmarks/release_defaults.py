@@ -15,7 +15,13 @@ The test split is not read. Grids:
   ``centre_share = 0`` (the uncentred release they ran);
 * the within-class threshold of :func:`fedhype.federated.class_stats._within_class` (the James–Stein
   factor above which the between-class scatter is subtracted): 0 (always), 0.9 (default) and never,
-  for ``dp-gaussian`` at ε = 4 / 8 and without DP.
+  for ``dp-gaussian`` at ε = 4 / 8 and without DP;
+* the client centres (``train.release_centre``, :func:`fedhype.privacy.centring.client_centrings`):
+  ``pooled`` vs ``client`` for ``dp-gaussian`` (neutral code) and ``fedhypevae`` (the job's
+  ``mixture`` code) at ε = 1 / 4 / 8, on the digits job and on ``configs/fashion-mnist.toml`` (10
+  Dirichlet α = 0.3 clients: label skew only). The rows before it ran the pooled centre and say so;
+* the unlocated variance (``model.residual``, :func:`fedhype.federated.class_stats.covariance_estimate`):
+  ``isotropic`` vs ``latent`` for the same two methods, ε and datasets, with client centres.
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
 already there. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
@@ -41,6 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the grids measured before the centred release existed ran the uncentred release (centre_share = 0);
 #: their rows say so, so that a rerun reproduces them rather than mixing them with the new default
 _U = {"centre_share": 0.0}
+#: the grids measured before client centres existed clipped around the pooled centre
+_P = {"release_centre": "pooled"}
+CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml"}
 GRID: list[tuple[str, str, dict]] = (
     [("second_moment_share", e, {"method": "dp-gaussian", "second_moment_share": s, **_U})
      for e in ("1", "4", "8") for s in (0.1, 0.3, 0.5)]
@@ -52,14 +61,23 @@ GRID: list[tuple[str, str, dict]] = (
        for e in ("4", "8", "none") for t in (0.0, 0.9, "never")]
     # the centred release (fedhype.privacy.centring): off, and the clip radius κ at the default centre share
     + [("centred release", e, {"method": "dp-gaussian", "centre_share": 0.0}) for e in ("1", "4", "8")]
-    + [("centred release", e, {"method": "dp-gaussian", "centre_share": 0.06, "release_radius": k})
+    + [("centred release", e, {"method": "dp-gaussian", "centre_share": 0.06, "release_radius": k, **_P})
        for e in ("1", "4", "8") for k in (0.6, 0.8, 1.0, 1.5)]
-    + [("centred release", "4", {"method": "dp-gaussian", "centre_share": s, "release_radius": 0.8}) for s in (0.03, 0.12)]
+    + [("centred release", "4", {"method": "dp-gaussian", "centre_share": s, "release_radius": 0.8, **_P}) for s in (0.03, 0.12)]
+    # client centres: pooled vs client, the release alone and ours (its job code), both datasets (measured
+    # before the unlocated-variance rule below existed: isotropic residual)
+    + [("client centres", e, {"dataset": d, "method": m, "code": code, "release_centre": c, "residual": "isotropic"})
+       for d in ("digits", "fashion") for m, code in (("dp-gaussian", "neutral"), ("fedhypevae", "mixture"))
+       for e in ("1", "4", "8") for c in ("pooled", "client")]
+    # where the variance the release cannot locate goes (fedhype.federated.class_stats.covariance_estimate)
+    + [("unlocated variance", e, {"dataset": d, "method": m, "code": code, "residual": r})
+       for d in ("digits", "fashion") for m, code in (("dp-gaussian", "neutral"), ("fedhypevae", "mixture"))
+       for e in ("1", "4", "8") for r in ("isotropic", "latent")]
 )
 
 
-def val_tstr(store, part, overrides: dict, eps: str, seed: int) -> float:
-    """Validation-split TSTR of one training run (neutral code, 300 per class)."""
+def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
+    """Validation-split TSTR of one training run (300 per class; the neutral code unless ``code`` is overridden)."""
     import numpy as np
 
     from fedhype.eval.inputs import as_matrix
@@ -72,15 +90,18 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int) -> float:
 
     sets = [f"train.seed={seed}"] + (["train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
     overrides = dict(overrides)
+    overrides.pop("dataset", None)
+    code = overrides.pop("code", "neutral")
     t = overrides.pop("within_class_min_snr", 0.9)
     class_stats.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
         v = str(v).lower() if isinstance(v, bool) else v
-        sets.append(f"model.{k}={v}" if k == "latent" else (f'train.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"train.{k}={v}"))
-    cfg = train_config(resolve(None, sets))
+        section = "model" if k in ("latent", "residual") else "train"
+        sets.append(f'{section}.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"{section}.{k}={v}")
+    cfg = train_config(resolve(config, sets))
     with tempfile.TemporaryDirectory() as tmp:
         train(store, part, cfg, Path(tmp) / "run", diagnostics=False)
-        syn = synthesize(Path(tmp) / "run", "neutral", per_class=300, seed=seed)
+        syn = synthesize(Path(tmp) / "run", code, per_class=300, seed=seed)
     val = part.split_store(store, "val")
     probe = Probe(store.n_classes).fit(as_matrix(syn).numpy(), syn.labels.numpy())
     return float(np.mean(probe.predict(as_matrix(val).numpy()) == val.labels.numpy()))
@@ -103,8 +124,18 @@ def main() -> None:
     from fedhype.encoders.cache import cached_embed
     from fedhype.pipeline.config import DEFAULTS
 
-    d, p = DEFAULTS["data"], DEFAULTS["partition"]
-    store = cached_embed(d["dataset"], d["encoder"], image_size=d["image_size"], progress=False)
+    from fedhype.pipeline.config import resolve
+
+    def data(name: str):
+        """The store and a partition maker of a dataset's job (the digits defaults, or its config file)."""
+        conf = resolve(CONFIGS[name], []) if CONFIGS[name] else DEFAULTS
+        d, p = conf["data"], conf["partition"]
+        store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
+                             image_size=d["image_size"] or None, progress=False)
+        return store, lambda seed: make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
+                                                  splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=seed)
+
+    loaded: dict = {}
     t0 = time.perf_counter()
     log = ROOT / "runs" / "bench-release-defaults" / "rows.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -112,14 +143,16 @@ def main() -> None:
             for r in map(json.loads, log.read_text().splitlines() if log.exists() else []) }
     rows, ran = [], 0
     for seed in a.seeds:
-        part = None
+        parts: dict = {}
         for grid, eps, ov in GRID:
             key = json.dumps([grid, eps, ov, seed])
             if key not in done:
-                if part is None:
-                    part = make_partition(store, scheme=p["scheme"], splits=tuple(p["split"]),
-                                          min_train_per_client=p["min_train"], seed=seed)
-                acc = val_tstr(store, part, ov, eps, seed)
+                name = ov.get("dataset", "digits")
+                if name not in loaded:
+                    loaded[name] = data(name)
+                if name not in parts:
+                    parts[name] = loaded[name][1](seed)
+                acc = val_tstr(loaded[name][0], parts[name], ov, eps, seed, CONFIGS[name])
                 ran += 1
                 done[key] = {"grid": grid, "eps": eps, "overrides": ov, "seed": seed, "val_tstr": acc}
                 with log.open("a") as f:
@@ -131,15 +164,16 @@ def main() -> None:
         groups.setdefault((r["grid"], r["eps"], label(r["overrides"])), []).append(r["val_tstr"])
     lines = [f"_{datetime.date.today()}, {platform.machine()} CPU, one process × 1 thread; `benchmarks/release_defaults.py` "
              f"({ran} rows run by this call in {time.perf_counter() - t0:.0f} s, the others recorded in {log.relative_to(ROOT)}); "
-             f"bundled digits job, seeds {a.seeds}; TSTR on the **validation** split "
+             f"bundled digits job (configs/fashion-mnist.toml where a row says dataset = fashion), seeds {a.seeds}; TSTR on the **validation** split "
              "(the test split is not read); defaults in bold_", "",
              "| grid | target ε | setting | TSTR-val | seeds |", "|---|---|---|---|---|"]
     defaults = {"second_moment_share = 0.3", "class_stats_share = 0.95", "lr_local = 0.001, latent = 64",
                 "method = dp-gaussian, within_class_min_snr = 0.9",
-                "method = dp-gaussian, centre_share = 0.06, release_radius = 0.8"}
+                "method = dp-gaussian, centre_share = 0.06, release_radius = 0.8, release_centre = pooled"}
     for (grid, eps, lab), v in groups.items():
         cell = f"{st.fmean(v):.3f} ± {st.stdev(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
         shown = f"**{lab}**" if lab.replace(", centre_share = 0.0", "") in defaults or "second_moment_share = 0.3" in lab \
+            or lab.endswith("release_centre = client, residual = isotropic") or lab.endswith("residual = latent") \
             else lab
         lines.append(f"| {grid} | {'no DP' if eps == 'none' else eps} | {shown} | {cell} | {len(v)} |")
     md = "\n".join(lines) + "\n"

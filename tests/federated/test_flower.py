@@ -187,8 +187,15 @@ def scenario(real_store, tmp_path_factory):
         dep.start_link()
         for i, nc in enumerate(node_cfg):
             dep.start_node(i, nc)
-        # the in-process reference, same settings and seed (while the SuperNodes connect)
-        train(real_store, part, TrainConfig(**CFG), out["ref"], diagnostics=False)
+        # the in-process reference, same settings and seed (while the SuperNodes connect), with one thread as the
+        # nodes and the ServerApp run (OMP_NUM_THREADS=1): the same float32 reduction order, so the two agree to
+        # rounding; with two threads here the codes differed by up to 6e-5 on an AVX512 CPU
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            train(real_store, part, TrainConfig(**CFG), out["ref"], diagnostics=False)
+        finally:
+            torch.set_num_threads(threads)
         # run 1 in the background; kill node 1 as soon as round 1 is committed
         with open(root / "flwr-run-1.log", "w") as log:
             first = subprocess.Popen([str(BIN / "flwr"), "run", str(app), "local", "--stream"], env=dep.env,

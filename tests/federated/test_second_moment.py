@@ -9,6 +9,7 @@ import torch
 from scipy import stats
 from torch.nn import functional as F
 
+from fedhype.errors import ValidationError
 from fedhype.privacy.centring import MECHANISM as CENTRE
 from fedhype.data.partition import make_partition
 from fedhype.federated.class_stats import MECHANISM, aggregate_class_stats, covariance_estimate, pooled_stats
@@ -135,15 +136,57 @@ def test_covariance_estimate_keeps_only_spikes_above_the_noise_edge():
     v = (4e-3) ** 2  # noise variance per off-diagonal entry: edge 2√(vD) = 0.08 hides every spike
     e = torch.triu(torch.randn(d, d, generator=g, dtype=torch.float64)) * math.sqrt(v)
     noisy = cov + e + e.T - torch.diag(e.diagonal())
-    f, resid, r = covariance_estimate(noisy, exact_tr, v)
+    f, resid, r = covariance_estimate(noisy, exact_tr, v, residual="isotropic")
     assert r == 0 and float(resid) * d == pytest.approx(exact_tr, rel=1e-9)  # isotropic, trace kept
     v = (2e-4) ** 2  # edge 0.004: the three spikes are found and debiased
     e = torch.triu(torch.randn(d, d, generator=g, dtype=torch.float64)) * math.sqrt(v)
     noisy = cov + e + e.T - torch.diag(e.diagonal())
-    f, resid, r = covariance_estimate(noisy, exact_tr, v)
+    f, resid, r = covariance_estimate(noisy, exact_tr, v, residual="isotropic")
     assert r == 3
     top = torch.linalg.eigvalsh(f @ f.T + float(resid) * torch.eye(d, dtype=torch.float64)).flip(0)[:3]
     np.testing.assert_allclose(top.numpy(), torch.linalg.eigvalsh(cov).flip(0)[:3].numpy(), rtol=0.1)
+
+
+def test_unlocated_variance_goes_into_the_free_latent_directions_and_the_trace_is_kept():
+    """``residual="latent"``: the variance left after the located spikes fills the model's free latent columns
+    along the next eigenvectors of the noisy matrix (each at most its eigenvalue), the trace is kept, and the
+    spikes are those of the isotropic rule; without noise both rules give the same rank-L PPCA."""
+    g = torch.Generator().manual_seed(0)
+    d, n, L = 100, 4000, 16
+    u = torch.linalg.qr(torch.randn(d, 6, generator=g, dtype=torch.float64))[0]
+    spikes = torch.tensor([0.05, 0.02, 0.01, 0.004, 0.003, 0.002], dtype=torch.float64)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64) * spikes.sqrt() @ u.T \
+        + torch.randn(n, d, generator=g, dtype=torch.float64) * math.sqrt(1e-4)
+    cov = x.T @ x / n
+    tr = float(torch.trace(cov))
+    v = (4e-4) ** 2  # edge 0.008: three spikes located, three below the edge
+    e = torch.triu(torch.randn(d, d, generator=g, dtype=torch.float64)) * math.sqrt(v)
+    noisy = cov + e + e.T - torch.diag(e.diagonal())
+    fi, ri, rank_i = covariance_estimate(noisy, tr, v, max_rank=L, residual="isotropic")
+    fl, rl, rank_l = covariance_estimate(noisy, tr, v, max_rank=L, residual="latent")
+    assert rank_i == rank_l == 3 and fi.shape[1] == 3 and fl.shape[1] == L
+    full = lambda f, r: f @ f.T + float(r) * torch.eye(d, dtype=torch.float64)
+    # (up to the residual's floor of 1e-3·tr/D per direction, which the latent rule reaches)
+    assert float(torch.trace(full(fl, rl))) == pytest.approx(tr, rel=1.5e-3)
+    assert float(torch.trace(full(fi, ri))) == pytest.approx(tr, rel=1e-9)
+    lam, vec = torch.linalg.eigh(noisy)
+    lam, vec = lam.flip(0), vec.flip(1)
+    # the free columns lie along the noisy matrix's next eigenvectors, none above its eigenvalue
+    cols = fl[:, 3:]
+    assert float((cols - vec[:, 3:L] @ (vec[:, 3:L].T @ cols)).norm()) < 1e-8
+    assert bool(((cols.pow(2).sum(0) + float(rl)) <= lam[3:L] + 1e-12).all())
+    # the residual left over the last D − L directions is (much) smaller than the isotropic one
+    assert float(rl) < 0.5 * float(ri)
+    # the three located spikes are the same θ_j: each column is u_j·√(θ_j − residual)
+    u3 = vec[:, :3]
+    torch.testing.assert_close(fl[:, :3] @ fl[:, :3].T - fi @ fi.T, (float(ri) - float(rl)) * (u3 @ u3.T),
+                               atol=1e-12, rtol=1e-9)
+    # without noise: every latent direction is located and the two rules are the same estimate
+    f0i, r0i, _ = covariance_estimate(cov, tr, 0.0, max_rank=L, residual="isotropic")
+    f0l, r0l, _ = covariance_estimate(cov, tr, 0.0, max_rank=L, residual="latent")
+    torch.testing.assert_close(full(f0l, r0l), full(f0i, r0i))
+    with pytest.raises(ValidationError, match="model.residual"):
+        covariance_estimate(cov, tr, 0.0, residual="spread")
 
 
 def test_round0_model_is_the_dp_gaussian_and_the_encoder_its_posterior(real_store, part, tmp_path):

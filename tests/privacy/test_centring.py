@@ -11,7 +11,8 @@ from scipy import stats
 from fedhype.errors import ValidationError
 from fedhype.federated.class_stats import aggregate_class_stats
 from fedhype.privacy.accountant import epsilon
-from fedhype.privacy.centring import CENTRE_WEIGHTS, Centring, centring_from, privatize_centre, release_steps
+from fedhype.privacy.centring import (CENTRE_WEIGHTS, Centring, centring_from, client_centrings, privatize_centre,
+                                     release_steps)
 from fedhype.privacy.dp_step import DPConfig, ReleaseWeights, privatize_class_sums
 
 K = 10
@@ -111,3 +112,77 @@ def test_centring_from_refuses_what_is_not_a_release_and_keeps_the_centre_inside
     assert float(cen.centre.norm()) < 1.0 and cen.radius == pytest.approx(0.8 * math.sqrt(0.05), rel=1e-3)
     with pytest.raises(ValidationError, match="release_radius"):
         centring_from([noisy], radius=0.0)
+
+
+def _domains(real_store):
+    """The real store's records per domain (4 digit domains), unit-normalised float32, with labels."""
+    x = torch.nn.functional.normalize(real_store.embeddings.to(torch.float32), dim=-1)
+    d, y = real_store.domains, real_store.labels.to(torch.int64)
+    return [(x[d == i], y[d == i]) for i in range(len(real_store.domain_names))]
+
+
+def test_client_centres_without_noise_are_each_clients_mean_with_one_radius(real_store):
+    """Exact releases: c_i is client i's mean unit record; R = κ·√(Σ n_i (1 − ‖c_i‖²) / N), the same for all."""
+    parts = _domains(real_store)
+    gen = torch.Generator().manual_seed(0)
+    cens = client_centrings([privatize_centre(str(i), x, None, gen) for i, (x, _) in enumerate(parts)], radius=0.8)
+    n = torch.tensor([float(len(x)) for x, _ in parts], dtype=torch.float64)
+    means = [x.double().mean(0) for x, _ in parts]
+    for cen, m in zip(cens, means):
+        torch.testing.assert_close(cen.centre.double(), m, atol=1e-6, rtol=0)
+    spread = float(sum(ni * (1 - float(m @ m)) for ni, m in zip(n, means)) / n.sum())
+    assert len({c.radius for c in cens}) == 1 and cens[0].radius == pytest.approx(0.8 * math.sqrt(spread), rel=1e-5)
+    # the domains really sit apart: every client's own centre is far from the pooled one (vs the radius)
+    pooled = centring_from([privatize_centre(str(i), x, None, gen) for i, (x, _) in enumerate(parts)], 0.8)
+    assert min(float((c.centre - pooled.centre).norm()) for c in cens) > 0.3 * pooled.radius
+    assert cens[0].radius < pooled.radius  # records are nearer their own domain's centre than the pooled one
+
+
+def test_client_centres_follow_a_distinct_domain_and_fall_back_to_the_pool_under_noise(real_store):
+    """The James–Stein factor: a domain's offset survives moderate noise (its centre stays near its own mean);
+    clients of one population (an iid split of one domain) get centres near the pooled one at the same noise."""
+    parts = _domains(real_store)
+    sigma = 0.5  # noise norm of a domain's mean ≈ 0.05, of a half-domain's ≈ 0.1; domain offsets 0.15–0.3
+    gen = torch.Generator().manual_seed(1)
+    cens = client_centrings([privatize_centre(str(i), x, sigma, gen) for i, (x, _) in enumerate(parts)], 0.8, sigma)
+    pool = torch.cat([x for x, _ in parts]).double().mean(0)
+    for cen, (x, _) in zip(cens, parts):  # each keeps most of its domain's offset from the pool
+        own = x.double().mean(0)
+        assert float((cen.centre.double() - own).norm()) < 0.5 * float((own - pool).norm())
+    x0 = parts[0][0]
+    halves = [x0[::2], x0[1::2]]
+    released = [privatize_centre(str(i), h, sigma, gen) for i, h in enumerate(halves)]
+    iid, pooled = client_centrings(released, 0.8, sigma), centring_from(released, 0.8)
+    noise_norm = sigma / CENTRE_WEIGHTS[0] / len(halves[0]) * math.sqrt(x0.shape[1])  # ‖noise‖ of one client's mean
+    for cen in iid:  # pulled (nearly) all the way to the pool: far less than the raw noise of an own mean
+        assert float((cen.centre - pooled.centre).norm()) < 0.35 * noise_norm
+    with pytest.raises(TypeError, match="aggregate"):
+        from fedhype.privacy.secure_agg import DistributedNoise, secure_sum
+
+        dn = DistributedNoise(2, 0)
+        client_centrings(secure_sum([privatize_centre(str(i), h, sigma, gen, distributed=dn) for i, h in enumerate(halves)],
+                                    dn), 0.8, sigma)
+
+
+def test_moments_with_each_clients_centre_map_back_to_the_uncentred_ones(real_store):
+    """No noise, radii no record reaches, a different centre per client: the pooled class means and covariance
+    equal the uncentred release's (x = c_i + R·y per client, then pooled); one shared centring for all clients
+    (the wrong mapping for these releases) does not."""
+    parts = _domains(real_store)
+    w = ReleaseWeights.split(0.3)
+    off = DPConfig(None, 1.0, enabled=False)
+    gen = torch.Generator().manual_seed(0)
+    cens = [Centring(c.centre, 10.0) for c in
+            client_centrings([privatize_centre(str(i), x, None, gen) for i, (x, _) in enumerate(parts)], 0.8)]
+    plain = aggregate_class_stats([privatize_class_sums(str(i), x, y, K, off, gen, w) for i, (x, y) in enumerate(parts)],
+                                  0.0, max_rank=8)
+    ups = [privatize_class_sums(str(i), x, y, K, off, gen, w, centring=c) for i, ((x, y), c) in enumerate(zip(parts, cens))]
+    centred = aggregate_class_stats(ups, 0.0, max_rank=8, centring=cens)
+    for k in ("space_mean", "space_scale", "class_bias", "residual_var"):
+        torch.testing.assert_close(centred[k], plain[k], atol=2e-4, rtol=1e-4, msg=k)
+    cp, cc = plain["cov_factor"].double(), centred["cov_factor"].double()
+    torch.testing.assert_close(cc @ cc.T, cp @ cp.T, atol=2e-3, rtol=1e-3)
+    wrong = aggregate_class_stats(ups, 0.0, max_rank=8, centring=cens[0])
+    assert float((wrong["class_bias"] - plain["class_bias"]).abs().max()) > 0.1
+    with pytest.raises(ValidationError, match="centrings"):
+        aggregate_class_stats(ups, 0.0, max_rank=8, centring=cens[:2])

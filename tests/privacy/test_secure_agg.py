@@ -50,6 +50,12 @@ def test_the_plan_is_validated_with_the_flag_names():
         TrainConfig(dropout_tolerance=1)
     with pytest.raises(ValidationError, match="local-cvae"):
         TrainConfig(secure_aggregation=True, method="local-cvae")
+    # client centres need each client's centre release, which the server never sees under secure aggregation
+    with pytest.raises(ValidationError, match="release_centre.*sees only their sum"):
+        TrainConfig(secure_aggregation=True, release_centre="client")
+    assert TrainConfig(secure_aggregation=True).centre_mode() == "pooled" and TrainConfig().centre_mode() == "client"
+    with pytest.raises(ValidationError, match="release_centre must be one of"):
+        TrainConfig(release_centre="own")
 
 
 def test_each_share_carries_sigma0_over_root_m_minus_t(real_store):

@@ -17,6 +17,7 @@ from typer.core import TyperCommand
 
 from fedhype.cli.choices import choice
 from fedhype.federated.config import METHODS
+from fedhype.privacy.centring import RELEASE_CENTRES
 from fedhype.cli.common import (JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, round_printer,
                                 run_command)
 from fedhype.errors import ValidationError
@@ -160,6 +161,11 @@ def register(app: typer.Typer) -> None:
         release_radius: float = _opt("release_radius", "--release-radius",
                                      help="Clip radius of the centred release, in units of the DP spread of the "
                                           "records around the centre."),
+        release_centre: str = _opt("release_centre", "--release-centre",
+                                   help="Centre each client clips its records around in the centred release: client "
+                                        "(its own DP centre, pulled toward the pooled one where its offset is mostly "
+                                        "noise), pooled, or auto (client; pooled under --secure-aggregation).",
+                                   click_type=choice(RELEASE_CENTRES)),
         secure_aggregation: bool = _opt("secure_aggregation", "--secure-aggregation",
                                         help="Release the statistics before round 0 under secure aggregation with "
                                              "distributed noise: each client adds σ₀²/(m − t), the server learns only the "
@@ -225,7 +231,7 @@ def register(app: typer.Typer) -> None:
                                     epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
                                     clip_norm=clip_norm, class_stats_share=class_stats_share, second_moment_share=second_moment_share,
                                     centre_share=centre_share, release_radius=release_radius,
-                                    secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
+                                    release_centre=release_centre, secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                                     class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
                                     min_records=min_records, method=method),
                                {"hidden": hidden, "latent": latent})

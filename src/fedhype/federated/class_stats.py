@@ -27,7 +27,7 @@ import math
 import torch
 
 from fedhype.errors import ValidationError
-from fedhype.models.config import CLIENT_SHRINKAGE
+from fedhype.models.config import CLIENT_SHRINKAGE, DEFAULT_RESIDUAL, RESIDUALS
 from fedhype.privacy.dp_step import PrivatizedUpdate
 from fedhype.privacy.events import RELEASE as MECHANISM  # the one list of mechanism names
 from fedhype.privacy.secure_agg import DistributedNoise, PrivatizedAggregate, secure_sum
@@ -37,7 +37,8 @@ MIN_TOTAL_VARIANCE = 0.05
 
 
 def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *, sums_std: float | None = None,
-                          second_moment_std: float = 0.0, max_rank: int | None = None, centring=None) -> dict[str, torch.Tensor]:
+                          second_moment_std: float = 0.0, max_rank: int | None = None, centring=None,
+                          residual: str = DEFAULT_RESIDUAL) -> dict[str, torch.Tensor]:
     """Pool the clients' privatized statistics into the model space, the class bias and the covariance.
 
     Args:
@@ -54,8 +55,10 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
         second_moment_std: the std of the noise on each *off-diagonal* entry of a client's second
             moments (:meth:`fedhype.privacy.dp_step.ReleaseWeights.noise_std`).
         max_rank: the largest rank of the covariance factor (the model's latent size L).
-        centring: the :class:`~fedhype.privacy.centring.Centring` (c, R) of a centred release: the
-            updates hold statistics of ``y = clip_R(x − c)/R`` and are mapped back (:func:`_moments`).
+        centring: the :class:`~fedhype.privacy.centring.Centring` (c, R) of a centred release (or a list,
+            one per update): the updates hold statistics of ``y = clip_R(x − c)/R`` and are mapped back
+            (:func:`_moments`).
+        residual: where the variance the release cannot locate goes (:func:`covariance_estimate`).
 
     Returns:
         float32 tensors in model space: ``space_mean`` [D], ``space_scale`` [] and ``class_bias``
@@ -68,7 +71,7 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
     mean, scale, class_means = mo["mean"], torch.sqrt(mo["var"] / mo["mean"].shape[0]), mo["class_means"]
     out = {"space_mean": mean, "space_scale": scale, "class_bias": (class_means - mean) / scale}
     if mo["cov"] is not None:
-        factor, resid, rank = _gaussian(mo, max_rank)
+        factor, resid, rank = _gaussian(mo, max_rank, residual)
         out.update({"cov_factor": (factor / scale).to(torch.float32), "residual_var": (resid / scale ** 2).to(torch.float32),
                     "rank": torch.tensor(rank, dtype=torch.int64)})
     return out
@@ -78,67 +81,79 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
              sums_std: float | None = None, second_moment_std: float = 0.0, centring=None) -> dict:
     """The DP first and second moments of a release in unit-sphere units (:func:`aggregate_class_stats`).
 
+    ``centring``: None (uncentred release), one :class:`~fedhype.privacy.centring.Centring` for every
+    update, or a list of them, one per update (client centres, :func:`fedhype.privacy.centring.client_centrings`).
+    Each update's statistics of ``y = clip_R(x − c)/R`` are mapped back to the unit sphere before they
+    are pooled (:func:`_unit_sphere`).
+
     Returns ``mean`` [D], ``var`` [] (total variance, clamped), ``class_means`` [K, D] float32;
     ``counts`` [K] (floored), ``sums_noise_var`` (noise variance per coordinate of the pooled sums),
     ``cov`` [D, D] float64 (total covariance M/N − m mᵀ, or None without second moments) and
     ``offdiag_var`` (noise variance of each of its off-diagonal entries).
     """
     if type(updates) is PrivatizedAggregate:
-        n_noise, updates = float(updates.noise_variance_factor), [updates]
+        noise_factor, updates = float(updates.noise_variance_factor), [updates]
     else:
         for u in updates:
             if type(u) is not PrivatizedUpdate:
                 raise TypeError(f"class statistics must arrive as PrivatizedUpdate or PrivatizedAggregate, got {type(u).__name__}")
-        n_noise = float(len(updates))  # independent releases: the pooled noise variance is n × one release's
+        noise_factor = 1.0  # independent releases: each adds one release's noise variance to the pooled sums
+    cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(updates)
+    if len(cens) != len(updates):
+        raise ValidationError(f"{len(cens)} centrings for {len(updates)} client releases")
     sums_std = noise_std if sums_std is None else float(sums_std)
-    sums = sum(u.tensors["class_sums"] for u in updates)
-    counts = sum(u.tensors["class_counts"] for u in updates)
+    parts = [_unit_sphere(u, cen) for u, cen in zip(updates, cens)]
+    radii = [1.0 if cen is None else float(cen.radius) for cen in cens]
+    sums = sum(p[0] for p in parts)
+    counts = sum(p[1] for p in parts)
+    n_noise = noise_factor * len(updates)  # pooled count noise variance in units of one release's
+    # noise variance per coordinate of the pooled sums: R_i² × one release's, summed over the releases
+    sums_noise_var = noise_factor * sums_std ** 2 * sum(r * r for r in radii)
     floor = max(1.0, 2.0 * noise_std * math.sqrt(n_noise))
     total = counts.clamp_min(0).sum().clamp_min(floor)
     mean = sums.sum(0) / total
     dim = sums.shape[1]
-    # total variance 1 − ‖μ‖²: ‖m‖² is debiased for the noise (each client adds N(0, std²) per
-    # coordinate to the pooled sum: E‖m‖² = ‖μ‖² + D·n_noise·std²/N², n_noise = n_clients per client) and the variance is kept
-    # in [MIN_TOTAL_VARIANCE, 1], so a noisy mean of norm ≥ 1 (small sets at small ε) cannot
-    # collapse the scale
-    bias = dim * n_noise * sums_std ** 2 / float(total) ** 2
+    # total variance 1 − ‖μ‖²: ‖m‖² is debiased for the noise (E‖m‖² = ‖μ‖² + D·(noise variance of a
+    # coordinate of the pooled sum)/N²) and the variance is kept in [MIN_TOTAL_VARIANCE, 1], so a noisy
+    # mean of norm ≥ 1 (small sets at small ε) cannot collapse the scale
+    bias = dim * sums_noise_var / float(total) ** 2
     var = torch.clamp(1.0 - (mean.pow(2).sum() - bias), min=MIN_TOTAL_VARIANCE, max=1.0)
     class_counts = counts.clamp_min(floor)
     class_means = mean + (sums - counts[:, None] * mean) / class_counts[:, None]
-    out = {"mean": mean, "var": var, "class_means": class_means, "counts": class_counts,
-           "sums_noise_var": n_noise * sums_std ** 2, "cov": None, "offdiag_var": 0.0}
-    if all("second_moment" in u.tensors for u in updates):
-        m2 = sum(u.tensors["second_moment"].to(torch.float64) for u in updates)
-        m64 = mean.to(torch.float64)
-        out["cov"] = m2 / float(total) - torch.outer(m64, m64)
-        out["offdiag_var"] = n_noise * float(second_moment_std) ** 2 / float(total) ** 2
-    return out if centring is None else _uncentre(out, centring, n_noise * sums_std ** 2, float(total))
-
-
-def _uncentre(mo: dict, centring, sums_noise_var: float, total: float) -> dict:
-    """Moments of the centred release (records ``y = clip_R(x − c)/R``) back in unit-sphere units.
-
-    Means ``c + R·m_y``, covariance ``R²·C_y``, noise variances × R² (sums) and × R⁴ (second moments);
-    the total variance from the unit norms, ``1 − ‖m‖²`` debiased for the noise on m (as :func:`_moments`).
-    Post-processing (:mod:`fedhype.privacy.centring`).
-    """
-    c, r = centring.centre.to(torch.float32), float(centring.radius)
-    mean = c + r * mo["mean"]
-    nv = r * r * sums_noise_var
-    var = torch.clamp(1.0 - (mean.pow(2).sum() - mean.shape[0] * nv / total ** 2), min=MIN_TOTAL_VARIANCE, max=1.0)
-    out = dict(mo, mean=mean, var=var, class_means=c + r * mo["class_means"], sums_noise_var=r * r * mo["sums_noise_var"],
-               offdiag_var=r ** 4 * mo["offdiag_var"])
-    if mo["cov"] is not None:
-        out["cov"] = (r * r) * mo["cov"]
+    out = {"mean": mean.to(torch.float32), "var": var.to(torch.float32), "class_means": class_means.to(torch.float32),
+           "counts": class_counts.to(torch.float32), "sums_noise_var": sums_noise_var, "cov": None, "offdiag_var": 0.0}
+    if all(p[2] is not None for p in parts):
+        out["cov"] = sum(p[2] for p in parts) / float(total) - torch.outer(mean, mean)
+        out["offdiag_var"] = noise_factor * float(second_moment_std) ** 2 * sum(r ** 4 for r in radii) / float(total) ** 2
     return out
 
 
-def _gaussian(mo: dict, max_rank: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _unit_sphere(update, centring) -> tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]:
+    """One release's class sums [K, D], counts [K] and second moments [D, D] (or None) of the unit records, float64.
+
+    A centred release holds the statistics of ``y = clip_R(x − c)/R``; with x = c + R·y (exact for the
+    records inside the radius) they map back as Σx = n·c + R·Σy and Σxxᵀ = n·c cᵀ + R(c Σyᵀ + Σy cᵀ) + R²·Σyyᵀ
+    (n and Σy the noisy totals over the classes). Post-processing (:mod:`fedhype.privacy.centring`).
+    """
+    s = update.tensors["class_sums"].to(torch.float64)
+    n = update.tensors["class_counts"].to(torch.float64)
+    m2 = update.tensors["second_moment"].to(torch.float64) if "second_moment" in update.tensors else None
+    if centring is None:
+        return s, n, m2
+    c, r = centring.centre.to(torch.float64), float(centring.radius)
+    sums = n[:, None] * c + r * s
+    if m2 is not None:
+        sy = s.sum(0)
+        m2 = (r * r) * m2 + r * (torch.outer(c, sy) + torch.outer(sy, c)) + float(n.sum()) * torch.outer(c, c)
+    return sums, n, m2
+
+
+def _gaussian(mo: dict, max_rank: int | None, residual: str = DEFAULT_RESIDUAL) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The low-rank-plus-isotropic covariance of moments ``mo`` (:func:`_within_class`, :func:`covariance_estimate`)."""
     m64 = mo["mean"].to(torch.float64)
     cov, tr = _within_class(mo["cov"], float(mo["var"]), mo["class_means"].to(torch.float64) - m64,
                             mo["counts"].to(torch.float64), mo["sums_noise_var"])
-    return covariance_estimate(cov, tr, mo["offdiag_var"], max_rank=max_rank)
+    return covariance_estimate(cov, tr, mo["offdiag_var"], max_rank=max_rank, residual=residual)
 
 
 def shrink_toward(client: dict, pooled: dict) -> dict:
@@ -294,27 +309,48 @@ def _within_class(cov: torch.Tensor, total_variance: float, deviations: torch.Te
 
 
 def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: float, *,
-                        max_rank: int | None = None, margin: float = 1.05) -> tuple[torch.Tensor, torch.Tensor, int]:
+                        max_rank: int | None = None, margin: float = 1.05,
+                        residual: str = DEFAULT_RESIDUAL) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Low-rank-plus-isotropic covariance from a noisy covariance matrix (unit-sphere space).
 
     ``C = M/N − m mᵀ`` (minus the between-class scatter, :func:`_within_class`) carries symmetric
     Gaussian noise with off-diagonal variance v per entry: its eigenvalues spread over a semicircle
     of radius 2√(vD) (Wigner), so only eigenvalues above that edge (× ``margin``) are signal. Each
     kept eigenvalue λ is debiased to the spike strength θ = (λ + √(λ² − 4vD))/2 (spiked Wigner
-    model, Benaych-Georges & Nadakuditi 2011, Sec. 3.1: a spike θ > √(vD) appears at λ = θ + vD/θ);
-    the remaining variance ``total_variance − Σθ`` (the trace of C is known from the unit norms:
-    tr C = 1 − ‖m‖²) is spread evenly over the other D − r directions (probabilistic PCA's
-    isotropic residual, Tipping & Bishop 1999, eq. 8). Without noise (v = 0) r = ``max_rank``.
+    model, Benaych-Georges & Nadakuditi 2011, Sec. 3.1: a spike θ > √(vD) appears at λ = θ + vD/θ).
+    The remaining variance U = ``total_variance − Σθ`` (the trace of C is known from the unit norms:
+    tr C = 1 − ‖m‖²) is the variance the release cannot locate. ``residual`` says where it goes:
+
+    * ``"isotropic"``: spread evenly over the other D − r directions (probabilistic PCA's isotropic
+      residual, Tipping & Bishop 1999, eq. 8);
+    * ``"latent"`` (with ``max_rank`` = the model's latent size L): into the model's L − r free latent
+      directions first, along the next eigenvectors u_j (j = r … L − 1) of the noisy C, each with
+      variance ∝ max(λ_j, 0) and at most λ_j; only what is left (nothing, under DP noise, where those
+      λ_j sum to more than U) spreads evenly over the last D − L directions. The trace is kept either
+      way. Ours (docs/method.md, decision 13): below the edge an eigenvector's overlap with the signal
+      is small but not zero at finite D, and the unlocated variance put along those directions instead
+      of all D − r gave TSTR +0.003 / +0.009 / +0.011 at ε = 1 / 4 / 8 on the digits validation split and
+      +0.005 / +0.010 / +0.001 on Fashion-MNIST's (3 seeds; benchmarks/results/release_defaults.md,
+      "unlocated variance"). It does not raise precision or coverage: the samples still leave the few
+      located directions.
+
+    Without noise (v = 0) r = ``max_rank`` (every direction is located) and both rules agree.
 
     Args:
         cov: float64 [D, D] (symmetrised here). total_variance: its trace as known from the release.
         noise_var: v, the variance of the noise on each off-diagonal entry of ``cov`` (0 without DP).
-        max_rank: largest r (default D − 1).
+        max_rank: largest number of factor columns (the model's latent size; default D − 1).
+        residual: ``"latent"`` or ``"isotropic"`` (:data:`fedhype.models.config.RESIDUALS`).
 
     Returns:
-        ``(factor [D, r], residual []), r`` in unit-sphere units with covariance
-        ``factor·factorᵀ + residual·I`` (factor columns are U_r·√(θ − residual)), float64.
+        ``(factor [D, k], residual []), r`` in unit-sphere units with covariance ``factor·factorᵀ +
+        residual·I`` (factor columns are u_j·√(θ_j − residual)), float64; r ≤ k: the located spikes.
+
+    Raises:
+        ValidationError: an unknown ``residual``.
     """
+    if residual not in RESIDUALS:
+        raise ValidationError(f"model.residual must be one of {list(RESIDUALS)}, got {residual!r}")
     dim = cov.shape[0]
     c = cov
     lam, vec = torch.linalg.eigh((c + c.T) / 2)
@@ -324,8 +360,16 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
     rank = min(int((lam > margin * edge).sum()), cap) if noise_var > 0 else cap
     kept = lam[:rank]
     theta = (kept + (kept ** 2 - 4.0 * noise_var * dim).clamp_min(0).sqrt()) / 2 if noise_var > 0 else kept.clamp_min(0)
-    resid = max((float(total_variance) - float(theta.sum())) / max(dim - rank, 1), 1e-3 * float(total_variance) / dim)
-    factor = vec[:, :rank] * (theta - resid).clamp_min(0).sqrt()
+    floor = 1e-3 * float(total_variance) / dim
+    unlocated = float(total_variance) - float(theta.sum())
+    cols = rank
+    if residual == "latent" and cap > rank:
+        free = lam[rank:cap].clamp_min(0)
+        theta = torch.cat([theta, free * min(1.0, max(unlocated, 0.0) / max(float(free.sum()), 1e-300))])
+        unlocated -= float(theta[rank:].sum())
+        cols = cap
+    resid = max(unlocated / max(dim - cols, 1), floor)
+    factor = vec[:, :cols] * (theta - resid).clamp_min(0).sqrt()
     return factor, torch.tensor(resid, dtype=torch.float64), rank
 
 
@@ -380,6 +424,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         codes: float32 [m, code_dim], the clients' codes (m = len(updates)).
         updates: the clients' PrivatizedUpdates of the release, in client order.
         dp, weights: the release settings (for the noise levels); max_rank: latent size L.
+        centring: the release's centring: None, one for every client, or a list with each client's own.
 
     Returns:
         ``{"max_abs_error": …}``: the largest |h(c_i) − target_i| entry after fitting (≈ 0).
@@ -393,8 +438,9 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         rows = []
         pooled = release_moments(updates, dp, weights, centring)
         shrink = shrinkage_mode(getattr(cfg, "client_shrinkage", False))
-        for u in updates:
-            g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=centring)
+        cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(updates)
+        for u, cen in zip(updates, cens):
+            g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual)
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
             r = min(f.shape[1], L)
@@ -430,7 +476,7 @@ def release_moments(updates, dp, weights, centring=None) -> dict:
 
 
 def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_rank: int | None = None, *,
-                    shrink: bool | str = True, centring=None) -> dict[str, torch.Tensor]:
+                    shrink: bool | str = True, centring=None, residual: str = DEFAULT_RESIDUAL) -> dict[str, torch.Tensor]:
     """Client ``update``'s own DP class-conditional Gaussian, unit-sphere units (float64).
 
     ``pooled``: :func:`release_moments` of every client's release. ``shrink`` (``model.client_shrinkage``):
@@ -449,7 +495,7 @@ def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_ran
     shrink = SHRINKAGE[mode] is not None
     if shrink:
         mo = SHRINKAGE[mode](mo, pooled)
-    factor, resid, _ = _gaussian(mo, max_rank)
+    factor, resid, _ = _gaussian(mo, max_rank, residual)
     out = {"class_means": mo["class_means"].to(torch.float64), "cov_factor": factor, "residual_var": resid}
     if shrink:
         out["mean_shrinkage"] = mo["mean_shrinkage"]
@@ -465,16 +511,17 @@ def release_noise(dp, weights) -> dict[str, float]:
 
 
 def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | None = None,
-                 centring=None) -> dict[str, torch.Tensor]:
+                 centring=None, residual: str = DEFAULT_RESIDUAL) -> dict[str, torch.Tensor]:
     """:func:`aggregate_class_stats` with the noise levels of the release settings (``dp``, ``weights``)."""
     std = release_noise(dp, weights)
     return aggregate_class_stats(updates, std["class_counts"], sums_std=std["class_sums"],
-                                 second_moment_std=std["second_moment_offdiag"], max_rank=max_rank, centring=centring)
+                                 second_moment_std=std["second_moment_offdiag"], max_rank=max_rank, centring=centring,
+                                 residual=residual)
 
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
                           weights=None, distributed: DistributedNoise | None = None, centre_share: float = 0.0,
-                          radius: float | None = None):
+                          radius: float | None = None, release_centre: str = "pooled"):
     """Release every client's class statistics (write-ahead ledger first) and set the model(s).
 
     A federated server pools all clients (:func:`aggregate_class_stats`); a ``local-cvae`` server
@@ -490,8 +537,12 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     each client first releases its sum and count at σ_A = σ₀/√s, the server pools them into the public
     centre c and radius R (``radius`` κ × the DP spread), and the class statistics of the clipped
     deviations follow at σ_B = σ₀/√(1 − s) — together the cost of one release at σ₀. Both are
-    charged write-ahead before either runs. A ``local-cvae`` server centres each client on its own
-    centre release.
+    charged write-ahead before either runs. ``release_centre`` (``train.release_centre``) says around
+    which centre each client clips: ``"client"`` its own DP centre pulled toward the pooled one, with
+    one common radius (:func:`fedhype.privacy.centring.client_centrings`), ``"pooled"`` the pooled one
+    (:func:`~fedhype.privacy.centring.centring_from`), ``"auto"`` client centres except under secure
+    aggregation, where the server sees only the sum of the centre releases. A ``local-cvae`` server
+    centres each client on its own centre release and radius (each client is a model of its own).
 
     Returns the clients' DP class counts ``[m][K]`` (floored at 0; public DP outputs, used to weight
     a mixture per class), or None under secure aggregation (the server sees only their sum).
@@ -518,7 +569,7 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
                                 [centring_mod.MECHANISM, MECHANISM] if centred else [MECHANISM], RELEASE_SENSITIVITY,
                                 [centre_note, stats_note] if centred else [stats_note])
         charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
-    rank_cap = server.cfg.latent
+    rank_cap, residual = server.cfg.latent, server.cfg.residual
     parts = getattr(server, "servers", None)
     if distributed is not None:
         if parts is not None:
@@ -529,24 +580,40 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
                                                         distributed), radius)
         agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed, centring=cen)
                           for c in clients], distributed)
-        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap, cen))  # the server sees the sum only
+        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap, cen, residual))  # the server sees the sum only
         return None
     if centred:
         centres = [c.release_centre(sigma_a) for c in clients]
-        cens = [centring_mod.centring_from([u], radius) for u in centres] if parts is not None else \
-            [centring_mod.centring_from(centres, radius)] * len(clients)
+        if parts is not None:
+            cens = [centring_mod.centring_from([u], radius) for u in centres]
+        elif release_centre == "pooled":
+            cens = [centring_mod.centring_from(centres, radius)] * len(clients)
+        else:
+            cens = centring_mod.client_centrings(centres, radius, sigma_a)
     else:
         cens = [None] * len(clients)
-    updates = [c.release_class_stats(n_classes, dp, weights, centring=cen) for c, cen in zip(clients, cens)]
+    updates = release_all_class_stats(clients, n_classes, dp, weights, cens)
     counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
         for s, u, cen in zip(parts, updates, cens):
-            apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap, cen))
+            apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap, cen, residual))
     else:
-        apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap, cens[0]))
+        apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap, cens, residual))
         if server.hnet.cfg.client_heads:  # h(c_i) = client i's own DP Gaussian
-            apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens[0])
+            apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens)
     return counts
+
+
+def release_all_class_stats(clients, n_classes: int, dp, weights, centrings) -> list[PrivatizedUpdate]:
+    """Every client's class-statistics release, client i around ``centrings[i]`` (each client asked once).
+
+    Clients whose type offers ``release_class_stats_all`` (the Flower grid clients: one message to
+    every node) release through it; in-process clients one by one.
+    """
+    batch = getattr(type(clients[0]), "release_class_stats_all", None) if clients else None
+    if batch is not None:
+        return batch(clients, n_classes, dp, weights, list(centrings))
+    return [c.release_class_stats(n_classes, dp, weights, centring=cen) for c, cen in zip(clients, centrings)]
 
 
 def client_space(server, index: int):

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from fedhype.errors import ValidationError
 from fedhype.models.config import ModelConfig
-from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS
+from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS, DEFAULT_RELEASE_CENTRE, RELEASE_CENTRES
 
 #: ``--method`` presets: model overrides applied on top of ``model`` (the user's keys win).
 #: ``dp-cvae`` is the predecessor (Di Salvo et al. 2025) with correct accounting: one shared
@@ -84,6 +84,11 @@ class TrainConfig:
             (benchmarks/results/release_defaults.md, "centred release").
         release_radius: κ, the clip radius of the centred release in units of the DP root-mean-square
             distance of a record from the centre (post-processing of the centre release; no ε).
+        release_centre: the centre each client's records are clipped around in the centred release:
+            ``"client"`` its own DP centre pulled toward the pooled one by a James–Stein factor, one
+            common radius (:func:`fedhype.privacy.centring.client_centrings`); ``"pooled"`` the pooled
+            centre; ``"auto"`` (default) ``client``, or ``pooled`` under secure aggregation (the server
+            sees only the sum of the centre releases). Post-processing of the centre release (no ε).
         class_stats_noise_multiplier: σ of that release set directly (default with an explicit
             ``noise_multiplier``: calibrated so the release alone costs ``class_stats_share`` × the
             DP-SGD steps' own ε).
@@ -121,6 +126,7 @@ class TrainConfig:
     second_moment_share: float = 0.3
     centre_share: float = DEFAULT_CENTRE_SHARE
     release_radius: float = DEFAULT_RADIUS
+    release_centre: str = DEFAULT_RELEASE_CENTRE
     secure_aggregation: bool = False
     dropout_tolerance: int = 0
     no_dp: bool = False
@@ -159,6 +165,11 @@ class TrainConfig:
             raise ValidationError(f"train.centre_share must be in [0, 1) (0: no centred release), got {self.centre_share!r}")
         if not (isinstance(self.release_radius, (int, float)) and math.isfinite(self.release_radius) and self.release_radius > 0):
             raise ValidationError(f"train.release_radius must be a number > 0, got {self.release_radius!r}")
+        if self.release_centre not in RELEASE_CENTRES:
+            raise ValidationError(f"train.release_centre must be one of {list(RELEASE_CENTRES)}, got {self.release_centre!r}")
+        if self.release_centre == "client" and self.secure_aggregation:
+            raise ValidationError("train.release_centre = \"client\" needs each client's centre release, but under "
+                                  "secure aggregation the server sees only their sum: use \"auto\" or \"pooled\"")
         if self.class_stats_noise_multiplier is not None and not (self.class_stats_noise_multiplier > 0):
             raise ValidationError(f"train.class_stats_noise_multiplier must be > 0, got {self.class_stats_noise_multiplier}")
         if self.method not in METHODS:
@@ -214,6 +225,12 @@ class TrainConfig:
         from fedhype.privacy.secure_agg import DistributedNoise
 
         return DistributedNoise(int(n_clients), int(self.dropout_tolerance))
+
+    def centre_mode(self) -> str:
+        """``"client"`` or ``"pooled"``: :attr:`release_centre` with ``auto`` resolved (pooled under secure aggregation)."""
+        if self.release_centre == "auto":
+            return "pooled" if self.secure_aggregation else "client"
+        return self.release_centre
 
     def release_weights(self, model: ModelConfig):
         """The :class:`~fedhype.privacy.dp_step.ReleaseWeights` of the statistics release of ``model``."""

@@ -258,7 +258,7 @@ def _run_federation_locked(run: RunDir, partition: Partition, cfg: TrainConfig, 
                                            seeded=all(transport.replays_noise(i) for i in range(len(clients))),
                                            weights=cfg.release_weights(mcfg),
                                            distributed=distributed, centre_share=cfg.centre_share,
-                                           radius=cfg.release_radius)
+                                           radius=cfg.release_radius, release_centre=cfg.centre_mode())
             # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
             atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts})
             saved.parent.mkdir(parents=True, exist_ok=True)

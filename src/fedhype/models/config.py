@@ -10,6 +10,12 @@ from fedhype.errors import ValidationError
 #: the values of ``ModelConfig.client_shrinkage`` (besides true / false = "class" / "none"); each names
 #: a rule of :data:`fedhype.federated.class_stats.SHRINKAGE`
 CLIENT_SHRINKAGE = ("none", "class", "client")
+#: the values of ``ModelConfig.residual``: where the variance the DP release cannot locate goes
+#: (:func:`fedhype.federated.class_stats.covariance_estimate`)
+RESIDUALS = ("latent", "isotropic")
+#: default ``ModelConfig.residual`` (digits and Fashion-MNIST validation splits, 3 seeds:
+#: benchmarks/results/release_defaults.md, "unlocated variance")
+DEFAULT_RESIDUAL = "latent"
 
 
 @dataclass
@@ -66,6 +72,12 @@ class ModelConfig:
             0.532 / 0.702 / 0.750 → 0.552 / 0.708 / 0.750, Fashion 0.657 / 0.713 / 0.734 → 0.673 /
             0.745 / 0.766 at ε = 1 / 4 / 8; ``benchmarks/results/client_shrinkage.md``). Without DP
             every mode keeps the client's own statistics.
+        residual: with ``linear_path``, where the variance the DP release cannot locate (the trace left
+            after the covariance spikes above the noise edge) goes: ``"latent"`` into the model's free
+            latent directions along the next eigenvectors of the DP covariance (the default), or
+            ``"isotropic"`` evenly over every other direction (probabilistic PCA's residual; the
+            previous rule): :func:`fedhype.federated.class_stats.covariance_estimate`. Identical
+            without DP (every latent direction is located).
     """
 
     dim: int
@@ -86,6 +98,7 @@ class ModelConfig:
     second_moment: bool = True
     client_stats: bool = True
     client_shrinkage: bool | str = "client"
+    residual: str = DEFAULT_RESIDUAL
 
     @property
     def linear_path(self) -> bool:
@@ -113,6 +126,8 @@ class ModelConfig:
         if self.client_shrinkage not in (True, False, *CLIENT_SHRINKAGE):
             raise ValidationError(f"model.client_shrinkage must be \"none\", \"class\" or \"client\" (or true/false), "
                                   f"got {self.client_shrinkage!r}")
+        if self.residual not in RESIDUALS:
+            raise ValidationError(f"model.residual must be one of {list(RESIDUALS)}, got {self.residual!r}")
         self.mmd_bandwidths = tuple(float(b) for b in self.mmd_bandwidths)
 
     def to_dict(self) -> dict:

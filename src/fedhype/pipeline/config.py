@@ -17,7 +17,7 @@ from typing import Any
 from fedhype.errors import ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.models.config import ModelConfig
-from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS
+from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS, DEFAULT_RELEASE_CENTRE
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     # data: a bundled dataset, an image folder (images, read as layout) or an existing real store from
@@ -33,7 +33,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # where 1e-2 moved it away from that state, 1e-2 for the models without it)
     "train": {"rounds": 8, "local_epochs": 2.0, "batch_size": 256, "participation": 1.0, "lr_local": None,
               "epsilon": 1.0, "delta": 1e-4, "noise_multiplier": None, "clip_norm": 1.5, "class_stats_share": 0.95,
-              "second_moment_share": 0.3, "centre_share": DEFAULT_CENTRE_SHARE, "release_radius": DEFAULT_RADIUS, "secure_aggregation": False, "dropout_tolerance": 0, "no_dp": False, "max_epsilon": None, "seed": None, "method": "fedhypevae"},
+              "second_moment_share": 0.3, "centre_share": DEFAULT_CENTRE_SHARE, "release_radius": DEFAULT_RADIUS, "release_centre": DEFAULT_RELEASE_CENTRE, "secure_aggregation": False, "dropout_tolerance": 0, "no_dp": False, "max_epsilon": None, "seed": None, "method": "fedhypevae"},
     # hidden 128 (smaller than the predecessor's 256: its noise swamped the gradients at ε = 1); latent 64
     # bounds the rank of the decoder's linear-Gaussian path (32 lost 0.01–0.02 TSTR without DP)
     "model": {"hidden": 128, "latent": 64},

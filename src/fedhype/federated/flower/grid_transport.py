@@ -54,8 +54,16 @@ class RemoteClient:
         return self._transport.centres(noise_multiplier)[self.index]
 
     def release_class_stats(self, n_classes: int, dp: DPConfig, weights=None, *, centring=None) -> PrivatizedUpdate:
-        """This client's DP class statistics (all clients are asked at once, on the first call)."""
-        return self._transport.class_stats(n_classes, dp, weights, centring)[self.index]
+        """This client's DP class statistics, every client around ``centring`` (all asked at once, on the first call)."""
+        return self._transport.class_stats(n_classes, dp, weights, [centring] * len(self._transport.clients))[self.index]
+
+    @staticmethod
+    def release_class_stats_all(clients: "list[RemoteClient]", n_classes: int, dp: DPConfig, weights,
+                                centrings: list) -> list[PrivatizedUpdate]:
+        """Every client's DP class statistics, client i around ``centrings[i]``, in one message to each node
+        (:func:`fedhype.federated.class_stats.release_all_class_stats`)."""
+        ups = clients[0]._transport.class_stats(n_classes, dp, weights, centrings)
+        return [ups[c.index] for c in clients]
 
     def set_space(self, space: tuple[torch.Tensor, torch.Tensor]) -> None:
         """The public model space ``(mean [D], scale [])`` sent with this client's round tasks."""
@@ -198,15 +206,24 @@ class FlowerTransport:
             store_digest=self.partition.store_digest, stage="centre"),
             lambda i: wire.Expected.of_centre(self.clients[i].id, self.dim, dp))
 
-    def class_stats(self, n_classes: int, dp: DPConfig, weights=None, centring=None) -> list[PrivatizedUpdate]:
-        """Every client's DP class statistics (one ``train.class_stats`` message each, asked once)."""
+    def class_stats(self, n_classes: int, dp: DPConfig, weights=None, centrings=None) -> list[PrivatizedUpdate]:
+        """Every client's DP class statistics (one ``train.class_stats`` message each, asked once).
+
+        ``centrings``: None (uncentred) or one public :class:`~fedhype.privacy.centring.Centring` per
+        client, in client order (a node gets its own in its request)."""
         from fedhype.privacy.dp_step import LEGACY_WEIGHTS
 
         weights = LEGACY_WEIGHTS if weights is None else weights
-        key = (n_classes, dp, weights, None if centring is None else (tuple(centring.centre.tolist()), centring.radius))
+        cens = [None] * len(self.clients) if centrings is None else list(centrings)
+        if len(cens) != len(self.clients):
+            raise ValueError(f"{len(cens)} centrings for {len(self.clients)} clients")
+        key = (n_classes, dp, weights, tuple(None if c is None else (tuple(c.centre.tolist()), c.radius) for c in cens))
+        if any(k[:3] == key[:3] and k != key for k in self._stats if len(k) == 4):
+            # one release per run: a second one around other centres would not be in the ledger
+            raise RuntimeError("the class statistics were already released around other centres; refusing a second release")
         return self._release(key, "the class statistics", lambda i: wire.encode_stats_request(
             self.clients[i].id, n_classes, dp, weights, run_key=self._key(), n_train=self.clients[i].n,
-            store_digest=self.partition.store_digest, centring=centring),
+            store_digest=self.partition.store_digest, centring=cens[i]),
             lambda i: wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp, weights))
 
     def _release(self, key, what: str, request, expected) -> list[PrivatizedUpdate]:
