@@ -327,12 +327,13 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
       directions first, along the next eigenvectors u_j (j = r … L − 1) of the noisy C, each with
       variance ∝ max(λ_j, 0) and at most λ_j; only what is left (nothing, under DP noise, where those
       λ_j sum to more than U) spreads evenly over the last D − L directions. The trace is kept either
-      way. Ours (docs/method.md, decision 13): below the edge an eigenvector's overlap with the signal
+      way. Ours (docs/method.md, decision 14): below the edge an eigenvector's overlap with the signal
       is small but not zero at finite D, and the unlocated variance put along those directions instead
-      of all D − r gave TSTR +0.003 / +0.009 / +0.011 at ε = 1 / 4 / 8 on the digits validation split and
-      +0.005 / +0.010 / +0.001 on Fashion-MNIST's (3 seeds; benchmarks/results/release_defaults.md,
-      "unlocated variance"). It does not raise precision or coverage: the samples still leave the few
-      located directions.
+      of all D − r gave, on the validation splits (3 seeds; benchmarks/results/release_defaults.md,
+      "unlocated variance"), TSTR −0.010 / +0.013 / +0.018 at ε = 1 / 4 / 8 for the release alone
+      (dp-gaussian) and −0.001 / +0.006 / +0.015 for ours on digits, +0.009 / +0.011 / +0.005 and
+      +0.003 / +0.004 / −0.004 on Fashion-MNIST. It does not raise precision or coverage: the samples
+      still leave the few located directions.
 
     Without noise (v = 0) r = ``max_rank`` (every direction is located) and both rules agree.
 
