@@ -75,6 +75,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
         "second_moment_share": _second_moment_share(conf),
         "centre_share": float(conf["train"].get("centre_share") or 0.0) if trained["private"] else None,
+        "release_centre": _release_centre(conf) if trained["private"] else None,
         "secure_aggregation": _secure_aggregation(conf, part, trained),
         **_class_stats_claims(out / "run", trained),
         "rounds": trained["rounds"], "clients": [c.name for c in part.clients],
@@ -262,6 +263,13 @@ def glance(r: dict) -> list[str]:
             line += (f" and the same classifier trained on the real records {trtr:.3f}: the synthetic data carries "
                      f"{100 * share:.0f}% of the real data's gain over chance")
         out.append(line + ".")
+    dd = r.get("downstream")
+    if dd:
+        n = len(dd["per_client"])
+        out.append(f"- **For each client.** A client that trains on its own records together with the synthetic data, "
+                   f"instead of its own records alone, changes its accuracy on all clients' held-out data by "
+                   f"{dd['gain_union_accuracy']:+.3f} on average ({dd['clients_gaining_union']} of {n} clients gain) and "
+                   f"on its own held-out data by {dd['gain_own_accuracy']:+.3f} (table below).")
     lin = r.get("dp_fedavg_linear_accuracy")
     if lin is not None and tstr is not None and r.get("dp_fedavg_linear_private"):
         better = "the synthetic data does better" if tstr > lin else "the directly trained classifier does better"
@@ -284,6 +292,15 @@ def glance(r: dict) -> list[str]:
     return out
 
 
+def _release_centre(conf: dict) -> str:
+    """``client`` or ``pooled``: the centre the job's release clipped around (``train.release_centre``, auto resolved)."""
+    from fedhype.federated.config import TrainConfig
+
+    t = conf["train"]
+    return TrainConfig(release_centre=t.get("release_centre", "auto"),
+                       secure_aggregation=bool(t.get("secure_aggregation"))).centre_mode()
+
+
 def _markdown(r: dict, ev: dict, conf: dict) -> str:
     target = conf["train"].get("epsilon")
     over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
@@ -293,7 +310,9 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
     priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (accountant: the smaller of Opacus's PRV and RDP upper "
             f"bounds, worst client, for the steps run; target {target}; {sgd}"
             + (f"; statistics released once before round 0 — "
-               + ("a DP centre, then the class sums, counts" if r.get("centre_share") else "class sums, counts")
+               + (("a DP centre per client (its own, pulled toward the pooled one where its offset is mostly noise)"
+                   if r.get("release_centre") == "client" else "a DP centre") + ", then the class sums, counts"
+                  if r.get("centre_share") else "class sums, counts")
                + (" and second moments" if r.get("second_moment_share") else "")
                + (" of the records' deviations from it, clipped (two Gaussian mechanisms of L2 sensitivity 1 that "
                   "compose to one at σ₀ = " if r.get("centre_share") else
