@@ -28,7 +28,7 @@ def _block(tag: str) -> str:
 
 
 @pytest.mark.parametrize("tag, md", [("utility", "utility.md"), ("utility-fashion", "utility-fashion.md"),
-                                     ("speed", "speed.md")])
+                                     ("speed", "speed.md"), ("downstream", "downstream.md")])
 def test_readme_block_is_the_benchmark_output(tag, md):
     block = _block(tag)
     assert block.count("\n|") >= 3, f"README {tag} block has no table"
@@ -62,3 +62,20 @@ def test_utility_tables_regenerate_from_the_recorded_rows(name):
 def test_speed_table_regenerates_from_the_results():
     mod = _module("speed")
     assert mod.speed_table(RESULTS) in (RESULTS / "speed.md").read_text()
+
+
+def test_downstream_tables_regenerate_from_the_recorded_rows():
+    mod = _module("downstream")
+    res = json.loads((RESULTS / "downstream.json").read_text())
+    rows = res["rows"]
+    md = (RESULTS / "downstream.md").read_text()
+    assert mod.markdown(rows, res["header"]) == md
+    # both datasets, every ε, 3 seeds each; the README block is the part before the details
+    assert {(r["dataset"], r["eps"], r["seed"]) for r in rows} == {
+        (d, e, s) for d in mod.DATASETS for e in mod.EPSILONS for s in mod.SEEDS}
+    assert _block("downstream") == md[: md.index("## Details")]
+    # every private row reports the generator's accountant ε and the DP linear reference's own ε
+    for r in rows:
+        if r["eps"] != "none":
+            assert 0.99 * float(r["eps"]) <= r["generator_epsilon"] <= float(r["eps"]) * (1 + 1e-9)
+            assert r["dp_linear_epsilon"] is not None

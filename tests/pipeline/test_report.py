@@ -105,7 +105,7 @@ def test_at_a_glance_says_what_privacy_cost_and_whether_the_data_is_useful():
 def test_report_downstream_section(skewed_federation):
     """report.json's downstream summary and report.md's per-client table, from the real protocol's output."""
     from fedhype.eval.client_downstream import client_downstream
-    from fedhype.pipeline.report import DOWNSTREAM_ROWS, _downstream_lines, downstream_summary
+    from fedhype.pipeline.report import DOWNSTREAM_ROWS, _downstream_lines, downstream_summary, glance
 
     _, clients, syn = skewed_federation
     d = client_downstream(clients, syn, seed=0)
@@ -123,3 +123,5 @@ def test_report_downstream_section(skewed_federation):
     assert md.count("\n| ") == 2 + len(clients) and all(v in md for v in DOWNSTREAM_ROWS.values())
     assert f"{d['gain_union_accuracy']:+.3f} accuracy on the union test set" in md
     assert "not covered by DP" in md and "benchmarks/downstream.py" in md
+    line = next(x for x in glance({"private": False, "n_classes": 10, "downstream": s}) if "For each client" in x)
+    assert f"by {d['gain_union_accuracy']:+.3f} on average ({s['clients_gaining_union']} of {len(clients)}" in line
