@@ -306,7 +306,12 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
                   k=e["k"], seed=e["seed"])
     clients = {c.name: ClientSplits(*(part.client_store(store, c.id, sp) for sp in ("train", "val", "test")))
                for c in part.clients}
-    if e.get("downstream"):
+    empty = [f"{n} ({sp})" for n, c in clients.items() for sp in ("train", "val", "test") if len(getattr(c, sp)) == 0]
+    if empty and (e.get("downstream") or e["interpolation"]):
+        # the model is trained and its ε spent: report what can be reported instead of failing here
+        log(f"evaluate: warning: the per-client tables (downstream, λ protocol) are skipped: empty split(s) "
+            f"{', '.join(empty[:5])}{' …' if len(empty) > 5 else ''} (each client needs train, val and test records)")
+    elif e.get("downstream"):
         from fedhype.eval.client_downstream import client_downstream
 
         log("evaluate: the per-client downstream table (local-only, synthetic-only, local + synthetic, λ-interpolation; "
