@@ -91,7 +91,7 @@ from fedhype.eval.interpolation import ClientSplits
 from fedhype.eval.utility import METRICS, classification_metrics
 from fedhype.prototypes.classifier import HyperPrototypeClassifier
 from fedhype.prototypes.inputs import as_features, as_labels
-from fedhype.prototypes.training import Objective, features_of, torch_threads, train_epochs
+from fedhype.prototypes.training import torch_threads, train_epochs
 
 #: variants of the per-client comparison; a "+synthetic" variant also trains on the synthetic store
 VARIANTS = ("alone", "synthetic_init", "hyper", "hyper_matched", "class_means", "synthetic_init+synthetic",
@@ -158,7 +158,7 @@ def fit_local(x: Any, y: Any, n_classes: int, *, start: HyperPrototypeClassifier
         start: the global model to fine-tune (a copy; ``start`` is not changed), or ``None`` for a
             fresh network with its own random orthonormal anchors (the client alone).
         anchors: float ``[K, L, d]`` fixed anchors (default: ``start``'s prototypes).
-        lambda_contrastive, lambda_consistency, margin: the client objective (:class:`.training.Objective`).
+        lambda_contrastive, lambda_consistency, margin: the client objective (:class:`~fedhype.prototypes.training.Objective`).
         epochs, lr, batch_size: Adam schedule of the local training.
         seed: initialisation (``start=None``) and shuffling.
 
