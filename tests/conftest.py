@@ -81,7 +81,9 @@ def skewed_federation(real_store, tmp_path_factory):
 
     part = make_partition(real_store, scheme="dirichlet", n_clients=4, alpha=0.2, seed=0)
     run = tmp_path_factory.mktemp("skewed") / "run"
-    train(real_store, part, TrainConfig(method="dp-gaussian", no_dp=True, epsilon=None, seed=0), run, diagnostics=False)
+    # the model sizes this fixture was written with (ModelConfig's defaults then): the same synthetic store
+    train(real_store, part, TrainConfig(method="dp-gaussian", no_dp=True, epsilon=None, seed=0,
+                                        model={"hidden": 256, "latent": 100}), run, diagnostics=False)
     syn = synthesize(run, "mixture", per_class=100, seed=0)
     clients = {c.name: ClientSplits(*(part.client_store(real_store, c.id, s) for s in ("train", "val", "test")))
                for c in part.clients}

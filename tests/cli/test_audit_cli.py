@@ -176,8 +176,9 @@ def test_exceeded_claim_exits_4_with_the_figures(app, shared):
 
 
 def test_white_box_audit_without_a_run_replays_the_model_train_builds():
-    """The audit's default model is the job's (hidden 128, latent 64, the default method's preset), not
-    the bare ModelConfig defaults (256 / 100) it used to build while saying it matched."""
+    """The audit's default model is the job's (hidden 128, latent 64, the default method's preset). It used
+    to build the bare ModelConfig (then 256 / 100) while saying it matched; ModelConfig's own defaults are
+    now the job's (one source of defaults), so the two agree."""
     from fedhype.cli.audit_cmd import job_model
     from fedhype.eval.canary import default_model
     from fedhype.federated.config import TrainConfig
@@ -187,6 +188,6 @@ def test_white_box_audit_without_a_run_replays_the_model_train_builds():
     cfg = job_model(384, 10)
     assert (cfg.hidden, cfg.latent) == (DEFAULTS["model"]["hidden"], DEFAULTS["model"]["latent"]) == (128, 64)
     assert cfg == TrainConfig(model=dict(DEFAULTS["model"])).model_config(384, 10)
-    assert (ModelConfig(dim=384, n_classes=10).hidden, ModelConfig(dim=384, n_classes=10).latent) != (128, 64)
+    assert (ModelConfig(dim=384, n_classes=10).hidden, ModelConfig(dim=384, n_classes=10).latent) == (128, 64)
     built, theta = default_model(384, 10, 0, cfg=cfg)
     assert built is cfg and theta["dec.wl"].shape[0] == 64

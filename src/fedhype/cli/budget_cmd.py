@@ -32,8 +32,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.train_cmd import job_default
-from fedhype.cli.common import JsonOpt, console, existing, kv_table, run_command
+from fedhype.cli.common import JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command
 from fedhype.errors import ValidationError
 
 INFINITE_NOTE = "ε = ∞: σ = 0 adds no noise, so there is no differential-privacy guarantee"
@@ -253,18 +252,19 @@ def budget(
     client_sizes: Optional[str] = typer.Option(None, "--client-sizes", help="Training-set sizes, e.g. 600,480 (plan)."),
     partition: Optional[Path] = typer.Option(None, "--partition", help="fedhype-partition/1 JSON (plan).",
                                              callback=existing("partition file", "create it with `fedhype partition`")),
-    participation: float = typer.Option(1.0, "--participation", help="Fraction of rounds each client takes part in."),
-    class_stats_share: float = typer.Option(..., "--class-stats-share", default_factory=job_default("train", "class_stats_share"),
+    participation: float = typer.Option(..., "--participation", default_factory=config_default("train", "participation"),
+                                        help="Fraction of rounds each client takes part in."),
+    class_stats_share: float = typer.Option(..., "--class-stats-share", default_factory=config_default("train", "class_stats_share"),
                                             help="Plan: share of the target ε spent on the DP statistics (class sums, "
                                                  "counts, second moments) that `fedhype train` releases once before round 0 "
                                                  "(default: train's; 0 for methods without them: dp-cvae, no-class-stats)."),
-    centre_share: float = typer.Option(..., "--centre-share", default_factory=job_default("train", "centre_share"),
+    centre_share: float = typer.Option(..., "--centre-share", default_factory=config_default("train", "centre_share"),
                                        help="Plan: share of the release's budget spent on its DP centre (as "
                                             "`fedhype train --centre-share`; 0: the uncentred release)."),
-    secure_aggregation: bool = typer.Option(False, "--secure-aggregation",
+    secure_aggregation: bool = typer.Option(..., "--secure-aggregation", default_factory=config_default("train", "secure_aggregation"),
                                             help="Plan: the statistics release under secure aggregation with "
                                                  "distributed noise (as `fedhype train --secure-aggregation`)."),
-    dropout_tolerance: int = typer.Option(0, "--dropout-tolerance",
+    dropout_tolerance: int = typer.Option(..., "--dropout-tolerance", default_factory=config_default("train", "dropout_tolerance"),
                                           help="Plan, with --secure-aggregation: t, clients that may drop out or collude."),
     json_mode: bool = JsonOpt,
 ) -> None:
@@ -311,4 +311,4 @@ def budget(
 
 def register(app: typer.Typer) -> None:
     """Add ``fedhype budget`` to ``app``."""
-    app.command("budget")(budget)
+    app.command("budget", cls=JobDefaultsCommand)(budget)

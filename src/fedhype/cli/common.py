@@ -21,7 +21,7 @@ from typing import Any, Callable
 import typer
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from fedhype.errors import FedhypeError
 from fedhype.progress import LineProgress  # noqa: F401  (re-exported for the commands)
@@ -163,6 +163,57 @@ class JsonUsageGroup(TyperGroup):
             if ctx.meta.get(_JSON_META):
                 _usage_failure(exc)
             raise
+
+
+# ---------------------------------------------------------------------------- defaults from the configuration
+def config_default(section: str, key: str) -> Callable[[], Any]:
+    """A ``default_factory`` for an option whose default is the configuration's ``section.key``.
+
+    ``train`` and ``model`` read the field defaults of :class:`~fedhype.federated.config.TrainConfig`
+    and :class:`~fedhype.models.config.ModelConfig` (the one source of the shipped job's defaults;
+    None for a field without one); any other section reads :data:`fedhype.pipeline.config.DEFAULTS`.
+    Read when the command runs or prints its help, never at import. The factory carries
+    ``job_default = "section.key"`` for :class:`JobDefaultsCommand`.
+
+    Raises (when called):
+        KeyError: no such key in the section (a programming error).
+    """
+
+    def factory() -> Any:
+        from dataclasses import MISSING, fields
+
+        if section in ("train", "model"):
+            from fedhype.federated.config import TrainConfig
+            from fedhype.models.config import ModelConfig
+
+            cls = TrainConfig if section == "train" else ModelConfig
+            found = {f.name: f for f in fields(cls)}
+            if key not in found:
+                raise KeyError(f"{cls.__name__} has no field {key!r}")
+            return None if found[key].default is MISSING else found[key].default
+        from fedhype.pipeline.config import DEFAULTS
+
+        return DEFAULTS[section][key]
+
+    factory.job_default = f"{section}.{key}"  # type: ignore[attr-defined]
+    return factory
+
+
+def config_option(section: str, key: str, *flags: str, help: str, **kwargs: Any) -> Any:
+    """A Typer option whose default is the configuration's ``section.key`` (:func:`config_default`)."""
+    return typer.Option(..., *flags, default_factory=config_default(section, key), help=help, **kwargs)
+
+
+class JobDefaultsCommand(TyperCommand):
+    """A command whose ``--help`` shows the values of its :func:`config_default` defaults (read only then)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for param in self.params:
+            if getattr(param.default, "job_default", None):
+                value = param.default()
+                param.default = value
+                param.show_default = value is not None and not isinstance(value, bool)
+        super().format_help(ctx, formatter)
 
 
 # ---------------------------------------------------------------------------- renamed options

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import SCHEMES, choice
-from fedhype.cli.common import JsonOpt, check_out_file, console, existing, renamed_option, run_command
+from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_file, config_default, console, existing,
+                                renamed_option, run_command)
 from fedhype.errors import ValidationError
 
 #: Clients named in a "too few train records" refusal; the rest are counted.
@@ -103,8 +104,9 @@ def partition(
     alpha: float = typer.Option(0.3, "--alpha", help="Dirichlet concentration α (dirichlet scheme; smaller = more label skew)."),
     quantity_skew: float | None = typer.Option(None, "--quantity-skew", help="iid only: client sizes ~ Dirichlet(S)."),
     split: str = renamed_option("0.6,0.2,0.2", "--fractions", "--split", help="train,val,test fractions of each client's records."),
-    min_train: int = renamed_option(20, "--min-records", "--min-train", help="Refuse a partition in which a client has fewer "
-                                    "training records (`fedhype train --min-records` checks the same at training time)."),
+    min_train: int = renamed_option(..., "--min-records", "--min-train", help="Refuse a partition in which a client has fewer "
+                                    "training records (`fedhype train --min-records` checks the same at training time).",
+                                    default_factory=config_default("partition", "min_train")),
     seed: int = typer.Option(0, "--seed", help="Seed of the partition."),
     draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw every client's train/val/test from --fractions "
                                      "even when the store's image folders give splits (train/, val/, test/)."),
@@ -151,4 +153,4 @@ def partition(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("partition")(partition)
+    app.command("partition", cls=JobDefaultsCommand)(partition)

@@ -1,25 +1,25 @@
 """``fedhype train``: federated FedHypeVAE training under record-level DP.
 
-Every option's default is the main job's (``fedhype run``): the ``[train]`` and ``[model]`` sections
-of :data:`fedhype.pipeline.config.DEFAULTS`, read when the command runs (importing them costs a
-torch import, which ``fedhype --help`` and the other commands should not pay).
+Every option's default is the main job's (``fedhype run``): the field defaults of
+:class:`~fedhype.federated.config.TrainConfig` and :class:`~fedhype.models.config.ModelConfig`, from
+which the job's ``[train]`` and ``[model]`` sections (:data:`fedhype.pipeline.config.DEFAULTS`) are
+derived too; read when the command runs or prints its help (:func:`fedhype.cli.common.config_default`).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
-from typer.core import TyperCommand
 
 from fedhype.cli.choices import choice
 from fedhype.federated.config import METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
-from fedhype.cli.common import (JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, round_printer,
-                                run_command)
+from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_dir, check_out_kind, config_default, config_option,
+                                console, existing, kv_table, log_line, round_printer, run_command)
 from fedhype.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -29,45 +29,13 @@ if TYPE_CHECKING:
 _MIN_RECORDS = re.compile(r"^client (.+?) has (\d+) training records \(< min_records=(\d+)\)")
 
 
-def job_default(section: str, key: str) -> Callable[[], Any]:
-    """A ``default_factory`` for the value of ``section.key`` in ``fedhype run``'s defaults.
-
-    ``min_records`` (and any key the job does not set) falls back to the
-    :class:`~fedhype.federated.config.TrainConfig` / :class:`~fedhype.models.config.ModelConfig` default.
-    """
-
-    def factory() -> Any:
-        from dataclasses import MISSING, fields
-
-        from fedhype.federated.config import TrainConfig
-        from fedhype.pipeline.config import DEFAULTS
-
-        if key in DEFAULTS[section]:
-            return DEFAULTS[section][key]
-        if section == "train":
-            f = next(f for f in fields(TrainConfig) if f.name == key)
-            return f.default if f.default is not MISSING else None
-        return None  # [model]: ModelConfig's own default
-
-    factory.job_default = f"{section}.{key}"  # type: ignore[attr-defined]
-    return factory
+#: (kept for callers of the old name) a default factory for ``section.key`` of the configuration
+job_default = config_default
 
 
 def _opt(key: str, *flags: str, help: str, section: str = "train", **kwargs: Any) -> Any:
-    """An option defaulting to ``fedhype run``'s ``section.key``."""
-    return typer.Option(..., *flags, default_factory=job_default(section, key), help=help, **kwargs)
-
-
-class JobDefaultsCommand(TyperCommand):
-    """A command whose --help shows the values of its :func:`job_default` defaults (read only then)."""
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        for param in self.params:
-            if getattr(param.default, "job_default", None):
-                value = param.default()
-                param.default = value
-                param.show_default = value is not None and not isinstance(value, bool)
-        super().format_help(ctx, formatter)
+    """An option defaulting to the configuration's ``section.key`` (:func:`~fedhype.cli.common.config_option`)."""
+    return config_option(section, key, *flags, help=help, **kwargs)
 
 
 def build_config(options: dict[str, Any], model: dict[str, Any]) -> "TrainConfig":
@@ -174,8 +142,8 @@ def register(app: typer.Typer) -> None:
         dropout_tolerance: int = _opt("dropout_tolerance", "--dropout-tolerance",
                                       help="With --secure-aggregation: t, how many clients may be missing from the sum "
                                            "or collude with the server while the guarantee holds (0 ≤ t < m)."),
-        class_stats_noise_multiplier: Optional[float] = typer.Option(
-            None, "--class-stats-noise-multiplier",
+        class_stats_noise_multiplier: Optional[float] = _opt(
+            "class_stats_noise_multiplier", "--class-stats-noise-multiplier",
             help="σ₀ of the class-statistics release set directly (with --noise-multiplier; default: calibrated "
                  "from --class-stats-share, see `fedhype budget`)."),
         rounds: int = _opt("rounds", "--rounds", help="Federated rounds."),

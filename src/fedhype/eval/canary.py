@@ -278,7 +278,7 @@ def default_model(dim: int, n_classes: int, seed: int = 0, cfg: ModelConfig | No
 
     ``cfg``: the model to build — pass the job's (``fedhype audit`` passes what ``fedhype train`` builds
     with its defaults, :func:`fedhype.cli.audit_cmd.job_model`); None: the bare :class:`ModelConfig`
-    defaults, which are not the shipped job's sizes.
+    defaults (the job's sizes, without any method's preset: the default method's model).
     """
     from fedhype.models.hypernet import HyperNetwork
 

@@ -50,6 +50,11 @@ STATISTICS_ONLY = ("dp-gaussian",)
 class TrainConfig:
     """How a run trains and what privacy it buys.
 
+    The field defaults are the shipped job's (``fedhype run``, ``fedhype train`` with no options):
+    :data:`fedhype.pipeline.config.DEFAULTS` and every ``fedhype train`` / ``fedhype budget`` option
+    default are read from here, so ``TrainConfig()`` is what ``fedhype train`` would use (with
+    ``model`` empty: :class:`ModelConfig`'s defaults, which are the job's model too).
+
     Attributes:
         rounds: federated rounds R.
         local_epochs: local epochs per round; client i runs K_i = ceil(E · n_i / B) DP steps
@@ -69,9 +74,8 @@ class TrainConfig:
         class_stats_share: share of the target ε that the DP class statistics released before
             round 0 may cost on their own (their σ is calibrated for it; the DP-SGD σ is then
             calibrated so that both compose to the target). Used when ``model.class_bias``.
-            Default 0.8, measured on the bundled job (TSTR at ε = 1, seeds 0/1): share 0.3 →
-            0.19/0.20, 0.5 → 0.26/0.26, 0.8 → 0.32/0.31, 0.9 → 0.33/0.32; at ε = 4: 0.5 →
-            0.37/0.41, 0.8 → 0.43/0.47 (benchmarks/utility.py --set train.class_stats_share=...).
+            Default 0.95, chosen on the digits validation split (benchmarks/results/release_defaults.md:
+            the one-shot release carries the class signal).
         second_moment_share: share c² of the release's unit L2 sensitivity given to the
             second-moment matrix (:class:`fedhype.privacy.dp_step.ReleaseWeights`; the counts get
             :data:`~fedhype.privacy.dp_step.COUNT_SHARE`, the class sums the rest). Used when
@@ -108,10 +112,10 @@ class TrainConfig:
         model: :class:`ModelConfig` overrides.
     """
 
-    rounds: int = 30
-    local_epochs: float = 1.0
+    rounds: int = 8
+    local_epochs: float = 2.0
     local_steps: int | None = None
-    batch_size: int = 64
+    batch_size: int = 256
     participation: float = 1.0
     lr_local: float | None = None
     lr_server: float = 1.0
@@ -121,7 +125,7 @@ class TrainConfig:
     delta: float = 1e-4
     noise_multiplier: float | None = None
     clip_norm: float = 1.5
-    class_stats_share: float = 0.8
+    class_stats_share: float = 0.95
     class_stats_noise_multiplier: float | None = None
     second_moment_share: float = 0.3
     centre_share: float = DEFAULT_CENTRE_SHARE

@@ -22,8 +22,12 @@ DEFAULT_RESIDUAL = "latent"
 class ModelConfig:
     """Sizes and loss weights of the hypernetwork CVAE.
 
-    Defaults follow the predecessor DP-CVAE (Di Salvo et al. 2025: 3 hidden layers of width 256,
-    latent 100, β = 0.1) where FedHypeVAE (Gupta & Sethi 2026) is silent.
+    The field defaults are the shipped job's model (``fedhype run``, ``fedhype train``: the job's
+    ``[model]`` section is read from here). The sizes differ from the predecessor DP-CVAE's (Di Salvo
+    et al. 2025: 3 hidden layers of width 256, latent 100): width 128, whose DP-SGD gradients the noise
+    swamps less at ε = 1, and latent 64, which bounds the rank of the decoder's linear-Gaussian path
+    (chosen on the digits validation split: benchmarks/results/release_defaults.md, "no DP: lr_local,
+    latent"). β = 0.1 and the rest follow the predecessor where FedHypeVAE (Gupta & Sethi 2026) is silent.
 
     Attributes:
         dim: D, embedding dimension.
@@ -82,8 +86,8 @@ class ModelConfig:
 
     dim: int
     n_classes: int
-    latent: int = 100
-    hidden: int = 256
+    latent: int = 64
+    hidden: int = 128
     code_dim: int = 32
     hyper_hidden: int = 128
     decoder: str = "film"

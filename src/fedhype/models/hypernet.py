@@ -19,7 +19,7 @@ Design (ours; FedHypeVAE's abstract leaves the parametrisation open). The hypern
   (:func:`fedhype.federated.class_stats.apply_client_stats`); the neutral meta-code c̄ = Σ w_i c_i
   then gets the size-weighted mean of the clients' offsets.
 
-Parameter count and traffic for D = 384, K = 10, L = 100, hidden = 256, code 32, trunk 128
+Parameter count and traffic for D = 384, K = 10, L = 64, hidden = 128, code 32, trunk 128
 (the bundled default): see :meth:`HyperNetwork.traffic` (printed by ``fedhype train``). A client
 downloads θ_i and uploads a Δθ_i of the same size (float32).
 """

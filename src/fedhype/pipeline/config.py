@@ -10,14 +10,32 @@ from __future__ import annotations
 
 import copy
 import tomllib
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 from fedhype.errors import ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.models.config import ModelConfig
-from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS, DEFAULT_RELEASE_CENTRE
+
+#: the ``[train]`` keys a job configuration lists (and writes into config.toml); the other
+#: :class:`TrainConfig` fields (local_steps, lr_server, lr_hyper, lr_code, class_stats_noise_multiplier,
+#: min_records) may be set too and otherwise keep their defaults
+JOB_TRAIN_KEYS = ("rounds", "local_epochs", "batch_size", "participation", "lr_local", "epsilon", "delta",
+                  "noise_multiplier", "clip_norm", "class_stats_share", "second_moment_share", "centre_share",
+                  "release_radius", "release_centre", "secure_aggregation", "dropout_tolerance", "no_dp", "max_epsilon",
+                  "seed", "method")
+#: the ``[model]`` keys a job configuration lists (any other :class:`ModelConfig` field may be set too)
+JOB_MODEL_KEYS = ("hidden", "latent")
+
+
+def field_defaults(cls: type) -> dict[str, Any]:
+    """``{name: default}`` of a dataclass's fields that have a plain default (the one source of defaults)."""
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+_TRAIN_DEFAULTS = field_defaults(TrainConfig)
+_MODEL_DEFAULTS = field_defaults(ModelConfig)
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     # data: a bundled dataset, an image folder (images, read as layout) or an existing real store from
@@ -26,17 +44,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # benchmark figures were measured at); cache_dir "" = ~/.cache/fedhype/embeddings ($FEDHYPE_CACHE)
     "data": {"dataset": "digits-domains", "images": "", "layout": "auto", "store": "", "encoder": "dinov2-vits14",
              "image_size": 0, "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "dtype": "auto", "cache_dir": ""},
-    "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2], "min_train": 20, "seed": 0},
-    # class_stats_share 0.95, second_moment_share 0.3 and latent 64 were chosen on the digits validation
-    # split (benchmarks/results/release_defaults.md): the one-shot release carries the class signal. lr_local
-    # None = the method's default (TrainConfig.local_lr: 1e-3 from the statistics-initialised model,
-    # where 1e-2 moved it away from that state, 1e-2 for the models without it)
-    "train": {"rounds": 8, "local_epochs": 2.0, "batch_size": 256, "participation": 1.0, "lr_local": None,
-              "epsilon": 1.0, "delta": 1e-4, "noise_multiplier": None, "clip_norm": 1.5, "class_stats_share": 0.95,
-              "second_moment_share": 0.3, "centre_share": DEFAULT_CENTRE_SHARE, "release_radius": DEFAULT_RADIUS, "release_centre": DEFAULT_RELEASE_CENTRE, "secure_aggregation": False, "dropout_tolerance": 0, "no_dp": False, "max_epsilon": None, "seed": None, "method": "fedhypevae"},
-    # hidden 128 (smaller than the predecessor's 256: its noise swamped the gradients at ε = 1); latent 64
-    # bounds the rank of the decoder's linear-Gaussian path (32 lost 0.01–0.02 TSTR without DP)
-    "model": {"hidden": 128, "latent": 64},
+    # min_train: the smallest client training set, the same minimum as train.min_records
+    "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2],
+                  "min_train": _TRAIN_DEFAULTS["min_records"], "seed": 0},
+    # train and model: the dataclasses' own defaults (TrainConfig and ModelConfig say why each was chosen)
+    "train": {k: _TRAIN_DEFAULTS[k] for k in JOB_TRAIN_KEYS},
+    "model": {k: _MODEL_DEFAULTS[k] for k in JOB_MODEL_KEYS},
     "synthesis": {"code": "mixture", "per_class": 300, "seed": 0, "temperature": 1.0},
     # downstream: the per-client table of fedhype.eval.client_downstream (local-only, synthetic-only, local +
     # synthetic, λ-interpolation on each client's test split and their union); the prototype-anchor rows of
