@@ -77,7 +77,7 @@ GRID: list[tuple[str, str, dict]] = (
        for e in ("1", "4", "8") for r in ("isotropic", "latent")]
     # is the DP-SGD stage worth its 5 % of ε? 0.999 leaves it a thousandth (σ so large that the rounds move nothing)
     + [("DP-SGD share", e, {"dataset": d, "code": "mixture", "class_stats_share": c})
-       for d in ("digits", "fashion") for e in ("1", "4", "8") for c in (0.95, 0.999)]
+       for d in ("digits", "fashion") for e in ("1", "4", "8") for c in (0.95, 0.99, 0.999)]
 )
 
 

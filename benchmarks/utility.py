@@ -24,6 +24,8 @@ benchmark continues where it stopped. ``--fresh`` ignores the recorded rows.
 
     .venv/bin/python benchmarks/utility.py --jobs 2 --readme                 # digits, full grid (~30 min, 2 cores)
     .venv/bin/python benchmarks/utility.py --dataset fashion --jobs 2 --readme  # (~65 min, 2 cores)
+    .venv/bin/python benchmarks/utility.py --dataset fashion-full --methods scale --jobs 2 --readme  # 70,000 images
+    .venv/bin/python benchmarks/utility.py --dataset fashion-full-100 --methods scale --jobs 2 --readme   # 100 clients
     .venv/bin/python benchmarks/utility.py --methods fedhypevae dp-cvae --epsilons 1 --seeds 0   # a slice
 """
 
@@ -46,12 +48,23 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("epsilon", "mmd2", "fd", "precision", "recall", "density", "coverage", "tstr_accuracy", "trtr_accuracy",
         "interpolation_mean_accuracy", "dp_fedavg_linear_accuracy", "dp_fedavg_linear_epsilon")
-DATASETS = {"digits": None, "fashion": str(ROOT / "configs" / "fashion-mnist.toml")}
+DATASETS = {"digits": None, "fashion": str(ROOT / "configs" / "fashion-mnist.toml"),
+            "fashion-full": str(ROOT / "configs" / "fashion-mnist-full.toml"),
+            "fashion-full-100": str(ROOT / "configs" / "fashion-mnist-full-100.toml")}
+#: the grids whose committed rows were measured on float32 embeddings (before the bfloat16 default): pinned
+FLOAT32 = ("digits", "fashion")
 DESCRIPTION = {"digits": "bundled digits domains (DINOv2-S/14 at 112 px, 4 natural-domain clients)",
-               "fashion": "configs/fashion-mnist.toml (10,000 images, DINOv2-S/14 at 112 px, 10 Dirichlet α = 0.3 clients)"}
+               "fashion": "configs/fashion-mnist.toml (10,000 images, DINOv2-S/14 at 112 px, 10 Dirichlet α = 0.3 clients)",
+               "fashion-full": "configs/fashion-mnist-full.toml (all 70,000 images, about 42,000 training records, "
+                               "DINOv2-S/14 at 112 px, dtype auto, 10 Dirichlet α = 0.3 clients)",
+               "fashion-full-100": "configs/fashion-mnist-full-100.toml (all 70,000 images, DINOv2-S/14 at 112 px, "
+                                   "dtype auto, 100 Dirichlet α = 0.3 clients)"}
 #: ``--methods core``: ours, the statistics floor, the baselines and the ablation of the second-order release
 CORE = ("fedhypevae", "dp-gaussian", "no-client-stats", "no-second-moment", "dp-cvae", "local-cvae", "central-cvae",
         "fedhypevae+secagg", "dp-gaussian+secagg")
+#: ``--methods scale`` (the realistic-scale grids): ours, the statistics floor and the strongest baseline without
+#: federation; the DP-SGD linear reference is in every row's references
+SCALE = ("fedhypevae", "dp-gaussian", "local-cvae")
 #: a method name with this suffix runs the method with ``train.secure_aggregation = true`` (t = 0)
 SECAGG = "+secagg"
 
@@ -79,14 +92,15 @@ def job_key(method: str, eps: str, seed: int, extra: list[str]) -> str:
 
 
 def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, extra: list[str]) -> dict:
-    """One main job; returns its row (the report's figures, per-client accuracy, wall time)."""
+    """One main job; returns its row (the report's figures, per-client accuracy, wall time, peak RSS of the process)."""
     from fedhype.pipeline.config import resolve
     from fedhype.pipeline.job import run_job
 
     base, secagg = (method[: -len(SECAGG)], True) if method.endswith(SECAGG) else (method, False)
     sets = [f"train.method=\"{base}\"", *(["train.secure_aggregation=true"] if secagg else []), f"train.seed={seed}", f"partition.seed={seed}", f"synthesis.seed={seed}",
-            'data.dtype="float32"',  # the grid's embeddings: float32 (measured before the bfloat16 default)
-            "evaluate.prototypes=false", "evaluate.code_domain=false", "evaluate.permutations=20"]  # the p-value is not in the tables
+            *(['data.dtype="float32"'] if config in (DATASETS[d] for d in FLOAT32) else []),  # those grids' embeddings
+            "evaluate.prototypes=false", "evaluate.code_domain=false", "evaluate.downstream=false",  # (benchmarks/downstream.py)
+            "evaluate.permutations=20"]  # the p-value is not in the tables
     sets.append(f"synthesis.code=\"{code_for(method)}\"")
     sets += [*extra, "train.no_dp=true"] if eps == "none" else [*extra, f"train.epsilon={float(eps)}"]
     conf = resolve(config, sets)
@@ -103,7 +117,10 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
                   for name, c in (ev.get("interpolation") or {}).get("clients", {}).items()}
     for name, acc in (rep.get("dp_fedavg_linear_per_client_accuracy") or {}).items():
         per_client.setdefault(name, {})["dp_linear"] = acc
-    return {**row, "wall_s": time.perf_counter() - t, "train_s": rep.get("timings_s", {}).get("train_s"),
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB (Linux: KiB); one process per job with --jobs > 1
+    return {**row, "wall_s": time.perf_counter() - t, "peak_rss_mb": peak, "train_s": rep.get("timings_s", {}).get("train_s"),
             **{k: rep.get(k) for k in KEYS}, "per_client": per_client}
 
 
@@ -193,6 +210,23 @@ def reference_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(rows: list[dict], methods: list[str]) -> str:
+    """Wall time and peak resident memory of each job (mean ± std over seeds; rows that recorded them)."""
+    groups = _groups([r for r in rows if r.get("peak_rss_mb") is not None], lambda r: (r["eps_target"], r["method"]))
+    if not groups:
+        return ""
+    lines = ["Cost per job (the whole `fedhype run`: release, training, synthesis, evaluation and the DP linear "
+             "reference; one process per job):", "", "| target ε | method | wall time (s) | peak RSS (MB) | seeds |",
+             "|---|---|---|---|---|"]
+    for e in sorted({e for e, _ in groups}, key=_eps_order):
+        for m in methods:
+            rs = groups.get((e, m))
+            if rs:
+                lines.append(f"| {_eps_label(e)} | {m} | {_cell(rs, lambda r: r['wall_s'], 0)} | "
+                             f"{_cell(rs, lambda r: r['peak_rss_mb'], 0)} | {len(rs)} |")
+    return "\n".join(lines)
+
+
 def client_table(rows: list[dict], methods: list[str]) -> str:
     """Per-client test accuracy: TSTR (synthetic-only probe) / λ-protocol / DP-linear, mean over seeds."""
     names = list(dict.fromkeys(n for r in rows for n in r.get("per_client", {})))
@@ -228,7 +262,7 @@ def main() -> None:
     ap.add_argument("--config", default=None, help="any job config instead of --dataset")
     ap.add_argument("--methods", nargs="+", default=["all"],
                     help="methods of fedhype train --method, or all, or core (CORE: ours, dp-gaussian, no-second-moment "
-                         "and the baselines)")
+                         "and the baselines), or scale (SCALE: ours, dp-gaussian, local-cvae)")
     ap.add_argument("--epsilons", nargs="+", default=["1", "4", "8", "none"], help="target ε values; none = no DP")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="extra job settings (key=value), as fedhype run --set")
@@ -245,7 +279,8 @@ def main() -> None:
     dataset = a.dataset or ("digits" if a.config is None else None)
     config = DATASETS[dataset] if dataset else a.config
     known = all_methods()
-    methods = known if a.methods == ["all"] else (list(CORE) if a.methods == ["core"] else a.methods)
+    methods = known if a.methods == ["all"] else (list(CORE) if a.methods == ["core"] else
+                                                  list(SCALE) if a.methods == ["scale"] else a.methods)
     bad = [m for m in methods if m not in known]
     if bad:
         ap.error(f"unknown --methods {bad}; choose from {known} or all")
@@ -259,7 +294,7 @@ def main() -> None:
                 ap.error(f"--epsilons {e!r}: give finite positive numbers or none")
     if a.jobs < 1:
         ap.error(f"--jobs must be ≥ 1, got {a.jobs}")
-    full = (a.methods in (["all"], ["core"]) and a.epsilons == ["1", "4", "8", "none"] and sorted(a.seeds) == [0, 1, 2]
+    full = (a.methods in (["all"], ["core"], ["scale"]) and a.epsilons == ["1", "4", "8", "none"] and sorted(a.seeds) == [0, 1, 2]
             and not a.extra and a.config is None)
     if not full and a.readme:
         ap.error("--readme needs the full grid (--methods all or core, default --epsilons/--seeds, no --set or "
@@ -297,7 +332,7 @@ def main() -> None:
     if a.jobs > 1 and todo:
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        with ProcessPoolExecutor(a.jobs, initializer=_one_thread) as ex:
+        with ProcessPoolExecutor(a.jobs, initializer=_one_thread, max_tasks_per_child=1) as ex:  # peak RSS per job
             for fut in as_completed([ex.submit(_run_star, g) for g in todo]):
                 record(fut.result())
     else:
@@ -307,11 +342,12 @@ def main() -> None:
     threads = f"{a.jobs} processes × 1 thread" if a.jobs > 1 else f"{torch.get_num_threads()} threads"
     # the grid, not the flags that only say where to write: rerunning with --readme keeps the header
     cmd = "benchmarks/utility.py" + (f" --dataset {dataset}" if dataset not in (None, "digits") else "") + (
-        " --methods core" if a.methods == ["core"] else "") + ("" if full else " " + " ".join(sys.argv[1:]))
+        f" --methods {a.methods[0]}" if a.methods in (["core"], ["scale"]) else "") + ("" if full else " " + " ".join(sys.argv[1:]))
     head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU ({os.cpu_count()} cores, {threads}); "
             f"{DESCRIPTION.get(dataset, f'config {config}')}; `{cmd}`; {len(rows)} jobs; "
             + (f"methods: the core set ({', '.join(CORE)}; the other ablations are in the digits grid); "
-               if a.methods == ["core"] else "") +
+               if a.methods == ["core"] else "")
+            + (f"methods: the scale set ({', '.join(SCALE)}); " if a.methods == ["scale"] else "") +
             f"synthetic = 300 per class (code `mixture` for {', '.join(m for m in methods if code_for(m) == 'mixture')}; "
             f"`neutral` for the others), tested on the held-out real test split_")
     md = (head + "\n\nTSTR accuracy (a classifier trained on the synthetic embeddings only, tested on real ones; "
@@ -325,8 +361,8 @@ def main() -> None:
     res.mkdir(parents=True, exist_ok=True)
     name = "utility" if dataset in (None, "digits") else f"utility-{dataset}"
     (res / f"{name}.json").write_text(json.dumps({"header": head, "rows": rows}, indent=1) + "\n")
-    (res / f"{name}.md").write_text(md + full + ("\n" + client_table(rows, methods) + "\n"
-                                                 if client_table(rows, methods) else ""))
+    extra = [t for t in (cost_table(rows, methods), client_table(rows, methods)) if t]
+    (res / f"{name}.md").write_text(md + full + "".join("\n" + t + "\n" for t in extra))
     print(md)
     if a.readme and dataset:
         readme = ROOT / "README.md"
