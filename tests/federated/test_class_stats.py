@@ -59,7 +59,8 @@ def test_noise_has_the_gaussian_mechanism_scale(real_store):
 
 
 def test_release_is_in_the_ledger_and_composed_by_the_accountant(real_store, part, tmp_path):
-    cfg = TrainConfig(rounds=2, local_steps=2, batch_size=32, epsilon=2.0, delta=1e-4, seed=0, model=SMALL)
+    cfg = TrainConfig(rounds=2, local_steps=2, batch_size=32, epsilon=2.0, delta=1e-4, seed=0, class_stats_share=0.8,
+                      model=SMALL)
     res = train(real_store, part, cfg, tmp_path / "run", diagnostics=False)
     ledger = PrivacyLedger.load(tmp_path / "run" / "ledger.json")
     pre = [e for e in ledger.events if e.mechanism == MECHANISM]
@@ -74,7 +75,7 @@ def test_release_is_in_the_ledger_and_composed_by_the_accountant(real_store, par
     # σ_A = σ₀/√s, σ_B = σ₀/√(1 − s): Gaussian composition, 1/σ_A² + 1/σ_B² = 1/σ₀²
     s0 = res["class_stats_noise_multiplier"]
     assert sa == pytest.approx(s0 / math.sqrt(cfg.centre_share)) and sb == pytest.approx(s0 / math.sqrt(1 - cfg.centre_share))
-    # both steps together cost the release's share of ε (TrainConfig default share 0.8), as one step at σ₀ would
+    # both steps together cost the release's share of ε (class_stats_share 0.8), as one step at σ₀ would
     assert epsilon([(sa, 1.0, 1), (sb, 1.0, 1)], 1e-4) == pytest.approx(0.8 * 2.0, abs=0.02)
     assert epsilon([(sa, 1.0, 1), (sb, 1.0, 1)], 1e-4) == pytest.approx(epsilon([(s0, 1.0, 1)], 1e-4), abs=0.01)
     worst = 0.0

@@ -29,7 +29,8 @@ def test_budget_plan_is_the_engines_plan_including_the_class_statistics():
     sizes = [1500, 750]
     res = budget_plan(1e-4, 8, 256, [(str(i), str(i), n) for i, n in enumerate(sizes)], local_epochs=2,
                       target_epsilon=1.0, class_stats_share=0.8)
-    eng = plan_privacy(TrainConfig(rounds=8, local_epochs=2, batch_size=256, epsilon=1.0, delta=1e-4), sizes)
+    eng = plan_privacy(TrainConfig(rounds=8, local_epochs=2, batch_size=256, epsilon=1.0, delta=1e-4,
+                                   class_stats_share=0.8), sizes)
     assert res["noise_multiplier"] == pytest.approx(eng["noise_multiplier"], rel=1e-12)
     assert res["class_stats_noise_multiplier"] == pytest.approx(eng["class_stats_noise_multiplier"], rel=1e-12)
     assert 0.78 < res["class_stats_epsilon"] <= 0.8 + 0.02 and res["epsilon"] <= 1.0
