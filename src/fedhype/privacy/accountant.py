@@ -337,6 +337,67 @@ def epsilon_report(history: History, delta: float) -> dict:
     }
 
 
+# --------------------------------------------------------------------------- integer-domain releases
+#: one integer-domain (Skellam) release term: ``(σ = √μ/γ, scale γ, record_dim d, count)``
+DiscreteTerm = tuple[float, float, int, int]
+
+
+def epsilon_discrete(history: History, terms: list[DiscreteTerm], delta: float) -> float:
+    """ε of Gaussian steps ``history`` composed with integer-domain Skellam releases ``terms``, by RDP.
+
+    The Skellam releases of :mod:`fedhype.privacy.skellam` (secure aggregation across machines) have
+    an RDP bound at integer orders only (:func:`fedhype.privacy.skellam.skellam_rdp`); PRV and PLD
+    model Gaussian noise. So a history with such a release is accounted by RDP alone: the subsampled
+    Gaussian RDP of Mironov, Talwar & Zhang 2019 (Opacus ``compute_rdp``) plus the Skellam bound, at
+    the integer orders 2…256, converted to (ε, δ) as Opacus's RDP accountant does (Balle et al. 2020).
+    With no term this is the RDP accountant at integer orders.
+
+    Returns:
+        ε ≥ 0 (``inf`` for an event or term with σ = 0).
+
+    Raises:
+        ValidationError: bad δ, event or term.
+    """
+    delta = validate_delta(delta)
+    canon = canonical_history(history)
+    clean = []
+    for i, t in enumerate(terms):
+        if not isinstance(t, (tuple, list)) or len(t) != 4:
+            raise ValidationError(f"terms[{i}] must be (noise_multiplier, scale, record_dim, count), got {t!r}")
+        s = validate_noise_multiplier(t[0], f"terms[{i}].noise_multiplier")
+        g = validate_noise_multiplier(t[1], f"terms[{i}].scale")
+        d, c = validate_steps(t[2], f"terms[{i}].record_dim"), validate_steps(t[3], f"terms[{i}].count")
+        if g < 1 or d < 1:
+            raise ValidationError(f"terms[{i}]: scale ≥ 1 and record_dim ≥ 1 needed, got {t!r}")
+        if c:
+            clean.append((s, g, d, c))
+    return _epsilon_discrete_cached(canon, tuple(sorted(clean)), delta)
+
+
+@functools.lru_cache(maxsize=4096)
+def _epsilon_discrete_cached(canon, terms, delta: float) -> float:
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+    from fedhype.privacy.skellam import ORDERS, skellam_rdp
+
+    if not canon and not terms:
+        return 0.0
+    if any(s == 0.0 for s, _, _ in canon) or any(s == 0.0 for s, _, _, _ in terms):
+        return math.inf
+    orders = [float(a) for a in ORDERS]
+    rdp = np.zeros(len(orders))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for s, q, t in canon:
+            rdp = rdp + np.asarray(compute_rdp(q=q, noise_multiplier=s, steps=t, orders=orders), dtype=np.float64)
+        for s, g, d, c in terms:
+            rdp = rdp + c * skellam_rdp(ORDERS, s, g, d)
+        eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
+    if math.isnan(eps):
+        raise FedhypeError(f"RDP accountant returned NaN for history {list(canon)} with Skellam terms {list(terms)}")
+    return max(float(eps), 0.0)
+
+
 # --------------------------------------------------------------------------- σ for a target ε
 def calibrate_noise(
     target_epsilon: float,

@@ -72,3 +72,21 @@ def release_events(clients: Iterable[str], steps: Sequence[tuple[float, float, i
     return [LedgerEvent(client=str(c), round=-1, mechanism=m, noise_multiplier=float(s), sample_rate=float(q),
                         steps=int(k), clip_norm=float(clip_norm), note=n)
             for c in clients for (s, q, k), m, n in zip(steps, mechanisms, notes)]
+
+
+def skellam_release_events(clients: Iterable[str], plan, mechanism: str, note: str = "") -> list[LedgerEvent]:
+    """The round −1 events of one integer-domain release (:class:`fedhype.privacy.skellam.SkellamPlan`), one per client.
+
+    Recorded with ``noise = "skellam"``, σ = √μ/γ, γ and d, q = 1, one step and the release's L2
+    sensitivity 1 (real units), so the accountant composes the Skellam RDP bound of the plan
+    (:func:`fedhype.privacy.accountant.epsilon_discrete`).
+
+    Args:
+        clients: client ids in charging order. plan: the release's SkellamPlan.
+        mechanism: one of :data:`MECHANISMS` (the centre or the class statistics). note: kept in every event.
+    """
+    from fedhype.privacy.dp_step import RELEASE_SENSITIVITY
+
+    return [LedgerEvent(client=str(c), round=-1, mechanism=mechanism, sample_rate=1.0, steps=1,
+                        clip_norm=float(RELEASE_SENSITIVITY), note=note, **plan.event_fields())
+            for c in clients]

@@ -6,7 +6,12 @@ exactly what is wrong.
 The ledger is append-only. Each event is one Poisson-subsampled Gaussian mechanism run
 ``steps`` times (σ, q, C as in DP-SGD, Abadi et al. 2016, Alg. 1); ε per client comes from
 :func:`fedhype.privacy.accountant.epsilon` (the reported figure: the smaller of the PRV and RDP
-upper bounds) on that client's events.
+upper bounds) on that client's events. An event with ``noise = "skellam"`` is an un-subsampled
+integer-domain release instead (:mod:`fedhype.privacy.skellam`: secure aggregation across machines;
+its ``scale`` γ and ``record_dim`` d with σ give the Skellam variance and sensitivities); a client
+with such an event is accounted by RDP alone (:func:`fedhype.privacy.accountant.epsilon_discrete`),
+whichever accountant is asked for. Gaussian events are written without these two fields, so older
+ledgers and their hashes are unchanged.
 
 File format ``fedhype-ledger/1`` (JSON, written atomically)::
 
@@ -36,6 +41,8 @@ from fedhype.io import atomic_write_text, read_json
 from fedhype.privacy.accountant import (
     REPORTED,
     History,
+    epsilon_discrete,
+    validate_accountant,
     validate_delta,
     validate_sample_rate,
     validate_noise_multiplier,
@@ -45,6 +52,9 @@ from fedhype.privacy.accountant import (
 )
 
 FORMAT = "fedhype-ledger/1"
+#: the noise of an event: the Gaussian mechanism (every event but one kind) or an integer-domain Skellam release
+GAUSSIAN, SKELLAM = "gaussian", "skellam"
+NOISES = (GAUSSIAN, SKELLAM)
 
 
 def _now() -> str:
@@ -72,6 +82,10 @@ class LedgerEvent:
         steps: number of compositions (int ≥ 0).
         clip_norm: clipping norm C ≥ 0 (L2, in the units of the clipped quantity).
         note: free text (optional).
+        noise: ``"gaussian"`` (default) or ``"skellam"`` (an integer-domain release, q = 1:
+            :mod:`fedhype.privacy.skellam`; σ is then √μ/γ).
+        scale: γ of a Skellam release (0 for Gaussian noise).
+        record_dim: d of a Skellam release, the most coordinates one record touches (0 for Gaussian noise).
         time: ISO 8601 timestamp (UTC now by default).
 
     Raises:
@@ -86,6 +100,9 @@ class LedgerEvent:
     steps: int
     clip_norm: float
     note: str = ""
+    noise: str = GAUSSIAN
+    scale: float = 0.0
+    record_dim: int = 0
     time: str = dataclasses.field(default_factory=_now)
 
     def __post_init__(self) -> None:
@@ -103,10 +120,29 @@ class LedgerEvent:
         set_(self, "sample_rate", validate_sample_rate(self.sample_rate, "LedgerEvent.sample_rate", allow_zero=True))
         set_(self, "steps", validate_steps(self.steps, "LedgerEvent.steps"))
         set_(self, "clip_norm", validate_noise_multiplier(self.clip_norm, "LedgerEvent.clip_norm"))
+        set_(self, "scale", validate_noise_multiplier(self.scale, "LedgerEvent.scale"))
+        set_(self, "record_dim", validate_steps(self.record_dim, "LedgerEvent.record_dim"))
+        if self.noise not in NOISES:
+            raise ValidationError(f"LedgerEvent.noise must be one of {NOISES}, got {self.noise!r}")
+        if self.noise == GAUSSIAN and (self.scale or self.record_dim):
+            raise ValidationError("LedgerEvent.scale and record_dim belong to a Skellam release (noise = 'skellam')")
+        if self.noise != GAUSSIAN and (self.scale < 1 or self.record_dim < 1 or self.sample_rate not in (0.0, 1.0)):
+            raise ValidationError(f"a Skellam LedgerEvent needs scale ≥ 1, record_dim ≥ 1 and sample_rate 1 (an "
+                                  f"un-subsampled release), got scale {self.scale}, record_dim {self.record_dim}, "
+                                  f"sample_rate {self.sample_rate}")
+
+    @property
+    def discrete(self) -> bool:
+        """Whether this is an integer-domain (Skellam) release, accounted by RDP alone."""
+        return self.noise != GAUSSIAN
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON-ready)."""
-        return dataclasses.asdict(self)
+        """Plain-data form (JSON-ready); a Gaussian event has no ``noise``, ``scale``, ``record_dim`` keys."""
+        d = dataclasses.asdict(self)
+        if not self.discrete:
+            for k in ("noise", "scale", "record_dim"):
+                d.pop(k)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LedgerEvent":
@@ -162,14 +198,15 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ ε
     def history(self, client: str, extra: Iterable[LedgerEvent] = ()) -> History:
-        """``client``'s events as an Opacus history, consecutive equal (σ, q) events merged.
+        """``client``'s Gaussian events as an Opacus history, consecutive equal (σ, q) events merged
+        (its Skellam releases are :meth:`discrete_terms`).
 
         ``extra`` events (planned, not recorded) are appended first; other clients' are ignored.
         A client without events has the empty history (ε = 0).
         """
         out: History = []
         for e in [*self._events, *extra]:
-            if e.client != client:
+            if e.client != client or e.discrete:
                 continue
             if out and out[-1][:2] == (e.noise_multiplier, e.sample_rate):
                 out[-1] = (e.noise_multiplier, e.sample_rate, out[-1][2] + e.steps)
@@ -177,10 +214,25 @@ class PrivacyLedger:
                 out.append((e.noise_multiplier, e.sample_rate, e.steps))
         return out
 
+    def discrete_terms(self, client: str, extra: Iterable[LedgerEvent] = ()) -> list[tuple[float, float, int, int]]:
+        """``client``'s integer-domain (Skellam) releases as accountant terms ``(σ, γ, d, steps)``."""
+        return [(e.noise_multiplier, e.scale, e.record_dim, e.steps) for e in [*self._events, *extra]
+                if e.client == client and e.discrete and e.steps and e.sample_rate]
+
+    def _epsilon(self, client: str, extra: Iterable[LedgerEvent] = (), accountant: str = REPORTED) -> float:
+        extra = list(extra)
+        terms = self.discrete_terms(client, extra)
+        if terms:  # a Skellam release: RDP alone, whatever accountant is asked for (PRV and PLD model Gaussians)
+            validate_accountant(accountant)
+            return epsilon_discrete(self.history(client, extra), terms, self.delta)
+        return epsilon(self.history(client, extra), self.delta, accountant)
+
     def epsilon(self, client: str, accountant: str = REPORTED) -> float:
         """ε spent by ``client`` at the ledger's δ (0 for a client with no events); ``accountant`` as in
-        :func:`fedhype.privacy.accountant.epsilon` (default: the reported figure, min of PRV and RDP)."""
-        return epsilon(self.history(client), self.delta, accountant)
+        :func:`fedhype.privacy.accountant.epsilon` (default: the reported figure, min of PRV and RDP).
+        A client with a Skellam release gets the RDP figure of
+        :func:`~fedhype.privacy.accountant.epsilon_discrete` for every accountant."""
+        return self._epsilon(client, (), accountant)
 
     def epsilons(self, accountant: str = REPORTED) -> dict[str, float]:
         """ε per client (order of first appearance)."""
@@ -198,7 +250,13 @@ class PrivacyLedger:
         """Per-client ε by each accountant, total steps and event count; the worst client; δ."""
         clients = {}
         for c in self.clients():
-            rep = epsilon_report(self.history(c), self.delta)
+            if self.discrete_terms(c):
+                eps = self.epsilon(c)
+                rep = {"epsilon": eps, "accountant": "rdp", "epsilon_prv": None, "epsilon_rdp": eps, "epsilon_pld": None,
+                       "delta": self.delta, "steps": sum(e.steps for e in self._events if e.client == c),
+                       "warnings": [], "note": "integer-domain (Skellam) release: accounted by RDP alone"}
+            else:
+                rep = epsilon_report(self.history(c), self.delta)
             rep["events"] = sum(1 for e in self._events if e.client == c)
             clients[c] = rep
         worst, worst_eps = self.worst()
@@ -219,7 +277,7 @@ class PrivacyLedger:
                 raise ValidationError(f"planned[{i}] must be a LedgerEvent, got {type(e).__name__}")
         out = {}
         for c in dict.fromkeys(e.client for e in planned):
-            eps = epsilon(self.history(c, planned), self.delta)
+            eps = self._epsilon(c, planned)
             if eps > max_epsilon:
                 out[c] = eps
         return out
@@ -349,9 +407,7 @@ def already_recorded(ledger: PrivacyLedger, event: LedgerEvent) -> bool:
 
 def as_rerun(event: LedgerEvent) -> LedgerEvent:
     """``event`` marked as a rerun after an interruption with fresh noise (charged again)."""
-    return LedgerEvent(client=event.client, round=event.round, mechanism=event.mechanism,
-                       noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate, steps=event.steps,
-                       clip_norm=event.clip_norm, note="rerun after an interruption with fresh noise: charged again")
+    return dataclasses.replace(event, note="rerun after an interruption with fresh noise: charged again", time=_now())
 
 
 def pending_charges(ledger: PrivacyLedger, events: Iterable[LedgerEvent], replays=lambda e: False) -> list[LedgerEvent]:
