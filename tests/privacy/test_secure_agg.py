@@ -196,11 +196,25 @@ def test_engine_refuses_secure_aggregation_where_it_cannot_hold(real_store, part
               tmp_path / "nb", diagnostics=False)
 
 
-def test_flower_deployment_refuses_secure_aggregation(real_store, part, tmp_path):
+def test_flower_deployment_takes_secure_aggregation_only_where_secagg_plus_holds(real_store, part, tmp_path):
+    """As strict as in process (t < m, m ≥ 2) and stricter: SecAgg+'s threshold m − t must exceed the t colluders."""
     from fedhype.federated.flower.federation import write_federation
 
-    with pytest.raises(ValidationError, match="not supported by the Flower deployment"):
-        write_federation(tmp_path / "fed", real_store, part, TrainConfig(secure_aggregation=True, model=SMALL))
+    write_federation(tmp_path / "ok", real_store, part, TrainConfig(secure_aggregation=True, dropout_tolerance=1,
+                                                                     model=SMALL))
+    with pytest.raises(ValidationError, match=r"2t < m.*--dropout-tolerance ≤ 1"):
+        write_federation(tmp_path / "t2", real_store, part, TrainConfig(secure_aggregation=True, dropout_tolerance=2,
+                                                                         model=SMALL))
+    with pytest.raises(ValidationError, match="--dropout-tolerance must be in \\[0, 3\\]"):
+        write_federation(tmp_path / "t4", real_store, part, TrainConfig(secure_aggregation=True, dropout_tolerance=4,
+                                                                         model=SMALL))
+    one = make_partition(real_store, scheme="iid", n_clients=1, seed=0)
+    with pytest.raises(ValidationError, match="at least 2 clients"):
+        write_federation(tmp_path / "one", real_store, one, TrainConfig(secure_aggregation=True, model=SMALL))
+    with pytest.raises(ValidationError, match="releases none"):
+        write_federation(tmp_path / "nb", real_store, part, TrainConfig(secure_aggregation=True,
+                                                                         model={**SMALL, "class_bias": False}))
+    assert not (tmp_path / "t2").exists() and not (tmp_path / "one").exists()
 
 
 def test_bad_combinations_are_refused_with_the_flag_names():

@@ -73,6 +73,22 @@ class Client:
         return privatize_class_sums(self.id, self._raw, self.labels, n_classes, dp, gen, weights, distributed=distributed,
                                     centring=centring)
 
+    def release_integer(self, kind: str, plan, *, n_classes: int = 0, weights: ReleaseWeights | None = None,
+                        centring=None):
+        """The client's integer-domain release under SecAgg+ (:mod:`fedhype.privacy.skellam`): ``kind``
+        ``"centre"`` (the centred release's first step) or ``"statistics"`` (the class statistics, around the
+        public ``centring``), with Skellam noise of the :class:`~fedhype.privacy.skellam.SkellamPlan` ``plan``.
+        Returns an :class:`~fedhype.privacy.skellam.IntegerShare` (readable only masked or summed); its
+        dither and noise come from generators of their own (seeded like the Gaussian release's)."""
+        from fedhype.privacy import skellam
+
+        if kind == "centre":
+            gen = noise_generator(self.seed, 3_333_331, self.index + 41)
+            return skellam.privatize_centre_integer(self.id, self._raw, plan, gen)
+        gen = noise_generator(self.seed, 4_444_447, self.index + 43)
+        return skellam.privatize_class_stats_integer(self.id, self._raw, self.labels, n_classes, weights, plan, gen,
+                                                     centring=centring)
+
     @property
     def n(self) -> int:
         return int(self.x.shape[0])

@@ -7,13 +7,19 @@
   It writes the run directory exactly as ``fedhype train`` does — except ``clients/``: the clients'
   private state stays on their own machines.
 * :data:`client_app` runs on each SuperNode. It answers ``query`` (its public client id),
-  ``train.class_stats`` (the DP class statistics, once) and ``train`` (one round of local DP-SGD
-  steps) with :mod:`fedhype.federated.flower.node`; its replies are PrivatizedUpdates only
-  (:mod:`fedhype.federated.flower.wire`).
+  ``train.class_stats`` (the DP class statistics, once), ``train.secagg`` (a stage of SecAgg+, under
+  secure aggregation instead of ``train.class_stats``) and ``train`` (one round of local DP-SGD
+  steps) with :mod:`fedhype.federated.flower.node`; its replies are PrivatizedUpdates, or SecAgg+
+  keys, encrypted shares and masked integer vectors (:mod:`fedhype.federated.flower.wire`,
+  :mod:`fedhype.federated.flower.secagg`).
 
 Server run config (``[tool.flwr.app.config]``, see :func:`~fedhype.federated.flower.federation.write_app`):
 ``federation``, ``run-dir``, ``resume``, ``connect-timeout``, ``round-timeout``, ``straggler-timeout``,
-``wire-log``.
+``wire-log``, ``wire-dump``.
+
+With ``train.secure_aggregation`` the statistics release before round 0 goes through SecAgg+ between
+the SuperNodes, with Skellam noise in the integer domain (:mod:`fedhype.federated.flower.secagg`,
+:mod:`fedhype.privacy.skellam`); the DP-SGD rounds are per client, as without it.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class ServerSettings:
     round_timeout: float = 3600.0
     straggler_timeout: float = 600.0
     wire_log: Path | None = None
+    wire_dump: Path | None = None
 
     @classmethod
     def from_run_config(cls, rc: Mapping[str, Any]) -> "ServerSettings":
@@ -68,9 +75,9 @@ class ServerSettings:
         resume = rc.get("resume", False)
         if not isinstance(resume, bool):
             raise ValidationError(f"run config: resume must be true or false (TOML), got {resume!r}")
-        wire_log = str(rc.get("wire-log", ""))
+        wire_log, wire_dump = str(rc.get("wire-log", "")), str(rc.get("wire-dump", ""))
         return cls(Path(str(rc["federation"])), Path(str(rc["run-dir"])), resume, *timeouts,
-                   Path(wire_log) if wire_log else None)
+                   Path(wire_log) if wire_log else None, Path(wire_dump) if wire_dump else None)
 
 
 def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
@@ -84,20 +91,23 @@ def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
     """
     from fedhype.federated.baselines import federation as federation_kind
     from fedhype.federated.engine import check_client_sizes, run_federation
-    from fedhype.federated.flower.federation import Federation
+    from fedhype.federated.flower.federation import Federation, check_secure_aggregation
     from fedhype.federated.flower.grid_transport import FlowerTransport
 
     fed = Federation.load(settings.federation)
     if federation_kind(fed.train.method) == "pooled":
         raise ValidationError(f"method {fed.train.method!r} pools all records on one machine; use `fedhype train`")
-    if fed.train.secure_aggregation:  # SecAgg+ over the wire, with integer-domain noise, is not built yet
-        raise ValidationError("train.secure_aggregation is not supported by the Flower deployment yet (it needs "
-                              "Flower's SecAgg+ with noise in the integer domain); set it to false in the federation "
-                              "file, or run `fedhype train --secure-aggregation` in process")
+    distributed = check_secure_aggregation(fed.train, len(fed.partition.clients))  # SecAgg+ needs 2t < m
     check_client_sizes(fed.partition, fed.train)
     transport = FlowerTransport.connect(grid, fed.partition, int(fed.store["dim"]),
                                         connect_timeout=settings.connect_timeout, round_timeout=settings.round_timeout,
-                                        straggler_timeout=settings.straggler_timeout, wire_log=settings.wire_log)
+                                        straggler_timeout=settings.straggler_timeout, wire_log=settings.wire_log,
+                                        wire_dump=settings.wire_dump)
+    if distributed is not None:  # the release before round 0 through SecAgg+ (fedhype.federated.flower.secagg)
+        from fedhype.federated.secure_release import planned_tails
+
+        transport.enable_secure_aggregation(distributed, fed.train.delta, planned_tails(
+            fed.train, [len(c.train) for c in fed.partition.clients]))
     result = run_federation(fed.partition, fed.train, settings.run_dir, store_info=fed.store, n_classes=fed.n_classes,
                             connect=transport.bind, resume=settings.resume, progress=_log_round)
     log(INFO, "fedhype: %s", json.dumps({k: result[k] for k in ("run_dir", "rounds", "rounds_planned", "epsilon",
@@ -130,6 +140,13 @@ def _class_stats(msg: Message, context: Context) -> Message:
     from fedhype.federated.flower import node
 
     return Message(node.run_class_stats(context.node_config, msg.content), reply_to=msg)
+
+
+@client_app.train("secagg")
+def _secagg(msg: Message, context: Context) -> Message:
+    from fedhype.federated.flower import node
+
+    return Message(node.run_secagg(context.node_config, context.state, msg.content), reply_to=msg)
 
 
 @client_app.train()

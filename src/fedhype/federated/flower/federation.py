@@ -68,22 +68,40 @@ class Federation:
         return cls(train, store, n_classes, part)
 
 
+def check_secure_aggregation(cfg, n_clients: int):
+    """The (m, t) of a Flower run with ``train.secure_aggregation`` (None without), as strict as in process
+    (m ≥ 2, 0 ≤ t < m, a model that releases statistics) and stricter: 2t < m (SecAgg+'s threshold m − t must
+    exceed the t clients that may collude with the server: :func:`fedhype.privacy.skellam.check_deployment`).
+
+    Raises:
+        ValidationError: naming the flag.
+    """
+    distributed = cfg.distributed_noise(n_clients)
+    if distributed is None:
+        return None
+    from fedhype.privacy.skellam import check_deployment
+
+    check_deployment(distributed)
+    if not cfg.model_config(1, 1).class_bias:
+        raise ValidationError("--secure-aggregation aggregates the statistics release; this model releases none "
+                              "(model.class_bias = false)")
+    return distributed
+
+
 def write_federation(folder: str | Path, store: EmbeddingStore, partition: Partition, cfg: TrainConfig) -> Path:
     """Write ``federation.json`` and ``partition.json`` into ``folder`` (public files for the server).
 
     Raises:
         ValidationError: a method that is not federated (``central-cvae`` pools every client's
-            records on one machine: use ``fedhype train``), ``secure_aggregation`` (not built for
-            Flower yet), or a too-small client.
+            records on one machine: use ``fedhype train``), secure aggregation with t ≥ m/2, fewer than
+            2 clients or a model without the statistics release (:func:`check_secure_aggregation`),
+            or a too-small client.
         ArtifactError: the partition was made from another store.
     """
     if federation_kind(cfg.method) == "pooled":
         raise ValidationError(f"method {cfg.method!r} pools every client's records on one machine: it cannot run on a "
                               "Flower deployment; use `fedhype train`")
-    if cfg.secure_aggregation:
-        raise ValidationError("--secure-aggregation is not supported by the Flower deployment yet (it needs Flower's "
-                              "SecAgg+ with noise in the integer domain); drop it, or run `fedhype train "
-                              "--secure-aggregation` in process")
+    check_secure_aggregation(cfg, len(partition.clients))
     partition.check_store(store)
     check_client_sizes(partition, cfg)
     folder = Path(folder)
@@ -96,7 +114,7 @@ def write_federation(folder: str | Path, store: EmbeddingStore, partition: Parti
 
 def write_app(folder: str | Path, *, federation: str | Path, run_dir: str | Path, resume: bool = False,
               connect_timeout: float = 300.0, round_timeout: float = 3600.0, straggler_timeout: float = 600.0,
-              wire_log: str | Path | None = None) -> Path:
+              wire_log: str | Path | None = None, wire_dump: str | Path | None = None) -> Path:
     """Write the Flower App folder (``pyproject.toml``) whose ServerApp trains into ``run_dir``.
 
     Paths are those of the SuperLink's machine (where the ServerApp runs); every value can be
@@ -110,6 +128,8 @@ def write_app(folder: str | Path, *, federation: str | Path, run_dir: str | Path
         connect_timeout, round_timeout, straggler_timeout: seconds
             (:mod:`fedhype.federated.flower.grid_transport`).
         wire_log: optional JSON-lines log of the structure of every message (audit).
+        wire_dump: optional folder: the arrays of every message the server receives, as ``.npy`` (audit: what
+            the server sees anyway — masked vectors under secure aggregation, PrivatizedUpdates otherwise).
 
     Returns:
         the path of ``pyproject.toml``.
@@ -130,7 +150,8 @@ def write_app(folder: str | Path, *, federation: str | Path, run_dir: str | Path
             "config": {"federation": str(Path(federation).resolve()), "run-dir": str(Path(run_dir).resolve()),
                        "resume": bool(resume), "connect-timeout": float(connect_timeout),
                        "round-timeout": float(round_timeout), "straggler-timeout": float(straggler_timeout),
-                       "wire-log": str(Path(wire_log).resolve()) if wire_log else ""}}}},
+                       "wire-log": str(Path(wire_log).resolve()) if wire_log else "",
+                       "wire-dump": str(Path(wire_dump).resolve()) if wire_dump else ""}}}},
     }
     header = ("# Flower App of fedhype (written by fedhype.federated.flower.federation.write_app).\n"
               "# fedhype[flower] must be installed on the SuperLink's and every SuperNode's machine; start the\n"

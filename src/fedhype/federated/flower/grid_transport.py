@@ -24,6 +24,7 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
@@ -65,6 +66,13 @@ class RemoteClient:
         ups = clients[0]._transport.class_stats(n_classes, dp, weights, centrings)
         return [ups[c.index] for c in clients]
 
+    def secure_session(self):
+        """The run's SecAgg+ session (:class:`~fedhype.federated.flower.secagg.FlowerSecureSession`): under secure
+        aggregation the release before round 0 goes through it (:mod:`fedhype.federated.secure_release`)."""
+        if self._transport.secure is None:
+            raise RuntimeError("secure aggregation was not enabled on this Flower transport")
+        return self._transport.secure
+
     def set_space(self, space: tuple[torch.Tensor, torch.Tensor]) -> None:
         """The public model space ``(mean [D], scale [])`` sent with this client's round tasks."""
         self.space = (space[0].detach().clone(), space[1].detach().clone())
@@ -78,12 +86,15 @@ class FlowerTransport:
     """
 
     def __init__(self, grid, partition: Partition, dim: int, nodes: dict[int, int], seeded: dict[int, bool], *,
-                 round_timeout: float, straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None):
+                 round_timeout: float, straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None,
+                 wire_dump: Path | None = None):
         self.grid = grid
         self.partition, self.dim = partition, int(dim)
         self.nodes, self.seeded = nodes, seeded
         self.round_timeout, self.straggler_timeout, self.poll = float(round_timeout), float(straggler_timeout), poll
-        self.wire_log = wire_log
+        self.wire_log, self.wire_dump = wire_log, wire_dump
+        self.secure = None  # the SecAgg+ session under secure aggregation (enable_secure_aggregation)
+        self._logged = 0
         self.clients = [RemoteClient(self, i, str(c.id), c.name, len(c.train)) for i, c in enumerate(partition.clients)]
         self.run_key: str | None = None
         self._stats: dict[tuple, list[PrivatizedUpdate]] = {}
@@ -91,7 +102,8 @@ class FlowerTransport:
     # ------------------------------------------------------------------ connection
     @classmethod
     def connect(cls, grid, partition: Partition, dim: int, *, connect_timeout: float, round_timeout: float,
-                straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None) -> "FlowerTransport":
+                straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None,
+                wire_dump: Path | None = None) -> "FlowerTransport":
         """Wait for one SuperNode per partition client and learn which node holds which client.
 
         Args:
@@ -101,6 +113,7 @@ class FlowerTransport:
             connect_timeout, round_timeout, straggler_timeout: seconds (see the module docstring).
             poll: seconds between pulls of replies.
             wire_log: append the structure of every message sent and received here (JSON lines).
+            wire_dump: write the arrays of every message received here (``.npy``; audit).
 
         A node that Flower reports unavailable (``ErrorCode.NODE_UNAVAILABLE``: the stale id of a
         SuperNode that died, listed until its heartbeat expires) is skipped; its client is still
@@ -111,7 +124,7 @@ class FlowerTransport:
                 nodes claim the same client, or a node's answer is another error (e.g. a bad node config).
         """
         self = cls(grid, partition, dim, {}, {}, round_timeout=round_timeout, straggler_timeout=straggler_timeout,
-                   poll=poll, wire_log=wire_log)
+                   poll=poll, wire_log=wire_log, wire_dump=wire_dump)
         ids = {str(c.id): i for i, c in enumerate(partition.clients)}
         pending: dict[str, int] = {}  # message id → node id
         asked: set[int] = set()
@@ -161,6 +174,19 @@ class FlowerTransport:
                                   + "); start one SuperNode per client (--node-config client=...) against this "
                                     "SuperLink, then run again")
             time.sleep(poll)
+
+    def enable_secure_aggregation(self, noise, delta: float, tails) -> "FlowerTransport":
+        """Release the statistics before round 0 through SecAgg+ with Skellam noise (:mod:`fedhype.federated.flower.secagg`).
+
+        Args:
+            noise: the run's (m, t) (:class:`~fedhype.privacy.secure_agg.DistributedNoise`; 2t < m).
+            delta: δ. tails: every client's planned DP-SGD history (the noise calibration,
+                :func:`fedhype.federated.secure_release.release_plans`).
+        """
+        from fedhype.federated.flower.secagg import FlowerSecureSession
+
+        self.secure = FlowerSecureSession(self, noise, delta, tails)
+        return self
 
     def bind(self, run: RunDir) -> "FlowerTransport":
         """Attach the run: its key names the nodes' private state folders (same key on resume)."""
@@ -280,7 +306,18 @@ class FlowerTransport:
                               "keeps these events: seeded nodes replay them uncharged, unseeded nodes are charged again).")
 
     def _log(self, direction: str, kind: str, round_idx: int | None, client: str | None, content: Any) -> None:
-        """Append the structure of a message (never values) to the wire log, if one is kept."""
+        """Append the structure of a message (never values) to the wire log, and the arrays of a received one to
+        the wire dump, if kept."""
+        self._logged += 1
+        if self.wire_dump is not None and direction == "node→server":
+            from flwr.app import ArrayRecord
+
+            self.wire_dump.mkdir(parents=True, exist_ok=True)
+            for name, rec in content.items():
+                if isinstance(rec, ArrayRecord):
+                    for key, arr in rec.items():
+                        np.save(self.wire_dump / f"{self._logged:05d}_{kind.replace('/', '-')}_{client}_{name}_{key}.npy",
+                                arr.numpy(), allow_pickle=False)
         if self.wire_log is None:
             return
         entry = {"time": round(time.time(), 3), "direction": direction, "type": kind, "round": round_idx,

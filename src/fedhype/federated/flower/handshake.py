@@ -18,7 +18,11 @@ A SuperNode is started with a node config naming its own files (they are never s
 * ``seed`` (optional, tests only) — reproducible noise; never set it in a real deployment;
 * ``min-noise-multiplier`` (optional, default 0) — the node refuses a task whose σ is below it;
 * ``allow-no-dp`` (optional, default false) — the node refuses a non-private (``--no-dp``) task
-  unless this is true: an institution opts in to releasing un-noised updates.
+  unless this is true: an institution opts in to releasing un-noised updates;
+* ``secure-aggregation`` (optional, default true) — false: the node does not take part in secure
+  aggregation (:mod:`fedhype.federated.flower.secagg`: its share would carry only σ²/(m − t) of the
+  noise, relying on the other clients' noise and the protocol); a run with secure aggregation then
+  stops before anything is released.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class NodeSettings:
     seed: int | None = None
     min_noise_multiplier: float = 0.0
     allow_no_dp: bool = False
+    secure_aggregation: bool = True
 
     @classmethod
     def from_node_config(cls, nc: Mapping[str, Any]) -> "NodeSettings":
@@ -65,8 +70,11 @@ class NodeSettings:
             raise ValidationError(f"SuperNode --node-config min-noise-multiplier must be a number ≥ 0, got {floor!r}")
         if not isinstance(allow, bool):
             raise ValidationError(f"SuperNode --node-config allow-no-dp must be true or false, got {allow!r}")
+        secure = nc.get("secure-aggregation", True)
+        if not isinstance(secure, bool):
+            raise ValidationError(f"SuperNode --node-config secure-aggregation must be true or false, got {secure!r}")
         return cls(str(nc["client"]), Path(str(nc["embeddings"])), Path(str(nc["partition"])),
-                   Path(str(nc["state-dir"])), seed, float(floor), allow)
+                   Path(str(nc["state-dir"])), seed, float(floor), allow, secure)
 
     def check_mechanism(self, enabled: bool, noise_multiplier: float | None) -> None:
         """Refuse a task whose mechanism this institution did not agree to (its own policy).
