@@ -12,7 +12,7 @@ from fedhype.errors import ValidationError
 CLIENT_SHRINKAGE = ("none", "class", "client")
 #: the values of ``ModelConfig.residual``: where the variance the DP release cannot locate goes
 #: (:func:`fedhype.federated.class_stats.covariance_estimate`)
-RESIDUALS = ("latent", "isotropic")
+RESIDUALS = ("latent", "isotropic", "located")
 #: default ``ModelConfig.residual`` (digits and Fashion-MNIST validation splits, 3 seeds:
 #: benchmarks/results/release_defaults.md, "unlocated variance")
 DEFAULT_RESIDUAL = "latent"
@@ -80,8 +80,10 @@ class ModelConfig:
             after the covariance spikes above the noise edge) goes: ``"latent"`` into the model's free
             latent directions along the next eigenvectors of the DP covariance (the default), or
             ``"isotropic"`` evenly over every other direction (probabilistic PCA's residual; the
-            previous rule): :func:`fedhype.federated.class_stats.covariance_estimate`. Identical
-            without DP (every latent direction is located).
+            previous rule), or ``"located"`` into the located covariance spikes (samples on the few
+            directions the release resolved: higher precision and coverage, lower recall and TSTR):
+            :func:`fedhype.federated.class_stats.covariance_estimate`. ``latent`` and ``isotropic`` are
+            identical without DP (every latent direction is located).
     """
 
     dim: int
