@@ -26,6 +26,45 @@ class ValidationError(FedhypeError, ValueError):
     exit_code = 2
 
 
+class MinRecordsError(ValidationError):
+    """A client's training set is smaller than the smallest one accepted (exit code 2).
+
+    Raised by the partitioner (:func:`fedhype.data.partition.make_partition`, every client below the
+    minimum) and by the engine (:func:`fedhype.federated.engine.check_client_sizes`, the first one);
+    the CLI words its own advice from these fields, never from the message.
+
+    Attributes:
+        stage: which check refused: ``"partition"`` (the partitioner's minimum: ``fedhype partition
+            --min-records``, ``partition.min_train``) or ``"train"`` (the engine's: ``fedhype train
+            --min-records``, ``train.min_records``).
+        minimum: the smallest training set asked for.
+        clients: every client below it, in partition order, as ``(name, n_train, n_records)``:
+            its name, its training records and all its records (train + val + test; None when unknown).
+        n_clients: how many clients the partition has (None when unknown).
+        client: the name of the first client below the minimum.
+        n: its training records.
+    """
+
+    def __init__(self, message: str, *, stage: str, minimum: int, clients: list[tuple[str, int, int | None]],
+                 n_clients: int | None = None):
+        super().__init__(message)
+        if stage not in ("partition", "train") or not clients:
+            raise ValueError(f"MinRecordsError: stage must be 'partition' or 'train' and clients not empty, got "
+                             f"{stage!r}, {clients!r}")
+        self.stage = stage
+        self.minimum = int(minimum)
+        self.clients = [(str(name), int(n), None if total is None else int(total)) for name, n, total in clients]
+        self.n_clients = None if n_clients is None else int(n_clients)
+
+    @property
+    def client(self) -> str:
+        return self.clients[0][0]
+
+    @property
+    def n(self) -> int:
+        return self.clients[0][1]
+
+
 class BudgetExceededError(FedhypeError):
     """The planned or next step would take a client over its privacy budget (exit code 3).
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +13,10 @@ from rich.table import Table
 from fedhype.cli.choices import SCHEMES, choice
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_file, config_default, console, existing,
                                 renamed_option, run_command)
-from fedhype.errors import ValidationError
+from fedhype.errors import MinRecordsError, ValidationError
 
 #: Clients named in a "too few train records" refusal; the rest are counted.
 SHOWN = 5
-
-_TOO_SMALL = re.compile(r"^(\d+) of (\d+) clients have fewer than (\d+) train records: (.*); [^;]*$", re.S)
-_ENTRY = re.compile(r"(.+?) \((\d+) train / (\d+) records\)(?:, |(?= and \d+ more$)|$)")
-
 
 def _parse_split(text: str) -> tuple[float, float, float]:
     try:
@@ -69,21 +64,20 @@ def _precheck(n: int, clients: int | None, train_fraction: float, min_train: int
 def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: int, max_clients: int) -> ValidationError:
     """A "clients below --min-records" refusal with at most :data:`SHOWN` clients named and advice for ``scheme``.
 
-    Parses the message of :func:`fedhype.data.partition.make_partition` (which lists every client);
-    any other refusal is returned unchanged. tests/cli/test_cli_usability.py pins the format.
+    Reads the fields of the :class:`~fedhype.errors.MinRecordsError` of
+    :func:`fedhype.data.partition.make_partition` (every client below the minimum); any other
+    refusal is returned unchanged. tests/cli/test_cli_usability.py pins the format.
     """
-    m = _TOO_SMALL.match(str(exc))
-    if not m:
+    if not isinstance(exc, MinRecordsError) or exc.stage != "partition":
         return exc
-    entries = _ENTRY.findall(m.group(4))
-    shown = ", ".join(f"{name} ({tr} train / {tot} records)" for name, tr, tot in entries[:SHOWN])
-    hidden = re.search(r" and (\d+) more", m.group(4))  # make_partition itself lists at most 5
-    rest = len(entries) + (int(hidden.group(1)) if hidden else 0) - min(len(entries), SHOWN)
+    shown = ", ".join(f"{name} ({tr} train / {tot} records)" for name, tr, tot in exc.clients[:SHOWN])
+    rest = len(exc.clients) - min(len(exc.clients), SHOWN)
     more = f" and {rest} more" if rest > 0 else ""
     what = "domains are too small to be clients" if scheme == "domain" and clients is None else \
-        f"clients have fewer than {m.group(3)} train records (--min-records)"
-    return ValidationError(f"{m.group(1)} of {m.group(2)} {what}: {shown}{more}; "
-                           f"{_advice(scheme, clients, n_domains, max_clients)}")
+        f"clients have fewer than {exc.minimum} train records (--min-records)"
+    return MinRecordsError(f"{len(exc.clients)} of {exc.n_clients} {what}: {shown}{more}; "
+                           f"{_advice(scheme, clients, n_domains, max_clients)}",
+                           stage=exc.stage, minimum=exc.minimum, clients=exc.clients, n_clients=exc.n_clients)
 
 
 def _render(result: dict[str, Any]) -> None:

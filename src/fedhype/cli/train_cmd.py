@@ -8,7 +8,6 @@ derived too; read when the command runs or prints its help (:func:`fedhype.cli.c
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -20,14 +19,10 @@ from fedhype.federated.config import METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_dir, check_out_kind, config_default, config_option,
                                 console, existing, kv_table, log_line, round_printer, run_command)
-from fedhype.errors import ValidationError
+from fedhype.errors import MinRecordsError, ValidationError
 
 if TYPE_CHECKING:
     from fedhype.federated.config import TrainConfig
-
-#: The engine's refusal of a client below ``TrainConfig.min_records``.
-_MIN_RECORDS = re.compile(r"^client (.+?) has (\d+) training records \(< min_records=(\d+)\)")
-
 
 #: (kept for callers of the old name) a default factory for ``section.key`` of the configuration
 job_default = config_default
@@ -63,21 +58,25 @@ def build_config(options: dict[str, Any], model: dict[str, Any]) -> "TrainConfig
 
 
 def explain_min_records(exc: ValidationError, *, records: str, partition: str) -> ValidationError:
-    """The engine's "client below min_records" refusal, naming the options of this command.
+    """The engine's "client below min_records" refusal (:class:`~fedhype.errors.MinRecordsError`), naming
+    the options of this command; any other error is returned unchanged.
 
     Args:
         records: how the user sets the training minimum, e.g. ``"--min-records"``.
         partition: how the user re-partitions, e.g. ``"`fedhype partition` with fewer --clients and --min-records {need}"``
             (``{need}`` is replaced by the minimum).
+
+    Returns:
+        a :class:`~fedhype.errors.MinRecordsError` with the same fields and the reworded message.
     """
-    m = _MIN_RECORDS.match(str(exc))
-    if not m:
+    if not isinstance(exc, MinRecordsError) or exc.stage != "train":
         return exc
-    name, n, need = m.group(1), int(m.group(2)), int(m.group(3))
-    return ValidationError(
-        f"client {name} has {n} training records, fewer than {records} {need} (the smallest client training "
+    name, n, need = exc.client, exc.n, exc.minimum
+    return MinRecordsError(
+        f"client {name!r} has {n} training records, fewer than {records} {need} (the smallest client training "
         f"accepts); either lower {records} (to {n} or less) or re-partition so that every client has ≥ {need} "
-        f"train records: {partition.replace('{need}', str(need))}")
+        f"train records: {partition.replace('{need}', str(need))}",
+        stage=exc.stage, minimum=need, clients=exc.clients, n_clients=exc.n_clients)
 
 
 def _render(res: dict) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ArtifactError, ValidationError
+from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
 from fedhype.io import atomic_write_json, read_json
 
 FORMAT = "fedhype-partition/1"
@@ -324,8 +324,9 @@ def make_partition(
             recorded in ``params["given_splits"]``); False draws every split with ``splits``.
 
     Raises:
-        ValidationError: bad arguments, given splits without a train split, or clients that are
-            empty or below ``min_train_per_client`` (all listed with their sizes, with a suggested fix).
+        ValidationError: bad arguments, given splits without a train split, or empty clients.
+        MinRecordsError: clients below ``min_train_per_client`` (a ValidationError; every one of them in
+            its ``clients`` field, the first five in the message with their sizes and a suggested fix).
     """
     s = _check_args(scheme, n_clients, alpha, quantity_skew, splits, min_train_per_client)
     rng = np.random.default_rng(seed)
@@ -377,8 +378,9 @@ def make_partition(
         hint = {"dirichlet": "use fewer clients (--clients) or a larger --alpha",
                 "iid": "use fewer clients (--clients) or a larger / no --quantity-skew",
                 "domain": "use fewer clients (--clients)"}[scheme]
-        raise ValidationError(
+        raise MinRecordsError(
             f"{len(bad)} of {len(clients)} clients have fewer than {floor} train records: {listed}; "
-            f"{hint}, or lower the minimum (--min-records, min_records= in Python, partition.min_train in a job)"
-        )
+            f"{hint}, or lower the minimum (--min-records, min_records= in Python, partition.min_train in a job)",
+            stage="partition", minimum=floor, clients=[(c.name, len(c.train), len(c.train) + len(c.val) + len(c.test)) for c in bad],
+            n_clients=len(clients))
     return Partition(scheme, params, int(seed), store.digest(), n, list(store.class_names), clients)

@@ -27,7 +27,7 @@ import torch
 
 from fedhype.data.partition import Partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import BudgetExceededError, ValidationError
+from fedhype.errors import BudgetExceededError, MinRecordsError, ValidationError
 from fedhype.federated.baselines import make_server, training_partition
 from fedhype.federated.class_stats import client_space, run_class_stats_stage
 from fedhype.federated.client import Client
@@ -81,13 +81,16 @@ def check_client_sizes(partition: Partition, cfg: TrainConfig) -> None:
     """Refuse a client below ``cfg.min_records`` training records or with δ ≥ 1/n_i (public sizes).
 
     Raises:
-        ValidationError: naming the client.
+        MinRecordsError: the first client below ``cfg.min_records`` (its name, size and the minimum as fields).
+        ValidationError: δ ≥ 1/n_i, naming the client.
     """
     for c in partition.clients:
         n = len(c.train)
         if n < cfg.min_records:
-            raise ValidationError(f"client {c.name!r} has {n} training records (< min_records={cfg.min_records}); "
-                                  "re-partition with fewer clients")
+            raise MinRecordsError(f"client {c.name!r} has {n} training records (< min_records={cfg.min_records}); "
+                                  "re-partition with fewer clients", stage="train", minimum=cfg.min_records,
+                                  clients=[(c.name, n, len(c.train) + len(c.val) + len(c.test))],
+                                  n_clients=len(partition.clients))
         if not cfg.no_dp:
             check_delta(cfg.delta, n, where=f"client {c.name!r}")
 
@@ -154,8 +157,9 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
         ``{"run_dir", "epsilon", "delta", "rounds", "clients", "noise_multiplier", "private", ...}``.
 
     Raises:
-        ValidationError: bad config, too-small client, δ ≥ 1/n_i, an existing run without ``resume``, or a
-            run folder another process is writing (its writer lock, :meth:`RunDir.writer_lock`).
+        ValidationError: bad config, δ ≥ 1/n_i, an existing run without ``resume``, or a run folder another
+            process is writing (its writer lock, :meth:`RunDir.writer_lock`).
+        MinRecordsError: a client below ``cfg.min_records`` (a ValidationError).
         BudgetExceededError: the plan or the next round would exceed ``cfg.max_epsilon``.
         ArtifactError: mismatched partition/store or corrupt checkpoint.
     """
