@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from fedhype.cli.choices import choice
-from fedhype.federated.config import METHODS
+from fedhype.federated.config import METHOD_REGISTRY, METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_dir, check_out_kind, config_default, config_option,
                                 console, existing, kv_table, log_line, round_printer, run_command)
@@ -23,6 +23,9 @@ from fedhype.errors import MinRecordsError, ValidationError
 
 if TYPE_CHECKING:
     from fedhype.federated.config import TrainConfig
+
+#: ``--method``'s help: every registered method, with its summary
+_METHOD_HELP = " | ".join(f"{m.name} ({m.summary})" if m.summary else m.name for m in METHOD_REGISTRY.values()) + "."
 
 #: (kept for callers of the old name) a default factory for ``section.key`` of the configuration
 job_default = config_default
@@ -161,11 +164,7 @@ def register(app: typer.Typer) -> None:
         hidden: Optional[int] = _opt("hidden", "--hidden", section="model",
                                      help="Width of the CVAE's hidden layers (model size)."),
         latent: Optional[int] = _opt("latent", "--latent", section="model", help="Latent dimension L of z (model size)."),
-        method: str = _opt("method", "--method",
-                           help="fedhypevae | dp-gaussian (the statistics release alone, no DP-SGD) | dp-cvae | no-class-stats | "
-                                "no-second-moment | no-client-stats | no-mmd | no-lipschitz | fixed-prior | shared-decoder | "
-                                "local-cvae (each client alone) | central-cvae (pooled records, one client).",
-                           click_type=choice(METHODS)),
+        method: str = _opt("method", "--method", help=_METHOD_HELP, click_type=choice(METHODS)),
         seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run: the noise is seeded too (recorded as noise_seeded: true; whoever knows the seed can remove it)."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),
         json_out: bool = JsonOpt,

@@ -47,18 +47,22 @@ from torch import nn
 
 from fedhype.data.partition import ClientSplit, Partition
 from fedhype.errors import ValidationError
+from fedhype.federated.config import METHOD_REGISTRY
 from fedhype.models.config import ModelConfig
 from fedhype.models.hypernet import HyperNetwork
 from fedhype.privacy.dp_step import PrivatizedUpdate
 
-#: How each method trains: ``"federated"`` (default), ``"local"`` or ``"pooled"``.
-FEDERATION: dict[str, str] = {"local-cvae": "local", "central-cvae": "pooled"}
+#: The methods that do not train ``"federated"``, by name (:attr:`fedhype.federated.config.Method.federation`).
+FEDERATION: dict[str, str] = {name: m.federation for name, m in METHOD_REGISTRY.items() if m.federation != "federated"}
 POOLED_NAME = "pooled"
 
 
 def federation(method: str) -> str:
-    """``"federated"``, ``"local"`` (each client alone) or ``"pooled"`` (one client with all records)."""
-    return FEDERATION.get(method, "federated")
+    """``"federated"``, ``"local"`` (each client alone) or ``"pooled"`` (one client with all records):
+    the registered method's :attr:`~fedhype.federated.config.Method.federation` (``"federated"`` for a
+    name that is not registered, e.g. the metadata of a model that names none)."""
+    entry = METHOD_REGISTRY.get(method) if isinstance(method, str) else None
+    return entry.federation if entry is not None else "federated"
 
 
 def is_local(meta_or_method: dict | str) -> bool:

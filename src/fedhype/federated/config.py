@@ -9,41 +9,112 @@ from fedhype.errors import ValidationError
 from fedhype.models.config import ModelConfig
 from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS, DEFAULT_RELEASE_CENTRE, RELEASE_CENTRES
 
-#: ``--method`` presets: model overrides applied on top of ``model`` (the user's keys win).
-#: ``dp-cvae`` is the predecessor (Di Salvo et al. 2025) with correct accounting: one shared
-#: decoder averaged by FedAvg (lr_server = 1), fixed N(0, I) prior, local encoders, no MMD, no
-#: Lipschitz term — the hypernetwork then has no heads and the codes are unused.
-METHOD_PRESETS: dict[str, dict] = {
-    "fedhypevae": {},
-    "dp-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0, "class_bias": False},
-    "no-class-stats": {"class_bias": False},
-    "no-mmd": {"lambda_mmd": 0.0},
-    "no-lipschitz": {"lambda_lip": 0.0},
-    "fixed-prior": {"prior": "standard"},
-    "shared-decoder": {"decoder": "shared"},
-    # no federation (fedhype.federated.baselines): the predecessor's CVAE (with the DP class
-    # statistics, unlike dp-cvae) trained by each client alone, or on the pooled training records of
-    # every client (one client; the upper bound with --no-dp)
-    "local-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0, "client_stats": False},
-    "central-cvae": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0, "client_stats": False},
+#: How a method's clients train together (:attr:`Method.federation`): ``"federated"`` one server
+#: aggregates every client's updates; ``"local"`` each client trains alone (one server per client,
+#: :class:`fedhype.federated.baselines.LocalServers`); ``"pooled"`` one client holds every client's
+#: records (a trusted curator, :func:`fedhype.federated.baselines.pooled_partition`).
+FEDERATIONS = ("federated", "local", "pooled")
+
+#: The CVAE of the predecessor (Di Salvo et al. 2025): one shared decoder averaged by FedAvg
+#: (lr_server = 1), fixed N(0, I) prior, local encoders, no MMD, no Lipschitz term.
+_PREDECESSOR = {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0}
+
+
+@dataclass(frozen=True)
+class Method:
+    """A training method (``--method``, ``train.method``): ours, a baseline or an ablation.
+
+    Every method is one entry of :data:`METHOD_REGISTRY` (:func:`register_method`); the engine, the
+    model loader, synthesis and the CLI ask the entry instead of testing the method's name.
+
+    Attributes:
+        name: the ``--method`` value.
+        preset: :class:`ModelConfig` overrides applied on top of ``model`` (the user's keys win).
+        federation: one of :data:`FEDERATIONS`.
+        statistics_only: releases the DP statistics with the whole target ε and trains no DP-SGD
+            round (the untrained model, the DP class-conditional Gaussian, is the result).
+        no_secure_aggregation: why the method cannot release its statistics under secure
+            aggregation, or None when it can.
+        summary: a few words for ``fedhype train --help`` ("" for the name alone).
+    """
+
+    name: str
+    preset: dict = field(default_factory=dict)
+    federation: str = "federated"
+    statistics_only: bool = False
+    no_secure_aggregation: str | None = None
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        if self.federation not in FEDERATIONS:
+            raise ValueError(f"Method {self.name!r}: federation must be one of {FEDERATIONS}, got {self.federation!r}")
+
+
+#: Every training method by name, in ``--help`` order.
+METHOD_REGISTRY: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    """Add ``method`` to :data:`METHOD_REGISTRY` (a baseline or ablation is one call); returns it.
+
+    Raises:
+        ValueError: a method of that name is registered already.
+    """
+    if method.name in METHOD_REGISTRY:
+        raise ValueError(f"method {method.name!r} is registered already")
+    METHOD_REGISTRY[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name``.
+
+    Raises:
+        ValidationError: no such method (naming the known ones).
+    """
+    try:
+        return METHOD_REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValidationError(f"train.method must be one of {tuple(METHOD_REGISTRY)}, got {name!r}") from None
+
+
+for _m in (
+    Method("fedhypevae"),
+    # the predecessor with correct accounting; the hypernetwork then has no heads and the codes are unused
+    Method("dp-cvae", {**_PREDECESSOR, "class_bias": False},
+           no_secure_aggregation="releases no statistics (class_bias off)"),
+    Method("no-class-stats", {"class_bias": False}, no_secure_aggregation="releases no statistics (class_bias off)"),
+    Method("no-mmd", {"lambda_mmd": 0.0}),
+    Method("no-lipschitz", {"lambda_lip": 0.0}),
+    Method("fixed-prior", {"prior": "standard"}),
+    Method("shared-decoder", {"decoder": "shared"}),
+    # no federation (fedhype.federated.baselines): the predecessor's CVAE (with the DP class statistics,
+    # unlike dp-cvae) trained by each client alone, or on the pooled training records of every client
+    # (one client; the upper bound with --no-dp)
+    Method("local-cvae", {**_PREDECESSOR, "client_stats": False}, federation="local",
+           no_secure_aggregation="keeps one model per client and needs each client's own release",
+           summary="each client alone"),
+    Method("central-cvae", {**_PREDECESSOR, "client_stats": False}, federation="pooled",
+           no_secure_aggregation="pools the records into one client (nothing to aggregate)",
+           summary="pooled records, one client"),
     # ablation: class sums and counts only (no second moments, no linear-Gaussian decoder path)
-    "no-second-moment": {"second_moment": False},
+    Method("no-second-moment", {"second_moment": False}),
     # ablation: one pooled DP Gaussian for every code (no client-specific statistics heads)
-    "no-client-stats": {"client_stats": False},
+    Method("no-client-stats", {"client_stats": False}),
     # the statistics alone: the one-shot release with the whole ε, sampled as the untrained model
-    # (the DP class-conditional Gaussian), no DP-SGD rounds (STATISTICS_ONLY)
-    "dp-gaussian": {"decoder": "shared", "prior": "standard", "lambda_mmd": 0.0, "lambda_lip": 0.0, "client_stats": False},
-}
-METHODS = tuple(METHOD_PRESETS)
+    # (the DP class-conditional Gaussian), no DP-SGD rounds
+    Method("dp-gaussian", {**_PREDECESSOR, "client_stats": False}, statistics_only=True,
+           summary="the statistics release alone, no DP-SGD"),
+):
+    register_method(_m)
+
+#: ``--method`` presets by name (:attr:`Method.preset` of :data:`METHOD_REGISTRY`)
+METHOD_PRESETS: dict[str, dict] = {name: m.preset for name, m in METHOD_REGISTRY.items()}
+METHODS = tuple(METHOD_REGISTRY)
 #: methods that cannot use secure aggregation, and why
-NO_SECURE_AGGREGATION = {
-    "local-cvae": "keeps one model per client and needs each client's own release",
-    "central-cvae": "pools the records into one client (nothing to aggregate)",
-    "dp-cvae": "releases no statistics (class_bias off)",
-    "no-class-stats": "releases no statistics (class_bias off)",
-}
+NO_SECURE_AGGREGATION = {name: m.no_secure_aggregation for name, m in METHOD_REGISTRY.items() if m.no_secure_aggregation}
 #: methods that release the statistics with the whole budget and train no DP-SGD round
-STATISTICS_ONLY = ("dp-gaussian",)
+STATISTICS_ONLY = tuple(name for name, m in METHOD_REGISTRY.items() if m.statistics_only)
 
 
 @dataclass
@@ -108,7 +179,8 @@ class TrainConfig:
         max_epsilon: refuse (exit 3) before a round that would take any client over this ε.
         seed: reproducible run (recorded as "not secure"); None = noise seeded from OS entropy.
         min_records: smallest client training set accepted.
-        method: a preset of :data:`METHOD_PRESETS` (ours, the DP-CVAE baseline, ablations).
+        method: the name of a registered :class:`Method` (:data:`METHOD_REGISTRY`: ours, the baselines,
+            the ablations).
         model: :class:`ModelConfig` overrides.
     """
 
@@ -176,8 +248,7 @@ class TrainConfig:
                                   "secure aggregation the server sees only their sum: use \"auto\" or \"pooled\"")
         if self.class_stats_noise_multiplier is not None and not (self.class_stats_noise_multiplier > 0):
             raise ValidationError(f"train.class_stats_noise_multiplier must be > 0, got {self.class_stats_noise_multiplier}")
-        if self.method not in METHODS:
-            raise ValidationError(f"train.method must be one of {METHODS}, got {self.method!r}")
+        get_method(self.method)  # a registered method (ValidationError naming the known ones)
         if not isinstance(self.secure_aggregation, bool):
             raise ValidationError(f"train.secure_aggregation must be true or false, got {self.secure_aggregation!r}")
         if isinstance(self.dropout_tolerance, bool) or not isinstance(self.dropout_tolerance, int) or self.dropout_tolerance < 0:
@@ -187,9 +258,9 @@ class TrainConfig:
         if self.secure_aggregation and self.no_dp:
             raise ValidationError("--secure-aggregation splits the noise of a private release; a --no-dp run adds "
                                   "none: drop one of the two")
-        if self.secure_aggregation and self.method in NO_SECURE_AGGREGATION:
+        if self.secure_aggregation and self.method_spec.no_secure_aggregation:
             raise ValidationError(f"--secure-aggregation pools the clients' statistics release; method {self.method!r} "
-                                  f"{NO_SECURE_AGGREGATION[self.method]}")
+                                  f"{self.method_spec.no_secure_aggregation}")
         if not self.no_dp:
             if self.noise_multiplier is None and self.epsilon is None:
                 raise ValidationError("give --epsilon (target ε) or --noise-multiplier, or --no-dp for a non-private run")
@@ -210,9 +281,14 @@ class TrainConfig:
         return min(1.0, self.batch_size / n_records)
 
     @property
+    def method_spec(self) -> Method:
+        """The registered :class:`Method` of :attr:`method` (:data:`METHOD_REGISTRY`)."""
+        return get_method(self.method)
+
+    @property
     def statistics_only(self) -> bool:
         """True for a method that releases the statistics with the whole ε and trains no round."""
-        return self.method in STATISTICS_ONLY
+        return self.method_spec.statistics_only
 
     def rounds_run(self) -> int:
         """Rounds of DP-SGD actually run: ``rounds``, or 0 for a statistics-only method."""
@@ -257,7 +333,7 @@ class TrainConfig:
         With ``secure_aggregation`` the server sees no client's own release, so the client-statistics
         heads are off (``client_stats = False``)."""
         extra = {"client_stats": False} if self.secure_aggregation else {}
-        return ModelConfig(dim=dim, n_classes=n_classes, **{**METHOD_PRESETS[self.method], **self.model, **extra})
+        return ModelConfig(dim=dim, n_classes=n_classes, **{**self.method_spec.preset, **self.model, **extra})
 
     def to_dict(self) -> dict:
         return asdict(self)
