@@ -207,7 +207,7 @@ def register(app: typer.Typer) -> None:
                        else f"target ε = {cfg.epsilon:g}")
             log_line(f"train: {cfg.rounds} round{'s' if cfg.rounds != 1 else ''} over {len(p.clients)} clients ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
             try:
-                res = train(s, p, cfg, out, resume=resume, progress=round_printer(cfg.rounds))
+                res = dict(train(s, p, cfg, out, resume=resume, progress=round_printer(cfg.rounds)))  # a TrainResult
             except ValidationError as exc:
                 raise explain_min_records(
                     exc, records="--min-records",

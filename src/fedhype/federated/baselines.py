@@ -41,6 +41,7 @@ narrow hook:
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -51,6 +52,9 @@ from fedhype.federated.config import METHOD_REGISTRY
 from fedhype.models.config import ModelConfig
 from fedhype.models.hypernet import HyperNetwork
 from fedhype.privacy.dp_step import PrivatizedUpdate
+
+if TYPE_CHECKING:
+    from fedhype.federated.server import ServerStrategy
 
 #: The methods that do not train ``"federated"``, by name (:attr:`fedhype.federated.config.Method.federation`).
 FEDERATION: dict[str, str] = {name: m.federation for name, m in METHOD_REGISTRY.items() if m.federation != "federated"}
@@ -145,9 +149,10 @@ def load_local_models(cfg: ModelConfig, n_clients: int, codes: torch.Tensor) -> 
 class LocalServers:
     """The engine's server for ``local-cvae``: one independent :class:`Server` per client.
 
-    Same interface as :class:`~fedhype.federated.server.Server` (``theta_for``, ``accept``,
-    ``aggregate``, ``state_tensors``, ``load_state_tensors``, ``hnet``, ``codes``, ``cfg``); each
-    update goes to its own client's server only.
+    A :class:`~fedhype.federated.server.ServerStrategy` like :class:`~fedhype.federated.server.Server`;
+    each update goes to its own client's server only. ``servers`` (client i's :class:`Server` at
+    position i) is read by :mod:`fedhype.federated.class_stats` to set each client's model from its
+    own statistics release.
 
     Args:
         cfg: model configuration (shared by all clients).
@@ -177,6 +182,10 @@ class LocalServers:
     def theta_for(self, index: int) -> dict[str, torch.Tensor]:
         return self.servers[index].theta_for(0)
 
+    def space_for(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model space (m [D], s []) of client ``index``'s own model."""
+        return self.servers[index].space_for(0)
+
     def accept(self, index: int, weight: float, update: PrivatizedUpdate) -> None:
         """Queue client ``index``'s update at its own server (anything but a PrivatizedUpdate raises TypeError)."""
         self.servers[index].accept(0, weight, update)
@@ -204,8 +213,13 @@ class LocalServers:
 
 
 def make_server(cfg: ModelConfig, n_clients: int, generator: torch.Generator, method: str, *, lr_server: float,
-                lr_hyper: float, lr_code: float):
-    """The engine's server for ``method``: :class:`LocalServers` for ``local-cvae``, else :class:`Server`."""
+                lr_hyper: float, lr_code: float) -> "ServerStrategy":
+    """The engine's server for ``method``, by its federation: :class:`LocalServers` for ``"local"``
+    (``local-cvae``: one server per client), else one :class:`~fedhype.federated.server.Server`.
+
+    ``generator`` is the engine's public generator: the server initialises from it and keeps it
+    (client sampling, Lipschitz directions; saved in its checkpoint).
+    """
     from fedhype.federated.server import Server
 
     cls = LocalServers if federation(method) == "local" else Server

@@ -16,7 +16,10 @@ Every Δθ_i is a PrivatizedUpdate, so Φ and the codes are post-processing of D
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
+from torch import nn
 
 from fedhype.models.config import ModelConfig
 from fedhype.models.hypernet import HyperNetwork
@@ -24,8 +27,47 @@ from fedhype.models.losses import lipschitz_penalty_backward
 from fedhype.privacy.dp_step import PrivatizedUpdate
 
 
+class ServerStrategy(Protocol):
+    """What the engine (:mod:`fedhype.federated.engine`) asks of a server, whatever the method.
+
+    :class:`Server` (one hypernetwork for the federation) and
+    :class:`~fedhype.federated.baselines.LocalServers` (``local-cvae``: one per client) implement it;
+    :func:`fedhype.federated.baselines.make_server` picks one by the method's federation.
+
+    Attributes:
+        cfg: the model configuration.
+        hnet: the model saved as the run's model file: h_Φ (a module whose ``traffic()`` gives the
+            parameter and message sizes).
+        codes: float32 ``[n_clients, code_dim]``, client i's code at row i.
+    """
+
+    cfg: ModelConfig
+    hnet: nn.Module
+
+    @property
+    def codes(self) -> torch.Tensor: ...
+
+    def theta_for(self, index: int) -> dict[str, torch.Tensor]:
+        """θ_i = h(c_i), detached: what client ``index`` downloads (name → float32 tensor)."""
+
+    def space_for(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The public model space ``(m [D], s [])`` client ``index`` trains in."""
+
+    def accept(self, index: int, weight: float, update: PrivatizedUpdate) -> None:
+        """Fold client ``index``'s update into the round (anything but a PrivatizedUpdate raises TypeError)."""
+
+    def aggregate(self) -> dict[str, Any]:
+        """Apply the round's updates; ``{"participants", "lipschitz"}``."""
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Everything needed to resume (parameters, codes, optimiser and generator states)."""
+
+    def load_state_tensors(self, t: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_tensors`."""
+
+
 class Server:
-    """Φ, the codes ``[n_clients, code_dim]`` and the update rule.
+    """Φ, the codes ``[n_clients, code_dim]`` and the update rule (a :class:`ServerStrategy`).
 
     Args:
         cfg: model configuration.
@@ -58,6 +100,10 @@ class Server:
         """θ_i = h_Φ(c_i), detached (what client ``index`` downloads)."""
         with torch.no_grad():
             return {k: v.detach().clone() for k, v in self.hnet(self.codes[index]).items()}
+
+    def space_for(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model space ``(m [D], s [])`` every client trains in (one per federation, set by the release)."""
+        return self.hnet.space()
 
     def accept(self, index: int, weight: float, update: PrivatizedUpdate) -> None:
         """Fold a client's update into the round's pseudo-gradient now (streamed aggregation).

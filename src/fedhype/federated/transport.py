@@ -2,7 +2,7 @@
 
 The round logic — sample clients with public randomness, write the ledger ahead of spending,
 hand θ_i to each sampled client, aggregate the returned updates, commit a checkpoint — is
-:func:`fedhype.federated.engine.run_rounds`, the same for every deployment. A *transport* only
+:func:`fedhype.federated.engine.run_federation`, the same for every deployment. A *transport* only
 carries one :class:`RoundTask` per sampled client to that client and brings back its
 :class:`~fedhype.privacy.dp_step.PrivatizedUpdate`:
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -63,18 +63,43 @@ class RoundTask:
         return self.theta() if callable(self.theta) else self.theta
 
 
+class ClientHandle(Protocol):
+    """The server's handle of one client: public values and the DP releases before round 0, no data.
+
+    A :class:`~fedhype.federated.client.Client` in process, a
+    :class:`~fedhype.federated.flower.grid_transport.RemoteClient` for a SuperNode. (In-process
+    clients also take ``distributed=`` in both releases: secure aggregation runs in process only.)
+
+    Attributes:
+        id: the client's public id (str).
+        index: its position in the partition (its code row on the server).
+        n: its training-set size n_i (public, as the dataset size is in DP-SGD).
+    """
+
+    id: str
+    index: int
+
+    @property
+    def n(self) -> int: ...
+
+    def release_centre(self, noise_multiplier: float | None) -> PrivatizedUpdate:
+        """The client's DP sum and count of its unit records (the centred release's first step)."""
+
+    def release_class_stats(self, n_classes: int, dp: DPConfig, weights=None, *, centring=None) -> PrivatizedUpdate:
+        """The client's DP class statistics (sums, counts, second moments), around ``centring`` if given."""
+
+    def set_space(self, space: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """The public model space ``(m [D], s [])`` the client trains in (DP outputs of the release)."""
+
+
 class ClientTransport(Protocol):
     """The server's only channel to the clients (see the module docstring).
 
     Attributes:
-        clients: one handle per client in partition order, with the public ``id``, ``index`` and
-            ``n`` (training-set size), ``release_class_stats(n_classes, dp) -> PrivatizedUpdate``
-            (the DP class statistics before round 0) and ``set_space(space)`` (the public model
-            space the client trains in): a :class:`~fedhype.federated.client.Client` in process,
-            a remote handle for a SuperNode.
+        clients: one :class:`ClientHandle` per client in partition order.
     """
 
-    clients: list
+    clients: list[ClientHandle]
 
     def run_round(self, round_idx: int, tasks: list[RoundTask]) -> Iterable[PrivatizedUpdate]:
         """Run every task of round ``round_idx``; one PrivatizedUpdate per task, in task order (a list,
@@ -93,6 +118,15 @@ class ClientTransport(Protocol):
 
     def after_commit(self, rounds_done: int) -> None:
         """Called once round ``rounds_done`` is committed (clients may drop older private state)."""
+
+
+@runtime_checkable
+class SupportsPreflight(Protocol):
+    """A transport that can read the chosen clients' private state before a round is charged
+    (:meth:`InProcessTransport.preflight`); a transport without it fails inside the round instead."""
+
+    def preflight(self, round_idx: int, indices: list[int], model: ModelConfig) -> None:
+        """Raise ArtifactError for a corrupt or truncated state file; nothing is spent."""
 
 
 class InProcessTransport:

@@ -1,0 +1,197 @@
+"""Step 1 of a run (:mod:`fedhype.federated.engine`): everything decided from public values alone.
+
+Client sizes, the model, σ and σ₀ for the plan actually run (:func:`plan_privacy`, the privacy core's
+:func:`fedhype.privacy.plan.plan_noise`), every refusal that needs no record (:func:`check_plan`),
+the configuration a run records (:class:`RunPlan`, :func:`resolve_plan`) and the check of a resumed
+run against it (:func:`committed_rounds`). Nothing here reads a record or writes a file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fedhype.data.partition import Partition
+from fedhype.errors import MinRecordsError, ValidationError
+from fedhype.federated.config import TrainConfig
+from fedhype.federated.rundir import RunDir
+from fedhype.io import read_json
+from fedhype.models.config import ModelConfig
+from fedhype.privacy.accountant import check_delta
+from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
+from fedhype.privacy.plan import check_max_epsilon, plan_noise
+
+
+def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
+    """σ and per-client (q_i, steps_i) for the plan actually run (all rounds, all participations).
+
+    The plan ``[(q_i, R·K_i)]`` comes from ``cfg`` (:meth:`TrainConfig.sample_rate`,
+    :meth:`TrainConfig.steps_per_round`); σ and σ₀ from the privacy core
+    (:func:`fedhype.privacy.plan.plan_noise`). With a target ε, σ is the smallest common noise
+    multiplier such that every client's reported ε at δ after the release and ``rounds × K_i`` steps
+    is ≤ target (the worst client binds). A statistics-only method (``dp-gaussian``) runs no DP-SGD
+    step: the release before round 0 gets the whole target ε (or ``class_stats_noise_multiplier``,
+    else ``noise_multiplier``, as its σ₀) and ``noise_multiplier`` is None.
+
+    Returns:
+        ``{"noise_multiplier", "plan", "calibrated", "class_stats_noise_multiplier", "prefix"}``.
+    """
+    plan = [(cfg.sample_rate(n), cfg.rounds_run() * cfg.steps_per_round(n)) for n in sizes]
+    if cfg.no_dp:
+        return {"noise_multiplier": None, "plan": plan, "calibrated": False, "class_stats_noise_multiplier": None,
+                "prefix": []}
+    stats = bool(cfg.model_config(1, 1).class_bias)
+    noise = plan_noise(plan, cfg.delta, target_epsilon=cfg.epsilon, noise_multiplier=cfg.noise_multiplier,
+                       release_share=cfg.class_stats_share if stats else 0.0,
+                       release_sigma=cfg.class_stats_noise_multiplier, centre_share=cfg.centre_share,
+                       release_only=cfg.statistics_only)
+    return {"noise_multiplier": noise["noise_multiplier"], "plan": plan, "calibrated": noise["calibrated"],
+            "class_stats_noise_multiplier": noise["class_stats_noise_multiplier"], "prefix": noise["prefix"]}
+
+
+def check_client_sizes(partition: Partition, cfg: TrainConfig) -> None:
+    """Refuse a client below ``cfg.min_records`` training records or with δ ≥ 1/n_i (public sizes).
+
+    Raises:
+        MinRecordsError: the first client below ``cfg.min_records`` (its name, size and the minimum as fields).
+        ValidationError: δ ≥ 1/n_i, naming the client.
+    """
+    for c in partition.clients:
+        n = len(c.train)
+        if n < cfg.min_records:
+            raise MinRecordsError(f"client {c.name!r} has {n} training records (< min_records={cfg.min_records}); "
+                                  "re-partition with fewer clients", stage="train", minimum=cfg.min_records,
+                                  clients=[(c.name, n, len(c.train) + len(c.val) + len(c.test))],
+                                  n_clients=len(partition.clients))
+        if not cfg.no_dp:
+            check_delta(cfg.delta, n, where=f"client {c.name!r}")
+
+
+def check_plan(partition: Partition, cfg: TrainConfig, dim: int, n_classes: int):
+    """Every refusal that needs only public values, before a run writes anything.
+
+    Client sizes (``min_records``, δ < 1/n_i), the model, secure aggregation's (m, t), the privacy
+    plan (σ calibrated to the target) and ``max_epsilon`` against the planned run. ``partition`` is
+    the one the engine trains on (:func:`fedhype.federated.baselines.training_partition`).
+
+    Returns:
+        ``(model_config, distributed_noise_or_None, plan_privacy(cfg, sizes))``.
+
+    Raises:
+        ValidationError: a bad size, δ, model or (m, t). BudgetExceededError: the plan exceeds ``max_epsilon``.
+    """
+    check_client_sizes(partition, cfg)
+    sizes = [len(c.train) for c in partition.clients]
+    mcfg = cfg.model_config(dim, n_classes)
+    distributed = cfg.distributed_noise(len(sizes))
+    if distributed is not None and not mcfg.class_bias:
+        raise ValidationError("--secure-aggregation aggregates the statistics release; this model releases none "
+                              "(model.class_bias = false)")
+    privacy = plan_privacy(cfg, sizes)
+    if not cfg.no_dp:
+        check_max_epsilon(privacy["plan"], cfg.delta, privacy["noise_multiplier"], cfg.max_epsilon,
+                          prefix=privacy["prefix"])
+    return mcfg, distributed, privacy
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run decides from public values alone, before it writes anything (:func:`resolve_plan`).
+
+    Attributes:
+        partition: the partition the engine trains on (pooled for ``central-cvae``).
+        cfg: the training configuration.
+        model: the run's :class:`ModelConfig` (the method's preset, then the user's overrides).
+        distributed: secure aggregation's (m, t) (:class:`~fedhype.privacy.secure_agg.DistributedNoise`), or None.
+        privacy: :func:`plan_privacy` of the clients' sizes: σ, σ₀, every client's (q, steps), the
+            releases before round 0.
+        sizes: the clients' public training-set sizes n_i, in partition order.
+        resolved: the configuration the run records (``config.json``) and a resumed run must match.
+    """
+
+    partition: Partition
+    cfg: TrainConfig
+    model: ModelConfig
+    distributed: Any
+    privacy: dict[str, Any]
+    sizes: list[int]
+    resolved: dict[str, Any]
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        """σ of the DP-SGD steps (None without DP, or for a statistics-only method)."""
+        return self.privacy["noise_multiplier"]
+
+    def dp_sgd(self) -> DPConfig | None:
+        """σ and C of the DP-SGD steps (disabled for ``no_dp``; None for a method that runs none)."""
+        cfg = self.cfg
+        return DPConfig(self.noise_multiplier, cfg.clip_norm, enabled=not cfg.no_dp) if not cfg.statistics_only else None
+
+    def release_dp(self) -> DPConfig:
+        """σ₀ and the unit sensitivity of the statistics release before round 0."""
+        return DPConfig(self.privacy["class_stats_noise_multiplier"], RELEASE_SENSITIVITY, enabled=not self.cfg.no_dp)
+
+
+def resolve_plan(partition: Partition, cfg: TrainConfig, *, store_info: dict[str, Any], n_classes: int) -> RunPlan:
+    """Step 1: the run's :class:`RunPlan`, from public values only (nothing is written).
+
+    Args:
+        partition: the partition the engine trains on (:func:`fedhype.federated.baselines.training_partition`).
+        cfg: the training configuration.
+        store_info: :func:`describe_store` of the clients' store (digest, n, dim, encoder).
+        n_classes: K.
+
+    Raises:
+        as :func:`check_plan`.
+    """
+    mcfg, distributed, privacy = check_plan(partition, cfg, store_info["dim"], n_classes)
+    sizes = [len(c.train) for c in partition.clients]
+    resolved = {"train": cfg.to_dict(), "model": mcfg.to_dict(), "privacy_plan": privacy,
+                "store": dict(store_info),
+                "partition": {"scheme": partition.scheme, "clients": [c.name for c in partition.clients]},
+                "seed_note": "not secure: reproducible noise" if cfg.seed is not None else "noise seeded from OS entropy"}
+    return RunPlan(partition, cfg, mcfg, distributed, privacy, sizes, resolved)
+
+
+def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:
+    """The rounds already committed in ``run`` that this call continues from (0 for a new run).
+
+    Raises:
+        ValidationError: ``resume`` without a run in ``run``, a run there without ``resume``, or a
+            resumed run whose configuration differs from ``plan``'s (naming the differences).
+        ArtifactError: an unreadable checkpoint or run config.
+    """
+    done = run.committed_round()
+    if resume and not run.config.exists():
+        raise ValidationError(f"--resume: {run.root} holds no run to resume (check the path); "
+                              "drop --resume to start a new run")
+    if run.config.exists():
+        if not resume:
+            raise ValidationError(f"run directory {run.root} already holds a run; pass --resume to continue it "
+                                  "or choose another --out")
+        old = read_json(run.config, "run config")
+        if _comparable(old) != _comparable(plan.resolved):
+            diff = _differences(_comparable(old), _comparable(json.loads(json.dumps(plan.resolved))))
+            raise ValidationError(f"--resume: the configuration differs from the one in {run.config} "
+                                  f"({'; '.join(diff[:5]) or 'details differ'}); "
+                                  "resume with the same settings or start a new run")
+    else:
+        done = 0
+    return done
+
+
+def _differences(old: Any, new: Any, path: str = "") -> list[str]:
+    """``key: old → new`` for every leaf that differs between two JSON-like configs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += _differences(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
+        return out
+    return [] if old == new else [f"{path}: {old!r} → {new!r}"]
+
+
+def _comparable(conf: dict) -> dict:
+    c = {k: v for k, v in conf.items() if k != "privacy_plan"}
+    c["train"] = {k: v for k, v in c["train"].items() if k not in ("max_epsilon",)}
+    return c
