@@ -29,10 +29,10 @@ for continuous noise). With more than t clients missing or colluding the guarant
 **What is simulated here.** In process, :func:`secure_sum` plays the aggregation protocol: it is
 the only reader of the clients' :class:`SecureShare` objects (which expose no tensors) and hands
 the server a :class:`PrivatizedAggregate`, the only type the server's statistics accept besides
-per-client :class:`~fedhype.privacy.dp_step.PrivatizedUpdate`. Across machines the protocol would
-be Flower's SecAgg+, over integers, with the noise added in the integer domain (discrete
-Gaussian or Skellam); that deployment is not built yet and a Flower run refuses
-``secure_aggregation`` (docs/method.md, decision 10).
+per-client :class:`~fedhype.privacy.dp_step.PrivatizedUpdate`. Across machines (the Flower
+deployment) the protocol is SecAgg+ over integers modulo 2⁶⁴ and the noise is added in the integer
+domain: randomised rounding and distributed Skellam noise, with its own accounting
+(:mod:`fedhype.privacy.skellam`, :mod:`fedhype.federated.flower.secagg`; docs/method.md, decision 10).
 
 Only the release before round 0 is aggregated this way: the DP-SGD updates of the rounds depend
 on each client's code and stay per client with the full noise (docs/method.md, decision 10).
@@ -44,11 +44,12 @@ import math
 import numbers
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
-
-import torch
+from typing import TYPE_CHECKING, Mapping
 
 from fedhype.errors import ValidationError
+
+if TYPE_CHECKING:  # torch is imported on use: a SuperNode's SecAgg+ key-exchange stages import this module
+    import torch
 
 _SHARE_TOKEN = object()
 _AGG_TOKEN = object()
@@ -209,6 +210,8 @@ def secure_sum(shares: list[SecureShare], noise: DistributedNoise) -> Privatized
         if sorted(s._tensors) != names or any(s._tensors[k].shape != shares[0]._tensors[k].shape for k in names):
             raise SecureAggregationError(f"client {s.client!r} sent tensors {sorted(s._tensors)} that do not match "
                                          f"the others' {names}")
+    import torch
+
     total = {k: sum(s._tensors[k].to(torch.float64) for s in shares).to(torch.float32) for k in names}
     return PrivatizedAggregate(_token=_AGG_TOKEN, tensors=total, contributors=tuple(ids), noise=noise,
                                noise_multiplier=shares[0].noise_multiplier, private=all(s.private for s in shares))

@@ -144,9 +144,9 @@ def _class_stats(msg: Message, context: Context) -> Message:
 
 @client_app.train("secagg")
 def _secagg(msg: Message, context: Context) -> Message:
-    from fedhype.federated.flower import node
+    from fedhype.federated.flower import secagg  # the node's secrets stay in its context state
 
-    return Message(node.run_secagg(context.node_config, context.state, msg.content), reply_to=msg)
+    return Message(secagg.node_message(context.node_config, context.state, msg.content), reply_to=msg)
 
 
 @client_app.train()

@@ -79,15 +79,6 @@ def run_train(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
     return wire.encode_update(update, task.round)
 
 
-def run_secagg(nc: Mapping[str, Any], state: RecordDict, content: RecordDict) -> RecordDict:
-    """Handle a ``train.secagg`` message: one stage of SecAgg+ (:mod:`fedhype.federated.flower.secagg`); the
-    node's secrets stay in its Flower context ``state``, its integer share leaves it masked only."""
-    from fedhype.federated.flower import secagg
-
-    node = NodeSettings.from_node_config(nc)
-    return secagg.handle(content, state, node, client_factory=lambda extra, cid: _client(node, extra, cid))
-
-
 def run_class_stats(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
     """Handle a ``train.class_stats`` message: release the client's DP class statistics once."""
     req, extra = wire.decode_stats_request(content)

@@ -132,6 +132,22 @@ def plan_from_config(c: Mapping[str, Any]):
 
 
 # ---------------------------------------------------------------------------- node side
+def node_message(nc: Mapping[str, Any], state: RecordDict, content: RecordDict) -> RecordDict:
+    """A SuperNode's ``train.secagg`` handler (:data:`fedhype.federated.flower.apps.client_app`): :func:`handle` with
+    the node's settings; the client stack (torch, the node's own records) is imported for ``collect`` only, so the
+    key-exchange stages start fast in the fresh process Flower runs each message in."""
+    from fedhype.federated.flower.handshake import NodeSettings
+
+    node = NodeSettings.from_node_config(nc)
+
+    def client(extra, client_id):
+        from fedhype.federated.flower.node import _client
+
+        return _client(node, extra, client_id)
+
+    return handle(content, state, node, client_factory=client)
+
+
 def handle(content: RecordDict, state: RecordDict, node, *, client_factory) -> RecordDict:
     """A SuperNode's answer to one SecAgg+ message (``train.secagg``).
 
@@ -504,8 +520,8 @@ class FlowerSecureSession:
         if np.abs(decode_sum(total)).max(initial=0) >= 2 ** 62:
             raise SecureAggregationError(f"SecAgg+ {stage}: the unmasked sum is out of range (inconsistent shares?); "
                                          "nothing was released")
-        log(INFO, "fedhype: SecAgg+ %s: summed %d of %d clients (dropped: %s)", stage, len(s3), self.noise.clients,
-            [t.clients[i].id for i in dead] or "none")
+        log(INFO, "fedhype: SecAgg+ %s: summed %d of %d clients (not summed: %s)", stage, len(s3), self.noise.clients,
+            [c.id for i, c in enumerate(t.clients) if i not in vectors] or "none")
         return aggregate_from_sum(total, plan, layout, [t.clients[i].id for i in s3])
 
 
