@@ -7,7 +7,9 @@
 * ``--mia --store S --partition P``: DOMIAS and DCR membership inference on the run's
   synthetic data (members = train split, non-members = test split, reference = val split).
 * ``--canaries white-box|black-box``: one-run audit (Steinke, Nasr & Jagielski 2023): an
-  empirical ε lower bound at ``--confidence``. A bound above the claimed ε
+  empirical ε lower bound at ``--confidence``. ``--release`` (white-box): canaries in the statistics
+  release before round 0 as it ran — per client, or secure aggregation's honest sum, with Gaussian or
+  Skellam noise (:mod:`fedhype.eval.canary_release`) — against the ε of the release alone. A bound above the claimed ε
   (``"exceeds_claim": true``, "EXCEEDS CLAIM") exits **4** with both figures in the error (the
   JSON object is still printed): the mechanism leaks more than the accountant claims, unless it
   is a false alarm, which a correct mechanism raises with probability at most 1 − confidence.
@@ -142,6 +144,30 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
     return res
 
 
+def _release_box(run, s, p, client, opts: dict) -> dict:
+    """``--canaries white-box --release``: record canaries in the statistics release (:mod:`fedhype.eval.canary_release`)."""
+    from fedhype.eval.audit_ledger import run_directory
+    from fedhype.eval.audit_mia import check_run_data
+    from fedhype.eval.canary_release import release_audit, release_mechanism
+
+    if run is None:
+        raise ValidationError("--release audits a run's statistics release: give --run")
+    mech = release_mechanism(run_directory(run), client)
+    records = None
+    if s is not None and p is not None:
+        check_run_data(run_directory(run), s, p)
+        tr = p.client_store(s, int(mech["client"]), "train")
+        records = (tr.embeddings, tr.labels)
+    else:
+        console.print("[yellow]note[/]: no --store/--partition: the release runs on the canaries alone", highlight=False)
+    n = opts.pop("n_canaries") or mech["dim"]
+    sa = mech["distributed"]
+    console.print(f"white-box release audit: client {mech['client']}, {len(mech['steps'])} step(s)"
+                  + (f", secure aggregation m = {sa.clients}, t = {sa.dropout_tolerance}" if sa is not None else "")
+                  + f", {n} canaries …", highlight=False)
+    return release_audit(mech, records=records, n_canaries=n, **opts)
+
+
 def _black_box(run, s, p, client, audit_out, opts: dict) -> dict:
     from fedhype.eval.audit_ledger import run_directory
     from fedhype.eval.canary_blackbox import black_box_audit
@@ -174,7 +200,11 @@ def register(app: typer.Typer) -> None:
         per_class: Optional[int] = typer.Option(None, "--per-class", help="--mia without --synthetic: samples per class to draw."),
         canaries: Optional[str] = typer.Option(None, "--canaries", help="white-box | black-box one-run canary audit.",
                                                 click_type=choice(CANARIES)),
-        n_canaries: int = typer.Option(1000, "--n-canaries", help="Number of canaries m."),
+        n_canaries: Optional[int] = typer.Option(None, "--n-canaries", help="Number of canaries m (default 1000; "
+                                                 "with --release D, one per embedding coordinate)."),
+        release: bool = typer.Option(False, "--release", help="White-box: canary records in the statistics release "
+                                     "before round 0 as it ran (per client, or secure aggregation's sum, Gaussian or "
+                                     "Skellam) instead of the DP-SGD steps."),
         noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", help="White-box: σ (default: the run's ledger)."),
         sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="White-box: Poisson rate q."),
         steps: Optional[int] = typer.Option(None, "--steps", help="White-box: number of DP steps."),
@@ -207,14 +237,19 @@ def register(app: typer.Typer) -> None:
                 raise ValidationError(f"--canaries must be white-box or black-box, got {canaries!r}")
             if breakage is not None and canaries != "white-box":
                 raise ValidationError("--break applies to --canaries white-box only")
+            if release and canaries != "white-box":
+                raise ValidationError("--release applies to --canaries white-box only")
+            if release and breakage not in (None, "noise"):
+                raise ValidationError(f"--release --break: only 'noise' (the release has no clipping to break), got {breakage!r}")
             if canaries is not None:  # checked before a mechanism is run or a run is trained
                 from fedhype.eval.canary_bound import guess_counts
 
-                if n_canaries < 1:
+                if n_canaries is not None and n_canaries < 1:
                     raise ValidationError(f"--n-canaries must be ≥ 1, got {n_canaries}")
                 if not 0.0 < confidence < 1.0:
                     raise ValidationError(f"--confidence must be in (0, 1), got {confidence:g}")
-                guess_counts(n_canaries, guess_in, guess_out)
+                if n_canaries is not None or not release:
+                    guess_counts(n_canaries or 1000, guess_in, guess_out)
             res: dict[str, Any] = audit_run(run, synthetic or [], tolerance) if run is not None else {"run": None}
             s, p = _load_data(store, partition)
             if mia:
@@ -225,9 +260,11 @@ def register(app: typer.Typer) -> None:
                                **({"synthetic": str(path)} if x is not None else {})}
                               for x, path in zip(syns, synthetic or [None])]
             if canaries is not None:
-                opts = dict(n_canaries=n_canaries, guess_in=guess_in, guess_out=guess_out, confidence=confidence,
-                            seed=seed)
-                if canaries == "white-box":
+                opts = dict(n_canaries=n_canaries if (n_canaries is not None or release) else 1000, guess_in=guess_in,
+                            guess_out=guess_out, confidence=confidence, seed=seed)
+                if canaries == "white-box" and release:
+                    can = _release_box(run, s, p, client, {**opts, "breakage": breakage})
+                elif canaries == "white-box":
                     can = _white_box(run, s, p, client, noise_multiplier, sample_rate, steps, clip_norm, delta,
                                      {**opts, "breakage": breakage})
                 else:

@@ -61,14 +61,18 @@ class MechanismPhase:
 
 
 def phases_from_ledger(ledger: PrivacyLedger, client: str) -> list[MechanismPhase]:
-    """``client``'s mechanism events in recording order, consecutive equal (σ, q, C) merged.
+    """``client``'s Gaussian mechanism events in recording order, consecutive equal (σ, q, C) merged.
+
+    An integer-domain (Skellam) release of a Flower run with secure aggregation is not a Gaussian
+    step and is left out; ``fedhype audit --release`` audits the release itself
+    (:mod:`fedhype.eval.canary_release`).
 
     Raises:
         ValidationError: the client has no costly event in the ledger.
     """
     out: list[MechanismPhase] = []
     for e in ledger.events:
-        if e.client != client or e.steps == 0 or e.sample_rate == 0:
+        if e.client != client or e.steps == 0 or e.sample_rate == 0 or e.discrete:
             continue
         if out and (out[-1].noise_multiplier, out[-1].sample_rate, out[-1].clip_norm) == (
                 e.noise_multiplier, e.sample_rate, e.clip_norm):
