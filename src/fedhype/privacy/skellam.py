@@ -213,7 +213,7 @@ def unpack_symmetric(p: np.ndarray, dim: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- the plan
-def choose_scale(record_dim: int, noise_multiplier: float, clients: int = 1) -> int:
+def choose_scale(record_dim: int, noise_multiplier: float) -> int:
     """γ = 2^k: the smallest power of two ≥ 1000·√d (the rounding adds at most √d/γ ≤ 0.1 % to the
     sensitivity), within [2⁸, 2²⁴], lowered until the Poisson means (γσ)²/2 stay ≤ 2⁴⁸ (σ: the largest
     noise multiplier the release may get, so the sampler's doubles hold exact integers)."""
@@ -300,8 +300,10 @@ class SkellamPlan:
                 "record_dim": int(self.record_dim)}
 
     def check_range(self, n_records: int) -> None:
-        """Refuse a plan whose decoded sum could reach 2⁶³ (|sum| ≤ γ·(n + L) + 20·√(m·μ))."""
-        bound = self.scale * (float(n_records) + self.length) + 20.0 * math.sqrt(self.noise.clients * self.variance / self.noise.min_contributions + 1.0)
+        """Refuse a plan whose decoded sum could come near 2⁶³: every entry of a record's contribution is ≤ 1, so
+        |sum| ≤ γ·n + m (rounding) + 20 standard deviations of the m clients' noise, m·μ/(m − t)."""
+        m = self.noise.clients
+        bound = self.scale * float(n_records) + m + 20.0 * math.sqrt(m * self.variance / self.noise.min_contributions)
         if bound >= 2.0 ** (MODULUS_BITS - 2):
             raise ValidationError(f"integer release: values up to {bound:.3g} would not fit the 2⁶⁴ field; "
                                   "use fewer records per release or a smaller scale")
