@@ -155,7 +155,7 @@ def attach_local_session(clients, distributed: DistributedNoise, delta: float, t
 
 def planned_tails(cfg, sizes: Sequence[int]) -> list[list[tuple[float, float, int]]]:
     """Every client's planned DP-SGD history ``[(σ, q_i, steps_i)]`` (``[]`` for a statistics-only plan)."""
-    from fedhype.federated.engine import plan_privacy
+    from fedhype.federated.run_plan import plan_privacy
 
     privacy = plan_privacy(cfg, list(sizes))
     sigma = privacy["noise_multiplier"]
