@@ -22,6 +22,8 @@ The test split is not read. Grids:
   Dirichlet α = 0.3 clients: label skew only). The rows before it ran the pooled centre and say so;
 * the unlocated variance (``model.residual``, :func:`fedhype.federated.class_stats.covariance_estimate`):
   ``isotropic`` vs ``latent`` for the same two methods, ε and datasets, with client centres;
+* without DP, the same two methods and datasets, ``latent`` vs ``located`` (nothing is hidden by noise:
+  the release locates L directions and the unlocated variance is the D − L tail);
 * the DP-SGD stage: ``class_stats_share`` 0.95 (default) vs 0.999 (the rounds get a thousandth of ε and
   move nothing) for ``fedhypevae`` (mixture code), both datasets, ε = 1 / 4 / 8.
 
@@ -75,6 +77,10 @@ GRID: list[tuple[str, str, dict]] = (
     + [("unlocated variance", e, {"dataset": d, "method": m, "code": code, "residual": r})
        for d in ("digits", "fashion") for m, code in (("dp-gaussian", "neutral"), ("fedhypevae", "mixture"))
        for e in ("1", "4", "8") for r in ("isotropic", "latent")]
+    # without DP (nothing to locate but the D − L tail beyond the latent size): latent vs located
+    + [("unlocated variance, no DP", "none", {"dataset": d, "method": m, "code": code, "residual": r})
+       for d in ("digits", "fashion") for m, code in (("dp-gaussian", "neutral"), ("fedhypevae", "mixture"))
+       for r in ("latent", "located")]
     # is the DP-SGD stage worth its 5 % of ε? 0.999 leaves it a thousandth (σ so large that the rounds move nothing)
     + [("DP-SGD share", e, {"dataset": d, "code": "mixture", "class_stats_share": c})
        for d in ("digits", "fashion") for e in ("1", "4", "8") for c in (0.95, 0.99, 0.999)]
