@@ -185,6 +185,15 @@ def test_unlocated_variance_goes_into_the_free_latent_directions_and_the_trace_i
     f0i, r0i, _ = covariance_estimate(cov, tr, 0.0, max_rank=L, residual="isotropic")
     f0l, r0l, _ = covariance_estimate(cov, tr, 0.0, max_rank=L, residual="latent")
     torch.testing.assert_close(full(f0l, r0l), full(f0i, r0i))
+    # "auto" (the default) is the latent rule under noise and the located rule without: trace kept, the
+    # D − L tail's variance moved into the L columns (the residual at its floor)
+    fa, ra, _ = covariance_estimate(noisy, tr, v, max_rank=L, residual="auto")
+    torch.testing.assert_close(full(fa, ra), full(fl, rl))
+    f0a, r0a, _ = covariance_estimate(cov, tr, 0.0, max_rank=L, residual="auto")
+    f0o, r0o, _ = covariance_estimate(cov, tr, 0.0, max_rank=L, residual="located")
+    torch.testing.assert_close(full(f0a, r0a), full(f0o, r0o))
+    assert float(r0a) == pytest.approx(1e-3 * tr / d) and float(r0a) < 0.5 * float(r0l)
+    assert float(torch.trace(full(f0a, r0a))) == pytest.approx(tr, rel=1.5e-3)
     with pytest.raises(ValidationError, match="model.residual"):
         covariance_estimate(cov, tr, 0.0, residual="spread")
 
@@ -262,7 +271,8 @@ def test_pooled_covariance_is_close_to_the_exact_one_at_high_epsilon(real_store)
     dp = DPConfig(0.05, 1.0)
     ups = [privatize_class_sums(str(i), a, b, 10, dp, torch.Generator().manual_seed(i), W) for i, (a, b) in enumerate(halves)]
     ex = [privatize_class_sums(str(i), a, b, 10, EXACT, torch.Generator(), W) for i, (a, b) in enumerate(halves)]
-    noisy, exact = pooled_stats(ups, dp, W, max_rank=16), aggregate_class_stats(ex, max_rank=16)
+    # the exact estimate with the latent rule: "auto" would move the D − L tail into the 16 columns without noise
+    noisy, exact = pooled_stats(ups, dp, W, max_rank=16), aggregate_class_stats(ex, max_rank=16, residual="latent")
     cov = lambda s: s["cov_factor"] @ s["cov_factor"].T + float(s["residual_var"]) * torch.eye(x.shape[1])
     rel = torch.linalg.matrix_norm(cov(noisy) - cov(exact)) / torch.linalg.matrix_norm(cov(exact))
     assert float(rel) < 0.25 and int(noisy["rank"]) >= 3
