@@ -14,7 +14,7 @@ applied to class-wise sums, as hyper-prototype matching needs them (:mod:`fedhyp
 
 Sensitivity: a record enters exactly one class sum with a gradient of norm ≤ C, so the
 concatenation ``(G_1, …, G_K)`` changes by at most C in L2 under adding or removing one record
-(tested in ``tests/privacy/test_class_gradients.py``): one Poisson-subsampled Gaussian step with
+(tested in ``tests/prototypes/test_dp_matching.py``): one Poisson-subsampled Gaussian step with
 noise multiplier σ and rate q, charged as
 :func:`fedhype.privacy.events.dp_sgd_events` ``(mechanism=PROTOTYPE_GRADIENT, steps=1)``.
 """
