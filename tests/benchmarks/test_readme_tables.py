@@ -51,7 +51,9 @@ def test_utility_tables_regenerate_from_the_recorded_rows(name):
     # each method at every ε, 3 seeds each
     assert {r["method"] for r in rows} == set(methods)
     groups = {(r["method"], r["eps_target"]) for r in rows}
-    assert groups == {(m, e) for m in methods for e in ("1", "4", "8", "none")}
+    # (secure aggregation splits the noise of a private release: its rows have no "no DP" cell)
+    assert groups == {(m, e) for m in methods for e in ("1", "4", "8", "none")
+                      if not (e == "none" and m.endswith(mod.SECAGG))}
     assert all(sum((r["method"], r["eps_target"]) == g for r in rows) == 3 for g in groups)
     # ε in every private row is the accountant's figure for the run, within 0.5 % below its target
     for r in rows:
