@@ -2,7 +2,9 @@
 
 One scenario, run once per module (real processes are slow to start), checked by the tests below:
 a 2-round DP run (:data:`CFG`: the default model with its DP class statistics, small sizes) on
-two iid clients of the real digits embeddings; after round 1 is committed, SuperNode 1 is killed
+two sites, each with its own store (an iid half of the real digits embeddings) and its own split
+(``fedhype site``); the server is given only the federation written from their public cards; after
+round 1 is committed, SuperNode 1 is killed
 (SIGKILL); the server stops the round with a clear error; the node is restarted and the run
 resumed. The result must equal the in-process engine's (same seed), the ledger must equal its
 ledger (nothing charged twice), and only the records of :mod:`fedhype.federated.flower.wire` may
@@ -24,7 +26,6 @@ pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[f
 
 from fedhype.data.partition import make_partition  # noqa: E402
 from fedhype.federated.config import TrainConfig  # noqa: E402
-from fedhype.federated.engine import train  # noqa: E402
 from fedhype.federated.rundir import RunDir, load_model  # noqa: E402
 from fedhype.io import load_tensors  # noqa: E402
 from flower_deployment import BIN, Deployment, _alive, _wait_for  # noqa: E402  (tests/flower_deployment.py)
@@ -39,23 +40,30 @@ SCENARIO_BUDGET_S = 420.0
 @pytest.fixture(scope="module")
 def scenario(real_store, tmp_path_factory):
     """Run the kill-and-resume scenario once; returns what the tests check."""
-    from fedhype.federated.flower.federation import write_app, write_federation
+    from fedhype.data.sites import Site, make_site
+    from fedhype.federated.engine import train_sites
+    from fedhype.federated.flower.federation import write_app, write_site_federation
 
     if not (BIN / "flower-superlink").exists() or not (BIN / "flwr").exists():
         pytest.skip(f"Flower's executables are not in {BIN}")
     t0 = time.monotonic()
     part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
     root = tmp_path_factory.mktemp("flower")
-    real_store.save(root / "store.safetensors")
-    part.save(root / "partition.json")
-    write_federation(root / "server", real_store, part, TrainConfig(**CFG))
+    sites = []
+    for i, c in enumerate(part.clients):  # each site: its own store and its own split
+        own = real_store.subset(real_store.positions(c.train + c.val + c.test))
+        own.save(root / f"site{i}.safetensors")
+        sites.append(make_site(own, root / f"site{i}.safetensors", f"site-{i}", seed=i).save(root / f"site{i}"))
+    write_site_federation(root / "server", sites, TrainConfig(**CFG))  # from the public cards only
     app, run = root / "app", root / "run"
     write_app(app, federation=root / "server" / "federation.json", run_dir=run, connect_timeout=90,
               round_timeout=180, straggler_timeout=STRAGGLER_S, wire_log=root / "wire.jsonl")
-    node_cfg = [f'client="{c.id}" embeddings="{root / "store.safetensors"}" partition="{root / "partition.json"}" '
-                f'state-dir="{root / f"node{i}-private"}" seed={CFG["seed"]}' for i, c in enumerate(part.clients)]
+    node_cfg = [f'site="{s}" federation="{root / "server" / "federation.json"}" '
+                f'state-dir="{root / f"node{i}-private"}" seed={CFG["seed"]}' for i, s in enumerate(sites)]
     dep = Deployment(root)
-    out: dict = {"root": root, "run": run, "ref": root / "in-process", "part": part}
+    out: dict = {"root": root, "run": run, "ref": root / "in-process", "classes": real_store.class_names,
+                 "ids": real_store.sample_ids, "digests": [real_store.digest()] + [
+                     Site.load(s).store().digest() for s in sites]}
     try:
         dep.start_link()
         for i, nc in enumerate(node_cfg):
@@ -66,7 +74,7 @@ def scenario(real_store, tmp_path_factory):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            train(real_store, part, TrainConfig(**CFG), out["ref"], diagnostics=False)
+            train_sites([Site.load(s) for s in sites], TrainConfig(**CFG), out["ref"], diagnostics=False)
         finally:
             torch.set_num_threads(threads)
         # run 1 in the background; kill node 1 as soon as round 1 is committed
@@ -158,7 +166,7 @@ def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
 
     h, codes, _ = load_model(scenario["ref"])
     theta = {k: [str(v.dtype).replace("torch.", ""), list(v.shape)] for k, v in h(codes[0]).items()}
-    d, k = real_dim(scenario), len(scenario["part"].class_names)
+    d, k = real_dim(scenario), len(scenario["classes"])
     stats_on = bool(getattr(TrainConfig(**CFG).model_config(d, k), "class_bias", False))
     stats = {"class_sums": ["float32", [k, d]], "class_counts": ["float32", [k]]}
     if TrainConfig(**CFG).model_config(d, k).linear_path:  # the second-order release: M = Σ x xᵀ [D, D]
@@ -203,6 +211,17 @@ def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
         assert sum(r == centre for r in replies) == 2 and sum(r == stats for r in replies) == 2
     n_updates = sum(e["direction"] == "node→server" and e["type"] == "train" for e in log)
     assert n_updates == 2 + 1 + 2  # round 1, round 2 (node 1 killed: no reply), round 2 again
+
+
+def test_no_record_id_or_store_digest_reaches_the_server(scenario):
+    """The server's inputs and outputs (federation file, run folder, wire log) hold no record id and no
+    digest of a site's records: the coordinator is given the sites' public cards only."""
+    files = [p for p in (scenario["root"] / "server").rglob("*") if p.is_file()] + \
+            [p for p in scenario["run"].rglob("*") if p.is_file()] + [scenario["root"] / "wire.jsonl"]
+    for path in files:
+        data = path.read_bytes()
+        assert not any(d.encode() in data for d in scenario["digests"]), path
+        assert not any(i.encode() in data for i in scenario["ids"][:200]), path
 
 
 def real_dim(scenario) -> int:

@@ -1,5 +1,6 @@
 """The public files a Flower server reads, the app folder, and the server's run config (no processes)."""
 
+import dataclasses
 import json
 import tomllib
 
@@ -11,7 +12,8 @@ from fedhype.data.partition import make_partition  # noqa: E402
 from fedhype.errors import ArtifactError, ValidationError  # noqa: E402
 from fedhype.federated.config import TrainConfig  # noqa: E402
 from fedhype.federated.flower.apps import ServerSettings  # noqa: E402
-from fedhype.federated.flower.federation import Federation, write_app, write_federation  # noqa: E402
+from fedhype.federated.flower.federation import (Federation, write_app, write_federation,  # noqa: E402
+                                                 write_site_federation)
 
 CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, seed=0,
            model={"hidden": 32, "latent": 8})
@@ -25,23 +27,60 @@ def part(real_store):
 def test_federation_file_is_public_and_round_trips(real_store, part, tmp_path):
     path = write_federation(tmp_path, real_store, part, TrainConfig(**CFG))
     raw = json.loads(path.read_text())
-    assert set(raw) == {"format", "train", "store", "n_classes", "partition"}
+    assert set(raw) == {"format", "train", "store", "n_classes", "roster"}
     assert raw["store"] == {"digest": real_store.digest(), "n": len(real_store), "dim": real_store.dim,
                             "encoder": real_store.meta.get("encoder")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["federation.json"]  # the partition stays with the data holder
+    text = path.read_text()
+    assert not any(s in text for s in real_store.sample_ids)  # no record id reaches the server
     fed = Federation.load(path)
     assert fed.train == TrainConfig(**CFG) and fed.n_classes == real_store.n_classes
-    assert [len(c.train) for c in fed.partition.clients] == [len(c.train) for c in part.clients]
+    assert [c.n_train for c in fed.roster.clients] == [len(c.train) for c in part.clients]
+    assert {c.key for c in fed.roster.clients} == {real_store.digest()}
 
 
-def test_federation_refuses_pooled_training_and_another_store(real_store, part, tmp_path):
+def test_federation_refuses_pooled_training_and_a_bad_roster(real_store, part, tmp_path):
     with pytest.raises(ValidationError, match="cannot run on a Flower deployment"):
         write_federation(tmp_path / "a", real_store, part, TrainConfig(**{**CFG, "method": "central-cvae"}))
     write_federation(tmp_path / "b", real_store, part, TrainConfig(**CFG))
     raw = json.loads((tmp_path / "b" / "federation.json").read_text())
-    raw["store"]["digest"] = "0" * 64
+    raw["n_classes"] = 3
     (tmp_path / "b" / "federation.json").write_text(json.dumps(raw))
-    with pytest.raises(ArtifactError, match="made from another store"):
+    with pytest.raises(ArtifactError, match="disagrees with its roster"):
         Federation.load(tmp_path / "b" / "federation.json")
+    raw["n_classes"] = real_store.n_classes
+    raw["roster"]["clients"][1]["name"] = raw["roster"]["clients"][0]["name"]
+    (tmp_path / "b" / "federation.json").write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match="used twice"):
+        Federation.load(tmp_path / "b" / "federation.json")
+
+
+def test_site_federation_is_built_from_the_public_cards_only(real_store, tmp_path):
+    from fedhype.data.sites import SiteCard, make_site
+
+    sites = []
+    for d in range(2):  # two sites: the first two digits domains, the second without class 0
+        sub = real_store.subset((real_store.domains == d).nonzero().flatten())
+        if d == 1:
+            sub = sub.subset((sub.labels != 0).nonzero().flatten())
+        sub.save(tmp_path / f"s{d}.safetensors")
+        sites.append(make_site(sub, tmp_path / f"s{d}.safetensors", f"site-{d}").save(tmp_path / f"site{d}"))
+    cards = [SiteCard.load(s) for s in sites]
+    path = write_site_federation(tmp_path / "fed", sites[::-1], TrainConfig(**CFG))  # card paths, any order
+    fed = Federation.load(path)
+    assert [c.name for c in fed.roster.clients] == ["site-1", "site-0"]
+    assert [c.key for c in fed.roster.clients] == [cards[1].key, cards[0].key]
+    assert [c.n_train for c in fed.roster.clients] == [cards[1].n_train, cards[0].n_train]
+    assert fed.roster.class_names == real_store.class_names and fed.store["sites"] == ["site-1", "site-0"]
+    assert real_store.digest() not in path.read_text()
+    with pytest.raises(ValidationError, match="used by two sites"):
+        write_site_federation(tmp_path / "x", [sites[0], sites[0]], TrainConfig(**CFG))
+    other = dataclasses.replace(cards[1], encoder={**cards[1].encoder, "weights_hash": "0" * 64})
+    with pytest.raises(ValidationError, match="different encoders"):
+        write_site_federation(tmp_path / "x", [cards[0], other], TrainConfig(**CFG))
+    with pytest.raises(ValidationError, match="not among the federation's classes"):
+        write_site_federation(tmp_path / "x", cards, TrainConfig(**CFG), classes=["1", "2"])
+    assert not (tmp_path / "x").exists()
 
 
 def test_app_folder_names_our_apps_and_run_config(tmp_path):

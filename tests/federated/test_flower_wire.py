@@ -53,7 +53,7 @@ def setup(real_store, tmp_path_factory):
 def test_task_round_trip_carries_theta_and_public_settings_only(setup):
     task = setup["task"]
     space = (torch.randn(setup["cfg"].dim), torch.tensor(0.05))
-    content = wire.encode_task(task, run_key="run-abc", n_train=setup["client"].n, store_digest="d" * 64, space=space)
+    content = wire.encode_task(task, run_key="run-abc", n_train=setup["client"].n, data_key="d" * 64, space=space)
     assert set(content) == {"theta", "task", "space"}
     got, extra = wire.decode_task(_wire(content))
     assert got.client == "1" and got.round == 0 and got.steps == 2 and got.batch_size == 32 and got.lr == 1e-3

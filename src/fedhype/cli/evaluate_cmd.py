@@ -97,8 +97,12 @@ def _by_client(part: Any, store: Any, split: str) -> Any:
 
 
 def evaluate(
-    real: Path = renamed_option(..., "--store", "--real", help="Real store: held-out test set (the full store with --partition).",
-                                callback=existing("embeddings store", "create it with `fedhype embed`")),
+    real: Path | None = renamed_option(None, "--store", "--real", help="Real store: held-out test set (the full store with "
+                                       "--partition).", callback=existing("embeddings store", "create it with `fedhype embed`")),
+    site: Path | None = typer.Option(None, "--site", help="A site folder (from `fedhype site`) instead of --store: its "
+                                     "store's --split (default test) is the held-out set and its train split the TRTR "
+                                     "set, labels matched to the synthetic store's classes by name.",
+                                     callback=existing("site folder", "write it with `fedhype site`", kind="dir")),
     synthetic: Path = typer.Option(..., "--synthetic", help="Synthetic embeddings store (from `fedhype synthesize`).",
                                   callback=existing("synthetic embeddings store", "create it with `fedhype synthesize`")),
     real_train: Path | None = typer.Option(None, "--real-train", help="Real training store for the TRTR classifier.",
@@ -133,6 +137,15 @@ def evaluate(
         from fedhype.eval.interpolation import ClientSplits, interpolation_protocol
 
         check_space(space)
+        if (real is None) == (site is None):
+            raise ValidationError("give the real held-out data: --store (with --partition to split it), or --site "
+                                  "(a site folder from `fedhype site`)")
+        if site is not None and (partition is not None or interpolation or downstream or code_domain is not None):
+            raise ValidationError("--site evaluates against one site's own splits; --partition, --interpolation, "
+                                  "--downstream and --code-domain need a pooled --store and its --partition")
+        if site is not None:
+            return _evaluate_site(site, synthetic, real_train, real_split or "test", space, permutations, max_samples,
+                                  k, seed)
         if partition is None and (real_split is not None or interpolation or downstream or code_domain is not None):
             raise ValidationError("--split, --interpolation, --downstream and --code-domain need --partition")
         split = real_split or "test"
@@ -191,6 +204,38 @@ def evaluate(
         return result
 
     run_command(body, json_mode, _render)
+
+
+def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, split: str, space: str,
+                   permutations: int, max_samples: int, k: int, seed: int) -> dict[str, Any]:
+    """``fedhype evaluate --site``: the synthetic store against one site's own held-out split."""
+    from fedhype.data.sites import Site
+    from fedhype.data.store import EmbeddingStore
+    from fedhype.eval import evaluate as run_eval
+    from fedhype.eval.inputs import check_compatible
+
+    s = Site.load(site_dir)
+    syn_store = EmbeddingStore.load(synthetic)
+    own = s.store()
+    if own.dim != syn_store.dim:
+        check_compatible(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}")
+    where = f"site {s.name!r} ({site_dir})"
+    try:
+        test_store = s.records(split, list(syn_store.class_names), own)
+        train_store = (s.records("train", list(syn_store.class_names), own) if real_train is None
+                       else EmbeddingStore.load(real_train))
+    except ValidationError as exc:
+        raise ValidationError(f"{where}: {exc} of synthetic store {synthetic}") from None
+    check_compatible(train_store, syn_store, f"real train store of {where}", f"synthetic store {synthetic}")
+    if syn_store.kind != "synthetic":
+        console.print(f"[yellow]warning[/]: {synthetic} is marked kind={syn_store.kind!r}, not 'synthetic'", highlight=False)
+    console.print(f"evaluating {len(syn_store)} synthetic against {len(test_store)} real embeddings of {where} …",
+                  highlight=False)
+    result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
+                      max_samples=max_samples, k=k, seed=seed)
+    result.update(real=str(s.store_path), site=s.name, synthetic=str(synthetic),
+                  real_train=None if real_train is None else str(real_train), partition=None, real_split=split)
+    return result
 
 
 def register(app: typer.Typer) -> None:

@@ -34,7 +34,7 @@ def _root(
 
 
 #: Subcommand modules under ``fedhype.cli``, in help order; each exposes ``register(app)``.
-_COMMANDS: list[str] = ["embed_cmd", "partition_cmd", "train_cmd", "synthesize_cmd", "evaluate_cmd", "budget_cmd", "audit_cmd", "prototypes_cmd", "run_cmd"]
+_COMMANDS: list[str] = ["embed_cmd", "partition_cmd", "site_cmd", "train_cmd", "synthesize_cmd", "evaluate_cmd", "budget_cmd", "audit_cmd", "prototypes_cmd", "run_cmd"]
 
 
 def _register() -> None:

@@ -121,6 +121,9 @@ def register(app: typer.Typer) -> None:
         label_weights: Optional[str] = typer.Option(None, "--label-weights", help="Comma-separated class weights for --n."),
         temperature: float = typer.Option(1.0, "--temperature", help="Scale of the prior's std, > 0 (1 = model distribution)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: OS entropy)."),
+        release: Optional[Path] = typer.Option(None, "--release", help="Also write a release folder here: what may be "
+                                               "shared (the DP model, ledger, public config, this synthetic store, "
+                                               "privacy.json recomputed from the ledger), nothing else of the run."),
         json_out: bool = JsonOpt,
     ) -> None:
         """Decode synthetic class-conditional embeddings from the DP hypernetwork and codes."""
@@ -132,6 +135,10 @@ def register(app: typer.Typer) -> None:
             from fedhype.synthesis import synthesize
 
             check_out_file(out, overwrite, writes=f"{FORMAT} (synthetic)", command="synthesize")
+            if release is not None and release.exists():
+                from fedhype.errors import ValidationError
+
+                raise ValidationError(f"--release {release} exists; a release is written into a new folder")
             k, total = _counts(per_class, n)
             _check_temperature(temperature)
             weights = _weights(label_weights)
@@ -153,6 +160,11 @@ def register(app: typer.Typer) -> None:
             store = synthesize(src, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature)
             secs = time.perf_counter() - t0
             store.save(out)
+            if release is not None:
+                from fedhype.pipeline.release import write_release
+
+                write_release(src if src.is_dir() else src.parent, release, synthetic=out)
+                console.print(f"wrote the release folder {release} (what may be shared)", highlight=False)
             m = store.meta
             if not m["private"]:
                 console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
@@ -160,7 +172,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]note[/]: {store.meta['codes_note']}", highlight=False)
             return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "epsilon": m["epsilon"],
                     "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": store.class_counts(),
-                    "embeddings_per_s": len(store) / max(secs, 1e-9)}
+                    "embeddings_per_s": len(store) / max(secs, 1e-9), "release": None if release is None else str(release)}
 
         run_command(body, json_out, lambda r: Console().print(kv_table("fedhype synthesize", {
             k: v for k, v in r.items() if k != "class_counts"})))

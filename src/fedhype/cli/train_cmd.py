@@ -101,14 +101,42 @@ def _render(res: dict) -> None:
 
 
 
+def _sites(store: Optional[Path], partition: Optional[Path], site: Optional[list[Path]], classes: Optional[str]):
+    """The sites of ``--site`` (None with --store/--partition); refuses a mix or a half of either (exit 2)."""
+    if site:
+        if store is not None or partition is not None:
+            raise ValidationError("--site trains a federation of sites, each with its own store; --store/--partition "
+                                  "train a pooled store's partition: give one or the other")
+        from fedhype.data.sites import Site
+
+        for d in site:
+            if not (d / "site.json").is_file() and not (d.is_file() and d.name == "site.json"):
+                raise ValidationError(f"--site {d}: no site.json there; write it with `fedhype site --store ... "
+                                      f"--name ... --out {d}`")
+        return [Site.load(d) for d in site]
+    if classes:
+        raise ValidationError("--classes names the classes of a federation of sites; use it with --site")
+    if store is None or partition is None:
+        raise ValidationError("give --store and --partition (a pooled store and its partition), or --site once per "
+                              "site (folders from `fedhype site`)")
+    return None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train", cls=JobDefaultsCommand)
     def train_cmd(
         ctx: typer.Context,
-        store: Path = typer.Option(..., "--store", help="Embeddings store (from `fedhype embed`).",
-                                   callback=existing("embeddings store", "create it with `fedhype embed`")),
-        partition: Path = typer.Option(..., "--partition", help="Partition file (from `fedhype partition`).",
-                                       callback=existing("partition file", "create it with `fedhype partition`")),
+        store: Optional[Path] = typer.Option(None, "--store", help="Embeddings store (from `fedhype embed`), with --partition.",
+                                             callback=existing("embeddings store", "create it with `fedhype embed`")),
+        partition: Optional[Path] = typer.Option(None, "--partition", help="Partition file (from `fedhype partition`).",
+                                                 callback=existing("partition file", "create it with `fedhype partition`")),
+        site: Optional[list[Path]] = typer.Option(None, "--site", help="A site folder (from `fedhype site`), once per site, "
+                                                  "instead of --store/--partition: each client reads only its own "
+                                                  "site's store; the run is given the sites' public cards only.",
+                                                  callback=existing("site folder", "write it with `fedhype site`", kind="dir")),
+        classes: Optional[str] = typer.Option(None, "--classes", help="With --site: the federation's class names, "
+                                              "comma-separated, in label order (default: the sorted union of the "
+                                              "sites' classes)."),
         out: Path = typer.Option(..., "--out", help="Run directory to write."),
         epsilon: Optional[float] = _opt("epsilon", "--epsilon", help="Target ε; σ is calibrated for the plan run."),
         delta: float = _opt("delta", "--delta", help="δ (must be < 1/n for every client)."),
@@ -178,7 +206,7 @@ def register(app: typer.Typer) -> None:
         def body() -> dict:
             from fedhype.data.partition import Partition
             from fedhype.data.store import EmbeddingStore
-            from fedhype.federated.engine import train
+            from fedhype.federated.engine import train, train_sites
 
             check_out_dir(out, "train", "give a new folder, or an existing run directory with --resume")
             check_out_kind(out, "train", ("run",))  # never into a job, a model or a folder of other files
@@ -201,13 +229,21 @@ def register(app: typer.Typer) -> None:
                                     class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
                                     min_records=min_records, method=method),
                                {"hidden": hidden, "latent": latent})
-            s = EmbeddingStore.load(store)
-            p = Partition.load(partition)
+            sites = _sites(store, partition, site, classes)
+            if sites is None:
+                s = EmbeddingStore.load(store)
+                p = Partition.load(partition)
             privacy = ("NON-PRIVATE" if cfg.no_dp else f"σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
                        else f"target ε = {cfg.epsilon:g}")
-            log_line(f"train: {cfg.rounds} round{'s' if cfg.rounds != 1 else ''} over {len(p.clients)} clients ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
+            m = len(sites) if sites is not None else len(p.clients)
+            log_line(f"train: {cfg.rounds} round{'s' if cfg.rounds != 1 else ''} over {m} {'sites' if sites else 'clients'} ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
             try:
-                res = dict(train(s, p, cfg, out, resume=resume, progress=round_printer(cfg.rounds)))  # a TrainResult
+                if sites is not None:
+                    vocab = [k.strip() for k in classes.split(",")] if classes else None
+                    res = dict(train_sites(sites, cfg, out, classes=vocab, resume=resume,
+                                           progress=round_printer(cfg.rounds)))
+                else:
+                    res = dict(train(s, p, cfg, out, resume=resume, progress=round_printer(cfg.rounds)))  # a TrainResult
             except ValidationError as exc:
                 raise explain_min_records(
                     exc, records="--min-records",

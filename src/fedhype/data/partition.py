@@ -32,13 +32,16 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
 from fedhype.io import atomic_write_json, read_json
+
+if TYPE_CHECKING:
+    from fedhype.data.roster import Roster
 
 FORMAT = "fedhype-partition/1"
 SCHEMES = ("domain", "dirichlet", "iid")
@@ -55,6 +58,16 @@ class ClientSplit:
     train: list[str]
     val: list[str]
     test: list[str]
+
+    @property
+    def n_train(self) -> int:
+        """Its number of training records (public: the accountant's n_i)."""
+        return len(self.train)
+
+    @property
+    def n_records(self) -> int:
+        """Its number of records over the three splits."""
+        return len(self.train) + len(self.val) + len(self.test)
 
     def ids(self, split: str) -> list[str]:
         """Sample ids of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
@@ -88,7 +101,12 @@ class Partition:
             ArtifactError: missing file, invalid JSON, wrong format tag, missing fields, no clients,
                 two clients with the same name, or a sample id listed twice.
         """
-        raw = read_json(path, "partition file")
+        return cls.from_dict(read_json(path, "partition file"), where=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "partition") -> "Partition":
+        """A partition from its JSON form (:meth:`save`'s content); raises as :meth:`load`."""
+        path = where
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
             raise ArtifactError(f"{path}: format {got!r}, expected {FORMAT!r} (make it with `fedhype partition`)")
@@ -114,6 +132,13 @@ class Partition:
         if [c.id for c in clients] != list(range(len(clients))):
             raise ArtifactError(f"partition file {path}: client ids must be 0..{len(clients) - 1} in order")
         return part
+
+    def roster(self, dim: int | None = None, encoder: Any = None) -> "Roster":
+        """The public :class:`~fedhype.data.roster.Roster` of this partition: names, training-set sizes,
+        class names, the store digest as data key — no record id (what the coordinator is given)."""
+        from fedhype.data.roster import Roster
+
+        return Roster.from_partition(self, dim, encoder)
 
     # ------------------------------------------------------------------ use with a store
     def check_store(self, store: EmbeddingStore) -> None:

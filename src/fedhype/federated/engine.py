@@ -38,11 +38,12 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from fedhype.data.partition import Partition
+from fedhype.data.sites import Site
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import BudgetExceededError, ValidationError
 from fedhype.federated.baselines import make_server, training_partition
@@ -56,6 +57,9 @@ from fedhype.federated.run_plan import (RunPlan, _differences, check_client_size
                                         committed_rounds, plan_privacy, resolve_plan)
 from fedhype.federated.server import ServerStrategy
 from fedhype.federated.transport import ClientHandle, ClientTransport, InProcessTransport, RoundTask, SupportsPreflight
+
+if TYPE_CHECKING:
+    from fedhype.data.roster import Roster
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
 from fedhype.privacy.dp_step import DPConfig
 from fedhype.privacy.events import DP_SGD as MECHANISM
@@ -119,6 +123,58 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
 
     return run_federation(partition, cfg, out, store_info=describe_store(store), n_classes=store.n_classes,
                           connect=connect, resume=resume, progress=progress, stop_after=stop_after)
+
+
+def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, classes: Sequence[str] | None = None,
+                resume: bool = False, progress: Callable[[dict], None] | None = None, diagnostics: bool = False,
+                stop_after: int | None = None) -> TrainResult:
+    """Train FedHypeVAE in this process over independent sites, each with its own store and split.
+
+    The simulation of a consortium without a pooled store (:mod:`fedhype.data.sites`): client i reads
+    only site i's training records (its labels renumbered to the federation's classes by name);
+    the server side (:func:`run_federation`) is given the :class:`~fedhype.data.roster.Roster` built
+    from the sites' public cards only, so the run directory holds no record id, label or digest of a
+    site's records (``clients/`` holds each client's private optimiser state, as with :func:`train`).
+
+    Args:
+        sites: the sites (:class:`~fedhype.data.sites.Site`, from ``fedhype site``); client i is site i.
+        classes: the federation's class names (default: the sorted union of the sites' classes).
+        diagnostics: the per-round held-out diagnostics of :func:`train` (off by default here: they are
+            statistics of the sites' validation records outside the DP path, written to the run).
+        cfg, out, resume, progress, stop_after: as for :func:`train`.
+
+    Returns and raises as :func:`train`, and ValidationError for a pooled method (``central-cvae``
+    needs every record on one machine), sites with different encoders, or a site class outside ``classes``.
+    """
+    from fedhype.data.roster import Roster
+    from fedhype.federated.baselines import federation
+
+    if federation(cfg.method) == "pooled":
+        raise ValidationError(f"method {cfg.method!r} pools every record on one machine; sites keep their records "
+                              "(use a pooled store and `fedhype partition` to simulate it)")
+    stores = [s.store() for s in sites]
+    roster = Roster.from_cards([s.card(st) for s, st in zip(sites, stores)], classes)
+
+    def connect(run: RunDir) -> InProcessTransport:
+        check_client_sizes(roster, cfg)
+        clients, val = [], []
+        for i, (site, st) in enumerate(zip(sites, stores)):
+            tr = site.records("train", roster.class_names, st)
+            clients.append(Client(str(i), i, tr.embeddings, tr.labels, run.client_dir(str(i)), cfg.seed))
+            va = site.records("val", roster.class_names, st)
+            val.append((va.embeddings, va.labels))
+        return InProcessTransport(clients, val if diagnostics else None)
+
+    return run_federation(roster, cfg, out, store_info=describe_roster(roster), n_classes=len(roster.class_names),
+                          connect=connect, resume=resume, progress=progress, stop_after=stop_after)
+
+
+def describe_roster(roster: "Roster") -> dict[str, Any]:
+    """The public description of a federation of sites kept in the run's config (as :func:`describe_store`):
+    the digest of the sites' keys, the total of their training records, D, the encoder."""
+    return {"digest": roster.key, "n": sum(c.n_train for c in roster.clients), "dim": roster.dim,
+            "encoder": (roster.encoder or {}).get("encoder") if isinstance(roster.encoder, dict) else roster.encoder,
+            "sites": [c.name for c in roster.clients]}
 
 
 def describe_store(store: EmbeddingStore) -> dict[str, Any]:
@@ -356,7 +412,7 @@ def result_of(state: RunState) -> TrainResult:
 
 
 # ------------------------------------------------------------------------------------------------ the loop
-def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, store_info: dict[str, Any],
+def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str | Path, *, store_info: dict[str, Any],
                    n_classes: int, connect: Callable[[RunDir], ClientTransport], resume: bool = False,
                    progress: Callable[[dict], None] | None = None, stop_after: int | None = None) -> TrainResult:
     """The round logic of every deployment (:func:`train` in process, the Flower ServerApp across machines).
@@ -366,7 +422,8 @@ def run_federation(partition: Partition, cfg: TrainConfig, out: str | Path, *, s
     run directory is written here only.
 
     Args:
-        partition: clients → sample ids (public); its sizes are the clients' public n_i.
+        partition: the clients: a :class:`~fedhype.data.roster.Roster` (names, public sizes n_i, data keys,
+            class names), or a partition, of which only its roster is kept.
         cfg, out, resume, progress, stop_after: as for :func:`train`.
         store_info: :func:`describe_store` of the clients' store (public: digest, n, dim, encoder).
         n_classes: K.
@@ -427,7 +484,7 @@ def _epsilons(ledger: PrivacyLedger, cfg: TrainConfig) -> dict[str, float]:
 def _write_model(state: RunState, rounds_done: int | None = None) -> None:
     """The run's model file: Φ, the codes and the public metadata (ε so far, sizes, the DP class counts)."""
     run, server, clients, plan = state.run, state.server, state.clients, state.plan
-    cfg, partition, sizes = plan.cfg, plan.partition, plan.sizes
+    cfg, partition, sizes = plan.cfg, plan.roster, plan.sizes
     eps = _epsilons(state.ledger, cfg)
     meta = {"model": server.cfg.to_dict(), "clients": [c.id for c in clients],
             "client_names": [c.name for c in partition.clients], "client_sizes": sizes,

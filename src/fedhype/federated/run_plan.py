@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedhype.data.partition import Partition
+from fedhype.data.roster import Roster, as_roster
 from fedhype.errors import MinRecordsError, ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.rundir import RunDir
@@ -50,7 +51,7 @@ def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
             "class_stats_noise_multiplier": noise["class_stats_noise_multiplier"], "prefix": noise["prefix"]}
 
 
-def check_client_sizes(partition: Partition, cfg: TrainConfig) -> None:
+def check_client_sizes(partition: Partition | Roster, cfg: TrainConfig) -> None:
     """Refuse a client below ``cfg.min_records`` training records or with δ ≥ 1/n_i (public sizes).
 
     Raises:
@@ -58,17 +59,17 @@ def check_client_sizes(partition: Partition, cfg: TrainConfig) -> None:
         ValidationError: δ ≥ 1/n_i, naming the client.
     """
     for c in partition.clients:
-        n = len(c.train)
+        n = c.n_train
         if n < cfg.min_records:
             raise MinRecordsError(f"client {c.name!r} has {n} training records (< min_records={cfg.min_records}); "
                                   "re-partition with fewer clients", stage="train", minimum=cfg.min_records,
-                                  clients=[(c.name, n, len(c.train) + len(c.val) + len(c.test))],
+                                  clients=[(c.name, n, c.n_records)],
                                   n_clients=len(partition.clients))
         if not cfg.no_dp:
             check_delta(cfg.delta, n, where=f"client {c.name!r}")
 
 
-def check_plan(partition: Partition, cfg: TrainConfig, dim: int, n_classes: int):
+def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_classes: int):
     """Every refusal that needs only public values, before a run writes anything.
 
     Client sizes (``min_records``, δ < 1/n_i), the model, secure aggregation's (m, t), the privacy
@@ -82,7 +83,7 @@ def check_plan(partition: Partition, cfg: TrainConfig, dim: int, n_classes: int)
         ValidationError: a bad size, δ, model or (m, t). BudgetExceededError: the plan exceeds ``max_epsilon``.
     """
     check_client_sizes(partition, cfg)
-    sizes = [len(c.train) for c in partition.clients]
+    sizes = [c.n_train for c in partition.clients]
     mcfg = cfg.model_config(dim, n_classes)
     distributed = cfg.distributed_noise(len(sizes))
     if distributed is not None and not mcfg.class_bias:
@@ -100,7 +101,8 @@ class RunPlan:
     """What a run decides from public values alone, before it writes anything (:func:`resolve_plan`).
 
     Attributes:
-        partition: the partition the engine trains on (pooled for ``central-cvae``).
+        roster: the public roster of the clients the engine trains (pooled for ``central-cvae``):
+            names, training-set sizes, data keys, class names (:class:`~fedhype.data.roster.Roster`).
         cfg: the training configuration.
         model: the run's :class:`ModelConfig` (the method's preset, then the user's overrides).
         distributed: secure aggregation's (m, t) (:class:`~fedhype.privacy.secure_agg.DistributedNoise`), or None.
@@ -110,7 +112,7 @@ class RunPlan:
         resolved: the configuration the run records (``config.json``) and a resumed run must match.
     """
 
-    partition: Partition
+    roster: Roster
     cfg: TrainConfig
     model: ModelConfig
     distributed: Any
@@ -133,11 +135,12 @@ class RunPlan:
         return DPConfig(self.privacy["class_stats_noise_multiplier"], RELEASE_SENSITIVITY, enabled=not self.cfg.no_dp)
 
 
-def resolve_plan(partition: Partition, cfg: TrainConfig, *, store_info: dict[str, Any], n_classes: int) -> RunPlan:
+def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info: dict[str, Any], n_classes: int) -> RunPlan:
     """Step 1: the run's :class:`RunPlan`, from public values only (nothing is written).
 
     Args:
-        partition: the partition the engine trains on (:func:`fedhype.federated.baselines.training_partition`).
+        partition: the partition the engine trains on (:func:`fedhype.federated.baselines.training_partition`),
+            or its public :class:`~fedhype.data.roster.Roster` (only the roster is kept).
         cfg: the training configuration.
         store_info: :func:`describe_store` of the clients' store (digest, n, dim, encoder).
         n_classes: K.
@@ -145,13 +148,14 @@ def resolve_plan(partition: Partition, cfg: TrainConfig, *, store_info: dict[str
     Raises:
         as :func:`check_plan`.
     """
-    mcfg, distributed, privacy = check_plan(partition, cfg, store_info["dim"], n_classes)
-    sizes = [len(c.train) for c in partition.clients]
+    roster = as_roster(partition)
+    mcfg, distributed, privacy = check_plan(roster, cfg, store_info["dim"], n_classes)
+    sizes = [c.n_train for c in roster.clients]
     resolved = {"train": cfg.to_dict(), "model": mcfg.to_dict(), "privacy_plan": privacy,
                 "store": dict(store_info),
-                "partition": {"scheme": partition.scheme, "clients": [c.name for c in partition.clients]},
+                "partition": {"scheme": roster.scheme, "clients": [c.name for c in roster.clients]},
                 "seed_note": "not secure: reproducible noise" if cfg.seed is not None else "noise seeded from OS entropy"}
-    return RunPlan(partition, cfg, mcfg, distributed, privacy, sizes, resolved)
+    return RunPlan(roster, cfg, mcfg, distributed, privacy, sizes, resolved)
 
 
 def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:

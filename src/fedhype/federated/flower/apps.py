@@ -97,9 +97,9 @@ def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
     fed = Federation.load(settings.federation)
     if federation_kind(fed.train.method) == "pooled":
         raise ValidationError(f"method {fed.train.method!r} pools all records on one machine; use `fedhype train`")
-    distributed = check_secure_aggregation(fed.train, len(fed.partition.clients))  # SecAgg+ needs 2t < m
-    check_client_sizes(fed.partition, fed.train)
-    transport = FlowerTransport.connect(grid, fed.partition, int(fed.store["dim"]),
+    distributed = check_secure_aggregation(fed.train, len(fed.roster.clients))  # SecAgg+ needs 2t < m
+    check_client_sizes(fed.roster, fed.train)
+    transport = FlowerTransport.connect(grid, fed.roster, int(fed.store["dim"]),
                                         connect_timeout=settings.connect_timeout, round_timeout=settings.round_timeout,
                                         straggler_timeout=settings.straggler_timeout, wire_log=settings.wire_log,
                                         wire_dump=settings.wire_dump)
@@ -107,8 +107,8 @@ def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
         from fedhype.federated.secure_release import planned_tails
 
         transport.enable_secure_aggregation(distributed, fed.train.delta, planned_tails(
-            fed.train, [len(c.train) for c in fed.partition.clients]))
-    result = run_federation(fed.partition, fed.train, settings.run_dir, store_info=fed.store, n_classes=fed.n_classes,
+            fed.train, [c.n_train for c in fed.roster.clients]))
+    result = run_federation(fed.roster, fed.train, settings.run_dir, store_info=fed.store, n_classes=fed.n_classes,
                             connect=transport.bind, resume=settings.resume, progress=_log_round)
     log(INFO, "fedhype: %s", json.dumps({k: result[k] for k in ("run_dir", "rounds", "rounds_planned", "epsilon",
                                                                  "delta", "complete")}))

@@ -1,16 +1,19 @@
 """What the Flower server is told about a federation, and the Flower App folder that runs it.
 
-The server of a deployment never holds the embeddings. It reads one public file,
-``federation.json`` (format :data:`FORMAT`), written by :func:`write_federation` on a machine that
-has the store (e.g. where the partition was made)::
+The server of a deployment never holds the embeddings, a record id or a label. It reads one public
+file, ``federation.json`` (format :data:`FORMAT`)::
 
-    {"format": "fedhype-flower-federation/1",
+    {"format": "fedhype-flower-federation/2",
      "train": {...TrainConfig...},
-     "store": {"digest", "n", "dim", "encoder"},   # fedhype.federated.engine.describe_store
+     "store": {"digest", "n", "dim", "encoder"},   # fedhype.federated.engine.describe_store / describe_roster
      "n_classes": K,
-     "partition": "partition.json"}                 # the public partition, next to this file
+     "roster": {...}}                               # fedhype.data.roster.Roster: names, n_train, data keys, classes
 
-Everything in it is public structure (sizes, sample ids, settings, a digest); no embedding.
+written either from the sites' public cards (:func:`write_site_federation`: a real consortium, every
+site with its own store and split, :mod:`fedhype.data.sites`) or, for a simulation on one data
+holder's pooled store, from its partition (:func:`write_federation`: the partition itself stays with
+the data holder and its nodes). Everything in it is public: settings, sizes, names, random site keys
+or the pooled store's digest.
 :func:`write_app` writes the Flower App folder (a ``pyproject.toml`` naming
 :mod:`fedhype.federated.flower.apps` and the server's run config) that ``flwr run`` submits.
 """
@@ -23,6 +26,7 @@ from typing import Any
 
 from fedhype import __version__
 from fedhype.data.partition import Partition
+from fedhype.data.roster import Roster
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.federated.baselines import federation as federation_kind
@@ -30,7 +34,7 @@ from fedhype.federated.config import TrainConfig
 from fedhype.federated.engine import check_client_sizes, describe_store
 from fedhype.io import atomic_write_json, atomic_write_text, read_json
 
-FORMAT = "fedhype-flower-federation/1"
+FORMAT = "fedhype-flower-federation/2"
 
 
 @dataclass
@@ -40,32 +44,31 @@ class Federation:
     train: TrainConfig
     store: dict[str, Any]
     n_classes: int
-    partition: Partition
+    roster: Roster
 
     @classmethod
     def load(cls, path: str | Path) -> "Federation":
-        """Read ``federation.json`` and its partition.
+        """Read ``federation.json``.
 
         Raises:
-            ArtifactError: missing file, wrong format or fields, or a partition of another store.
+            ArtifactError: missing file, wrong format or fields.
             ValidationError: a bad training setting.
         """
         path = Path(path)
         raw = read_json(path, "federation file")
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise ArtifactError(f"{path}: not a fedhype federation file (format {FORMAT!r}); write it with "
-                                "fedhype.federated.flower.federation.write_federation")
+                                "fedhype.federated.flower.federation.write_site_federation (or write_federation)")
         try:
             train = TrainConfig(**raw["train"])
             store, n_classes = dict(raw["store"]), int(raw["n_classes"])
-            part_path = path.parent / str(raw["partition"])
             dim = int(store["dim"])
+            roster = Roster.from_dict(raw["roster"], where=f"{path} (roster)")
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{path}: missing or bad field ({exc!r}); write it again") from None
-        part = Partition.load(part_path)
-        if part.store_digest != store.get("digest") or part.store_n != store.get("n") or dim < 1:
-            raise ArtifactError(f"{path}: the partition {part_path} was made from another store; write both again")
-        return cls(train, store, n_classes, part)
+        if dim < 1 or n_classes != len(roster.class_names):
+            raise ArtifactError(f"{path}: D or K disagrees with its roster; write it again")
+        return cls(train, store, n_classes, roster)
 
 
 def check_secure_aggregation(cfg, n_clients: int):
@@ -88,8 +91,27 @@ def check_secure_aggregation(cfg, n_clients: int):
     return distributed
 
 
+def _check_federated(cfg: TrainConfig, roster: Roster) -> None:
+    if federation_kind(cfg.method) == "pooled":
+        raise ValidationError(f"method {cfg.method!r} pools every client's records on one machine: it cannot run on a "
+                              "Flower deployment; use `fedhype train`")
+    check_secure_aggregation(cfg, len(roster.clients))
+    check_client_sizes(roster, cfg)
+
+
+def _write(folder: str | Path, cfg: TrainConfig, store: dict[str, Any], roster: Roster) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(folder / "federation.json", {
+        "format": FORMAT, "train": cfg.to_dict(), "store": store, "n_classes": len(roster.class_names),
+        "roster": roster.to_dict()})
+
+
 def write_federation(folder: str | Path, store: EmbeddingStore, partition: Partition, cfg: TrainConfig) -> Path:
-    """Write ``federation.json`` and ``partition.json`` into ``folder`` (public files for the server).
+    """Write ``federation.json`` into ``folder`` for a simulation on one pooled store (the server's public file).
+
+    Only the partition's roster goes in (client names, training-set sizes, the store digest as data
+    key, class names); the partition itself (record ids) stays with the data holder's SuperNodes.
 
     Raises:
         ValidationError: a method that is not federated (``central-cvae`` pools every client's
@@ -98,18 +120,33 @@ def write_federation(folder: str | Path, store: EmbeddingStore, partition: Parti
             or a too-small client.
         ArtifactError: the partition was made from another store.
     """
-    if federation_kind(cfg.method) == "pooled":
-        raise ValidationError(f"method {cfg.method!r} pools every client's records on one machine: it cannot run on a "
-                              "Flower deployment; use `fedhype train`")
-    check_secure_aggregation(cfg, len(partition.clients))
     partition.check_store(store)
-    check_client_sizes(partition, cfg)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    partition.save(folder / "partition.json")
-    return atomic_write_json(folder / "federation.json", {
-        "format": FORMAT, "train": cfg.to_dict(), "store": describe_store(store), "n_classes": store.n_classes,
-        "partition": "partition.json"})
+    roster = partition.roster(store.dim)
+    _check_federated(cfg, roster)
+    return _write(folder, cfg, describe_store(store), roster)
+
+
+def write_site_federation(folder: str | Path, cards: list, cfg: TrainConfig, classes: list[str] | None = None) -> Path:
+    """Write ``federation.json`` into ``folder`` from the sites' public cards (a consortium without a pooled store).
+
+    Args:
+        folder: where to write (created).
+        cards: one :class:`~fedhype.data.sites.SiteCard` (or path of a ``card.json``) per site; client i is card i.
+        cfg: the training configuration.
+        classes: the federation's class names (default: the sorted union of the cards').
+
+    Raises:
+        ValidationError: as :func:`write_federation`, and as :meth:`~fedhype.data.roster.Roster.from_cards`
+            (two sites with one name, different encoders, a class outside ``classes``).
+        ArtifactError: an unreadable card.
+    """
+    from fedhype.data.sites import SiteCard
+    from fedhype.federated.engine import describe_roster
+
+    cards = [c if isinstance(c, SiteCard) else SiteCard.load(c) for c in cards]
+    roster = Roster.from_cards(cards, classes)
+    _check_federated(cfg, roster)
+    return _write(folder, cfg, describe_roster(roster), roster)
 
 
 def write_app(folder: str | Path, *, federation: str | Path, run_dir: str | Path, resume: bool = False,

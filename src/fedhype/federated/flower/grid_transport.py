@@ -31,6 +31,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from fedhype.data.partition import Partition
+from fedhype.data.roster import Roster, as_roster
 from fedhype.errors import FedhypeError
 from fedhype.federated.flower import handshake, wire
 from fedhype.federated.rundir import RunDir
@@ -85,30 +86,30 @@ class FlowerTransport:
     as the engine's ``connect`` callback).
     """
 
-    def __init__(self, grid, partition: Partition, dim: int, nodes: dict[int, int], seeded: dict[int, bool], *,
+    def __init__(self, grid, partition: Roster | Partition, dim: int, nodes: dict[int, int], seeded: dict[int, bool], *,
                  round_timeout: float, straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None,
                  wire_dump: Path | None = None):
         self.grid = grid
-        self.partition, self.dim = partition, int(dim)
+        self.roster, self.dim = as_roster(partition), int(dim)
         self.nodes, self.seeded = nodes, seeded
         self.round_timeout, self.straggler_timeout, self.poll = float(round_timeout), float(straggler_timeout), poll
         self.wire_log, self.wire_dump = wire_log, wire_dump
         self.secure = None  # the SecAgg+ session under secure aggregation (enable_secure_aggregation)
         self._logged = 0
-        self.clients = [RemoteClient(self, i, str(c.id), c.name, len(c.train)) for i, c in enumerate(partition.clients)]
+        self.clients = [RemoteClient(self, i, str(c.id), c.name, c.n_train) for i, c in enumerate(self.roster.clients)]
         self.run_key: str | None = None
         self._stats: dict[tuple, list[PrivatizedUpdate]] = {}
 
     # ------------------------------------------------------------------ connection
     @classmethod
-    def connect(cls, grid, partition: Partition, dim: int, *, connect_timeout: float, round_timeout: float,
+    def connect(cls, grid, partition: Roster | Partition, dim: int, *, connect_timeout: float, round_timeout: float,
                 straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None,
                 wire_dump: Path | None = None) -> "FlowerTransport":
         """Wait for one SuperNode per partition client and learn which node holds which client.
 
         Args:
             grid: the ServerApp's Flower ``Grid``.
-            partition: the public partition (one SuperNode per client).
+            partition: the public roster (one SuperNode per client; a partition is reduced to its roster).
             dim: D of the store (shape of the class statistics).
             connect_timeout, round_timeout, straggler_timeout: seconds (see the module docstring).
             poll: seconds between pulls of replies.
@@ -125,6 +126,7 @@ class FlowerTransport:
         """
         self = cls(grid, partition, dim, {}, {}, round_timeout=round_timeout, straggler_timeout=straggler_timeout,
                    poll=poll, wire_log=wire_log, wire_dump=wire_dump)
+        partition = self.roster
         ids = {str(c.id): i for i, c in enumerate(partition.clients)}
         pending: dict[str, int] = {}  # message id → node id
         asked: set[int] = set()
@@ -156,7 +158,7 @@ class FlowerTransport:
                 ident = handshake.decode_identity(rep.content, f"identity of SuperNode {node}")
                 if ident["client"] not in ids:
                     raise NodeFailure(f"SuperNode {node} holds client {ident['client']!r}, which is not in the server's "
-                                      f"partition (clients {sorted(ids)}); use the same partition file everywhere")
+                                      f"partition (clients {sorted(ids)}); check the SuperNodes' --node-config")
                 index = ids[ident["client"]]
                 if index in self.nodes and self.nodes[index] != node:
                     raise NodeFailure(f"client {ident['client']} is held by two SuperNodes ({self.nodes[index]}, {node}); "
@@ -210,7 +212,7 @@ class FlowerTransport:
         msgs = []
         for t in tasks:
             content = wire.encode_task(t, run_key=self._key(), n_train=self.clients[t.index].n,
-                                       store_digest=self.partition.store_digest, space=self.clients[t.index].space)
+                                       data_key=self.roster.clients[t.index].key, space=self.clients[t.index].space)
             msgs.append(Message(content, dst_node_id=self.nodes[t.index], message_type=wire.TRAIN,
                                 group_id=str(round_idx), ttl=ttl))
         replies = self._exchange([t.index for t in tasks], msgs, wire.TRAIN, round_idx)
@@ -229,7 +231,7 @@ class FlowerTransport:
         dp = DPConfig(noise_multiplier, RELEASE_SENSITIVITY, enabled=bool(noise_multiplier))
         return self._release(("centre", dp), "the release's centre", lambda i: wire.encode_stats_request(
             self.clients[i].id, 0, dp, LEGACY_WEIGHTS, run_key=self._key(), n_train=self.clients[i].n,
-            store_digest=self.partition.store_digest, stage="centre"),
+            data_key=self.roster.clients[i].key, stage="centre"),
             lambda i: wire.Expected.of_centre(self.clients[i].id, self.dim, dp))
 
     def class_stats(self, n_classes: int, dp: DPConfig, weights=None, centrings=None) -> list[PrivatizedUpdate]:
@@ -249,7 +251,7 @@ class FlowerTransport:
             raise RuntimeError("the class statistics were already released around other centres; refusing a second release")
         return self._release(key, "the class statistics", lambda i: wire.encode_stats_request(
             self.clients[i].id, n_classes, dp, weights, run_key=self._key(), n_train=self.clients[i].n,
-            store_digest=self.partition.store_digest, centring=cens[i]),
+            data_key=self.roster.clients[i].key, centring=cens[i]),
             lambda i: wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp, weights))
 
     def _release(self, key, what: str, request, expected) -> list[PrivatizedUpdate]:

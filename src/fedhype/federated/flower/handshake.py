@@ -5,14 +5,27 @@ At the start of every Flower run the server sends each SuperNode a ``query`` mes
 ``identity`` ConfigRecord ``{client, seeded, fedhype-version}``. Flower's node ids are random per
 SuperNode start, so this is how the server learns which node holds which partition client.
 
-A SuperNode is started with a node config naming its own files (they are never sent anywhere)::
+A SuperNode is started with a node config naming its own files (they are never sent anywhere).
+A site of a consortium (its own store and split, :mod:`fedhype.data.sites`)::
+
+    flower-supernode ... --node-config 'site="/data/site" federation="/data/federation.json"
+                                       state-dir="/data/fedhype-state"'
+
+* ``site`` — the site folder written by ``fedhype site`` (its private ``site.json`` names its store);
+* ``federation`` — the public ``federation.json`` the coordinator wrote from the sites' cards (the
+  node reads the federation's class names and its own place in the roster from it);
+
+or, to simulate a federation on one data holder's pooled store and partition::
 
     flower-supernode ... --node-config 'client="0" embeddings="/data/store.safetensors"
                                        partition="/data/partition.json" state-dir="/data/fedhype-state"'
 
 * ``client`` — the partition client this node holds (its id, e.g. ``"0"``, or its name);
 * ``embeddings`` — an embeddings store holding (at least) that client's records;
-* ``partition`` — the public partition file (the same file as the server's);
+* ``partition`` — the partition file (private to the data holder: it lists record ids);
+
+and in both cases:
+
 * ``state-dir`` — a private folder for the client's local encoder ψ_i, optimiser and generator
   states (``<state-dir>/<run key>/client-<id>/state-r<R>.safetensors``);
 * ``seed`` (optional, tests only) — reproducible noise; never set it in a real deployment;
@@ -40,6 +53,7 @@ from fedhype.errors import ArtifactError, ValidationError
 QUERY_TYPE, QUERY, IDENTITY = "query", "query", "identity"
 IDENTITY_KEYS = {"client", "seeded", "fedhype-version"}
 NODE_KEYS = ("client", "embeddings", "partition", "state-dir")
+SITE_KEYS = ("site", "federation", "state-dir")
 
 
 @dataclass(frozen=True)
@@ -47,21 +61,30 @@ class NodeSettings:
     """A SuperNode's ``--node-config`` (see the module docstring)."""
 
     client: str
-    embeddings: Path
-    partition: Path
+    embeddings: Path | None
+    partition: Path | None
     state_dir: Path
     seed: int | None = None
     min_noise_multiplier: float = 0.0
     allow_no_dp: bool = False
     secure_aggregation: bool = True
+    site: Path | None = None
+    federation: Path | None = None
 
     @classmethod
     def from_node_config(cls, nc: Mapping[str, Any]) -> "NodeSettings":
         """Raises ValidationError naming a missing or bad key."""
-        missing = [k for k in NODE_KEYS if k not in nc or str(nc[k]) == ""]
+        site_mode = "site" in nc
+        keys = SITE_KEYS if site_mode else NODE_KEYS
+        missing = [k for k in keys if k not in nc or str(nc[k]) == ""]
         if missing:
             raise ValidationError(f"SuperNode --node-config lacks {missing}; give "
-                                  + " ".join(f'{k}="..."' for k in NODE_KEYS))
+                                  + " ".join(f'{k}="..."' for k in SITE_KEYS) + " (a site), or "
+                                  + " ".join(f'{k}="..."' for k in NODE_KEYS) + " (a pooled store's partition)")
+        mixed = [k for k in ("client", "embeddings", "partition") if site_mode and k in nc]
+        if mixed:
+            raise ValidationError(f"SuperNode --node-config gives site= and {mixed}: a site node reads its store and "
+                                  "split from its site folder; drop " + ", ".join(mixed))
         seed = nc.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValidationError(f"SuperNode --node-config seed must be an integer, got {seed!r}")
@@ -73,6 +96,9 @@ class NodeSettings:
         secure = nc.get("secure-aggregation", True)
         if not isinstance(secure, bool):
             raise ValidationError(f"SuperNode --node-config secure-aggregation must be true or false, got {secure!r}")
+        if site_mode:
+            return cls("", None, None, Path(str(nc["state-dir"])), seed, float(floor), allow, secure,
+                       Path(str(nc["site"])), Path(str(nc["federation"])))
         return cls(str(nc["client"]), Path(str(nc["embeddings"])), Path(str(nc["partition"])),
                    Path(str(nc["state-dir"])), seed, float(floor), allow, secure)
 
@@ -117,14 +143,49 @@ def node_identity(nc: Mapping[str, Any]) -> RecordDict:
     Reads only the public partition file (JSON), so answering needs no torch import.
     """
     node = NodeSettings.from_node_config(nc)
-    try:
-        raw = json.loads(node.partition.read_text(encoding="utf-8"))
-        clients = [(str(c["id"]), str(c["name"])) for c in raw["clients"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"SuperNode partition file {node.partition} is unreadable ({exc})") from None
-    client = clients[node.client_index(clients)][0]
+    if node.site is not None:
+        client = str(site_place(node)[0])
+    else:
+        try:
+            raw = json.loads(node.partition.read_text(encoding="utf-8"))
+            clients = [(str(c["id"]), str(c["name"])) for c in raw["clients"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ArtifactError(f"SuperNode partition file {node.partition} is unreadable ({exc})") from None
+        client = clients[node.client_index(clients)][0]
     return RecordDict({IDENTITY: ConfigRecord({"client": client, "seeded": node.seed is not None,
                                                "fedhype-version": __version__})})
+
+
+def site_place(node: NodeSettings) -> tuple[int, str, dict[str, Any]]:
+    """A site node's ``(client id, site key, roster)`` in the federation: its place by its site name,
+    after checking that the coordinator's roster carries this site's key (JSON only: no torch import).
+
+    Raises:
+        ArtifactError: an unreadable site or federation file, the site missing from the roster, or
+            another key for it (the federation was written from another split of the site).
+    """
+    from fedhype.data.sites import SITE_FILE
+
+    site = node.site / SITE_FILE if node.site.is_dir() else node.site
+    try:
+        own = json.loads(site.read_text(encoding="utf-8"))
+        name, key = str(own["name"]), str(own["key"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"SuperNode site file {site} is unreadable ({exc}); write it with `fedhype site`") from None
+    try:
+        roster = json.loads(node.federation.read_text(encoding="utf-8"))["roster"]
+        clients = [(int(c["id"]), str(c["name"]), str(c["key"])) for c in roster["clients"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"SuperNode federation file {node.federation} is unreadable ({exc})") from None
+    for cid, cname, ckey in clients:
+        if cname == name:
+            if ckey != key:
+                raise ArtifactError(f"the federation {node.federation} lists site {name!r} with another site key than "
+                                    f"{site}: it was written from an older card; send the coordinator this site's "
+                                    "current card.json")
+            return cid, key, roster
+    raise ArtifactError(f"site {name!r} is not in the federation {node.federation} (sites: "
+                        f"{[c[1] for c in clients]}); send the coordinator this site's card.json")
 
 
 def decode_identity(content: RecordDict, where: str) -> dict[str, Any]:

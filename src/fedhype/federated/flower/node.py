@@ -29,14 +29,40 @@ from fedhype.io import atomic_save_tensors, load_tensors
 _SAFE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
+def _site_client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> Client:
+    """A site node's Client: its own store and split, labels renumbered to the federation's classes."""
+    from fedhype.data.sites import Site
+    from fedhype.federated.flower.handshake import site_place
+
+    index, key, roster = site_place(node)
+    if str(index) != client_id:
+        raise ValidationError(f"this SuperNode holds client {index} of {node.federation}, the server asked client "
+                              f"{client_id}; give every node the coordinator's federation.json")
+    if key != extra["data-key"]:
+        raise ArtifactError(f"the server's task is for another split of this site (site key differs); give the node the "
+                            f"federation.json the server runs ({node.federation})")
+    if not _SAFE.match(extra["run"]):
+        raise ArtifactError(f"bad run key {extra['run']!r} from the server")
+    site = Site.load(node.site)
+    tr = site.records("train", [str(k) for k in roster["class_names"]])
+    client = Client(client_id, index, tr.embeddings, tr.labels, node.state_dir / extra["run"] / f"client-{client_id}",
+                    node.seed)
+    if client.n != extra["n-train"]:
+        raise ArtifactError(f"site {site.name!r} has {client.n} training records, the server planned for "
+                            f"{extra['n-train']}; send the coordinator this site's current card.json")
+    return client
+
+
 def _client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> Client:
     """This node's Client for the server's request, after checking it matches what the server planned."""
+    if node.site is not None:
+        return _site_client(node, extra, client_id)
     part = Partition.load(node.partition)
     index = node.client_index([(str(c.id), c.name) for c in part.clients])
     if str(part.clients[index].id) != client_id:
         raise ValidationError(f"this SuperNode holds client {part.clients[index].id}, the server asked client "
                               f"{client_id}; check --node-config client=")
-    if part.store_digest != extra["store-digest"]:
+    if part.store_digest != extra["data-key"]:
         raise ArtifactError(f"partition {node.partition} belongs to another store than the server's "
                             "(store digest differs); use the same partition file on every machine")
     if not _SAFE.match(extra["run"]):

@@ -1,0 +1,76 @@
+"""``fedhype site``: one institution splits its own records and writes what it may tell the coordinator.
+
+Writes a site folder (:mod:`fedhype.data.sites`): ``site.json`` (private to the site: its record ids
+per split, its store) and ``card.json`` (public: name, random site key, number of training records,
+encoder, class names). A federation of sites is then trained with ``fedhype train --site DIR ...``
+in one process (a simulation), or on Flower with one SuperNode per site (docs/flower.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from fedhype.cli.common import JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command
+from fedhype.errors import ValidationError
+
+
+def _render(res: dict[str, Any]) -> None:
+    Console().print(kv_table(f"fedhype site {res['name']}", {
+        "site folder": res["site"], "private (keep at the site)": res["private"], "public card (send it)": res["card"],
+        "train / val / test": f"{res['splits']['train']} / {res['splits']['val']} / {res['splits']['test']}",
+        "classes": ", ".join(res["class_names"])}))
+
+
+def site(
+    store: Path = typer.Option(..., "--store", help="This site's embeddings store (from `fedhype embed`).",
+                               callback=existing("embeddings store", "create it with `fedhype embed`")),
+    name: str = typer.Option(..., "--name", help="The site's name (letters, digits, '.', '_', '-'); it names the site "
+                             "in every report."),
+    out: Path = typer.Option(..., "--out", help="Site folder to write (site.json: private; card.json: public)."),
+    fractions: str = typer.Option("0.6,0.2,0.2", "--fractions", help="train,val,test fractions of the site's records "
+                                  "(per class; ignored for splits the image folders give)."),
+    min_train: int = typer.Option(..., "--min-records", help="Refuse a split with fewer training records.",
+                                  default_factory=config_default("partition", "min_train")),
+    seed: int = typer.Option(0, "--seed", help="Seed of the split."),
+    draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw train/val/test from --fractions even when the "
+                                     "store's image folders give splits (train/, val/, test/)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing site folder (a new split and a new "
+                                   "site key: runs trained on the old one no longer accept it)."),
+    json_mode: bool = JsonOpt,
+) -> None:
+    """Split this site's records into train/val/test locally; write its private split and its public card."""
+
+    def body() -> dict[str, Any]:
+        from fedhype.cli.partition_cmd import _parse_split
+        from fedhype.data.partition import given_splits_line
+        from fedhype.data.sites import CARD_FILE, SITE_FILE, make_site, site_splits
+        from fedhype.data.store import EmbeddingStore
+
+        if out.exists() and not out.is_dir():
+            raise ValidationError(f"--out {out} is a file; give a folder for the site")
+        if out.is_dir() and any(out.iterdir()):
+            if not (out / SITE_FILE).exists():
+                raise ValidationError(f"--out {out} is a folder of other files; give a new or empty folder for the site")
+            if not overwrite:
+                raise ValidationError(f"--out {out} already holds a site; pass --overwrite to split again (new site key), "
+                                      "or give another folder")
+        splits = _parse_split(fractions)
+        emb = EmbeddingStore.load(store)
+        s = make_site(emb, store, name, splits=splits, seed=seed, min_train=min_train, use_given_splits=not draw_splits)
+        given = s.partition.params.get("given_splits")
+        if given:
+            console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)
+        s.save(out)
+        console.print(f"wrote {out / SITE_FILE} (private) and {out / CARD_FILE} (public)", highlight=False)
+        return {"site": str(out), "name": name, "private": str(out / SITE_FILE), "card": str(out / CARD_FILE),
+                "splits": site_splits(s), "class_names": list(emb.class_names), "given_splits": given}
+
+    run_command(body, json_mode, _render)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("site", cls=JobDefaultsCommand)(site)

@@ -1,0 +1,161 @@
+"""The public roster of a federation: the clients, their public training-set sizes, the label set.
+
+The coordinator of a federation (the in-process server, or the Flower ServerApp) needs only this:
+who the clients are, how many training records each holds (n_i: the sampling rate q_i = B/n_i
+of the accountant), the class names K labels mean, and for each client a *data key* the client
+checks before it trains (the same data as planned). It never needs a record id or a label.
+
+A roster comes either from a pooled :class:`~fedhype.data.partition.Partition` of one store
+(simulations and benchmarks: :meth:`Roster.from_partition`, the data key is the store digest) or
+from the public cards of independent sites (:meth:`Roster.from_cards`, see :mod:`fedhype.data.sites`:
+each site's key is a random token it drew when it split its records, so nothing in the roster is
+a function of a site's records except its training-set size).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from fedhype.errors import ArtifactError, ValidationError
+
+FORMAT = "fedhype-roster/1"
+
+
+@dataclass(frozen=True)
+class RosterClient:
+    """One client of a roster (public).
+
+    Attributes:
+        id: its index 0..m−1 (its code row on the server).
+        name: its name (a site name, or ``client-j`` / a domain name of a pooled partition).
+        n_train: its training-set size n_i (public: the accountant's q_i = B/n_i needs it).
+        key: its data key (the pooled store's digest, or the site's random key).
+    """
+
+    id: int
+    name: str
+    n_train: int
+    key: str
+
+    @property
+    def n_records(self) -> int:
+        """What the roster knows of the client's size: its training records."""
+        return self.n_train
+
+
+@dataclass(frozen=True)
+class Roster:
+    """Clients → public sizes and data keys, plus the federation's class names (see the module docstring).
+
+    Attributes:
+        scheme: the partition scheme (``"site"`` for a federation of independent sites).
+        class_names: the K class names, in label order.
+        clients: one :class:`RosterClient` per client, ids 0..m−1 in order.
+        encoder: the encoder the clients' embeddings come from (public description), or None.
+        dim: the embedding dimension D, or None when unknown.
+    """
+
+    scheme: str
+    class_names: list[str]
+    clients: list[RosterClient] = field(default_factory=list)
+    encoder: Any = None
+    dim: int | None = None
+
+    @property
+    def key(self) -> str:
+        """One digest of every client's data key (what a run records as its data)."""
+        return hashlib.sha256("\n".join(c.key for c in self.clients).encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (format :data:`FORMAT`)."""
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "roster") -> "Roster":
+        """Read :meth:`to_dict`'s form.
+
+        Raises:
+            ArtifactError: another format, a missing or bad field, duplicate names, ids not 0..m−1.
+        """
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise ArtifactError(f"{where}: not a fedhype roster (format {FORMAT!r})")
+        try:
+            clients = [RosterClient(int(c["id"]), str(c["name"]), int(c["n_train"]), str(c["key"]))
+                       for c in raw["clients"]]
+            out = cls(str(raw["scheme"]), [str(k) for k in raw["class_names"]], clients, raw.get("encoder"),
+                      None if raw.get("dim") is None else int(raw["dim"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: missing or bad field ({exc!r}); write it again") from None
+        out.check(where)
+        return out
+
+    def check(self, where: str = "roster") -> None:
+        """Raises ArtifactError: no clients, ids not 0..m−1, duplicate names, a size < 1."""
+        if not self.clients:
+            raise ArtifactError(f"{where}: no clients")
+        if [c.id for c in self.clients] != list(range(len(self.clients))):
+            raise ArtifactError(f"{where}: client ids must be 0..{len(self.clients) - 1} in order")
+        names = [c.name for c in self.clients]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ArtifactError(f"{where}: client name(s) {dup} are used twice; every client needs its own name")
+        if min(c.n_train for c in self.clients) < 1:
+            raise ArtifactError(f"{where}: a client has no training record")
+
+    @classmethod
+    def from_partition(cls, partition, dim: int | None = None, encoder: Any = None) -> "Roster":
+        """The public roster of a pooled :class:`~fedhype.data.partition.Partition` (data key: its store digest)."""
+        return cls(partition.scheme, list(partition.class_names),
+                   [RosterClient(c.id, c.name, len(c.train), partition.store_digest) for c in partition.clients],
+                   encoder, dim)
+
+    @classmethod
+    def from_cards(cls, cards: Sequence[Any], classes: Sequence[str] | None = None) -> "Roster":
+        """The roster of a federation of sites, from their public cards (:class:`fedhype.data.sites.SiteCard`).
+
+        Args:
+            cards: one card per site; client ids follow their order.
+            classes: the federation's class names (label order). Default: the sorted union of the
+                cards' class names. Every card's classes must be among them.
+
+        Raises:
+            ValidationError: no card, two sites with one name or one key, cards of different
+                embedding dimensions or encoders, or a site class missing from ``classes``.
+        """
+        if not cards:
+            raise ValidationError("a federation needs at least one site card (--site)")
+        names = [c.name for c in cards]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValidationError(f"site name(s) {dup} are used by two sites; give each site its own name "
+                                  "(`fedhype site --name`)")
+        if len({c.key for c in cards}) != len(cards):
+            raise ValidationError("two site cards carry the same site key: the same site was given twice")
+        dims = sorted({c.dim for c in cards})
+        if len(dims) != 1:
+            raise ValidationError(f"the sites' embeddings differ in dimension ({', '.join(f'{c.name}: D={c.dim}' for c in cards)}); "
+                                  "every site must embed with the same encoder")
+        encs = {repr(c.encoder) for c in cards}
+        if len(encs) != 1:
+            raise ValidationError("the sites used different encoders or preprocessing ("
+                                  + "; ".join(f"{c.name}: {c.encoder}" for c in cards)
+                                  + "); every site must embed with the same `fedhype embed` settings")
+        union = sorted({k for c in cards for k in c.class_names})
+        vocab = list(classes) if classes is not None else union
+        if len(set(vocab)) != len(vocab):
+            raise ValidationError(f"the federation's class names {vocab} repeat a name")
+        for c in cards:
+            extra = [k for k in c.class_names if k not in vocab]
+            if extra:
+                raise ValidationError(f"site {c.name!r} has class(es) {extra} that are not among the federation's "
+                                      f"classes {vocab}; add them to --classes")
+        clients = [RosterClient(i, c.name, c.n_train, c.key) for i, c in enumerate(cards)]
+        return cls("site", vocab, clients, cards[0].encoder, dims[0])
+
+
+def as_roster(clients: Any) -> Roster:
+    """``clients`` as a :class:`Roster`: a roster as is, a :class:`~fedhype.data.partition.Partition` through
+    :meth:`Roster.from_partition` (what the coordinator keeps of it: no record id)."""
+    return clients if isinstance(clients, Roster) else Roster.from_partition(clients)

@@ -1,0 +1,240 @@
+"""Sites: one institution's own store and its local train/val/test split; what it tells the coordinator.
+
+A real consortium has no pooled store: each site embeds its own images (``fedhype embed``) into its
+own store and splits its own records locally (``fedhype site``). The site folder it writes holds
+
+* ``site.json`` — **private to the site** (format :data:`SITE_FORMAT`): its name, a random site key,
+  the path and digest of its store and its split (a one-client
+  :class:`~fedhype.data.partition.Partition` of its store: record ids per split);
+* ``card.json`` — **public** (format :data:`CARD_FORMAT`, :class:`SiteCard`): the site name, the site
+  key, the number of training records n_train (the accountant needs it: q = B/n_train), the
+  embedding dimension, the encoder and preprocessing, and the site's class names (the names of its
+  class folders, i.e. which classes it holds).
+
+The coordinator builds the federation from the cards only (:meth:`fedhype.data.roster.Roster.from_cards`):
+no record id, no label, no digest of the records reaches it. The site key is drawn from the OS
+entropy (``secrets.token_hex``), so it says nothing about the records; the coordinator sends it back
+with every task and the site refuses a task for another key (another split, or another site).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhype import __version__
+from fedhype.data.partition import SPLITS, Partition, make_partition
+from fedhype.data.store import EmbeddingStore
+from fedhype.errors import ArtifactError, ValidationError
+from fedhype.io import atomic_write_json, read_json
+
+SITE_FORMAT = "fedhype-site/1"
+CARD_FORMAT = "fedhype-site-card/1"
+SITE_FILE, CARD_FILE = "site.json", "card.json"
+#: store metadata that must agree across the sites of one federation (same encoder, same preprocessing)
+ENCODER_KEYS = ("encoder", "weights_hash", "pooling", "preprocess", "dim")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def encoder_of(store: EmbeddingStore) -> dict[str, Any]:
+    """The public description of how ``store`` was embedded (encoder, weights hash, pooling, preprocessing, D)."""
+    meta = store.meta or {}
+    return {k: meta.get(k) for k in ENCODER_KEYS if k != "dim"} | {"dim": store.dim}
+
+
+@dataclass(frozen=True)
+class SiteCard:
+    """What a site tells the coordinator (public; see the module docstring).
+
+    Attributes:
+        name: the site's name (letters, digits, ``.``, ``_``, ``-``).
+        key: the site key (32 hex digits, random).
+        n_train: its number of training records.
+        dim: embedding dimension D.
+        encoder: :func:`encoder_of` its store.
+        class_names: the names of the classes the site's store knows.
+    """
+
+    name: str
+    key: str
+    n_train: int
+    dim: int
+    encoder: dict[str, Any]
+    class_names: list[str]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the card atomically as JSON."""
+        return atomic_write_json(path, {"format": CARD_FORMAT, "public": "this card may be sent to the coordinator",
+                                        "fedhype_version": __version__, **asdict(self)})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "SiteCard":
+        """Read a card (``card.json``, or a site folder holding one).
+
+        Raises:
+            ArtifactError: missing file, another format, a missing or bad field.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / CARD_FILE
+        raw = read_json(path, "site card")
+        if not isinstance(raw, dict) or raw.get("format") != CARD_FORMAT:
+            raise ArtifactError(f"{path}: not a fedhype site card (format {CARD_FORMAT!r}); write it with `fedhype site`")
+        try:
+            card = cls(str(raw["name"]), str(raw["key"]), int(raw["n_train"]), int(raw["dim"]), dict(raw["encoder"]),
+                       [str(k) for k in raw["class_names"]])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"site card {path}: missing or bad field ({exc!r}); write it again with `fedhype site`") from None
+        if not _NAME.match(card.name) or not re.fullmatch(r"[0-9a-f]{32}", card.key) or card.n_train < 1:
+            raise ArtifactError(f"site card {path}: bad name, key or n_train; write it again with `fedhype site`")
+        return card
+
+
+@dataclass
+class Site:
+    """One site's private description: its name, key, store and split (see the module docstring).
+
+    Attributes:
+        name: the site name.
+        key: the random site key (also on its public card).
+        store_path: its embeddings store (absolute path on the site's machine).
+        partition: its split, a one-client :class:`Partition` of the store (scheme ``"site"``).
+    """
+
+    name: str
+    key: str
+    store_path: Path
+    partition: Partition
+
+    @property
+    def split(self):
+        """The site's :class:`~fedhype.data.partition.ClientSplit` (its record ids per split)."""
+        return self.partition.clients[0]
+
+    def card(self, store: EmbeddingStore | None = None) -> SiteCard:
+        """The site's public card."""
+        store = self.store() if store is None else store
+        return SiteCard(self.name, self.key, len(self.split.train), store.dim, encoder_of(store),
+                        list(self.partition.class_names))
+
+    def store(self) -> EmbeddingStore:
+        """The site's store, checked against its split.
+
+        Raises:
+            ArtifactError: a missing or corrupt store, or one that is not the store the split was made from.
+        """
+        store = EmbeddingStore.load(self.store_path)
+        try:
+            self.partition.check_store(store)
+        except ArtifactError as exc:
+            raise ArtifactError(f"site {self.name!r}: {self.store_path} is not the store its split was made from "
+                                f"({exc}); run `fedhype site` again") from None
+        return store
+
+    def records(self, split: str, class_names: list[str] | None = None,
+                store: EmbeddingStore | None = None) -> EmbeddingStore:
+        """The site's rows of ``split``, labels renumbered to ``class_names`` (the federation's classes).
+
+        Args:
+            split: ``"train"``, ``"val"`` or ``"test"``.
+            class_names: the federation's class names (default: the site's own).
+            store: the site's store, if already loaded.
+
+        Raises:
+            ValidationError: a site class missing from ``class_names``.
+        """
+        store = self.store() if store is None else store
+        sub = self.partition.client_store(store, 0, split)
+        return relabel(sub, class_names) if class_names is not None else sub
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write ``site.json`` (private) and ``card.json`` (public) into ``folder``; returns the folder."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        card = self.card()
+        atomic_write_json(folder / SITE_FILE, {
+            "format": SITE_FORMAT, "private": "PRIVATE to this site: lists its record ids per split; never send it",
+            "name": self.name, "key": self.key, "store": str(self.store_path),
+            "partition": {k: v for k, v in _partition_dict(self.partition).items()}})
+        card.save(folder / CARD_FILE)
+        return folder
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Site":
+        """Read ``site.json`` (or a site folder holding one).
+
+        Raises:
+            ArtifactError: missing file, another format, a missing or bad field.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / SITE_FILE
+        raw = read_json(path, "site file")
+        if not isinstance(raw, dict) or raw.get("format") != SITE_FORMAT:
+            raise ArtifactError(f"{path}: not a fedhype site file (format {SITE_FORMAT!r}); write it with `fedhype site`")
+        try:
+            part = Partition.from_dict(raw["partition"], where=str(path))
+            site = cls(str(raw["name"]), str(raw["key"]), Path(str(raw["store"])), part)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"site file {path}: missing or bad field ({exc!r}); write it again with `fedhype site`") from None
+        if len(part.clients) != 1:
+            raise ArtifactError(f"site file {path}: its split must hold exactly one client")
+        return site
+
+
+def _partition_dict(p: Partition) -> dict[str, Any]:
+    return {"format": "fedhype-partition/1", **asdict(p)}
+
+
+def relabel(store: EmbeddingStore, class_names: list[str]) -> EmbeddingStore:
+    """``store`` with its labels renumbered to ``class_names`` by name (a site may hold fewer classes).
+
+    Raises:
+        ValidationError: a class of ``store`` missing from ``class_names``.
+    """
+    if list(store.class_names) == list(class_names):
+        return store
+    index = {k: i for i, k in enumerate(class_names)}
+    missing = [k for k in store.class_names if k not in index]
+    if missing:
+        raise ValidationError(f"class(es) {missing} of the site's store are not among the federation's classes "
+                              f"{list(class_names)}")
+    lut = torch.tensor([index[k] for k in store.class_names], dtype=torch.int64)
+    return EmbeddingStore(store.embeddings, lut[store.labels] if len(store) else store.labels, store.domains,
+                          list(store.sample_ids), list(class_names), list(store.domain_names), dict(store.meta))
+
+
+def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *,
+              splits: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0, min_train: int = 20,
+              use_given_splits: bool = True) -> Site:
+    """Split one site's records into train/val/test (per class, or as its image folders give them).
+
+    Args:
+        store: the site's embeddings store (from ``fedhype embed``).
+        store_path: where that store lies (recorded in the private ``site.json``).
+        name: the site's name (letters, digits, ``.``, ``_``, ``-``; at most 64 characters).
+        splits, seed, use_given_splits: as for :func:`~fedhype.data.partition.make_partition`.
+        min_train: refuse a split with fewer training records.
+
+    Raises:
+        ValidationError: a bad name, bad fractions; MinRecordsError: too few training records.
+    """
+    if not _NAME.match(name):
+        raise ValidationError(f"site name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (starting with a letter "
+                              "or digit); it names the site in every report")
+    part = make_partition(store, scheme="iid", n_clients=1, splits=splits, min_train_per_client=min_train, seed=seed,
+                          use_given_splits=use_given_splits)
+    part.scheme = "site"
+    part.clients[0].name = name
+    return Site(name, secrets.token_hex(16), Path(store_path).resolve(), part)
+
+
+def site_splits(site: Site) -> dict[str, int]:
+    """Record counts per split (private to the site)."""
+    return {k: len(site.split.ids(k)) for k in SPLITS}

@@ -1,0 +1,165 @@
+"""Per-site operation at the CLI (issue: bring your own images, safely): three sites' own image folders
+(``class/patient/image`` nesting, real UCI optdigits as PNG files; one site lacks a class) go through
+``fedhype embed`` → ``fedhype site`` → ``fedhype train --site`` → ``fedhype synthesize --release`` →
+``fedhype evaluate --site``, as the README section "Your own images" walks through. Checked: the classes
+are right, nothing the coordinator writes (the run folder) or shares (the release folder) holds a record
+id, a site's store digest or a real embedding, the public card holds only public fields, and every
+refusal is a clear exit 2 that writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from fedhype.cli.main import app
+from fedhype.data.sites import Site
+from fedhype.data.store import EmbeddingStore
+from image_trees import digit_rows, save_digit
+
+runner = CliRunner()
+CLASSES = ("benign", "malignant", "normal")
+#: site → (classes it holds, first optdigits row used): distinct images at every site
+SITES = {"hospital_a": (CLASSES, 0), "hospital_b": (CLASSES, 12), "clinic_c": (CLASSES[:2], 24)}
+
+
+def _json(r):
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _tree(root: Path, classes, skip: int) -> Path:
+    """``<class>/patient_<k>/<i>.png``: 3 patients × 4 images per class."""
+    for label, cls in enumerate(CLASSES):
+        if cls not in classes:
+            continue
+        for p in range(3):
+            for i in digit_rows(label, 4, skip=skip + 4 * p):
+                save_digit(root, f"{cls}/patient_{label}{p}/{i}.png", i)
+    return root
+
+
+@pytest.fixture(scope="module")
+def consortium(tiny_dinov2_dir, tmp_path_factory):
+    """Each site embeds and splits its own folder; the coordinator trains from the cards; one release."""
+    root = tmp_path_factory.mktemp("sites")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FEDHYPE_CACHE", str(root / "cache"))
+    enc = ["--encoder", f"hf:{tiny_dinov2_dir}", "--device", "cpu", "--workers", "0"]
+    out = {"root": root, "ids": [], "digests": [], "stores": {}}
+    try:
+        for name, (classes, skip) in SITES.items():
+            images = _tree(root / name / "images", classes, skip)
+            store = root / name / "embeddings.safetensors"
+            _json(runner.invoke(app, ["embed", "--images", str(images), "--layout", "class", *enc, "--out", str(store),
+                                      "--json"]))
+            out["site"] = _json(runner.invoke(app, ["site", "--store", str(store), "--name", name, "--min-records", "5",
+                                                    "--out", str(root / name / "site"), "--json"]))
+            s = EmbeddingStore.load(store)
+            out["stores"][name] = s
+            out["ids"] += list(s.sample_ids)
+            out["digests"].append(s.digest())
+        sites = [f"--site={root / n / 'site'}" for n in SITES]
+        out["train"] = _json(runner.invoke(app, ["train", *sites, "--out", str(root / "run"), "--epsilon", "4",
+                                                 "--rounds", "2", "--local-steps", "2", "--batch-size", "8",
+                                                 "--min-records", "5", "--hidden", "16", "--latent", "4", "--seed", "0",
+                                                 "--json"]))
+        out["synthesize"] = _json(runner.invoke(app, ["synthesize", "--run", str(root / "run"), "--out",
+                                                      str(root / "synthetic.safetensors"), "--per-class", "20", "--seed",
+                                                      "0", "--release", str(root / "release"), "--json"]))
+        out["evaluate"] = {n: _json(runner.invoke(app, ["evaluate", "--site", str(root / n / "site"), "--synthetic",
+                                                        str(root / "synthetic.safetensors"), "--permutations", "0",
+                                                        "--k", "2", "--json"])) for n in SITES}
+        yield out
+    finally:
+        mp.undo()
+
+
+def test_classes_stay_classes_and_each_site_evaluates_on_its_own_test_split(consortium):
+    root = consortium["root"]
+    for name, (classes, _) in SITES.items():
+        s = consortium["stores"][name]
+        assert s.class_names == list(classes)  # patient_XX folders stayed inside their class
+        assert s.class_counts() == [12] * len(classes)
+        site = Site.load(root / name / "site")
+        sizes = {k: len(site.split.ids(k)) for k in ("train", "val", "test")}
+        assert sum(sizes.values()) == 12 * len(classes) and sizes["train"] >= 7 * len(classes)
+        test = site.records("test", store=s)
+        assert sorted(set(test.labels.tolist())) == list(range(len(classes)))  # split per class, every class in test
+        ev = consortium["evaluate"][name]
+        assert ev["site"] == name and ev["real_split"] == "test"
+        assert ev["n_real"] == sizes["test"] and 0.0 <= ev["tstr_accuracy"] <= 1.0 and ev["trtr_accuracy"] is not None
+    syn = EmbeddingStore.load(root / "synthetic.safetensors")
+    assert syn.class_names == list(CLASSES) and syn.class_counts() == [20, 20, 20]
+    tr = consortium["train"]
+    assert tr["private"] and 0 < tr["epsilon"] <= 4.0 + 1e-6
+
+
+def test_the_card_is_public_and_the_site_file_says_it_is_private(consortium):
+    root = consortium["root"]
+    card = json.loads((root / "clinic_c" / "site" / "card.json").read_text())
+    assert set(card) == {"format", "public", "fedhype_version", "name", "key", "n_train", "dim", "encoder", "class_names"}
+    assert card["class_names"] == ["benign", "malignant"] and card["name"] == "clinic_c"
+    text = (root / "clinic_c" / "site" / "card.json").read_text()
+    assert not any(i in text for i in consortium["stores"]["clinic_c"].sample_ids)
+    private = json.loads((root / "clinic_c" / "site" / "site.json").read_text())
+    assert "PRIVATE" in private["private"] and len(private["partition"]["clients"][0]["train"]) == card["n_train"]
+
+
+def _files(folder: Path, skip: str | None = None) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and not (skip and skip in p.relative_to(folder).parts)]
+
+
+def test_no_record_id_digest_or_real_embedding_reaches_the_coordinator_or_the_release(consortium):
+    root = consortium["root"]
+    real = torch.cat([s.embeddings for s in consortium["stores"].values()])
+    # the coordinator's files: the run folder, minus clients/ (the simulated sites' private optimiser states)
+    coordinator = _files(root / "run", skip="clients")
+    release = _files(root / "release")
+    assert sorted(p.name for p in release) == ["README.md", "checkpoint.json", "config.json", "ledger.json",
+                                               "model.safetensors", "privacy.json", "synthetic.safetensors"]
+    assert not (root / "run" / "metrics.json").exists() or "val" not in (root / "run" / "metrics.json").read_text()
+    for path in coordinator + release:
+        data = path.read_bytes()
+        for i in consortium["ids"]:
+            assert i.encode() not in data, f"record id {i} in {path}"
+        assert b"patient_" not in data and b".png" not in data, path
+        for d in consortium["digests"]:
+            assert d.encode() not in data, f"a site's store digest in {path}"
+        if path.suffix == ".safetensors":
+            for name, t in load_file(str(path)).items():
+                if t.ndim == 2 and t.shape[1] == real.shape[1] and t.is_floating_point():
+                    dist = torch.cdist(t.float(), real).min().item()
+                    assert dist > 1e-4, f"{path}:{name} holds a real embedding"
+    conf = json.loads((root / "run" / "config.json").read_text())
+    assert conf["partition"] == {"scheme": "site", "clients": list(SITES)}
+
+
+def test_refusals_are_clear_and_write_nothing(consortium, tmp_path):
+    root = consortium["root"]
+    a = root / "hospital_a"
+    r = runner.invoke(app, ["site", "--store", str(a / "embeddings.safetensors"), "--name", "hospital_a",
+                            "--min-records", "5", "--out", str(a / "site"), "--json"])
+    assert r.exit_code == 2 and "--overwrite" in r.output
+    r = runner.invoke(app, ["site", "--store", str(a / "embeddings.safetensors"), "--name", "bad name/..",
+                            "--out", str(tmp_path / "s"), "--json"])
+    assert r.exit_code == 2 and "site name" in r.output and not (tmp_path / "s").exists()
+    r = runner.invoke(app, ["train", f"--site={a / 'site'}", "--store", str(a / "embeddings.safetensors"),
+                            "--out", str(tmp_path / "run"), "--json"])
+    assert r.exit_code == 2 and "give one or the other" in r.output and not (tmp_path / "run").exists()
+    r = runner.invoke(app, ["train", f"--site={a / 'site'}", f"--site={a / 'site'}", "--out", str(tmp_path / "run"),
+                            "--min-records", "5", "--json"])
+    assert r.exit_code == 2 and "used by two sites" in r.output and not (tmp_path / "run").exists()
+    r = runner.invoke(app, ["train", f"--site={a / 'site'}", "--classes", "benign,malignant", "--out",
+                            str(tmp_path / "run"), "--min-records", "5", "--json"])
+    assert r.exit_code == 2 and "'normal'" in r.output and "--classes" in r.output and not (tmp_path / "run").exists()
+    r = runner.invoke(app, ["train", f"--site={tmp_path}", "--out", str(tmp_path / "run"), "--json"])
+    assert r.exit_code == 2 and "no site.json" in r.output
+    r = runner.invoke(app, ["evaluate", "--site", str(a / "site"), "--store", str(a / "embeddings.safetensors"),
+                            "--synthetic", str(root / "synthetic.safetensors"), "--json"])
+    assert r.exit_code == 2 and "--site" in r.output
