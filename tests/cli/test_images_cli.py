@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from fedhype.cli.main import app
 from fedhype.data.partition import Partition
-from fedhype.data.store import EmbeddingStore
+from fedhype.data.store import EmbeddingStore, opaque_id
 import image_trees  # tests/image_trees.py
 from image_trees import digit_rows as _rows
 from image_trees import patient_tree
@@ -110,8 +110,9 @@ def test_partition_uses_the_given_train_and_test_folders(tmp_path, enc):
     assert _json(r)["given_splits"] == {"given": ["train", "test"], "drawn_from_train": {"val": 0.25}}
     part = Partition.load(tmp_path / "p.json")
     tests = sorted(s for c in part.clients for s in c.test)
-    assert tests == sorted(str(p.relative_to(root)) for p in (root / "test").rglob("*.png"))
-    assert all(s.startswith("train/") for c in part.clients for s in c.train + c.val)
+    assert tests == sorted(opaque_id(str(p.relative_to(root))) for p in (root / "test").rglob("*.png"))
+    trains = {opaque_id(str(p.relative_to(root))) for p in (root / "train").rglob("*.png")}
+    assert all(s in trains for c in part.clients for s in c.train + c.val)
     r = runner.invoke(app, ["partition", "--store", str(tmp_path / "s.safetensors"), "--scheme", "iid", "--clients", "2",
                             "--min-records", "5", "--draw-splits", "--out", str(tmp_path / "q.json"), "--json"])
     assert r.exit_code == 0 and _json(r)["given_splits"] is None and "using the splits" not in r.stderr
@@ -158,7 +159,7 @@ def test_run_checks_the_job_before_writing_then_embeds_like_embed_and_keeps_the_
     theirs = EmbeddingStore.load(tmp_path / "e.safetensors")
     assert torch.equal(mine.embeddings, theirs.embeddings) and mine.meta["preprocess"] == theirs.meta["preprocess"]
     part = Partition.load(out / "partition.json")
-    assert sorted(s for c in part.clients for s in c.test) == sorted(s for s in mine.sample_ids if s.startswith("test/"))
+    assert sorted(s for c in part.clients for s in c.test) == sorted(opaque_id(s) for s in mine.sample_ids if s.startswith("test/"))
     assert json.loads((out / "config.json").read_text())["data"]["layout"] == "auto"
 
 

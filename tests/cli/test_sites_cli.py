@@ -137,7 +137,8 @@ def test_no_record_id_digest_or_real_embedding_reaches_the_coordinator_or_the_re
                     dist = torch.cdist(t.float(), real).min().item()
                     assert dist > 1e-4, f"{path}:{name} holds a real embedding"
     conf = json.loads((root / "run" / "config.json").read_text())
-    assert conf["partition"] == {"scheme": "site", "clients": list(SITES)}
+    keys = [json.loads((root / n / "site" / "card.json").read_text())["key"] for n in SITES]
+    assert conf["partition"] == {"scheme": "site", "clients": list(SITES), "keys": keys}  # the cards' random keys
 
 
 def test_refusals_are_clear_and_write_nothing(consortium, tmp_path):
@@ -163,3 +164,58 @@ def test_refusals_are_clear_and_write_nothing(consortium, tmp_path):
     r = runner.invoke(app, ["evaluate", "--site", str(a / "site"), "--store", str(a / "embeddings.safetensors"),
                             "--synthetic", str(root / "synthetic.safetensors"), "--json"])
     assert r.exit_code == 2 and "--site" in r.output
+
+
+def test_provenance_refusals_name_both_sides(consortium, tmp_path):
+    """Evaluation refuses data it cannot compare with, or that may hold the run's own training records."""
+    import shutil
+
+    root = consortium["root"]
+    syn = str(root / "synthetic.safetensors")
+    # a site split again (new key) since the run trained on it: its test split may hold training records
+    again = tmp_path / "hospital_a-site"
+    shutil.copytree(root / "hospital_a" / "site", again)
+    r = runner.invoke(app, ["site", "--store", str(root / "hospital_a" / "embeddings.safetensors"), "--name",
+                            "hospital_a", "--min-records", "5", "--seed", "1", "--out", str(again), "--overwrite", "--json"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["evaluate", "--site", str(again), "--synthetic", syn, "--permutations", "0", "--k", "2",
+                            "--json"])
+    assert r.exit_code == 2 and "split again" in r.output and "hospital_a" in r.output
+    # another encoder's weights: not comparable
+    s = consortium["stores"]["hospital_a"]
+    other = EmbeddingStore(s.embeddings, s.labels, s.domains, s.sample_ids, s.class_names, s.domain_names,
+                           {**s.meta, "weights_hash": "0" * 64})
+    other.save(tmp_path / "other.safetensors")
+    r = runner.invoke(app, ["evaluate", "--store", str(tmp_path / "other.safetensors"), "--synthetic", syn,
+                            "--permutations", "0", "--k", "2", "--json"])
+    assert r.exit_code == 2 and "weights_hash" in r.output and "0000" in r.output
+
+
+def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(consortium, tmp_path):
+    root = consortium["root"]
+    store = root / "hospital_b" / "embeddings.safetensors"
+    parts = []
+    for name in ("a", "b"):  # the same settings twice: two partitions, two random keys
+        r = runner.invoke(app, ["partition", "--store", str(store), "--scheme", "iid", "--clients", "1",
+                                "--min-records", "5", "--out", str(tmp_path / f"{name}.json"), "--json"])
+        assert r.exit_code == 0, r.output
+        parts.append(tmp_path / f"{name}.json")
+    r = runner.invoke(app, ["partition", "--store", str(store), "--scheme", "iid", "--clients", "1",
+                            "--min-records", "5", "--out", str(parts[0]), "--json"])
+    assert r.exit_code == 2 and "--overwrite" in r.output
+    _json(runner.invoke(app, ["train", "--store", str(store), "--partition", str(parts[0]), "--out", str(tmp_path / "run"),
+                              "--epsilon", "4", "--rounds", "1", "--local-steps", "1", "--batch-size", "8",
+                              "--min-records", "5", "--hidden", "16", "--latent", "4", "--seed", "0", "--json"]))
+    syn = tmp_path / "syn.safetensors"
+    _json(runner.invoke(app, ["synthesize", "--run", str(tmp_path / "run"), "--out", str(syn), "--per-class", "10",
+                              "--seed", "0", "--release", str(tmp_path / "release"), "--json"]))
+    ev = ["evaluate", "--store", str(store), "--synthetic", str(syn), "--permutations", "0", "--k", "2", "--json"]
+    r = runner.invoke(app, [*ev, "--partition", str(parts[1])])
+    assert r.exit_code == 2 and "another `fedhype partition`" in r.output
+    assert _json(runner.invoke(app, [*ev, "--partition", str(parts[0])]))["tstr_accuracy"] is not None
+    digest = consortium["stores"]["hospital_b"].digest()
+    assert digest in (tmp_path / "run" / "config.json").read_text()  # the coordinator's private run folder keeps it
+    assert not any(digest.encode() in p.read_bytes() for p in (tmp_path / "release").iterdir())
+    conf = json.loads((tmp_path / "release" / "config.json").read_text())
+    assert "digest" not in conf["store"] and conf["store"]["provenance"]["weights_hash"] == \
+        consortium["stores"]["hospital_b"].meta["weights_hash"]

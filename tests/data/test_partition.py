@@ -12,7 +12,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from fedhype.data.partition import SPLITS, Partition, make_partition
-from fedhype.data.store import EmbeddingStore
+from fedhype.data.store import EmbeddingStore, opaque_id
 from fedhype.errors import ArtifactError, ValidationError
 
 
@@ -40,7 +40,8 @@ def store():
 def check_disjoint_cover(part: Partition, store: EmbeddingStore):
     ids = [s for c in part.clients for k in SPLITS for s in c.ids(k)]
     assert len(ids) == len(set(ids)) == len(store)
-    assert set(ids) == set(store.sample_ids)
+    assert set(ids) == {opaque_id(s) for s in store.sample_ids}  # opaque: no path, no class name
+    assert not set(ids) & set(store.sample_ids)
 
 
 def label_entropy(part, store):
@@ -104,7 +105,8 @@ def test_seeded(store):
     a = make_partition(store, scheme="dirichlet", n_clients=8, alpha=0.5, seed=7)
     b = make_partition(store, scheme="dirichlet", n_clients=8, alpha=0.5, seed=7)
     c = make_partition(store, scheme="dirichlet", n_clients=8, alpha=0.5, seed=8)
-    assert a == b and a.clients != c.clients
+    assert a.clients == b.clients and a.clients != c.clients
+    assert a.key != b.key and len(a.key) == 32  # each partition's data key is drawn afresh (it says nothing of the data)
 
 
 def test_too_small_clients_are_refused_with_sizes(store):
@@ -171,13 +173,13 @@ def test_mismatched_store_is_refused(store):
 def test_client_and_split_stores(store):
     part = make_partition(store, scheme="iid", n_clients=3, seed=4)
     c1 = part.client_store(store, 1, "val")
-    assert c1.sample_ids == part.clients[1].val
+    assert [opaque_id(s) for s in c1.sample_ids] == part.clients[1].val
     np.testing.assert_array_equal(c1.embeddings.numpy(), store.embeddings[torch.as_tensor(store.positions(c1.sample_ids))].numpy())
     test = part.split_store(store, "test")
     owner = part.client_ids("test")
     assert len(test) == len(owner) == sum(s["test"] for s in part.sizes())
     for j in range(3):
-        assert [s for s, o in zip(test.sample_ids, owner) if o == j] == part.clients[j].test
+        assert [opaque_id(s) for s, o in zip(test.sample_ids, owner) if o == j] == part.clients[j].test
     assert test.domain_names == store.domain_names and set(test.domains.tolist()) == {0, 1}
     with pytest.raises(ValidationError, match="client 3 does not exist"):
         part.client_store(store, 3, "train")
@@ -197,3 +199,17 @@ def test_load_rejects_no_clients_and_shared_names(store, tmp_path):
     (tmp_path / "dup.json").write_text(json.dumps(raw))
     with pytest.raises(ArtifactError, match=rf"\['{raw['clients'][0]['name']}'\] are used by more than one client"):
         Partition.load(tmp_path / "dup.json")
+
+
+def test_saved_partition_is_marked_private_and_names_no_file(store, tmp_path):
+    part = make_partition(store, scheme="iid", n_clients=2, seed=0)
+    text = part.save(tmp_path / "p.json").read_text()
+    raw = json.loads(text)
+    assert raw["private"].startswith("PRIVATE to the holder of the store")
+    assert not any(s in text for s in store.sample_ids[:500])  # opaque ids only: no path, no domain folder
+    again = Partition.load(tmp_path / "p.json")
+    assert torch.equal(again.client_store(store, 1, "test").embeddings, part.client_store(store, 1, "test").embeddings)
+    roster = part.roster()  # what a server is given: names and sizes, no id
+    assert [c.n_train for c in roster.clients] == [len(c.train) for c in part.clients]
+    public = json.dumps(roster.to_dict())
+    assert not any(i in public for i in again.clients[0].train + again.clients[1].test)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedhype.data.partition import SPLITS, given_splits, make_partition
-from fedhype.data.store import EmbeddingStore
+from fedhype.data.store import EmbeddingStore, opaque_id
 from fedhype.errors import ValidationError
 
 
@@ -26,17 +26,18 @@ def test_given_train_and_test_are_kept_and_val_is_drawn_from_train(real_store):
     part = make_partition(store, scheme="domain", seed=0)
     assert part.params["given_splits"] == {"given": ["train", "test"], "drawn_from_train": {"val": 0.25}}
     assert [c.name for c in part.clients] == ["mnist", "optdigits", "mnist-m", "rotated-mnist"]
+    folder = {opaque_id(s): s.split("/")[0] for s in store.sample_ids}  # the partition lists opaque ids
     for c in part.clients:
-        assert c.test and all(s.startswith("test/") for s in c.test)
-        assert all(s.startswith("train/") for s in c.train + c.val)
+        assert c.test and all(folder[s] == "test" for s in c.test)
+        assert all(folder[s] == "train" for s in c.train + c.val)
         n_given_train = len(c.train) + len(c.val)
         assert abs(len(c.val) - 0.25 * n_given_train) <= len(store.class_names)  # stratified, within a record per class
     every_test = sorted(s for c in part.clients for s in c.test)
-    assert every_test == sorted(s for s in store.sample_ids if s.startswith("test/"))  # nothing moved
+    assert every_test == sorted(opaque_id(s) for s in store.sample_ids if s.startswith("test/"))  # nothing moved
     # the fractions draw every split when asked to
     drawn = make_partition(store, scheme="domain", seed=0, use_given_splits=False)
     assert "given_splits" not in drawn.params
-    assert any(s.startswith("train/") for c in drawn.clients for s in c.test)
+    assert any(folder[s] == "train" for c in drawn.clients for s in c.test)
 
 
 def test_all_three_given_and_dirichlet_clients(real_store):
@@ -44,9 +45,10 @@ def test_all_three_given_and_dirichlet_clients(real_store):
     store = _with_folders(real_store, lambda i: names.get(i % 5, "train"), {"train": "train", "val": "val", "test": "test"})
     part = make_partition(store, scheme="dirichlet", n_clients=3, alpha=0.5, seed=1, min_train_per_client=10)
     assert part.params["given_splits"] == {"given": list(SPLITS), "drawn_from_train": {}}
+    folder = {opaque_id(s): s.split("/")[0] for s in store.sample_ids}
     for c in part.clients:
         for split in SPLITS:
-            assert all(s.split("/")[0] == split for s in c.ids(split))
+            assert all(folder[s] == split for s in c.ids(split))
     assert sum(len(c.val) for c in part.clients) == 160 and sum(len(c.test) for c in part.clients) == 160
 
 

@@ -133,7 +133,7 @@ def evaluate(
     def body() -> dict[str, Any]:
         from fedhype.data.store import EmbeddingStore
         from fedhype.eval import evaluate as run_eval
-        from fedhype.eval.inputs import check_compatible, check_space
+        from fedhype.eval.inputs import check_compatible, check_provenance, check_space
         from fedhype.eval.interpolation import ClientSplits, interpolation_protocol
 
         check_space(space)
@@ -154,6 +154,7 @@ def evaluate(
         real_store = EmbeddingStore.load(real)
         syn_store = EmbeddingStore.load(synthetic)
         check_compatible(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}")
+        check_provenance(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}")
         train_store = None
         if real_train is not None:
             train_store = EmbeddingStore.load(real_train)
@@ -164,6 +165,8 @@ def evaluate(
 
             part = Partition.load(partition)
             part.check_store(real_store)
+            check_provenance(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}",
+                             partition=part)
             test_store = _by_client(part, real_store, split)
             if train_store is None and split != "train":
                 train_store = _by_client(part, real_store, "train")
@@ -212,11 +215,12 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
     from fedhype.data.sites import Site
     from fedhype.data.store import EmbeddingStore
     from fedhype.eval import evaluate as run_eval
-    from fedhype.eval.inputs import check_compatible
+    from fedhype.eval.inputs import check_compatible, check_provenance
 
     s = Site.load(site_dir)
     syn_store = EmbeddingStore.load(synthetic)
     own = s.store()
+    check_provenance(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}", site=s)
     if own.dim != syn_store.dim:
         check_compatible(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}")
     where = f"site {s.name!r} ({site_dir})"

@@ -1,6 +1,10 @@
-"""Client partitions: which sample ids each client holds, split into train / val / test.
+"""Client partitions: which records each client holds, split into train / val / test.
 
-A :class:`Partition` is public structure (sample ids and counts), never data. It is made once
+A :class:`Partition` holds no embedding, but it is **private to the holder of the store**: it lists
+every record's id per client and split. The ids are opaque (:func:`~fedhype.data.store.opaque_id`,
+BLAKE2b-80 of the store's sample ids: no file path, no class folder), and a federation's server is
+given only the partition's public :meth:`Partition.roster` (client names and sizes). A real
+consortium has no pooled store: each site splits its own records (:mod:`fedhype.data.sites`). It is made once
 from an :class:`~fedhype.data.store.EmbeddingStore` by :func:`make_partition` and saved as JSON
 (format tag ``"fedhype-partition/1"``); later stages select a client's rows with
 :meth:`Partition.client_store`. Because it holds ids, the same partition applies to any store of
@@ -30,13 +34,14 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedhype.data.store import EmbeddingStore
+from fedhype.data.store import EmbeddingStore, opaque_id
 from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
 from fedhype.io import atomic_write_json, read_json
 
@@ -47,6 +52,9 @@ FORMAT = "fedhype-partition/1"
 SCHEMES = ("domain", "dirichlet", "iid")
 SPLITS = ("train", "val", "test")
 DIRICHLET_MAX_DRAWS = 100
+UNKEYED = "unkeyed"
+PRIVATE_NOTE = ("PRIVATE to the holder of the store: lists which records each client holds in each split (opaque "
+                "ids: BLAKE2b of the sample ids). A federation's server needs only its roster (names and sizes).")
 
 
 @dataclass
@@ -87,11 +95,20 @@ class Partition:
     store_n: int
     class_names: list[str]
     clients: list[ClientSplit] = field(default_factory=list)
+    #: a random token drawn when the partition was made (``secrets.token_hex``): the partition's data key
+    key: str = ""
+
+    @property
+    def data_key(self) -> str:
+        """What a run and its synthetic stores record of this partition: its random key (it says nothing
+        about the records), or ``"unkeyed"`` for a partition written before keys existed (not checked)."""
+        return self.key or UNKEYED
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the partition atomically as JSON (format ``"fedhype-partition/1"``)."""
-        return atomic_write_json(path, {"format": FORMAT, **asdict(self)})
+        """Write the partition atomically as JSON (format ``"fedhype-partition/1"``), with a header saying
+        it is private to the data holder (it lists every record's opaque id per client and split)."""
+        return atomic_write_json(path, {"format": FORMAT, "private": PRIVATE_NOTE, **asdict(self)})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Partition":
@@ -116,7 +133,7 @@ class Partition:
                 for c in raw["clients"]
             ]
             part = cls(str(raw["scheme"]), dict(raw["params"]), int(raw["seed"]), str(raw["store_digest"]),
-                       int(raw["store_n"]), [str(c) for c in raw["class_names"]], clients)
+                       int(raw["store_n"]), [str(c) for c in raw["class_names"]], clients, str(raw.get("key", "")))
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"partition file {path} is missing or has a bad field ({exc!r}); re-create it") from None
         if not clients:
@@ -394,7 +411,7 @@ def make_partition(
     clients = []
     for j, (name, idx) in enumerate(zip(names, parts)):
         tr, va, te = _apportion(idx, labels, s, rng) if given is None else _given_split(idx, given, labels, drawn, rng)
-        clients.append(ClientSplit(j, name, *[[store.sample_ids[i] for i in p] for p in (tr, va, te)]))
+        clients.append(ClientSplit(j, name, *[[opaque_id(store.sample_ids[i]) for i in p] for p in (tr, va, te)]))
     floor = max(1, min_train_per_client)
     bad = [c for c in clients if len(c.train) < floor]
     if bad:
@@ -408,4 +425,4 @@ def make_partition(
             f"{hint}, or lower the minimum (--min-records, min_records= in Python, partition.min_train in a job)",
             stage="partition", minimum=floor, clients=[(c.name, len(c.train), len(c.train) + len(c.val) + len(c.test)) for c in bad],
             n_clients=len(clients))
-    return Partition(scheme, params, int(seed), store.digest(), n, list(store.class_names), clients)
+    return Partition(scheme, params, int(seed), store.digest(), n, list(store.class_names), clients, secrets.token_hex(16))

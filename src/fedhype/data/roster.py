@@ -6,7 +6,7 @@ of the accountant), the class names K labels mean, and for each client a *data k
 checks before it trains (the same data as planned). It never needs a record id or a label.
 
 A roster comes either from a pooled :class:`~fedhype.data.partition.Partition` of one store
-(simulations and benchmarks: :meth:`Roster.from_partition`, the data key is the store digest) or
+(simulations and benchmarks: :meth:`Roster.from_partition`, the data key is the partition's random key) or
 from the public cards of independent sites (:meth:`Roster.from_cards`, see :mod:`fedhype.data.sites`:
 each site's key is a random token it drew when it split its records, so nothing in the roster is
 a function of a site's records except its training-set size).
@@ -106,9 +106,9 @@ class Roster:
 
     @classmethod
     def from_partition(cls, partition, dim: int | None = None, encoder: Any = None) -> "Roster":
-        """The public roster of a pooled :class:`~fedhype.data.partition.Partition` (data key: its store digest)."""
+        """The public roster of a pooled :class:`~fedhype.data.partition.Partition` (data key: its random key)."""
         return cls(partition.scheme, list(partition.class_names),
-                   [RosterClient(c.id, c.name, len(c.train), partition.store_digest) for c in partition.clients],
+                   [RosterClient(c.id, c.name, len(c.train), partition.data_key) for c in partition.clients],
                    encoder, dim)
 
     @classmethod

@@ -15,6 +15,7 @@ code spec) and a SHA-256 digest of the tensors. Being one file, a store is writt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -33,6 +34,16 @@ _META_KEY = "fedhype"
 #: safetensors refuses to write (or read) a header above 100,000,000 bytes; a store's header holds
 #: its sample ids, so this bounds the number of rows one store can have (~5 million synthetic ids).
 MAX_HEADER_BYTES = 100_000_000
+
+
+def opaque_id(sample_id: str) -> str:
+    """The id a partition lists for a record: BLAKE2b-80 of its sample id, as 20 hex digits.
+
+    A partition file then names no file path and no class folder, and still applies to every store of
+    the same images (another encoder). It is not a secret: whoever guesses a path can check its hash,
+    so a partition stays private to the data holder.
+    """
+    return hashlib.blake2b(sample_id.encode("utf-8"), digest_size=10).hexdigest()
 
 
 @dataclass
@@ -144,12 +155,15 @@ class EmbeddingStore:
         )
 
     def positions(self, sample_ids: list[str]) -> np.ndarray:
-        """Row positions of ``sample_ids``.
+        """Row positions of ``sample_ids`` (the store's own ids, or their :func:`opaque_id` as a partition lists them).
 
         Raises:
             ArtifactError: if an id is not in this store (a partition made from another store).
         """
         lookup = {s: i for i, s in enumerate(self.sample_ids)}
+        if any(s not in lookup for s in sample_ids[:1] + sample_ids[-1:]) or not set(sample_ids) <= lookup.keys():
+            # a partition's opaque ids (fedhype.data.partition.opaque_id), possibly beside plain ones
+            lookup.update({opaque_id(s): i for i, s in enumerate(self.sample_ids)})
         try:
             return np.fromiter((lookup[s] for s in sample_ids), dtype=np.int64, count=len(sample_ids))
         except KeyError as exc:

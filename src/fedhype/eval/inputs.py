@@ -120,3 +120,47 @@ def labels_of(store: EmbeddingStore) -> np.ndarray:
 def present_domains(store: EmbeddingStore) -> Sequence[int]:
     """Domain ids that occur in ``store``, ascending."""
     return sorted(set(store.domains.tolist()))
+
+
+#: embedding provenance fields compared between a real store and a synthetic one (fedhype.data.sites.encoder_of)
+PROVENANCE_KEYS = ("encoder", "weights_hash", "pooling", "preprocess")
+
+
+def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name: str, syn_name: str, *,
+                     partition=None, site=None) -> None:
+    """Refuse to compare a synthetic store with real data it cannot be compared with, or with its own
+    run's training records presented as held-out data.
+
+    * the embedding: the encoder, its weights hash, pooling and preprocessing recorded in the synthetic
+      store (its run's data, ``meta["embedding"]``) must be the real store's (a field missing on either
+      side is not compared: stores written before provenance was recorded);
+    * ``partition`` (a :class:`~fedhype.data.partition.Partition`): its random key must be among the
+      run's data keys (``meta["data_keys"]``), else its held-out splits may hold the run's training records;
+    * ``site`` (a :class:`~fedhype.data.sites.Site`): a site the run trained on must be evaluated with
+      the split it trained with (the same site key), for the same reason.
+
+    Raises:
+        ValidationError: naming both sides and what to pass instead (exit code 2).
+    """
+    emb = synthetic.meta.get("embedding")
+    if isinstance(emb, dict):
+        for k in PROVENANCE_KEYS:
+            a, b = real.meta.get(k), emb.get(k)
+            if a is not None and b is not None and a != b:
+                raise ValidationError(f"{real_name} was embedded with {k} = {a!r}, the data of {syn_name}'s run with "
+                                      f"{k} = {b!r}: the two are not comparable; embed the real data with the run's "
+                                      "encoder and preprocessing (`fedhype embed` with the same --encoder and size)")
+    keys = synthetic.meta.get("data_keys")
+    if not keys:
+        return
+    if partition is not None and partition.key and partition.data_key not in keys:
+        raise ValidationError(f"the partition's key ({partition.data_key[:8]}…) is not among the data keys of "
+                              f"{syn_name}'s run ({', '.join(sorted({k[:8] + '…' for k in keys}))}): it was made "
+                              "by another `fedhype partition`, so its held-out split may hold the run's training "
+                              "records; pass the partition the run trained on")
+    if site is not None:
+        names = list(synthetic.meta.get("client_names") or [])
+        if site.name in names and len(names) == len(keys) and keys[names.index(site.name)] != site.key:
+            raise ValidationError(f"site {site.name!r} was split again since {syn_name}'s run trained on it (site key "
+                                  f"{site.key[:8]}… here, {keys[names.index(site.name)][:8]}… in the run): its test "
+                                  "split may hold records the run trained on; evaluate with the split the run used")

@@ -174,12 +174,18 @@ def describe_roster(roster: "Roster") -> dict[str, Any]:
     the digest of the sites' keys, the total of their training records, D, the encoder."""
     return {"digest": roster.key, "n": sum(c.n_train for c in roster.clients), "dim": roster.dim,
             "encoder": (roster.encoder or {}).get("encoder") if isinstance(roster.encoder, dict) else roster.encoder,
-            "sites": [c.name for c in roster.clients]}
+            "provenance": roster.encoder, "sites": [c.name for c in roster.clients]}
 
 
 def describe_store(store: EmbeddingStore) -> dict[str, Any]:
-    """The store's public description kept in the run's config: digest, size, dim, encoder."""
-    return {"digest": store.digest(), "n": len(store), "dim": store.dim, "encoder": store.meta.get("encoder")}
+    """The store's description kept in the run's config: digest, size, dim, encoder name and its provenance
+    (:func:`fedhype.data.sites.encoder_of`: encoder, weights hash, pooling, preprocessing, D). The digest
+    is a function of the real embeddings: the run's config keeps it, a release folder does not
+    (:func:`fedhype.pipeline.release.write_release`)."""
+    from fedhype.data.sites import encoder_of
+
+    return {"digest": store.digest(), "n": len(store), "dim": store.dim, "encoder": store.meta.get("encoder"),
+            "provenance": encoder_of(store)}
 
 
 # ------------------------------------------------------------------------------------------------ step 2: open the run
@@ -490,7 +496,9 @@ def _write_model(state: RunState, rounds_done: int | None = None) -> None:
             "client_names": [c.name for c in partition.clients], "client_sizes": sizes,
             "class_names": partition.class_names, "epsilon": max(eps.values()) if eps else None,
             "delta": cfg.delta, "private": not cfg.no_dp, "rounds_done": run.committed_round() + 1 if rounds_done is None else rounds_done,
-            "method": cfg.method, "run_id": run.root.name, "seed": cfg.seed}
+            "method": cfg.method, "run_id": run.root.name, "seed": cfg.seed,
+            # provenance: the clients' data keys (random: a partition's or the sites') and how the data was embedded
+            "data_keys": [c.key for c in partition.clients], "embedding": plan.resolved["store"].get("provenance")}
     release = run.root / RELEASE_FILE
     if release.exists():
         counts = read_json(release, "release outputs").get("client_class_counts")

@@ -153,7 +153,8 @@ def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info:
     sizes = [c.n_train for c in roster.clients]
     resolved = {"train": cfg.to_dict(), "model": mcfg.to_dict(), "privacy_plan": privacy,
                 "store": dict(store_info),
-                "partition": {"scheme": roster.scheme, "clients": [c.name for c in roster.clients]},
+                "partition": {"scheme": roster.scheme, "clients": [c.name for c in roster.clients],
+                              "keys": [c.key for c in roster.clients]},
                 "seed_note": "not secure: reproducible noise" if cfg.seed is not None else "noise seeded from OS entropy"}
     return RunPlan(roster, cfg, mcfg, distributed, privacy, sizes, resolved)
 

@@ -5,7 +5,8 @@ Layout::
     release/
       model.safetensors       the DP generator (Φ and the DP client codes): synthesize from it
       ledger.json             every mechanism event, hash-chained: ε is recomputed from it
-      config.json             the run's public settings (hyperparameters, privacy plan, public sizes)
+      config.json             the run's public settings (hyperparameters, privacy plan, public sizes; the
+                              store digest left out: it is a function of the real embeddings)
       checkpoint.json         how many rounds the model holds (the audit truncates the ledger there)
       synthetic.safetensors   synthetic embeddings (post-processing of the model; a job's release only)
       privacy.json            ε per client and worst, δ, accountant, mechanisms (recomputed here)
@@ -109,6 +110,16 @@ def _readme(summary: dict[str, Any], files: list[str]) -> str:
     return "\n".join(lines)
 
 
+def public_config(conf: dict[str, Any]) -> dict[str, Any]:
+    """The run's configuration as a release holds it: without the store digest (a deterministic function of
+    the real embeddings, outside the DP path); settings, the privacy plan, public sizes and provenance stay."""
+    conf = dict(conf)
+    if isinstance(conf.get("store"), dict) and "digest" in conf["store"]:
+        conf["store"] = {k: v for k, v in conf["store"].items() if k != "digest"}
+        conf["store"]["digest_note"] = "left out of the release: a digest of the real embeddings"
+    return conf
+
+
 def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthetic: str | os.PathLike | None = None,
                   overwrite: bool = False) -> Path:
     """Write the release folder ``dest`` of the run ``run_dir`` (see the module docstring).
@@ -151,7 +162,10 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
     try:
         files = []
         for name in RUN_FILES:
-            if (src / name).is_file():
+            if name == "config.json" and (src / name).is_file():
+                atomic_write_json(tmp / name, public_config(read_json(src / name, "run config")))
+                files.append(name)
+            elif (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
                 files.append(name)
         if synthetic is not None:

@@ -114,6 +114,9 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
         "privacy": "DP (post-processing of the run's DP outputs)" if meta.get("private") else "NON-PRIVATE (trained with --no-dp)",
         "code": spec.text, "seed": seed_used, "seed_given": seed is not None, "temperature": temperature,
         "counts": torch.bincount(labels, minlength=cfg.n_classes).tolist(), "fedhype_version": __version__,
+        # provenance (public): the run's clients, their random data keys, how their data was embedded
+        "client_names": list(meta.get("client_names") or []), "data_keys": meta.get("data_keys"),
+        "embedding": meta.get("embedding"),
     }
     return EmbeddingStore(embeddings=out, labels=labels, domains=domains,
                           sample_ids=[f"syn/{i}" for i in range(labels.numel())],

@@ -62,12 +62,13 @@ def _client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> Client
     if str(part.clients[index].id) != client_id:
         raise ValidationError(f"this SuperNode holds client {part.clients[index].id}, the server asked client "
                               f"{client_id}; check --node-config client=")
-    if part.store_digest != extra["data-key"]:
-        raise ArtifactError(f"partition {node.partition} belongs to another store than the server's "
-                            "(store digest differs); use the same partition file on every machine")
+    if part.data_key != extra["data-key"]:
+        raise ArtifactError(f"partition {node.partition} is not the one the server's federation was written from "
+                            "(partition key differs); use the same partition file on every node")
     if not _SAFE.match(extra["run"]):
         raise ArtifactError(f"bad run key {extra['run']!r} from the server")
     store = EmbeddingStore.load(node.embeddings)
+    part.check_store(store)  # the node's store is the one its partition was made from
     state_dir = node.state_dir / extra["run"] / f"client-{client_id}"
     client = build_client(store, part, index, state_dir, node.seed)
     if client.n != extra["n-train"]:
