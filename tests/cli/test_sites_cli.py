@@ -65,10 +65,10 @@ def consortium(tiny_dinov2_dir, tmp_path_factory):
             out["ids"] += list(s.sample_ids)
             out["digests"].append(s.digest())
         sites = [f"--site={root / n / 'site'}" for n in SITES]
-        out["train"] = _json(runner.invoke(app, ["train", *sites, "--out", str(root / "run"), "--epsilon", "4",
-                                                 "--rounds", "2", "--local-steps", "2", "--batch-size", "8",
-                                                 "--min-records", "5", "--hidden", "16", "--latent", "4", "--seed", "0",
-                                                 "--json"]))
+        r = runner.invoke(app, ["train", *sites, "--out", str(root / "run"), "--epsilon", "4",
+                                "--rounds", "2", "--local-steps", "2", "--batch-size", "8",
+                                "--min-records", "5", "--hidden", "16", "--latent", "4", "--seed", "0", "--json"])
+        out["train"], out["train_log"] = _json(r), r.stderr
         out["synthesize"] = _json(runner.invoke(app, ["synthesize", "--run", str(root / "run"), "--out",
                                                       str(root / "synthetic.safetensors"), "--per-class", "20", "--seed",
                                                       "0", "--release", str(root / "release"), "--json"]))
@@ -105,6 +105,8 @@ def test_the_card_is_public_and_the_site_file_says_it_is_private(consortium):
     card = json.loads((root / "clinic_c" / "site" / "card.json").read_text())
     assert set(card) == {"format", "public", "fedhype_version", "name", "key", "n_train", "dim", "encoder", "class_names"}
     assert card["class_names"] == ["benign", "malignant"] and card["name"] == "clinic_c"
+    assert card["encoder"]["encoder"].startswith("hf:<local>/")  # a local encoder folder: its name only, no path
+    assert "nan" not in consortium["train_log"] and "round 2/2" in consortium["train_log"]
     text = (root / "clinic_c" / "site" / "card.json").read_text()
     assert not any(i in text for i in consortium["stores"]["clinic_c"].sample_ids)
     private = json.loads((root / "clinic_c" / "site" / "site.json").read_text())
@@ -181,6 +183,10 @@ def test_provenance_refusals_name_both_sides(consortium, tmp_path):
     r = runner.invoke(app, ["evaluate", "--site", str(again), "--synthetic", syn, "--permutations", "0", "--k", "2",
                             "--json"])
     assert r.exit_code == 2 and "split again" in r.output and "hospital_a" in r.output
+    kept = [p for p in again.iterdir() if p.name.startswith("site.") and p.name != "site.json"]
+    assert len(kept) == 1 and kept[0].name in r.output  # the previous split, kept by --overwrite, evaluates the run
+    assert _json(runner.invoke(app, ["evaluate", "--site", str(kept[0]), "--synthetic", syn, "--permutations", "0",
+                                     "--k", "2", "--json"]))["site"] == "hospital_a"
     # another encoder's weights: not comparable
     s = consortium["stores"]["hospital_a"]
     other = EmbeddingStore(s.embeddings, s.labels, s.domains, s.sample_ids, s.class_names, s.domain_names,
@@ -212,10 +218,69 @@ def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(cons
     ev = ["evaluate", "--store", str(store), "--synthetic", str(syn), "--permutations", "0", "--k", "2", "--json"]
     r = runner.invoke(app, [*ev, "--partition", str(parts[1])])
     assert r.exit_code == 2 and "another `fedhype partition`" in r.output
-    assert _json(runner.invoke(app, [*ev, "--partition", str(parts[0])]))["tstr_accuracy"] is not None
+    got = _json(runner.invoke(app, [*ev, "--partition", str(parts[0]), "--code-domain", str(tmp_path / "run")]))
+    assert got["tstr_accuracy"] is not None and got["code_domain"]["codes"]  # --code-domain takes the run folder
     digest = consortium["stores"]["hospital_b"].digest()
     assert digest in (tmp_path / "run" / "config.json").read_text()  # the coordinator's private run folder keeps it
     assert not any(digest.encode() in p.read_bytes() for p in (tmp_path / "release").iterdir())
     conf = json.loads((tmp_path / "release" / "config.json").read_text())
     assert "digest" not in conf["store"] and conf["store"]["provenance"]["weights_hash"] == \
         consortium["stores"]["hospital_b"].meta["weights_hash"]
+
+
+def test_the_coordinator_plans_the_budget_from_the_cards(consortium):
+    """`fedhype budget --card` gives the σ the sites' run was calibrated to, from the public cards alone."""
+    root = consortium["root"]
+    cards = [f"--card={root / n / 'site' / 'card.json'}" for n in SITES]
+    conf = json.loads((root / "run" / "config.json").read_text())
+    got = _json(runner.invoke(app, ["budget", "--epsilon", "4", "--delta", str(conf["train"]["delta"]), "--rounds", "2",
+                                    "--local-steps", "2", "--batch-size", "8", *cards, "--json"]))
+    assert got["noise_multiplier"] == pytest.approx(conf["privacy_plan"]["noise_multiplier"], rel=1e-9)
+    sizes = [json.loads((root / n / "site" / "card.json").read_text())["n_train"] for n in SITES]
+    assert [c["n"] for c in got["clients"]] == sizes
+    r = runner.invoke(app, ["budget", "--epsilon", "4", "--delta", "1e-4", "--rounds", "2", "--batch-size", "8", *cards,
+                            "--client-sizes", "10,10", "--json"])
+    assert r.exit_code == 2 and "--card" in r.output
+
+
+def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):
+    """Refusals found by trying the workflow as a new user: each exits 2 (or 4 for a damaged file), writes nothing."""
+    import shutil
+
+    root = consortium["root"]
+    sites = [f"--site={root / n / 'site'}" for n in SITES]
+    small = ["--rounds", "2", "--local-steps", "2", "--batch-size", "8", "--min-records", "5", "--hidden", "16",
+             "--latent", "4", "--seed", "0", "--epsilon", "4", "--json"]
+    # resuming with the classes in another order: another run (its release is in the old order)
+    r = runner.invoke(app, ["train", *sites, "--classes", "malignant,benign,normal", "--out", str(root / "run"),
+                            "--resume", *small])
+    assert r.exit_code == 2 and "class_names" in r.output
+    for classes, needle in (("benign,malignant,normal,hexagon", "held by no site"),
+                            ("benign,malignant,normal,", "empty name")):
+        r = runner.invoke(app, ["train", *sites, "--classes", classes, "--out", str(tmp_path / "x"), *small])
+        assert r.exit_code == 2 and needle in r.output and not (tmp_path / "x").exists(), r.output
+    # a card edited after `fedhype site`: the coordinator would be told something else than the site holds
+    edited = tmp_path / "edited"
+    shutil.copytree(root / "clinic_c" / "site", edited)
+    card = json.loads((edited / "card.json").read_text())
+    (edited / "card.json").write_text(json.dumps({**card, "n_train": 1000}))
+    r = runner.invoke(app, ["train", sites[0], f"--site={edited}", "--out", str(tmp_path / "x"), *small])
+    assert r.exit_code == 4 and "differs from its site.json" in r.output and "n_train" in r.output
+    assert not (tmp_path / "x").exists()
+    # one site per evaluation; a synthetic store is not a site's data
+    syn = str(root / "synthetic.safetensors")
+    r = runner.invoke(app, ["evaluate", *sites[:2], "--synthetic", syn, "--json"])
+    assert r.exit_code == 2 and "one site per command" in r.output
+    r = runner.invoke(app, ["site", "--store", syn, "--name", "s", "--out", str(tmp_path / "s"), "--json"])
+    assert r.exit_code == 2 and "kind='synthetic'" in r.output and not (tmp_path / "s").exists()
+    # too few records: the site's own advice, not a partition's
+    r = runner.invoke(app, ["site", "--store", str(root / "clinic_c" / "embeddings.safetensors"), "--name", "c",
+                            "--min-records", "500", "--out", str(tmp_path / "s"), "--json"])
+    assert r.exit_code == 2 and "site 'c' would have" in r.output and "--clients" not in r.output
+    # a moved store: the message names site.json's "store" key
+    moved = tmp_path / "moved"
+    shutil.copytree(root / "hospital_b" / "site", moved)
+    raw = json.loads((moved / "site.json").read_text())
+    (moved / "site.json").write_text(json.dumps({**raw, "store": str(tmp_path / "gone.safetensors")}))
+    r = runner.invoke(app, ["evaluate", "--site", str(moved), "--synthetic", syn, "--json"])
+    assert r.exit_code == 4 and '"store"' in r.output and "moved" in r.output

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
 
 from fedhype.data.partition import make_partition  # noqa: E402
+from fedhype.data.sites import encoder_of  # noqa: E402
 from fedhype.errors import ArtifactError, ValidationError  # noqa: E402
 from fedhype.federated.config import TrainConfig  # noqa: E402
 from fedhype.federated.flower.apps import ServerSettings  # noqa: E402
@@ -29,7 +30,7 @@ def test_federation_file_is_public_and_round_trips(real_store, part, tmp_path):
     raw = json.loads(path.read_text())
     assert set(raw) == {"format", "train", "store", "n_classes", "roster"}
     assert raw["store"] == {"digest": real_store.digest(), "n": len(real_store), "dim": real_store.dim,
-                            "encoder": real_store.meta.get("encoder")}
+                            "encoder": real_store.meta.get("encoder"), "provenance": encoder_of(real_store)}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["federation.json"]  # the partition stays with the data holder
     text = path.read_text()
     assert not any(s in text for s in real_store.sample_ids)  # no record id reaches the server

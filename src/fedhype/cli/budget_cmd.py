@@ -7,7 +7,7 @@ names which), and a disagreement beyond the accountants' tolerances is listed in
 → the σ whose reported ε ≤ E.
 
 Federated plan: ``--rounds R (--local-epochs E | --local-steps K) --batch-size B
-(--client-sizes N1,N2,… | --partition PART.json) [--participation P]``. Per client i with n_i
+(--client-sizes N1,N2,… | --partition PART.json | --card CARD ...) [--participation P]``. Per client i with n_i
 training records: q_i = min(1, B / n_i) (Poisson sampling, expected batch B), local steps per round
 K or max(1, ⌈E·n_i / B⌉) (``TrainConfig.steps_per_round``, what ``fedhype train`` runs; E may be
 fractional), and steps_i = ⌈P·R⌉ · local steps (the plan assumes each client takes part in
@@ -252,6 +252,10 @@ def budget(
     client_sizes: Optional[str] = typer.Option(None, "--client-sizes", help="Training-set sizes, e.g. 600,480 (plan)."),
     partition: Optional[Path] = typer.Option(None, "--partition", help="fedhype-partition/1 JSON (plan).",
                                              callback=existing("partition file", "create it with `fedhype partition`")),
+    card: Optional[list[Path]] = typer.Option(None, "--card", help="A site's public card (card.json, or its site "
+                                              "folder), once per site (plan): the coordinator's sizes n_i.",
+                                              callback=existing("site card", "the site writes it with `fedhype site`",
+                                                                kind="any")),
     participation: float = typer.Option(..., "--participation", default_factory=config_default("train", "participation"),
                                         help="Fraction of rounds each client takes part in."),
     class_stats_share: float = typer.Option(..., "--class-stats-share", default_factory=config_default("train", "class_stats_share"),
@@ -285,7 +289,7 @@ def budget(
             raise ValidationError("give exactly one of --noise-multiplier or --epsilon (a target)")
         if epsilon is not None:
             validate_target_epsilon(epsilon, "--epsilon")
-        plan_flags = (rounds, local_epochs, local_steps, batch_size, client_sizes, partition)
+        plan_flags = (rounds, local_epochs, local_steps, batch_size, client_sizes, partition, card or None)
         if all(v is None for v in plan_flags):
             if sample_rate is None or steps is None:
                 raise ValidationError("a single mechanism needs --sample-rate and --steps (or give a plan: --rounds …)")
@@ -298,9 +302,14 @@ def budget(
         missing = [f for f, v in (("--rounds", rounds), ("--batch-size", batch_size)) if v is None]
         if missing:
             raise ValidationError(f"a federated plan needs {' and '.join(missing)}")
-        if (client_sizes is None) == (partition is None):
-            raise ValidationError("give exactly one of --client-sizes or --partition")
-        clients = parse_client_sizes(client_sizes) if client_sizes is not None else read_partition_sizes(partition)
+        if sum(v is not None for v in (client_sizes, partition, card or None)) != 1:
+            raise ValidationError("give exactly one of --client-sizes, --partition or --card (once per site)")
+        if card:
+            from fedhype.data.sites import SiteCard
+
+            clients = [(str(i), c.name, c.n_train) for i, c in enumerate(SiteCard.load(p) for p in card)]
+        else:
+            clients = parse_client_sizes(client_sizes) if client_sizes is not None else read_partition_sizes(partition)
         return budget_plan(delta, rounds, batch_size, clients, local_epochs, local_steps, participation,
                            noise_multiplier, epsilon, class_stats_share=class_stats_share,
                            secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,

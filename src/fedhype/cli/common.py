@@ -398,8 +398,9 @@ def round_printer(rounds: int) -> Callable[[dict], None]:
     def show(m: dict) -> None:
         eps = m.get("epsilon")
         d = m.get("diagnostics_not_dp", {})
+        diag = (f"val −ELBO={d['val_neg_elbo']:.1f}  val MMD²={d['val_mmd2']:.4f}  "
+                if all(isinstance(d.get(k), (int, float)) and d[k] == d[k] for k in ("val_neg_elbo", "val_mmd2")) else "")
         log_line(f"train: round {m['round'] + 1}/{rounds}  ε={'–' if eps is None else f'{eps:.3f}'}  "
-                 f"val −ELBO={d.get('val_neg_elbo', float('nan')):.1f}  "
-                 f"val MMD²={d.get('val_mmd2', float('nan')):.4f}  ({m['seconds']:.1f}s)")
+                 f"{diag}({m['seconds']:.1f}s)")
 
     return show

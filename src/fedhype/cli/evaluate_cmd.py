@@ -99,10 +99,12 @@ def _by_client(part: Any, store: Any, split: str) -> Any:
 def evaluate(
     real: Path | None = renamed_option(None, "--store", "--real", help="Real store: held-out test set (the full store with "
                                        "--partition).", callback=existing("embeddings store", "create it with `fedhype embed`")),
-    site: Path | None = typer.Option(None, "--site", help="A site folder (from `fedhype site`) instead of --store: its "
-                                     "store's --split (default test) is the held-out set and its train split the TRTR "
-                                     "set, labels matched to the synthetic store's classes by name.",
-                                     callback=existing("site folder", "write it with `fedhype site`", kind="dir")),
+    sites: list[Path] | None = typer.Option(None, "--site", help="A site folder (from `fedhype site`; or a site.json, "
+                                            "e.g. the previous split an --overwrite kept) instead of --store: its "
+                                            "store's --split (default test) is the held-out set and its train split "
+                                            "the TRTR set, labels matched to the synthetic store's classes by name. "
+                                            "One site per command.",
+                                            callback=existing("site folder", "write it with `fedhype site`", kind="any")),
     synthetic: Path = typer.Option(..., "--synthetic", help="Synthetic embeddings store (from `fedhype synthesize`).",
                                   callback=existing("synthetic embeddings store", "create it with `fedhype synthesize`")),
     real_train: Path | None = typer.Option(None, "--real-train", help="Real training store for the TRTR classifier.",
@@ -125,7 +127,8 @@ def evaluate(
                                             help="With --partition: the training run (folder) whose code × domain "
                                                  "matrix to add — MMD² and TSTR of every client code, neutral and "
                                                  "mixture against each client's held-out split.",
-                                            callback=existing("run directory", "give the --out of `fedhype train`")),
+                                            callback=existing("run directory", "give the --out of `fedhype train`",
+                                                              kind="any")),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Compare a synthetic store with held-out real embeddings: MMD², FD, PRDC, TSTR/TRTR."""
@@ -137,6 +140,10 @@ def evaluate(
         from fedhype.eval.interpolation import ClientSplits, interpolation_protocol
 
         check_space(space)
+        if sites and len(sites) > 1:
+            raise ValidationError(f"--site given {len(sites)} times: evaluate one site per command (each on its own "
+                                  "test split)")
+        site = sites[0] if sites else None
         if (real is None) == (site is None):
             raise ValidationError("give the real held-out data: --store (with --partition to split it), or --site "
                                   "(a site folder from `fedhype site`)")
@@ -221,6 +228,11 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
     syn_store = EmbeddingStore.load(synthetic)
     own = s.store()
     check_provenance(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}", site=s)
+    run_clients = syn_store.meta.get("client_names")
+    if run_clients and s.name not in run_clients:
+        console.print(f"[yellow]note[/]: site {s.name!r} is not one of the clients of {synthetic}'s run "
+                      f"({', '.join(run_clients)}): its held-out split is held out from that run only if none of "
+                      "these records were in the run's training data", highlight=False)
     if own.dim != syn_store.dim:
         check_compatible(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}")
     where = f"site {s.name!r} ({site_dir})"

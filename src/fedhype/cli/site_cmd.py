@@ -39,7 +39,8 @@ def site(
     draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw train/val/test from --fractions even when the "
                                      "store's image folders give splits (train/, val/, test/)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing site folder (a new split and a new "
-                                   "site key: runs trained on the old one no longer accept it)."),
+                                   "site key: runs trained on the old one no longer accept it; the old site.json is "
+                                   "kept as site.<old key>.json for evaluating them)."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Split this site's records into train/val/test locally; write its private split and its public card."""
@@ -64,6 +65,19 @@ def site(
         given = s.partition.params.get("given_splits")
         if given:
             console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)
+        kept = None
+        if (out / SITE_FILE).exists():  # --overwrite: keep the previous split (runs trained on it evaluate with it)
+            import json
+            import os
+
+            try:
+                old_key = str(json.loads((out / SITE_FILE).read_text(encoding="utf-8")).get("key", "old"))[:8]
+            except (OSError, ValueError, AttributeError):
+                old_key = "unreadable"
+            kept = out / f"site.{old_key}.json"
+            os.replace(out / SITE_FILE, kept)
+            console.print(f"kept the previous split as {kept} (evaluate runs trained on it with --site {kept})",
+                          highlight=False)
         s.save(out)
         console.print(f"wrote {out / SITE_FILE} (private) and {out / CARD_FILE} (public)", highlight=False)
         return {"site": str(out), "name": name, "private": str(out / SITE_FILE), "card": str(out / CARD_FILE),

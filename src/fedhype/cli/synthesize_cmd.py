@@ -104,6 +104,16 @@ def _weights(text: Optional[str]) -> Optional[list[float]]:
         raise ValidationError(f"--label-weights {text!r}: expected comma-separated numbers, one per class") from None
 
 
+def _rounds_done(src: Path) -> int | None:
+    """Rounds the run's model holds (its metadata), or None."""
+    from fedhype.federated.rundir import load_model
+
+    try:
+        return int(load_model(src / "model.safetensors" if src.is_dir() else src)[2].get("rounds_done"))
+    except (TypeError, ValueError):
+        return None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("synthesize")
     def synthesize_cmd(
@@ -163,7 +173,24 @@ def register(app: typer.Typer) -> None:
             if release is not None:
                 from fedhype.pipeline.release import write_release
 
-                write_release(src if src.is_dir() else src.parent, release, synthetic=out)
+                run_dir = src if src.is_dir() else src.parent
+                conf_path = run_dir / "config.json"
+                planned = None
+                if conf_path.is_file():
+                    import json
+
+                    from fedhype.federated.config import TrainConfig
+
+                    try:
+                        planned = TrainConfig(**json.loads(conf_path.read_text(encoding="utf-8"))["train"]).rounds_run()
+                    except (KeyError, TypeError, ValueError):
+                        planned = None
+                done = store.meta.get("rounds_done") or _rounds_done(src)
+                if planned is not None and done is not None and done < planned:
+                    console.print(f"[yellow]warning[/]: the run has {done} of its {planned} rounds: this release holds "
+                                  "a partly trained model (resume the run with `fedhype train --resume` first for the "
+                                  "full one)", highlight=False)
+                write_release(run_dir, release, synthetic=out)
                 console.print(f"wrote the release folder {release} (what may be shared)", highlight=False)
             m = store.meta
             if not m["private"]:

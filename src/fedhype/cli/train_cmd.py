@@ -110,7 +110,7 @@ def _sites(store: Optional[Path], partition: Optional[Path], site: Optional[list
         from fedhype.data.sites import Site
 
         for d in site:
-            if not (d / "site.json").is_file() and not (d.is_file() and d.name == "site.json"):
+            if not (d / "site.json").is_file():
                 raise ValidationError(f"--site {d}: no site.json there; write it with `fedhype site --store ... "
                                       f"--name ... --out {d}`")
         return [Site.load(d) for d in site]
@@ -247,7 +247,8 @@ def register(app: typer.Typer) -> None:
             except ValidationError as exc:
                 raise explain_min_records(
                     exc, records="--min-records",
-                    partition="`fedhype partition --min-records {need}` with fewer --clients (or another --scheme)") from None
+                    partition=("more records at that site (its split: `fedhype site`)" if sites is not None else
+                               "`fedhype partition --min-records {need}` with fewer --clients (or another --scheme)")) from None
             from fedhype.pipeline.report import above_target
 
             target = cfg.epsilon if res["private"] and cfg.noise_multiplier is None else None

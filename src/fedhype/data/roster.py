@@ -137,15 +137,35 @@ class Roster:
         if len(dims) != 1:
             raise ValidationError(f"the sites' embeddings differ in dimension ({', '.join(f'{c.name}: D={c.dim}' for c in cards)}); "
                                   "every site must embed with the same encoder")
-        encs = {repr(c.encoder) for c in cards}
-        if len(encs) != 1:
-            raise ValidationError("the sites used different encoders or preprocessing ("
-                                  + "; ".join(f"{c.name}: {c.encoder}" for c in cards)
-                                  + "); every site must embed with the same `fedhype embed` settings")
+        first = cards[0]
+        for c in cards[1:]:
+            same_weights = first.encoder.get("weights_hash") is not None and \
+                first.encoder.get("weights_hash") == c.encoder.get("weights_hash")
+            for k in sorted(set(first.encoder) | set(c.encoder)):
+                if k == "encoder" and same_weights:
+                    continue  # the same weights under another local name (e.g. hf:/path/at/each/site)
+                if first.encoder.get(k) != c.encoder.get(k):
+                    raise ValidationError(f"the sites embedded differently: {k} = {first.encoder.get(k)!r} at site "
+                                          f"{first.name!r}, {c.encoder.get(k)!r} at site {c.name!r}; every site must "
+                                          "embed with the same encoder weights and `fedhype embed` settings")
         union = sorted({k for c in cards for k in c.class_names})
         vocab = list(classes) if classes is not None else union
         if len(set(vocab)) != len(vocab):
             raise ValidationError(f"the federation's class names {vocab} repeat a name")
+        if any(not str(k).strip() for k in vocab):
+            raise ValidationError(f"the federation's class names {vocab} include an empty name (a stray comma in "
+                                  "--classes?)")
+        unheld = [k for k in vocab if k not in union]
+        if unheld:
+            raise ValidationError(f"class(es) {unheld} of --classes are held by no site (sites' classes: {union}); "
+                                  "their synthetic embeddings would be DP noise alone: drop them")
+        folded: dict[str, list[str]] = {}
+        for k in vocab:
+            folded.setdefault(k.casefold(), []).append(k)
+        clash = [v for v in folded.values() if len(v) > 1]
+        if clash:
+            raise ValidationError(f"class names {clash} differ only in case: the sites name the same class differently; "
+                                  "rename the class folders (and embed again) so that every site uses one name")
         for c in cards:
             extra = [k for k in c.class_names if k not in vocab]
             if extra:

@@ -31,7 +31,7 @@ import torch
 from fedhype import __version__
 from fedhype.data.partition import SPLITS, Partition, make_partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ArtifactError, ValidationError
+from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
 from fedhype.io import atomic_write_json, read_json
 
 SITE_FORMAT = "fedhype-site/1"
@@ -43,9 +43,19 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def encoder_of(store: EmbeddingStore) -> dict[str, Any]:
-    """The public description of how ``store`` was embedded (encoder, weights hash, pooling, preprocessing, D)."""
+    """The public description of how ``store`` was embedded (encoder, weights hash, pooling, preprocessing, D).
+
+    A local encoder folder (``hf:/path/to/model``) is named by its last component only
+    (``hf:<local>/model``): the site's directory layout is not public, the weights hash identifies the weights.
+    """
     meta = store.meta or {}
-    return {k: meta.get(k) for k in ENCODER_KEYS if k != "dim"} | {"dim": store.dim}
+    out = {k: meta.get(k) for k in ENCODER_KEYS if k != "dim"} | {"dim": store.dim}
+    name = out.get("encoder")
+    if isinstance(name, str) and ":" in name:
+        scheme, _, rest = name.partition(":")
+        if rest.startswith(("/", ".", "~")) or "\\" in rest:
+            out["encoder"] = f"{scheme}:<local>/{Path(rest.replace(chr(92), '/')).name}"
+    return out
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,31 @@ class Site:
     key: str
     store_path: Path
     partition: Partition
+    #: the site folder it was loaded from (None for a site made in memory)
+    folder: Path | None = None
+
+    def public_card(self, store: EmbeddingStore | None = None) -> SiteCard:
+        """The card the coordinator receives: ``card.json`` of the site folder, checked against the site.
+
+        Raises:
+            ArtifactError: a missing or unreadable card, or one that differs from what the site's split
+                and store give (edited, or written for another split).
+        """
+        mine = self.card(store)
+        if self.folder is None:
+            return mine
+        path = self.folder / CARD_FILE
+        if not path.is_file():
+            raise ArtifactError(f"site {self.name!r}: {path} is missing; the coordinator is given that card: write the "
+                                f"site folder again with `fedhype site --overwrite` (a new split and key)")
+        card = SiteCard.load(path)
+        if card != mine:
+            diff = [k for k in ("name", "key", "n_train", "dim", "encoder", "class_names")
+                    if getattr(card, k) != getattr(mine, k)]
+            raise ArtifactError(f"site {self.name!r}: {path} differs from its site.json and store in {diff}: the card "
+                                "was edited or belongs to another split; write the site folder again with "
+                                "`fedhype site --overwrite`")
+        return card
 
     @property
     def split(self):
@@ -129,12 +164,19 @@ class Site:
         Raises:
             ArtifactError: a missing or corrupt store, or one that is not the store the split was made from.
         """
+        where = f"{self.folder / SITE_FILE}" if self.folder is not None else "its site.json"
+        if not self.store_path.is_file():
+            raise ArtifactError(f"site {self.name!r}: its store {self.store_path} (named in {where}, key \"store\") is "
+                                "not there; if the store was moved, put the new path in that key (the store is "
+                                "checked against the split's digest), else embed it again with `fedhype embed`")
         store = EmbeddingStore.load(self.store_path)
         try:
             self.partition.check_store(store)
-        except ArtifactError as exc:
-            raise ArtifactError(f"site {self.name!r}: {self.store_path} is not the store its split was made from "
-                                f"({exc}); run `fedhype site` again") from None
+        except ArtifactError:
+            raise ArtifactError(f"site {self.name!r}: {self.store_path} (named in {where}) is not the store the site's "
+                                f"split was made from ({len(store)} records here, {self.partition.store_n} then); "
+                                "point that key to the site's store, or split again with `fedhype site --overwrite` "
+                                "(a new site key: runs trained on the old split no longer accept it)") from None
         return store
 
     def records(self, split: str, class_names: list[str] | None = None,
@@ -180,7 +222,7 @@ class Site:
             raise ArtifactError(f"{path}: not a fedhype site file (format {SITE_FORMAT!r}); write it with `fedhype site`")
         try:
             part = Partition.from_dict(raw["partition"], where=str(path))
-            site = cls(str(raw["name"]), str(raw["key"]), Path(str(raw["store"])), part)
+            site = cls(str(raw["name"]), str(raw["key"]), Path(str(raw["store"])), part, path.parent)
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"site file {path}: missing or bad field ({exc!r}); write it again with `fedhype site`") from None
         if len(part.clients) != 1:
@@ -228,8 +270,19 @@ def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *
     if not _NAME.match(name):
         raise ValidationError(f"site name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (starting with a letter "
                               "or digit); it names the site in every report")
-    part = make_partition(store, scheme="iid", n_clients=1, splits=splits, min_train_per_client=min_train, seed=seed,
-                          use_given_splits=use_given_splits)
+    if store.kind != "real":
+        raise ValidationError(f"a site splits its real records; this store is marked kind={store.kind!r} (a synthetic "
+                              "store is drawn from a run, it is not a site's data): give the store `fedhype embed` wrote")
+    try:
+        part = make_partition(store, scheme="iid", n_clients=1, splits=splits, min_train_per_client=min_train,
+                              seed=seed, use_given_splits=use_given_splits)
+    except MinRecordsError as exc:
+        n = exc.clients[0][1] if exc.clients else 0
+        raise MinRecordsError(f"site {name!r} would have {n} training records ({len(store)} records in all), fewer than "
+                              f"--min-records {exc.minimum}; lower --min-records (the training minimum, `fedhype train "
+                              f"--min-records`, must then be as low), or give the site more records",
+                              stage="partition", minimum=exc.minimum, clients=[(name, *exc.clients[0][1:])],
+                              n_clients=1) from None
     part.scheme = "site"
     part.clients[0].name = name
     return Site(name, secrets.token_hex(16), Path(store_path).resolve(), part)

@@ -144,8 +144,14 @@ def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name:
     """
     emb = synthetic.meta.get("embedding")
     if isinstance(emb, dict):
+        from fedhype.data.sites import encoder_of
+
+        mine = encoder_of(real)
+        same_weights = mine.get("weights_hash") is not None and mine.get("weights_hash") == emb.get("weights_hash")
         for k in PROVENANCE_KEYS:
-            a, b = real.meta.get(k), emb.get(k)
+            a, b = mine.get(k), emb.get(k)
+            if k == "encoder" and same_weights:
+                continue  # the same weights under another local name
             if a is not None and b is not None and a != b:
                 raise ValidationError(f"{real_name} was embedded with {k} = {a!r}, the data of {syn_name}'s run with "
                                       f"{k} = {b!r}: the two are not comparable; embed the real data with the run's "
@@ -161,6 +167,8 @@ def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name:
     if site is not None:
         names = list(synthetic.meta.get("client_names") or [])
         if site.name in names and len(names) == len(keys) and keys[names.index(site.name)] != site.key:
-            raise ValidationError(f"site {site.name!r} was split again since {syn_name}'s run trained on it (site key "
-                                  f"{site.key[:8]}… here, {keys[names.index(site.name)][:8]}… in the run): its test "
-                                  "split may hold records the run trained on; evaluate with the split the run used")
+            raise ValidationError(f"site {site.name!r} here has site key {site.key[:8]}…, the site of that name in "
+                                  f"{syn_name}'s run {keys[names.index(site.name)][:8]}…: it was split again since "
+                                  "(its test split may hold records the run trained on), or it is another site of the "
+                                  "same name; evaluate with the split the run used (`fedhype site --overwrite` keeps the "
+                                  f"previous one as site.{keys[names.index(site.name)][:8]}.json in the site folder)")

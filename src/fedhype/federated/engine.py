@@ -153,7 +153,7 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
         raise ValidationError(f"method {cfg.method!r} pools every record on one machine; sites keep their records "
                               "(use a pooled store and `fedhype partition` to simulate it)")
     stores = [s.store() for s in sites]
-    roster = Roster.from_cards([s.card(st) for s, st in zip(sites, stores)], classes)
+    roster = Roster.from_cards([s.public_card(st) for s, st in zip(sites, stores)], classes)
 
     def connect(run: RunDir) -> InProcessTransport:
         check_client_sizes(roster, cfg)
@@ -184,8 +184,9 @@ def describe_store(store: EmbeddingStore) -> dict[str, Any]:
     (:func:`fedhype.pipeline.release.write_release`)."""
     from fedhype.data.sites import encoder_of
 
-    return {"digest": store.digest(), "n": len(store), "dim": store.dim, "encoder": store.meta.get("encoder"),
-            "provenance": encoder_of(store)}
+    prov = encoder_of(store)
+    return {"digest": store.digest(), "n": len(store), "dim": store.dim, "encoder": prov.get("encoder"),
+            "provenance": prov}
 
 
 # ------------------------------------------------------------------------------------------------ step 2: open the run

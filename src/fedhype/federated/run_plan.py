@@ -62,7 +62,8 @@ def check_client_sizes(partition: Partition | Roster, cfg: TrainConfig) -> None:
         n = c.n_train
         if n < cfg.min_records:
             raise MinRecordsError(f"client {c.name!r} has {n} training records (< min_records={cfg.min_records}); "
-                                  "re-partition with fewer clients", stage="train", minimum=cfg.min_records,
+                                  + ("give that site more records, or lower min_records" if getattr(partition, "scheme", "") == "site"
+                                     else "re-partition with fewer clients"), stage="train", minimum=cfg.min_records,
                                   clients=[(c.name, n, c.n_records)],
                                   n_clients=len(partition.clients))
         if not cfg.no_dp:
@@ -155,6 +156,7 @@ def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info:
                 "store": dict(store_info),
                 "partition": {"scheme": roster.scheme, "clients": [c.name for c in roster.clients],
                               "keys": [c.key for c in roster.clients]},
+                "class_names": list(roster.class_names),
                 "seed_note": "not secure: reproducible noise" if cfg.seed is not None else "noise seeded from OS entropy"}
     return RunPlan(roster, cfg, mcfg, distributed, privacy, sizes, resolved)
 
