@@ -284,3 +284,19 @@ def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):
     (moved / "site.json").write_text(json.dumps({**raw, "store": str(tmp_path / "gone.safetensors")}))
     r = runner.invoke(app, ["evaluate", "--site", str(moved), "--synthetic", syn, "--json"])
     assert r.exit_code == 4 and '"store"' in r.output and "moved" in r.output
+
+
+def test_a_card_can_announce_the_agreed_classes_instead_of_the_sites_own(consortium, tmp_path):
+    """`fedhype site --classes`: the card does not say which classes the site holds (clinic_c lacks 'normal')."""
+    root = consortium["root"]
+    store = str(root / "clinic_c" / "embeddings.safetensors")
+    base = ["site", "--store", store, "--name", "clinic_c", "--min-records", "5"]
+    r = runner.invoke(app, [*base, "--classes", "benign", "--out", str(tmp_path / "bad"), "--json"])
+    assert r.exit_code == 2 and "'malignant'" in r.output and not (tmp_path / "bad").exists()
+    _json(runner.invoke(app, [*base, "--classes", ",".join(CLASSES), "--out", str(tmp_path / "c"), "--json"]))
+    card = json.loads((tmp_path / "c" / "card.json").read_text())
+    assert card["class_names"] == list(CLASSES)
+    site = Site.load(tmp_path / "c")
+    assert site.public_card() == site.card()  # the checked card is the announced one
+    train = site.records("train", list(CLASSES))
+    assert set(train.labels.tolist()) == {0, 1}  # its records keep their own classes

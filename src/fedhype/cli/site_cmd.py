@@ -38,6 +38,9 @@ def site(
     seed: int = typer.Option(0, "--seed", help="Seed of the split."),
     draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw train/val/test from --fractions even when the "
                                      "store's image folders give splits (train/, val/, test/)."),
+    classes: str | None = typer.Option(None, "--classes", help="The consortium's agreed class names, comma-separated "
+                                       "(a superset of the site's): the card announces these instead of the site's "
+                                       "own classes, so it does not say which classes the site holds."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing site folder (a new split and a new "
                                    "site key: runs trained on the old one no longer accept it; the old site.json is "
                                    "kept as site.<old key>.json for evaluating them)."),
@@ -61,7 +64,9 @@ def site(
                                       "or give another folder")
         splits = _parse_split(fractions)
         emb = EmbeddingStore.load(store)
-        s = make_site(emb, store, name, splits=splits, seed=seed, min_train=min_train, use_given_splits=not draw_splits)
+        vocab = [k.strip() for k in classes.split(",")] if classes is not None else None
+        s = make_site(emb, store, name, splits=splits, seed=seed, min_train=min_train, use_given_splits=not draw_splits,
+                      classes=vocab)
         given = s.partition.params.get("given_splits")
         if given:
             console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)

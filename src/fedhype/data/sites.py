@@ -8,8 +8,9 @@ own store and splits its own records locally (``fedhype site``). The site folder
   :class:`~fedhype.data.partition.Partition` of its store: record ids per split);
 * ``card.json`` — **public** (format :data:`CARD_FORMAT`, :class:`SiteCard`): the site name, the site
   key, the number of training records n_train (the accountant needs it: q = B/n_train), the
-  embedding dimension, the encoder and preprocessing, and the site's class names (the names of its
-  class folders, i.e. which classes it holds).
+  embedding dimension, the encoder and preprocessing, and the site's class names: the names of its
+  class folders, i.e. which classes it holds — or, with ``fedhype site --classes``, the consortium's
+  agreed class list (a superset), so that the card does not say which classes the site holds.
 
 The coordinator builds the federation from the cards only (:meth:`fedhype.data.roster.Roster.from_cards`):
 no record id, no label, no digest of the records reaches it. The site key is drawn from the OS
@@ -123,6 +124,9 @@ class Site:
     partition: Partition
     #: the site folder it was loaded from (None for a site made in memory)
     folder: Path | None = None
+    #: the class list its card announces: the consortium's agreed list (``fedhype site --classes``), or None
+    #: for the store's own class names
+    classes: list[str] | None = None
 
     def public_card(self, store: EmbeddingStore | None = None) -> SiteCard:
         """The card the coordinator receives: ``card.json`` of the site folder, checked against the site.
@@ -156,7 +160,7 @@ class Site:
         """The site's public card."""
         store = self.store() if store is None else store
         return SiteCard(self.name, self.key, len(self.split.train), store.dim, encoder_of(store),
-                        list(self.partition.class_names))
+                        list(self.classes) if self.classes is not None else list(self.partition.class_names))
 
     def store(self) -> EmbeddingStore:
         """The site's store, checked against its split.
@@ -202,7 +206,7 @@ class Site:
         card = self.card()
         atomic_write_json(folder / SITE_FILE, {
             "format": SITE_FORMAT, "private": "PRIVATE to this site: lists its record ids per split; never send it",
-            "name": self.name, "key": self.key, "store": str(self.store_path),
+            "name": self.name, "key": self.key, "store": str(self.store_path), "classes": self.classes,
             "partition": {k: v for k, v in _partition_dict(self.partition).items()}})
         card.save(folder / CARD_FILE)
         return folder
@@ -222,7 +226,9 @@ class Site:
             raise ArtifactError(f"{path}: not a fedhype site file (format {SITE_FORMAT!r}); write it with `fedhype site`")
         try:
             part = Partition.from_dict(raw["partition"], where=str(path))
-            site = cls(str(raw["name"]), str(raw["key"]), Path(str(raw["store"])), part, path.parent)
+            classes = raw.get("classes")
+            site = cls(str(raw["name"]), str(raw["key"]), Path(str(raw["store"])), part, path.parent,
+                       None if classes is None else [str(k) for k in classes])
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"site file {path}: missing or bad field ({exc!r}); write it again with `fedhype site`") from None
         if len(part.clients) != 1:
@@ -254,7 +260,7 @@ def relabel(store: EmbeddingStore, class_names: list[str]) -> EmbeddingStore:
 
 def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *,
               splits: tuple[float, float, float] = (0.6, 0.2, 0.2), seed: int = 0, min_train: int = 20,
-              use_given_splits: bool = True) -> Site:
+              use_given_splits: bool = True, classes: list[str] | None = None) -> Site:
     """Split one site's records into train/val/test (per class, or as its image folders give them).
 
     Args:
@@ -262,6 +268,8 @@ def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *
         store_path: where that store lies (recorded in the private ``site.json``).
         name: the site's name (letters, digits, ``.``, ``_``, ``-``; at most 64 characters).
         splits, seed, use_given_splits: as for :func:`~fedhype.data.partition.make_partition`.
+        classes: the consortium's agreed class list for the card (must hold every class of the store;
+            None: the store's own class names, which tell which classes the site holds).
         min_train: refuse a split with fewer training records.
 
     Raises:
@@ -270,6 +278,13 @@ def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *
     if not _NAME.match(name):
         raise ValidationError(f"site name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (starting with a letter "
                               "or digit); it names the site in every report")
+    if classes is not None:
+        if len(set(classes)) != len(classes) or any(not str(k).strip() for k in classes):
+            raise ValidationError(f"--classes {list(classes)}: give distinct, non-empty class names")
+        missing = [k for k in store.class_names if k not in classes]
+        if missing:
+            raise ValidationError(f"the store's class(es) {missing} are not in --classes {list(classes)}: the agreed "
+                                  "list must hold every class of the site")
     if store.kind != "real":
         raise ValidationError(f"a site splits its real records; this store is marked kind={store.kind!r} (a synthetic "
                               "store is drawn from a run, it is not a site's data): give the store `fedhype embed` wrote")
@@ -285,7 +300,8 @@ def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *
                               n_clients=1) from None
     part.scheme = "site"
     part.clients[0].name = name
-    return Site(name, secrets.token_hex(16), Path(store_path).resolve(), part)
+    return Site(name, secrets.token_hex(16), Path(store_path).resolve(), part, None,
+                None if classes is None else list(classes))
 
 
 def site_splits(site: Site) -> dict[str, int]:
