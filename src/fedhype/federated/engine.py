@@ -57,14 +57,14 @@ from fedhype.federated.run_plan import (RunPlan, _differences, check_client_size
                                         committed_rounds, plan_privacy, resolve_plan)
 from fedhype.federated.server import ServerStrategy
 from fedhype.federated.transport import ClientHandle, ClientTransport, InProcessTransport, RoundTask, SupportsPreflight
-
-if TYPE_CHECKING:
-    from fedhype.data.roster import Roster
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
 from fedhype.privacy.dp_step import DPConfig
 from fedhype.privacy.events import DP_SGD as MECHANISM
 from fedhype.privacy.events import dp_sgd_events
 from fedhype.privacy.ledger import PrivacyLedger, charge, pending_charges
+
+if TYPE_CHECKING:
+    from fedhype.data.roster import Roster
 
 #: public outputs of the statistics release kept for the model's metadata (the clients' DP class counts)
 RELEASE_FILE = "release.json"
