@@ -91,12 +91,7 @@ class SiteCard:
         Raises:
             ArtifactError: missing file, another format, a missing or bad field.
         """
-        path = Path(path)
-        if path.is_dir():
-            path = path / CARD_FILE
-        raw = read_json(path, "site card")
-        if not isinstance(raw, dict) or raw.get("format") != CARD_FORMAT:
-            raise ArtifactError(f"{path}: not a fedhype site card (format {CARD_FORMAT!r}); write it with `fedhype site`")
+        path, raw = _read(path, CARD_FILE, CARD_FORMAT, "site card")
         try:
             card = cls(str(raw["name"]), str(raw["key"]), int(raw["n_train"]), int(raw["dim"]), dict(raw["encoder"]),
                        [str(k) for k in raw["class_names"]])
@@ -207,7 +202,7 @@ class Site:
         atomic_write_json(folder / SITE_FILE, {
             "format": SITE_FORMAT, "private": "PRIVATE to this site: lists its record ids per split; never send it",
             "name": self.name, "key": self.key, "store": str(self.store_path), "classes": self.classes,
-            "partition": {k: v for k, v in _partition_dict(self.partition).items()}})
+            "partition": _partition_dict(self.partition)})
         card.save(folder / CARD_FILE)
         return folder
 
@@ -218,12 +213,7 @@ class Site:
         Raises:
             ArtifactError: missing file, another format, a missing or bad field.
         """
-        path = Path(path)
-        if path.is_dir():
-            path = path / SITE_FILE
-        raw = read_json(path, "site file")
-        if not isinstance(raw, dict) or raw.get("format") != SITE_FORMAT:
-            raise ArtifactError(f"{path}: not a fedhype site file (format {SITE_FORMAT!r}); write it with `fedhype site`")
+        path, raw = _read(path, SITE_FILE, SITE_FORMAT, "site file")
         try:
             part = Partition.from_dict(raw["partition"], where=str(path))
             classes = raw.get("classes")
@@ -234,6 +224,21 @@ class Site:
         if len(part.clients) != 1:
             raise ArtifactError(f"site file {path}: its split must hold exactly one client")
         return site
+
+
+def _read(path: str | os.PathLike, name: str, fmt: str, what: str) -> tuple[Path, dict[str, Any]]:
+    """``(path, JSON object)`` of a site folder's ``name`` file (or the file itself), checked for format ``fmt``.
+
+    Raises:
+        ArtifactError: missing or unreadable file, or another format.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / name
+    raw = read_json(path, what)
+    if not isinstance(raw, dict) or raw.get("format") != fmt:
+        raise ArtifactError(f"{path}: not a fedhype {what} (format {fmt!r}); write it with `fedhype site`")
+    return path, raw
 
 
 def _partition_dict(p: Partition) -> dict[str, Any]:
