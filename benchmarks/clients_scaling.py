@@ -1,11 +1,13 @@
-"""Time per round and peak memory for 10, 100 and 1000 small clients (in-process engine).
+"""Time per round and peak memory for 10, 100, 1,000 and 10,000 small clients (in-process engine).
 
 Each client holds 24 real records (UCI optdigits pixels, 64-d, drawn with replacement: a speed
 benchmark), runs 1 local DP step per round; each N runs in its own subprocess so peak RSS is
 per configuration. Memory should grow only with the data and the per-client codes (client
-private state lives on disk, one file per client). Writes benchmarks/results/clients_scaling.json.
+private state lives on disk, one file per client; the server folds each update into its
+pseudo-gradient as it arrives, and pools the statistics release with running sums). Writes
+benchmarks/results/clients_scaling.json (also each row's peak RSS relative to the first row's).
 
-    .venv/bin/python benchmarks/clients_scaling.py [--clients 10 100 1000] [--rounds 2]
+    .venv/bin/python benchmarks/clients_scaling.py [--clients 10 100 1000 10000] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def one(n_clients: int, rounds: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=Path, default=Path(__file__).parent / "results", help="folder for the JSON")
-    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000, 10000])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -77,6 +79,7 @@ def main() -> None:
     base = rows[0]
     for r in rows:
         r["rss_growth_vs_first_mb"] = r["peak_rss_mb"] - base["peak_rss_mb"]
+        r["rss_ratio_to_first"] = r["peak_rss_mb"] / base["peak_rss_mb"]
     import torch
 
     path = a.results / "clients_scaling.json"

@@ -116,8 +116,10 @@ def speed_table(results: Path) -> str:
                         f"{r['peak_rss_mb']:.0f} MB" for r in rs)
         extra = last["clients"] - first["clients"]
         growth = (last["peak_rss_mb"] - first["peak_rss_mb"]) / extra if extra else 0.0
+        ratios = ", ".join(f"{r['clients']:,}: **{r['peak_rss_mb'] / first['peak_rss_mb']:.3f}×**" for r in rs[1:])
         rows.append(("clients scaling, 1 DP step per client per round (peak RSS)",
-                     f"{per} — **{growth:.2f} MB per extra client**", f"{first['clients']} clients", cs["date"]))
+                     f"{per} — peak RSS against {first['clients']} clients: {ratios}; {growth:.3f} MB per extra client "
+                     f"(the records themselves: 40 per client)", f"{first['clients']} clients", cs["date"]))
     lines = ["| what | figure | baseline in the same run | date |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     return "\n".join(lines)

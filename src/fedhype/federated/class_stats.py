@@ -102,10 +102,20 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     if len(cens) != len(updates):
         raise ValidationError(f"{len(cens)} centrings for {len(updates)} client releases")
     sums_std = noise_std if sums_std is None else float(sums_std)
-    parts = [_unit_sphere(u, cen) for u, cen in zip(updates, cens)]
+    # running sums over the releases, one client's float64 copy at a time: memory is flat in the number
+    # of clients (benchmarks/clients_scaling.py), not one [D, D] float64 matrix per client
+    sums = counts = m2_sum = None
+    all_m2 = True
+    for u, cen in zip(updates, cens):
+        s_i, n_i, m2_i = _unit_sphere(u, cen)
+        sums, counts = (s_i.clone(), n_i.clone()) if sums is None else (sums.add_(s_i), counts.add_(n_i))
+        all_m2 = all_m2 and m2_i is not None
+        if all_m2:
+            m2_sum = m2_i.clone() if m2_sum is None else m2_sum.add_(m2_i)
+        del s_i, n_i, m2_i
+    if sums is None:
+        raise ValidationError("no client release to pool: the class statistics need at least one client")
     radii = [1.0 if cen is None else float(cen.radius) for cen in cens]
-    sums = sum(p[0] for p in parts)
-    counts = sum(p[1] for p in parts)
     n_noise = noise_factor * len(updates)  # pooled count noise variance in units of one release's
     # noise variance per coordinate of the pooled sums: R_i² × one release's, summed over the releases
     sums_noise_var = noise_factor * sums_std ** 2 * sum(r * r for r in radii)
@@ -122,8 +132,8 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     class_means = mean + (sums - counts[:, None] * mean) / class_counts[:, None]
     out = {"mean": mean.to(torch.float32), "var": var.to(torch.float32), "class_means": class_means.to(torch.float32),
            "counts": class_counts.to(torch.float32), "sums_noise_var": sums_noise_var, "cov": None, "offdiag_var": 0.0}
-    if all(p[2] is not None for p in parts):
-        out["cov"] = sum(p[2] for p in parts) / float(total) - torch.outer(mean, mean)
+    if all_m2 and m2_sum is not None:
+        out["cov"] = m2_sum / float(total) - torch.outer(mean, mean)
         out["offdiag_var"] = noise_factor * float(second_moment_std) ** 2 * sum(r ** 4 for r in radii) / float(total) ** 2
     return out
 
@@ -445,7 +455,9 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         centring: the release's centring: None, one for every client, or a list with each client's own.
 
     Returns:
-        ``{"max_abs_error": …}``: the largest |h(c_i) − target_i| entry after fitting (≈ 0).
+        ``{"clients": m, "exact": …}``: ``exact`` is True when the codes are linearly independent
+        (rank C = m, so h(c_i) reproduces every target); with more clients than ``code_dim`` the heads
+        are the least-squares fit. Memory is flat in m: the fit is accumulated one client at a time.
     """
     cfg = hnet.cfg
     K, L, D = cfg.n_classes, cfg.latent, cfg.dim
@@ -453,11 +465,13 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
     with torch.no_grad():
         base_cb, base_wl = hnet.base["cb"].to(torch.float64), hnet.base["wl"].to(torch.float64)
         base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
-        rows = []
         pooled = release_moments(updates, dp, weights, centring)
         shrink = shrinkage_mode(getattr(cfg, "client_shrinkage", False))
         cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(updates)
-        for u, cen in zip(updates, cens):
+        c = codes.detach().to(torch.float64)  # [m, code_dim]
+        pinv = torch.linalg.pinv(c)  # [code_dim, m]
+        w = None  # [P, code_dim] = Yᵀ C⁺ᵀ = Σ_i y_i ⊗ C⁺[:, i], accumulated one client at a time (flat in m)
+        for i, (u, cen) in enumerate(zip(updates, cens)):
             g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual)
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
@@ -473,17 +487,14 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
             if base_lsx is not None:
                 lsx = 0.5 * torch.log(g["residual_var"] / s ** 2)
                 parts.append(lsx - base_lsx)
-            rows.append(torch.cat(parts))
-        y = torch.stack(rows)  # [m, P]
-        c = codes.detach().to(torch.float64)  # [m, code_dim]
-        w = (torch.linalg.pinv(c) @ y).T  # [P, code_dim]: W c_i = y_i (minimum norm)
+            term = torch.outer(torch.cat(parts), pinv[:, i])
+            w = term if w is None else w.add_(term)
         n_cb, n_wl = K * D, L * D
         hnet.heads["cs_cb_w"].copy_(w[:n_cb].to(torch.float32))
         hnet.heads["cs_wl_w"].copy_(w[n_cb:n_cb + n_wl].to(torch.float32))
         if base_lsx is not None:
             hnet.heads["cs_lsx_w"].copy_(w[n_cb + n_wl:].to(torch.float32))
-        err = float((c @ w.T - y).abs().max())
-    return {"max_abs_error": err}
+    return {"clients": len(updates), "exact": int(torch.linalg.matrix_rank(c)) == len(updates)}
 
 
 def release_moments(updates, dp, weights, centring=None) -> dict:
