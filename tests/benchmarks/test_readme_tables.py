@@ -28,6 +28,7 @@ def _block(tag: str) -> str:
 
 
 @pytest.mark.parametrize("tag, md", [("utility", "utility.md"), ("utility-fashion", "utility-fashion.md"),
+                                     ("utility-fashion-full", "utility-fashion-full.md"),
                                      ("speed", "speed.md"), ("downstream", "downstream.md")])
 def test_readme_block_is_the_benchmark_output(tag, md):
     block = _block(tag)
@@ -35,7 +36,7 @@ def test_readme_block_is_the_benchmark_output(tag, md):
     assert (RESULTS / md).read_text().startswith(block)
 
 
-@pytest.mark.parametrize("name", ["utility", "utility-fashion"])
+@pytest.mark.parametrize("name", ["utility", "utility-fashion", "utility-fashion-full"])
 def test_utility_tables_regenerate_from_the_recorded_rows(name):
     mod = _module("utility")
     rows = json.loads((RESULTS / f"{name}.json").read_text())["rows"]
@@ -46,6 +47,9 @@ def test_utility_tables_regenerate_from_the_recorded_rows(name):
     methods = list(mod.CORE) if core and name != "utility" else mod.all_methods()
     if core and name != "utility":
         assert "the core set" in md.splitlines()[0]
+    if name.startswith("utility-fashion-full"):  # the realistic-scale grids: the scale set, said so in the header
+        methods = list(mod.scale_set(name.removeprefix("utility-")))
+        assert "the scale set" in md.splitlines()[0]
     assert mod.table(rows, methods) in md and mod.reference_table(rows) in md
     assert mod.matrix(rows, methods, "tstr_accuracy", True) in md and mod.matrix(rows, methods, "mmd2", False) in md
     # each method at every ε, 3 seeds each
