@@ -1,4 +1,4 @@
-"""Time per round and peak memory for 10, 100, 1,000 and 10,000 small clients (in-process engine).
+"""Time per round and peak memory for 10, 100 and 1,000 small clients (in-process engine).
 
 Each client holds 24 real records (UCI optdigits pixels, 64-d, drawn with replacement: a speed
 benchmark), runs 1 local DP step per round; each N runs in its own subprocess so peak RSS is
@@ -7,7 +7,10 @@ private state lives on disk, one file per client; the server folds each update i
 pseudo-gradient as it arrives, and pools the statistics release with running sums). Writes
 benchmarks/results/clients_scaling.json (also each row's peak RSS relative to the first row's).
 
-    .venv/bin/python benchmarks/clients_scaling.py [--clients 10 100 1000 10000] [--rounds 2]
+    .venv/bin/python benchmarks/clients_scaling.py [--clients 10 100 1000] [--rounds 2]
+
+A 10,000-client row (``--clients 10 10000``) is not in the default: on 2 cores it ran for more than an
+hour without finishing (the ledger's per-client ε is recomputed for every client after every round).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def one(n_clients: int, rounds: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=Path, default=Path(__file__).parent / "results", help="folder for the JSON")
-    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000, 10000])
+    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()

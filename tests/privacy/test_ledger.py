@@ -173,3 +173,22 @@ def test_audit_consistency_reports_mismatches():
     assert [m["name"] for m in bad] == ["0", "ghost"]
     assert bad[0]["recomputed"] == eps["0"] and bad[0]["difference"] == pytest.approx(1.0 - eps["0"])
     assert bad[1]["recomputed"] is None and "ghost" in bad[1]["reason"]
+
+
+def test_epsilons_of_all_clients_equal_each_clients_own_epsilon():
+    """``epsilons()`` groups the events in one pass and shares one accountant call between clients with the
+    same history; each figure must still be :meth:`epsilon` of that client (Gaussian, mixed-σ and Skellam
+    histories, interleaved; clients with equal histories and one that differs only in its last round)."""
+    ledger = PrivacyLedger(delta=1e-5)
+    for r in range(4):
+        for c in ("a", "b", "c"):
+            ledger.record(_event(c, r, q=0.02, steps=10))
+        ledger.record(_event("d", r, sigma=1.1 if r < 3 else 2.0, q=0.02, steps=10))
+    ledger.record(LedgerEvent(client="e", round=0, mechanism="class-stats", noise_multiplier=3.0, sample_rate=1.0,
+                              steps=1, clip_norm=1.0, noise="skellam", scale=2.0 ** 10, record_dim=385))
+    ledger.record(_event("e", 1, q=0.02, steps=10))
+    eps = ledger.epsilons()
+    assert list(eps) == ["a", "b", "c", "d", "e"]
+    assert eps == {c: ledger.epsilon(c) for c in eps}
+    assert eps["a"] == eps["b"] == eps["c"] != eps["d"]
+    assert ledger.epsilons("rdp") == {c: ledger.epsilon(c, "rdp") for c in eps}
