@@ -10,7 +10,8 @@ benchmarks/results/clients_scaling.json (also each row's peak RSS relative to th
     .venv/bin/python benchmarks/clients_scaling.py [--clients 10 100 1000] [--rounds 2]
 
 A 10,000-client row (``--clients 10 10000``) is not in the default: on 2 cores it ran for more than an
-hour without finishing (the ledger's per-client ε is recomputed for every client after every round).
+hour before the ledger computed each client's ε in one pass (``PrivacyLedger.epsilons``), and still
+for more than 25 min (1 round) after it, without finishing.
 """
 
 from __future__ import annotations
