@@ -10,9 +10,12 @@ import typer
 from rich.console import Console
 
 from fedhype.cli.common import JsonOpt, check_out_file, console, existing, kv_table, run_command
+from fedhype.pipeline.config import DEFAULTS
 
-#: Samples per class when neither --per-class nor --n is given.
-DEFAULT_PER_CLASS = 100
+#: Samples per class when neither --per-class nor --n is given, and the code when --code is not: the
+#: job's ``[synthesis]`` defaults (:data:`fedhype.pipeline.config.DEFAULTS`, their one source).
+DEFAULT_PER_CLASS = DEFAULTS["synthesis"]["per_class"]
+DEFAULT_CODE = DEFAULTS["synthesis"]["code"]
 
 #: Most embeddings one synthetic store holds: their sample ids ("syn/<i>") must fit the header that
 #: safetensors allows (:data:`fedhype.data.store.MAX_HEADER_BYTES`, 100 MB; 5 million ids take ~75 MB).
@@ -124,7 +127,7 @@ def register(app: typer.Typer) -> None:
                                  "file is refused unless --overwrite."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a synthetic "
                                        "store (a real embeddings store, partition or any other file is never replaced)."),
-        code: str = typer.Option("neutral", "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture (all clients ∝ size) | mixture:<id>=<w>,..."),
+        code: str = typer.Option(DEFAULT_CODE, "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture (all clients ∝ size) | mixture:<id>=<w>,..."),
         per_class: Optional[int] = typer.Option(None, "--per-class", help=f"Samples per class (≥ 1; {DEFAULT_PER_CLASS} "
                                                 "when neither --per-class nor --n is given)."),
         n: Optional[int] = typer.Option(None, "--n", help="Total samples (split by --label-weights; uniform by default)."),
