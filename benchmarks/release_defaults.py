@@ -27,8 +27,11 @@ The test split is not read. Grids:
 * the DP-SGD stage: ``class_stats_share`` 0.95 (default) vs 0.999 (the rounds get a thousandth of ε and
   move nothing) for ``fedhypevae`` (mixture code), both datasets, ε = 1 / 4 / 8;
 * at realistic scale (``configs/fashion-mnist-full.toml``: all 70,000 images, 10 clients, about
-  42,000 training records), ``latent`` vs ``located`` for ``dp-gaussian`` at ε = 1 / 4 / 8: is the
-  noise there small enough for the located residual (the default only without DP) to pay under DP?
+  42,000 training records), ``latent`` vs ``located`` for ``dp-gaussian`` at ε = 1 / 4 / 8 and for
+  ``fedhypevae`` (mixture code) at ε = 4 / 8: is the noise there small enough for the located residual
+  to pay under DP? (the rows that set ``model.residual = "auto"``'s threshold);
+* ours (mixture code, every default) on the three datasets after the clip-shift discount and the
+  within-class target of the clients' statistics (:class:`fedhype.federated.class_stats.ClipShift`);
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
 already there. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
@@ -92,6 +95,15 @@ GRID: list[tuple[str, str, dict]] = (
     # small: does the located residual, the default only without DP, pay under DP there? (the release alone)
     + [("unlocated variance, scale", e, {"dataset": "fashion-full", "method": "dp-gaussian", "residual": r})
        for e in ("1", "4", "8") for r in ("latent", "located")]
+    # and for ours (the job's mixture code) where the release resolves more than half the latent
+    # directions (ε = 4 / 8 there): the rows that set model.residual = "auto"'s threshold
+    + [("unlocated variance, scale", e, {"dataset": "fashion-full", "method": "fedhypevae", "code": "mixture", "residual": r})
+       for e in ("4", "8") for r in ("latent", "located")]
+    # the clients' statistics with the clip-shift discount and the within-class target (class_stats.ClipShift,
+    # _shrunk_cov): ours (the job's mixture code, every default) on the three datasets; the same settings
+    # before the change are the "DP-SGD share" rows at class_stats_share = 0.95 (digits, fashion)
+    + [("client statistics, clip shift", e, {"dataset": d, "code": "mixture"})
+       for d in ("digits", "fashion", "fashion-full") for e in ("1", "4", "8")]
 )
 
 

@@ -271,8 +271,36 @@ def test_pooled_covariance_is_close_to_the_exact_one_at_high_epsilon(real_store)
     dp = DPConfig(0.05, 1.0)
     ups = [privatize_class_sums(str(i), a, b, 10, dp, torch.Generator().manual_seed(i), W) for i, (a, b) in enumerate(halves)]
     ex = [privatize_class_sums(str(i), a, b, 10, EXACT, torch.Generator(), W) for i, (a, b) in enumerate(halves)]
-    # the exact estimate with the latent rule: "auto" would move the D − L tail into the 16 columns without noise
-    noisy, exact = pooled_stats(ups, dp, W, max_rank=16), aggregate_class_stats(ex, max_rank=16, residual="latent")
     cov = lambda s: s["cov_factor"] @ s["cov_factor"].T + float(s["residual_var"]) * torch.eye(x.shape[1])
-    rel = torch.linalg.matrix_norm(cov(noisy) - cov(exact)) / torch.linalg.matrix_norm(cov(exact))
-    assert float(rel) < 0.25 and int(noisy["rank"]) >= 3
+    for rule in ("latent", "located"):  # the same rule for the noisy and the exact estimate
+        noisy = pooled_stats(ups, dp, W, max_rank=16, residual=rule)
+        exact = aggregate_class_stats(ex, max_rank=16, residual=rule)
+        rel = torch.linalg.matrix_norm(cov(noisy) - cov(exact)) / torch.linalg.matrix_norm(cov(exact))
+        assert float(rel) < 0.25 and int(noisy["rank"]) >= 3, rule
+
+
+def test_auto_residual_is_located_once_the_release_resolves_half_the_latent_directions():
+    """``residual="auto"`` under DP noise: ``"latent"`` while the release resolves fewer than half the latent
+    directions (the test above: 3 of 16), ``"located"`` from half on (here 6 of 8 under small noise): the
+    trace is kept and the D − L tail's variance moves into the located spikes."""
+    g = torch.Generator().manual_seed(1)
+    d, n = 100, 4000
+    u = torch.linalg.qr(torch.randn(d, 6, generator=g, dtype=torch.float64))[0]
+    spikes = torch.tensor([0.05, 0.02, 0.01, 0.004, 0.003, 0.002], dtype=torch.float64)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64) * spikes.sqrt() @ u.T \
+        + torch.randn(n, d, generator=g, dtype=torch.float64) * math.sqrt(1e-6)
+    cov = x.T @ x / n
+    tr = float(torch.trace(cov))
+    v = (1e-5) ** 2  # edge 2e-4: the six spikes (≥ 2e-3) are resolved, the isotropic 1e-6 bulk is not
+    e = torch.triu(torch.randn(d, d, generator=g, dtype=torch.float64)) * math.sqrt(v)
+    noisy = cov + e + e.T - torch.diag(e.diagonal())
+    full = lambda f, r: f @ f.T + float(r) * torch.eye(d, dtype=torch.float64)
+    for L, rule in ((8, "located"), (12, "located"), (13, "latent"), (16, "latent")):  # 6 resolved: ≥ L/2 iff L ≤ 12
+        fa, ra, rank = covariance_estimate(noisy, tr, v, max_rank=L, residual="auto")
+        fr, rr, rank_r = covariance_estimate(noisy, tr, v, max_rank=L, residual=rule)
+        assert rank == rank_r == 6
+        torch.testing.assert_close(full(fa, ra), full(fr, rr))
+    # located: every column is a resolved spike, the residual at its floor, the trace kept
+    fa, ra, _ = covariance_estimate(noisy, tr, v, max_rank=8, residual="auto")
+    assert fa.shape[1] == 6 and float(ra) == pytest.approx(1e-3 * tr / d)
+    assert float(torch.trace(full(fa, ra))) == pytest.approx(tr, rel=1.5e-3)

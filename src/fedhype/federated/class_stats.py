@@ -27,7 +27,7 @@ import math
 import torch
 
 from fedhype.errors import ValidationError
-from fedhype.models.config import CLIENT_SHRINKAGE, DEFAULT_RESIDUAL, RESIDUALS
+from fedhype.models.config import AUTO_LOCATED_FRACTION, CLIENT_SHRINKAGE, DEFAULT_RESIDUAL, RESIDUALS
 from fedhype.privacy.dp_step import PrivatizedUpdate
 from fedhype.privacy.events import RELEASE as MECHANISM  # the one list of mechanism names
 from fedhype.privacy.secure_agg import DistributedNoise, PrivatizedAggregate, secure_sum
@@ -160,10 +160,38 @@ def _unit_sphere(update, centring) -> tuple[torch.Tensor, torch.Tensor, "torch.T
 
 def _gaussian(mo: dict, max_rank: int | None, residual: str = DEFAULT_RESIDUAL) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The low-rank-plus-isotropic covariance of moments ``mo`` (:func:`_within_class`, :func:`covariance_estimate`)."""
-    m64 = mo["mean"].to(torch.float64)
-    cov, tr = _within_class(mo["cov"], float(mo["var"]), mo["class_means"].to(torch.float64) - m64,
-                            mo["counts"].to(torch.float64), mo["sums_noise_var"])
+    cov, tr = _within_of(mo)
     return covariance_estimate(cov, tr, mo["offdiag_var"], max_rank=max_rank, residual=residual)
+
+
+def _within_of(mo: dict) -> tuple[torch.Tensor, float]:
+    """:func:`_within_class` of moments ``mo``: the covariance its class-conditional samples get, and its trace."""
+    m64 = mo["mean"].to(torch.float64)
+    return _within_class(mo["cov"], float(mo["var"]), mo["class_means"].to(torch.float64) - m64,
+                         mo["counts"].to(torch.float64), mo["sums_noise_var"])
+
+
+def _shrunk_cov(client: dict, pooled: dict, shrunk: dict, f: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The client's total covariance and variance moved a share ``f`` from a target toward its own.
+
+    The target is the pooled *within-class* covariance plus the between-class scatter of the client's
+    shrunk class means ``shrunk`` under its own class mix, so that :func:`_within_class` (which subtracts
+    that scatter) leaves the pooled within-class covariance at f = 0. Shrinking toward the pooled
+    *total* covariance instead left the pool's between-class scatter in a label-skewed client's
+    covariance (its class mix is not the pool's): at f = 0 its Gaussian was not the pooled one."""
+    if f == 1.0:
+        return client["cov"], client["var"]
+    pw, ptr = _within_of(pooled)
+    if pw is pooled["cov"]:  # the pooled Gaussian keeps its between-class scatter (class means too noisy)
+        target, target_var = pooled["cov"], float(pooled["var"])
+    else:  # plus exactly what _within_class will subtract from the client's covariance (its shrunk means)
+        dev = shrunk["class_means"].to(torch.float64) - shrunk["mean"].to(torch.float64)
+        sub = _between_part(dev, shrunk["counts"].to(torch.float64), shrunk["sums_noise_var"])
+        sub = torch.zeros_like(pw) if sub is None else sub
+        target, target_var = pw + sub, ptr + float(torch.trace(sub))
+    cov = target + f * (client["cov"] - target)
+    var = target_var + f * (float(client["var"]) - target_var)
+    return cov, torch.tensor(var, dtype=torch.float32)
 
 
 def shrink_toward(client: dict, pooled: dict) -> dict:
@@ -202,14 +230,69 @@ def shrink_toward(client: dict, pooled: dict) -> dict:
         delta = client["cov"] - pooled["cov"]
         v = float(client["offdiag_var"])
         fc = max(0.0, min(1.0, 1.0 - dim * (dim + 1) * v / max(float(delta.pow(2).sum()), 1e-300))) if v > 0 else 1.0
-        out["cov"] = pooled["cov"] + fc * delta
-        out["var"] = pooled["var"] + fc * (client["var"] - pooled["var"])
+        out["cov"], out["var"] = _shrunk_cov(client, pooled, out, fc)
         out["offdiag_var"] = fc ** 2 * v + (1.0 - fc) ** 2 * float(pooled["offdiag_var"])
         out["cov_shrinkage"] = fc
     return out
 
 
-def shrink_client(client: dict, pooled: dict) -> dict:
+#: Monte Carlo draws per class of :class:`ClipShift` (a fixed seed: post-processing, not a privacy parameter)
+CLIP_SHIFT_DRAWS = 2000
+
+
+class ClipShift:
+    """How much clipping around each client's centre moves its class means, beyond what it moves the pool's.
+
+    A centred release clips each record's deviation from its client's centre c_i to the radius R
+    (:mod:`fedhype.privacy.centring`), so a client's class mean is pulled toward c_i, the more so the
+    farther the class lies from it. With client centres (``train.release_centre = "client"``) a
+    label-skewed client's centre sits among its own classes, and its few records of the other classes
+    are pulled more than the pool's records of them: a systematic difference that is neither DP nor
+    sampling noise, and that the heterogeneity test of :func:`shrink_client` read as a domain (all
+    70,000 Fashion-MNIST images, label skew only, ε = 4: f_i = 0.05–0.74 with client centres, 0 with the
+    pooled centre).
+
+    Under the pooled DP Gaussian x ~ N(μ_k, C_within) the expected shift of client i's class-k mean is
+    b_ik = E[c_i + clip_R(x − c_i)] − μ_k (Monte Carlo, :data:`CLIP_SHIFT_DRAWS` draws per class, the
+    same draws for every client, a fixed seed), and the pooled class mean carries the count-weighted
+    mean b̄_k = Σ_i n_ik b_ik / Σ_i n_ik. :meth:`relative` gives b_i − b̄, the part of client i's
+    deviation from the pool that its clipping explains. Post-processing of DP outputs (no ε).
+
+    Args:
+        pooled: :func:`_moments` of every client's release (with second moments).
+        centrings: each client's :class:`~fedhype.privacy.centring.Centring`, in client order.
+        counts: each client's DP class counts, float [K], in client order.
+    """
+
+    def __init__(self, pooled: dict, centrings: list, counts: list[torch.Tensor]):
+        mu = pooled["class_means"].to(torch.float64)  # [K, D]
+        cov, _ = _within_of(pooled)
+        lam, vec = torch.linalg.eigh((cov + cov.T) / 2)
+        root = vec * lam.clamp_min(0).sqrt()  # root·rootᵀ = C_within without its negative (noise) part
+        g = torch.Generator().manual_seed(0)
+        z = torch.randn(CLIP_SHIFT_DRAWS, mu.shape[1], generator=g, dtype=torch.float64) @ root.T  # [S, D]
+        self._draws = mu[:, None, :] + z[None]  # [K, S, D]
+        self._mu = mu
+        total, weight = torch.zeros_like(mu), torch.zeros(mu.shape[0], dtype=torch.float64)
+        for cen, n in zip(centrings, counts):
+            w = n.to(torch.float64).clamp_min(0)
+            total += w[:, None] * self.shift(cen)
+            weight += w
+        self.mean = total / weight.clamp_min(1e-12)[:, None]  # b̄ [K, D]
+
+    def shift(self, centring) -> torch.Tensor:
+        """b_i [K, D] float64 for a client clipped around ``centring``."""
+        c, r = centring.centre.to(torch.float64), float(centring.radius)
+        dev = self._draws - c
+        scale = torch.clamp(r / dev.norm(dim=2, keepdim=True).clamp_min(1e-300), max=1.0)
+        return (dev * scale).mean(1) + c - self._mu
+
+    def relative(self, centring) -> torch.Tensor:
+        """b_i − b̄ [K, D] float64: what client i's clipping adds to its class means' deviation from the pool's."""
+        return self.shift(centring) - self.mean
+
+
+def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" = None) -> dict:
     """One client's DP moments pulled toward the pooled ones by one factor, from a heterogeneity test.
 
     :func:`shrink_toward` treats only the DP noise as noise, so a client's *sampling* error (its n_ik
@@ -226,13 +309,18 @@ def shrink_client(client: dict, pooled: dict) -> dict:
         f_i = max(0, 1 − K·D / χ²_i)
 
     estimates the share of the client's deviation that is signal: about 0 for a client of the pool's
-    population, about 1 for a distinct domain. The client's class means, covariance and total variance
-    are all moved by the same f_i: μ' = μ + f_i d, C' = C + f_i (C_i − C), v' = v + f_i (v_i − v)
+    population, about 1 for a distinct domain. With client centres, ``clip_shift`` (:class:`ClipShift`)
+    is the part of d_ik that clipping around the client's own centre explains under the pool; the test
+    uses d_ik − b_ik (the shrunk means keep d). The client's class means, covariance and total variance
+    are all moved by the same f_i: μ' = μ + f_i d, C' = T + f_i (C_i − T), v' = tr T + f_i (v_i − tr T)
+    with T the pooled within-class covariance plus the between-class part of the client's shrunk means
+    (:func:`_shrunk_cov`; the pooled total covariance where the pool keeps its between-class scatter)
     (noise variance per off-diagonal entry f_i² v_i + (1 − f_i)² v, per coordinate of a class mean
     f_i² τ²_DP,ik + (1 − f_i)² τ²_pool,k: at f_i = 0 the client's Gaussian is the pooled one). Post-processing of DP outputs
     (no ε). Without DP noise the client's own moments are returned (f_i = 1, as :func:`shrink_toward`):
     on the Fashion-MNIST validation split pulling exact statistics to the pool cost 0.026 TSTR
-    (benchmarks/results/client_shrinkage.md).
+    (benchmarks/results/client_shrinkage.md). Both corrections measured on the validation splits:
+    benchmarks/results/release_defaults.md, "client statistics, clip shift".
 
     Both dicts come from :func:`_moments`; returns a new one of the same form with ``mean_shrinkage``
     (f_i for every class, [K] float64) and ``cov_shrinkage`` (f_i).
@@ -240,6 +328,9 @@ def shrink_client(client: dict, pooled: dict) -> dict:
     out = dict(client)
     cm, pm = client["class_means"].to(torch.float64), pooled["class_means"].to(torch.float64)
     d = cm - pm  # [K, D]
+    # the test discounts the part of the deviation that the client's clipping explains under the pool
+    # (ClipShift.relative); the shrunk means keep the client's own deviation d
+    dt = d if clip_shift is None else d - clip_shift
     k, dim = d.shape
     if not float(client["sums_noise_var"]) > 0:  # no DP: the client's own statistics (as shrink_toward)
         out["mean_shrinkage"] = torch.ones(k, dtype=torch.float64)
@@ -253,7 +344,7 @@ def shrink_client(client: dict, pooled: dict) -> dict:
     total = float(pooled["var"])
     s2 = max(total - max(between, 0.0), 0.25 * total) / dim
     tau2 = client["sums_noise_var"] / n_i ** 2 + s2 / n_i  # [K]
-    chi2 = float((d.pow(2).sum(1) / tau2).sum())
+    chi2 = float((dt.pow(2).sum(1) / tau2).sum())
     f = max(0.0, 1.0 - k * dim / chi2) if chi2 > 0 else 0.0
     out["class_means"] = (pm + f * d).to(torch.float32)
     # the noise of the shrunk class means, per coordinate f²·τ²_DP,ik + (1 − f)²·τ²_pool,k, expressed as a
@@ -265,8 +356,7 @@ def shrink_client(client: dict, pooled: dict) -> dict:
     out["mean"] = (wi @ (pm + f * d)).to(torch.float32)
     out["mean_shrinkage"] = torch.full((k,), f, dtype=torch.float64)
     if client["cov"] is not None and pooled["cov"] is not None:
-        out["cov"] = pooled["cov"] + f * (client["cov"] - pooled["cov"])
-        out["var"] = pooled["var"] + f * (client["var"] - pooled["var"])
+        out["cov"], out["var"] = _shrunk_cov(client, pooled, out, f)
         out["offdiag_var"] = f ** 2 * float(client["offdiag_var"]) + (1.0 - f) ** 2 * float(pooled["offdiag_var"])
     out["cov_shrinkage"] = f
     return out
@@ -307,15 +397,23 @@ def _within_class(cov: torch.Tensor, total_variance: float, deviations: torch.Te
 
     Returns ``(covariance [D, D], its trace)`` float64.
     """
-    dim = cov.shape[0]
+    sub = _between_part(deviations, counts, sum_noise_var)
+    if sub is None:
+        return cov, total_variance
+    return cov - sub, total_variance - float(torch.trace(sub))
+
+
+def _between_part(deviations: torch.Tensor, counts: torch.Tensor, sum_noise_var) -> "torch.Tensor | None":
+    """What :func:`_within_class` subtracts: f·(B − t² I) [D, D] float64, or None below the threshold."""
+    dim = deviations.shape[1]
     w = counts / counts.sum()
     between = (deviations.T * w) @ deviations
     t2 = float((w * sum_noise_var / counts ** 2).sum())
     tb = float(torch.trace(between))
     f = 1.0 - dim * t2 / tb if tb > 0 else 0.0
     if f < WITHIN_CLASS_MIN_SNR:
-        return cov, total_variance
-    return cov - f * (between - t2 * torch.eye(dim, dtype=cov.dtype)), total_variance - f * (tb - dim * t2)
+        return None
+    return f * (between - t2 * torch.eye(dim, dtype=between.dtype))
 
 
 def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: float, *,
@@ -354,10 +452,15 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
     Without noise (v = 0) r = ``max_rank`` (every direction is located) and ``"latent"`` and
     ``"isotropic"`` agree (``"located"`` moves the last D − L directions' variance into the L).
 
-    * ``"auto"`` (the default): ``"latent"`` under DP (v > 0), ``"located"`` without (v = 0). Without DP
-      the located rule gave ours validation TSTR 0.848 → 0.864 (digits) and 0.808 → 0.814
-      (Fashion-MNIST), the release alone 0.850 → 0.847 and 0.808 → 0.806 (3 seeds;
-      benchmarks/results/release_defaults.md, "unlocated variance, no DP").
+    * ``"auto"`` (the default): ``"located"`` when the release resolves at least half the latent
+      directions (r ≥ :data:`fedhype.models.config.AUTO_LOCATED_FRACTION` · ``max_rank``; always without DP, where r =
+      ``max_rank``), ``"latent"`` below. Without DP the located rule gave ours validation TSTR 0.848 →
+      0.864 (digits) and 0.808 → 0.814 (Fashion-MNIST), the release alone 0.850 → 0.847 and 0.808 → 0.806
+      (3 seeds; benchmarks/results/release_defaults.md, "unlocated variance, no DP"). Under DP the
+      release resolves r = 4 / 10 / 14 of L = 64 directions on digits and 4 / 7 / 11 on Fashion-MNIST
+      (10,000 images) at ε = 1 / 4 / 8, where ``"latent"`` is the better rule, and 11 / 35 / 55 on all
+      70,000 Fashion-MNIST images (42,000 training records), where ``"located"`` gave the release alone
+      0.774 → 0.776 / 0.781 → 0.796 / 0.781 → 0.799 ("unlocated variance, scale").
 
     Args:
         cov: float64 [D, D] (symmetrised here). total_variance: its trace as known from the release.
@@ -374,8 +477,7 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
     """
     if residual not in RESIDUALS:
         raise ValidationError(f"model.residual must be one of {list(RESIDUALS)}, got {residual!r}")
-    if residual == "auto":
-        residual = "latent" if noise_var > 0 else "located"
+    auto = residual == "auto"
     dim = cov.shape[0]
     c = cov
     lam, vec = torch.linalg.eigh((c + c.T) / 2)
@@ -383,6 +485,8 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
     edge = 2.0 * math.sqrt(max(noise_var, 0.0) * dim)
     cap = dim - 1 if max_rank is None else max(0, min(int(max_rank), dim - 1))
     rank = min(int((lam > margin * edge).sum()), cap) if noise_var > 0 else cap
+    if auto:  # located once the release resolves at least half the latent directions (always without DP)
+        residual = "located" if rank >= AUTO_LOCATED_FRACTION * cap else "latent"
     kept = lam[:rank]
     theta = (kept + (kept ** 2 - 4.0 * noise_var * dim).clamp_min(0).sqrt()) / 2 if noise_var > 0 else kept.clamp_min(0)
     floor = 1e-3 * float(total_variance) / dim
@@ -468,11 +572,16 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         pooled = release_moments(updates, dp, weights, centring)
         shrink = shrinkage_mode(getattr(cfg, "client_shrinkage", False))
         cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(updates)
+        # client centres (each client clipped around its own): the "client" test discounts the clip shift
+        distinct = len({id(cen) for cen in cens}) > 1 and all(cen is not None for cen in cens)
+        shifts = ClipShift(pooled, cens, [u.tensors["class_counts"] for u in updates]) \
+            if shrink == "client" and distinct and pooled["cov"] is not None and dp.enabled and dp.noise_multiplier else None
         c = codes.detach().to(torch.float64)  # [m, code_dim]
         pinv = torch.linalg.pinv(c)  # [code_dim, m]
         w = None  # [P, code_dim] = Yᵀ C⁺ᵀ = Σ_i y_i ⊗ C⁺[:, i], accumulated one client at a time (flat in m)
         for i, (u, cen) in enumerate(zip(updates, cens)):
-            g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual)
+            g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual,
+                                clip_shift=None if shifts is None else shifts.relative(cen))
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
             r = min(f.shape[1], L)
@@ -505,8 +614,12 @@ def release_moments(updates, dp, weights, centring=None) -> dict:
 
 
 def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_rank: int | None = None, *,
-                    shrink: bool | str = True, centring=None, residual: str = DEFAULT_RESIDUAL) -> dict[str, torch.Tensor]:
+                    shrink: bool | str = True, centring=None, residual: str = DEFAULT_RESIDUAL,
+                    clip_shift: "torch.Tensor | None" = None) -> dict[str, torch.Tensor]:
     """Client ``update``'s own DP class-conditional Gaussian, unit-sphere units (float64).
+
+    ``clip_shift`` (``"client"`` shrinkage only): :meth:`ClipShift.relative` of the client's centring,
+    [K, D] float64, removed from its class means before they are compared with the pool's.
 
     ``pooled``: :func:`release_moments` of every client's release. ``shrink`` (``model.client_shrinkage``):
     ``"class"`` (or True) first shrinks the client's moments toward the pooled ones class by class
@@ -523,7 +636,7 @@ def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_ran
         raise ValidationError(f"model.client_shrinkage must be one of {sorted(SHRINKAGE)} (or true/false), got {shrink!r}")
     shrink = SHRINKAGE[mode] is not None
     if shrink:
-        mo = SHRINKAGE[mode](mo, pooled)
+        mo = SHRINKAGE[mode](mo, pooled, clip_shift) if mode == "client" else SHRINKAGE[mode](mo, pooled)
     factor, resid, _ = _gaussian(mo, max_rank, residual)
     out = {"class_means": mo["class_means"].to(torch.float64), "cov_factor": factor, "residual_var": resid}
     if shrink:
