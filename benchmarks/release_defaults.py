@@ -138,6 +138,23 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> 
     return float(np.mean(probe.predict(as_matrix(val).numpy()) == val.labels.numpy()))
 
 
+def data(name: str):
+    """The store and a partition maker of a dataset's job (the digits defaults, or its config file)."""
+    from fedhype.data.partition import make_partition
+    from fedhype.encoders.cache import cached_embed
+    from fedhype.pipeline.config import DEFAULTS, resolve
+
+    conf = resolve(CONFIGS[name], []) if CONFIGS[name] else DEFAULTS
+    d, p = conf["data"], conf["partition"]
+    # the earlier grids keep the encoder's default dtype they ran with; the scale grid's embeddings are
+    # its config's (dtype auto: the bfloat16 embeddings utility.py --dataset fashion-full caches)
+    store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
+                         image_size=d["image_size"] or None, progress=False,
+                         **({"dtype": d["dtype"]} if name == "fashion-full" else {}))
+    return store, lambda seed: make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
+                                              splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=seed)
+
+
 def label(overrides: dict) -> str:
     return ", ".join(f"{k} = {v}" for k, v in overrides.items()) or "defaults"
 
@@ -151,24 +168,6 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from fedhype.data.partition import make_partition
-    from fedhype.encoders.cache import cached_embed
-    from fedhype.pipeline.config import DEFAULTS
-
-    from fedhype.pipeline.config import resolve
-
-    def data(name: str):
-        """The store and a partition maker of a dataset's job (the digits defaults, or its config file)."""
-        conf = resolve(CONFIGS[name], []) if CONFIGS[name] else DEFAULTS
-        d, p = conf["data"], conf["partition"]
-        # the earlier grids keep the encoder's default dtype they ran with; the scale grid's embeddings are
-        # its config's (dtype auto: the bfloat16 embeddings utility.py --dataset fashion-full caches)
-        store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
-                             image_size=d["image_size"] or None, progress=False,
-                             **({"dtype": d["dtype"]} if name == "fashion-full" else {}))
-        return store, lambda seed: make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
-                                                  splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=seed)
-
     loaded: dict = {}
     t0 = time.perf_counter()
     log = ROOT / "runs" / "bench-release-defaults" / "rows.jsonl"

@@ -24,30 +24,17 @@ import datetime
 import json
 import platform
 import statistics as st
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml",
-           "fashion-full": ROOT / "configs" / "fashion-mnist-full.toml"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from release_defaults import CONFIGS, data  # noqa: E402  (the same jobs and partitions as the release grid)
+
 METHODS = (("dp-gaussian", "neutral"), ("fedhypevae", "mixture"))
 EPS = ("1", "4", "8", "none")
-
-
-def data(name: str):
-    """The store and a partition maker of a dataset's job (the digits defaults, or its config file)."""
-    from fedhype.data.partition import make_partition
-    from fedhype.encoders.cache import cached_embed
-    from fedhype.pipeline.config import DEFAULTS, resolve
-
-    conf = resolve(CONFIGS[name], []) if CONFIGS[name] else DEFAULTS
-    d, p = conf["data"], conf["partition"]
-    store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
-                         image_size=d["image_size"] or None, progress=False,
-                         **({"dtype": d["dtype"]} if name == "fashion-full" else {}))
-    return store, lambda seed: make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
-                                              splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=seed)
 
 
 def probe_accuracy(x, y, val, n_classes: int) -> float:
