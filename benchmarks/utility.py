@@ -63,8 +63,9 @@ DESCRIPTION = {"digits": "bundled digits domains (DINOv2-S/14 at 112 px, 4 natur
 CORE = ("fedhypevae", "dp-gaussian", "no-client-stats", "no-second-moment", "dp-cvae", "local-cvae", "central-cvae",
         "fedhypevae+secagg", "dp-gaussian+secagg")
 #: ``--methods scale`` (the realistic-scale grids): ours, the statistics floor and the strongest baseline without
-#: federation; the DP-SGD linear reference is in every row's references
-SCALE = ("fedhypevae", "dp-gaussian", "local-cvae")
+#: federation, and the first two with secure aggregation (one noise draw for the pooled releases instead of
+#: one per client); the DP-SGD linear reference is in every row's references
+SCALE = ("fedhypevae", "dp-gaussian", "local-cvae", "fedhypevae+secagg", "dp-gaussian+secagg")
 #: the scale set with 100 clients: ours and the statistics floor (``local-cvae`` would be 100 separate models
 #: of about 420 records each)
 SCALE_MANY = ("fedhypevae", "dp-gaussian")
@@ -270,7 +271,7 @@ def main() -> None:
     ap.add_argument("--config", default=None, help="any job config instead of --dataset")
     ap.add_argument("--methods", nargs="+", default=["all"],
                     help="methods of fedhype train --method, or all, or core (CORE: ours, dp-gaussian, no-second-moment "
-                         "and the baselines), or scale (ours, dp-gaussian, local-cvae; with --dataset fashion-full-100 "
+                         "and the baselines), or scale (ours, dp-gaussian, local-cvae and the first two +secagg; with --dataset fashion-full-100 "
                          "ours and dp-gaussian)")
     ap.add_argument("--epsilons", nargs="+", default=["1", "4", "8", "none"], help="target ε values; none = no DP")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
