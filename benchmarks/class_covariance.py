@@ -19,7 +19,11 @@ rows. Each row is the validation accuracy of a linear probe (``fedhype.eval.util
 on 300 samples per class from the Gaussians. Without DP the table adds the unlimited-rank
 covariances, 3,000 samples per class, and the real training records subsampled to the same sizes; every
 ε adds the sampler's choices for the shared covariance: where the variance the release cannot locate
-goes (``model.residual``: the default ``auto``, or ``isotropic``) and 3,000 samples per class.
+goes (``model.residual``: the default ``auto``, or ``isotropic``) and 3,000 samples per class. Under DP
+a last column splits the second moment's weight c in two halves at the same ε: the first releases M
+as now, the server takes the top 64 eigenvectors V of its within-class covariance, and the second
+releases VᵀMV (64 × 64 entries, so a noise edge √(D/64) lower; the unlocated variance spreads evenly
+outside V).
 
     .venv/bin/python benchmarks/class_covariance.py                       # digits, fashion, fashion-full; 3 seeds (~5 min)
     .venv/bin/python benchmarks/class_covariance.py --datasets fashion-full --seeds 0
@@ -45,6 +49,7 @@ from release_defaults import CONFIGS, data  # noqa: E402  (the same jobs and par
 
 EPS = ("1", "4", "8", "none")
 LATENT = 64
+PROJ = 64  # the two-stage rows' basis size
 KAPPA = 0.8  # the clip radius as a multiple of the spread (the release's default, docs/method.md decision 12)
 
 
@@ -85,10 +90,11 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
     radius = KAPPA * math.sqrt(float(((X - X.mean(0)) ** 2).sum(1).mean()))
     gen = torch.Generator().manual_seed(seed)
 
-    def sym_noise(std_entry: float) -> "torch.Tensor":
+    def sym_noise(std_entry: float, size: int | None = None) -> "torch.Tensor":
         # noise of m(M) (diagonal and √2 × upper off-diagonal entries) of std s: s on the diagonal, s/√2 off it
-        a = torch.triu(torch.randn(dim, dim, generator=gen, dtype=torch.float64) * std_entry / math.sqrt(2), 1)
-        return a + a.T + torch.diag(torch.randn(dim, generator=gen, dtype=torch.float64) * std_entry)
+        size = dim if size is None else size
+        a = torch.triu(torch.randn(size, size, generator=gen, dtype=torch.float64) * std_entry / math.sqrt(2), 1)
+        return a + a.T + torch.diag(torch.randn(size, generator=gen, dtype=torch.float64) * std_entry)
 
     def probe(mus, covs, n: int) -> float:
         g = torch.Generator().manual_seed(seed + 1)
@@ -115,6 +121,7 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
         sx_k = torch.zeros(K, dim, dtype=torch.float64)
         mx_k = torch.zeros(K, dim, dim, dtype=torch.float64)  # per-class blocks, each with its own noise
         mx_tot = torch.zeros(dim, dim, dtype=torch.float64)  # the released design: one matrix per client
+        kept = []  # per client: centre, noisy sum and count, noise-free Σ y yᵀ (for the two-stage rows)
         for i in range(n_clients):
             xi, yi = X[cl == i], Y[cl == i]
             ci = xi.mean(0)
@@ -130,6 +137,7 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
                 n_k[k] += n
                 sx_k[k] += n * ci + radius * sy
                 mx_k[k] += n * torch.outer(ci, ci) + radius * (torch.outer(ci, sy) + torch.outer(sy, ci)) + radius ** 2 * my
+            kept.append((ci, sy_tot, n_tot, m_tot))
             if sigma:
                 m_tot = m_tot + sym_noise(s_m)
             mx_tot += (n_tot * torch.outer(ci, ci) + radius * (torch.outer(ci, sy_tot) + torch.outer(sy_tot, ci))
@@ -159,6 +167,27 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
         row["shared_isotropic"] = probe(mus, [iso] * K, 300)
         row["shared_3000"] = probe(mus, [sh] * K, 3000)
         row["shared_isotropic_3000"] = probe(mus, [iso] * K, 3000)
+        if sigma:
+            # two stages at the same ε: the second moment's weight c split c₁² = c₂² = c²/2 (joint sensitivity
+            # still 1); stage 1 releases M as now (√2 × the noise) and its top PROJ eigenvectors V become the
+            # basis in which stage 2 releases VᵀMV (PROJ × PROJ entries: a noise edge √(D/PROJ) lower)
+            s1 = s_m * math.sqrt(2)
+
+            def moment(ci, sy, n, m):
+                return n * torch.outer(ci, ci) + radius * (torch.outer(ci, sy) + torch.outer(sy, ci)) + radius ** 2 * m
+
+            w1 = (sum(moment(ci, sy, n, m + sym_noise(s1)) for ci, sy, n, m in kept) - between) / total
+            v1 = 2 * v_shared
+            basis = torch.linalg.eigh((w1 + w1.T) / 2)[1].flip(1)[:, :PROJ]
+            proj = sum(basis.T @ (moment(ci, sy, n, 0 * m) + radius ** 2 * m) @ basis
+                       + radius ** 2 * sym_noise(s1, PROJ) for ci, sy, n, m in kept)
+            w2 = (proj - basis.T @ between @ basis) / total
+            fac, res, r2 = covariance_estimate(w2, max(float(torch.trace(w2)), 1e-6), v1, max_rank=PROJ)
+            inside = basis @ (fac @ fac.T + float(res) * torch.eye(PROJ, dtype=torch.float64)) @ basis.T
+            outside = max(float(torch.trace(w1)) - float(torch.trace(inside)), 0.0) / (dim - PROJ)
+            two = inside + outside * (torch.eye(dim, dtype=torch.float64) - basis @ basis.T)
+            row["two_stage"] = probe(mus, [full_rank(two)] * K, 300)
+            row["rank_two_stage"] = r2
         pcs = [est(per_class[k], v_k[k]) for k in range(K)]
         row["per_class"] = probe(mus, [p[0] for p in pcs], 300)
         row["rank_per_class"] = st.fmean(p[1] for p in pcs)
@@ -182,7 +211,8 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
 
 COLUMNS = (("shared", "shared (the release)"), ("per_class", "per-class blocks"),
            ("per_class_half", "per-class blocks, ½ toward their pool"), ("shared_isotropic", "shared, isotropic residual"),
-           ("shared_3000", "shared, 3,000/class"), ("shared_isotropic_3000", "shared, isotropic residual, 3,000/class"))
+           ("shared_3000", "shared, 3,000/class"), ("shared_isotropic_3000", "shared, isotropic residual, 3,000/class"),
+           ("two_stage", f"two stages: basis, then the {PROJ}-dim projection"))
 NO_DP = (("shared_full_rank", "shared, full rank"), ("per_class_full_rank", "per-class, full rank"),
          ("shared_full_rank_3000", "shared, full rank, 3,000/class"),
          ("per_class_full_rank_3000", "per-class, full rank, 3,000/class"),
