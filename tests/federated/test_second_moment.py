@@ -147,21 +147,27 @@ def test_covariance_estimate_keeps_only_spikes_above_the_noise_edge():
     np.testing.assert_allclose(top.numpy(), torch.linalg.eigvalsh(cov).flip(0)[:3].numpy(), rtol=0.1)
 
 
+def _six_spikes(seed: int, d: int, *, bulk: float, noise_var: float, n: int = 4000):
+    """Six spikes (0.05 … 0.002) in random directions ``u`` [d, 6] over an isotropic ``bulk``, n samples:
+    returns ``u``, the spikes, the sample covariance, its trace, and that covariance plus symmetric
+    Gaussian noise of variance ``noise_var`` per off-diagonal entry (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.linalg.qr(torch.randn(d, 6, generator=g, dtype=torch.float64))[0]
+    spikes = torch.tensor([0.05, 0.02, 0.01, 0.004, 0.003, 0.002], dtype=torch.float64)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64) * spikes.sqrt() @ u.T \
+        + torch.randn(n, d, generator=g, dtype=torch.float64) * math.sqrt(bulk)
+    cov = x.T @ x / n
+    e = torch.triu(torch.randn(d, d, generator=g, dtype=torch.float64)) * math.sqrt(noise_var)
+    return u, spikes, cov, float(torch.trace(cov)), cov + e + e.T - torch.diag(e.diagonal())
+
+
 def test_unlocated_variance_goes_into_the_free_latent_directions_and_the_trace_is_kept():
     """``residual="latent"``: the variance left after the located spikes fills the model's free latent columns
     along the next eigenvectors of the noisy matrix (each at most its eigenvalue), the trace is kept, and the
     spikes are those of the isotropic rule; without noise both rules give the same rank-L PPCA."""
-    g = torch.Generator().manual_seed(0)
-    d, n, L = 100, 4000, 16
-    u = torch.linalg.qr(torch.randn(d, 6, generator=g, dtype=torch.float64))[0]
-    spikes = torch.tensor([0.05, 0.02, 0.01, 0.004, 0.003, 0.002], dtype=torch.float64)
-    x = torch.randn(n, 6, generator=g, dtype=torch.float64) * spikes.sqrt() @ u.T \
-        + torch.randn(n, d, generator=g, dtype=torch.float64) * math.sqrt(1e-4)
-    cov = x.T @ x / n
-    tr = float(torch.trace(cov))
+    d, L = 100, 16
     v = (4e-4) ** 2  # edge 0.008: three spikes located, three below the edge
-    e = torch.triu(torch.randn(d, d, generator=g, dtype=torch.float64)) * math.sqrt(v)
-    noisy = cov + e + e.T - torch.diag(e.diagonal())
+    u, spikes, cov, tr, noisy = _six_spikes(0, d, bulk=1e-4, noise_var=v)
     fi, ri, rank_i = covariance_estimate(noisy, tr, v, max_rank=L, residual="isotropic")
     fl, rl, rank_l = covariance_estimate(noisy, tr, v, max_rank=L, residual="latent")
     assert rank_i == rank_l == 3 and fi.shape[1] == 3 and fl.shape[1] == L
@@ -283,17 +289,9 @@ def test_auto_residual_is_located_once_the_release_resolves_half_the_latent_dire
     """``residual="auto"`` under DP noise: ``"latent"`` while the release resolves fewer than half the latent
     directions (the test above: 3 of 16), ``"located"`` from half on (here 6 of 8 under small noise): the
     trace is kept and the D − L tail's variance moves into the located spikes."""
-    g = torch.Generator().manual_seed(1)
-    d, n = 100, 4000
-    u = torch.linalg.qr(torch.randn(d, 6, generator=g, dtype=torch.float64))[0]
-    spikes = torch.tensor([0.05, 0.02, 0.01, 0.004, 0.003, 0.002], dtype=torch.float64)
-    x = torch.randn(n, 6, generator=g, dtype=torch.float64) * spikes.sqrt() @ u.T \
-        + torch.randn(n, d, generator=g, dtype=torch.float64) * math.sqrt(1e-6)
-    cov = x.T @ x / n
-    tr = float(torch.trace(cov))
+    d = 100
     v = (1e-5) ** 2  # edge 2e-4: the six spikes (≥ 2e-3) are resolved, the isotropic 1e-6 bulk is not
-    e = torch.triu(torch.randn(d, d, generator=g, dtype=torch.float64)) * math.sqrt(v)
-    noisy = cov + e + e.T - torch.diag(e.diagonal())
+    u, spikes, cov, tr, noisy = _six_spikes(1, d, bulk=1e-6, noise_var=v)
     full = lambda f, r: f @ f.T + float(r) * torch.eye(d, dtype=torch.float64)
     for L, rule in ((8, "located"), (12, "located"), (13, "latent"), (16, "latent")):  # 6 resolved: ≥ L/2 iff L ≤ 12
         fa, ra, rank = covariance_estimate(noisy, tr, v, max_rank=L, residual="auto")
