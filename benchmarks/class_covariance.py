@@ -112,6 +112,10 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
         lam, vec = torch.linalg.eigh((cov + cov.T) / 2)
         return vec * lam.clamp_min(0).sqrt(), torch.tensor(0.0, dtype=torch.float64)
 
+    def moment(ci, sy, n, m):
+        # Σ x xᵀ of records x = c + R·y from the statistics of y (fedhype.federated.class_stats._unit_sphere's map)
+        return n * torch.outer(ci, ci) + radius * (torch.outer(ci, sy) + torch.outer(sy, ci)) + radius ** 2 * m
+
     rows = []
     sizes = [int((cl == i).sum()) for i in range(n_clients)]
     for eps in eps_list:
@@ -136,12 +140,11 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
                 sy_tot, n_tot = sy_tot + sy, n_tot + n
                 n_k[k] += n
                 sx_k[k] += n * ci + radius * sy
-                mx_k[k] += n * torch.outer(ci, ci) + radius * (torch.outer(ci, sy) + torch.outer(sy, ci)) + radius ** 2 * my
+                mx_k[k] += moment(ci, sy, n, my)
             kept.append((ci, sy_tot, n_tot, m_tot))
             if sigma:
                 m_tot = m_tot + sym_noise(s_m)
-            mx_tot += (n_tot * torch.outer(ci, ci) + radius * (torch.outer(ci, sy_tot) + torch.outer(sy_tot, ci))
-                       + radius ** 2 * m_tot)
+            mx_tot += moment(ci, sy_tot, n_tot, m_tot)
         n_k = n_k.clamp_min(1.0)
         mus = sx_k / n_k[:, None]
         total = float(n_k.sum())
@@ -173,13 +176,10 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
             # basis in which stage 2 releases VᵀMV (PROJ × PROJ entries: a noise edge √(D/PROJ) lower)
             s1 = s_m * math.sqrt(2)
 
-            def moment(ci, sy, n, m):
-                return n * torch.outer(ci, ci) + radius * (torch.outer(ci, sy) + torch.outer(sy, ci)) + radius ** 2 * m
-
             w1 = (sum(moment(ci, sy, n, m + sym_noise(s1)) for ci, sy, n, m in kept) - between) / total
             v1 = 2 * v_shared
             basis = torch.linalg.eigh((w1 + w1.T) / 2)[1].flip(1)[:, :PROJ]
-            proj = sum(basis.T @ (moment(ci, sy, n, 0 * m) + radius ** 2 * m) @ basis
+            proj = sum(basis.T @ moment(ci, sy, n, m) @ basis
                        + radius ** 2 * sym_noise(s1, PROJ) for ci, sy, n, m in kept)
             w2 = (proj - basis.T @ between @ basis) / total
             fac, res, r2 = covariance_estimate(w2, max(float(torch.trace(w2)), 1e-6), v1, max_rank=PROJ)
