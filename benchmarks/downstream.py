@@ -4,7 +4,7 @@ One command, both datasets: the bundled digits job (4 natural-domain clients, th
 and ``configs/fashion-mnist.toml`` (10,000 images, 10 Dirichlet α = 0.3 clients, which lack classes),
 at ε = 1, 4, 8 and without DP, 3 seeds (partition seed = train seed = synthesis seed = seed). Each
 (dataset, ε, seed) trains once with the job defaults (method ``fedhypevae``, synthesis code
-``mixture``, 300 per class) through the library (:func:`fedhype.federated.engine.train` and
+``mixture``, 300 per class under DP and 3,000 without: ``synthesis.per_class = "auto"``) through the library (:func:`fedhype.federated.engine.train` and
 :func:`fedhype.synthesis.synthesize`; embeddings float32 from the cache), then runs every
 downstream row on that synthetic store:
 
@@ -328,7 +328,7 @@ def main() -> None:
               f"`benchmarks/downstream.py`{'' if full else ' ' + ' '.join(sys.argv[1:])}; {len(rows)} trained models, "
               f"{sum(r['seconds']['total'] for r in rows) / 60:.0f} min for them in all (training and every row; "
               f"recorded in {log.relative_to(ROOT) if log.is_relative_to(ROOT) else log}); job defaults (fedhypevae, code mixture, "
-              "300 synthetic per class); partition seed = train seed = seed; choices on validation splits, figures on "
+              "300 synthetic per class under DP, 3,000 without); partition seed = train seed = seed; choices on validation splits, figures on "
               "held-out test splits (not DP: for the data holder)_")
     md = markdown(rows, header)
     results.mkdir(parents=True, exist_ok=True)

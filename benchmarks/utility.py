@@ -361,7 +361,8 @@ def main() -> None:
             + (f"methods: the core set ({', '.join(CORE)}; the other ablations are in the digits grid); "
                if a.methods == ["core"] else "")
             + (f"methods: the scale set ({', '.join(scale_set(dataset))}); " if a.methods == ["scale"] else "") +
-            f"synthetic = 300 per class (code `mixture` for {', '.join(m for m in methods if code_for(m) == 'mixture')}; "
+            f"synthetic = 300 per class under DP, 3,000 without (the job's `synthesis.per_class = auto`, with `model.latent = "
+            f"auto`: L = 64 under DP, L = D without; code `mixture` for {', '.join(m for m in methods if code_for(m) == 'mixture')}; "
             f"`neutral` for the others), tested on the held-out real test split_")
     md = (head + "\n\nTSTR accuracy (a classifier trained on the synthetic embeddings only, tested on real ones; "
           "higher is better):\n\n" + matrix(rows, methods, "tstr_accuracy", True)

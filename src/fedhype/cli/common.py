@@ -199,6 +199,23 @@ def config_default(section: str, key: str) -> Callable[[], Any]:
     return factory
 
 
+def auto_or_count(value: Any) -> Any:
+    """Typer callback of an option taking ``auto`` or an integer ≥ 1 (``--latent``): the value as ``"auto"`` or int.
+
+    Raises:
+        typer.BadParameter: anything else (exit 2, the option named by Typer).
+    """
+    if value is None or value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    try:
+        n = int(str(value))
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise typer.BadParameter(f"must be auto or an integer ≥ 1, got {value!r}")
+    return n
+
+
 def config_option(section: str, key: str, *flags: str, help: str, **kwargs: Any) -> Any:
     """A Typer option whose default is the configuration's ``section.key`` (:func:`config_default`)."""
     return typer.Option(..., *flags, default_factory=config_default(section, key), help=help, **kwargs)

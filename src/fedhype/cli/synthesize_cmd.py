@@ -66,8 +66,9 @@ def check_size(total: int, dim: int, flag: str) -> None:
             f"of memory; {avail / 2**30:.1f} GiB is available: draw fewer, or several stores with different --seed")
 
 
-def _counts(per_class: Optional[int], n: Optional[int]) -> tuple[Optional[int], Optional[int]]:
-    """``(per_class, n)`` to draw, checked: exactly one is set (``per_class`` by default).
+def _counts(per_class: Optional[int], n: Optional[int]) -> tuple[Optional[int | str], Optional[int]]:
+    """``(per_class, n)`` to draw, checked: exactly one is set (``per_class`` by default: the job's
+    ``synthesis.per_class``, ``"auto"``, resolved from the model by :func:`fedhype.synthesis.auto_per_class`).
 
     Raises:
         ValidationError: both given, or a count below 1 (the message says what to give instead).
@@ -79,7 +80,7 @@ def _counts(per_class: Optional[int], n: Optional[int]) -> tuple[Optional[int], 
                               "--label-weights), not both")
     if per_class is not None and per_class < 1:
         raise ValidationError(f"--per-class must be ≥ 1 (synthetic embeddings drawn for every class), got {per_class}; "
-                              f"e.g. --per-class {DEFAULT_PER_CLASS}, or --n N for a total over all classes")
+                              "e.g. --per-class 300, or --n N for a total over all classes")
     if n is not None and n < 1:
         raise ValidationError(f"--n must be ≥ 1 (the total number of synthetic embeddings), got {n}; e.g. --n 1000, "
                               "or --per-class N for N of every class")
@@ -128,8 +129,8 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a synthetic "
                                        "store (a real embeddings store, partition or any other file is never replaced)."),
         code: str = typer.Option(DEFAULT_CODE, "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture (all clients ∝ size) | mixture:<id>=<w>,..."),
-        per_class: Optional[int] = typer.Option(None, "--per-class", help=f"Samples per class (≥ 1; {DEFAULT_PER_CLASS} "
-                                                "when neither --per-class nor --n is given)."),
+        per_class: Optional[int] = typer.Option(None, "--per-class", help="Samples per class (≥ 1; when neither --per-class "
+                                                "nor --n is given: 300 from a DP model, 3000 from one trained with --no-dp)."),
         n: Optional[int] = typer.Option(None, "--n", help="Total samples (split by --label-weights; uniform by default)."),
         label_weights: Optional[str] = typer.Option(None, "--label-weights", help="Comma-separated class weights for --n."),
         temperature: float = typer.Option(1.0, "--temperature", help="Scale of the prior's std, > 0 (1 = model distribution)."),
@@ -165,7 +166,11 @@ def register(app: typer.Typer) -> None:
                                       "or its first round has not finished; give the run directory (or the model file)")
             from fedhype.federated.rundir import load_model
 
-            hnet, _, _ = load_model(src / "model.safetensors" if src.is_dir() else src)
+            hnet, _, meta = load_model(src / "model.safetensors" if src.is_dir() else src)
+            if k == "auto":
+                from fedhype.synthesis import auto_per_class
+
+                k = auto_per_class(meta)
             n_classes = hnet.cfg.n_classes
             check_size(total if total is not None else k * n_classes, hnet.cfg.dim,
                        f"--n {total}" if total is not None else f"--per-class {k} × {n_classes} classes")

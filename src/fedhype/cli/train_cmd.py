@@ -17,8 +17,8 @@ from rich.console import Console
 from fedhype.cli.choices import choice
 from fedhype.federated.config import METHOD_REGISTRY, METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
-from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_dir, check_out_kind, config_default, config_option,
-                                console, existing, kv_table, log_line, round_printer, run_command)
+from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, check_out_dir, check_out_kind, config_default,
+                                config_option, console, existing, kv_table, log_line, round_printer, run_command)
 from fedhype.errors import MinRecordsError, ValidationError
 
 if TYPE_CHECKING:
@@ -191,7 +191,9 @@ def register(app: typer.Typer) -> None:
                                      "is the partition-time minimum)."),
         hidden: Optional[int] = _opt("hidden", "--hidden", section="model",
                                      help="Width of the CVAE's hidden layers (model size)."),
-        latent: Optional[int] = _opt("latent", "--latent", section="model", help="Latent dimension L of z (model size)."),
+        latent: Optional[str] = _opt("latent", "--latent", section="model", callback=auto_or_count, metavar="auto|INTEGER",
+                                     help="Latent dimension L of z (model size; auto: 64 with DP, the embedding "
+                                          "dimension D without DP)."),
         method: str = _opt("method", "--method", help=_METHOD_HELP, click_type=choice(METHODS)),
         seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run: the noise is seeded too (recorded as noise_seeded: true; whoever knows the seed can remove it)."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from fedhype.errors import ValidationError
-from fedhype.models.config import ModelConfig
+from fedhype.models.config import ModelConfig, resolve_latent
 from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS, DEFAULT_RELEASE_CENTRE, RELEASE_CENTRES
 
 #: How a method's clients train together (:attr:`Method.federation`): ``"federated"`` one server
@@ -331,9 +331,12 @@ class TrainConfig:
         """The model of this run: the method's preset, then the user's ``model`` overrides.
 
         With ``secure_aggregation`` the server sees no client's own release, so the client-statistics
-        heads are off (``client_stats = False``)."""
+        heads are off (``client_stats = False``). ``latent = "auto"`` is resolved here
+        (:func:`fedhype.models.config.resolve_latent`: 64 with DP, ``dim`` without)."""
         extra = {"client_stats": False} if self.secure_aggregation else {}
-        return ModelConfig(dim=dim, n_classes=n_classes, **{**self.method_spec.preset, **self.model, **extra})
+        kw = {**self.method_spec.preset, **self.model, **extra}
+        kw["latent"] = resolve_latent(kw.get("latent", "auto"), dim, private=not self.no_dp)
+        return ModelConfig(dim=dim, n_classes=n_classes, **kw)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -21,6 +21,29 @@ DEFAULT_RESIDUAL = "auto"
 #: the fraction r / L of resolved latent directions from which ``"auto"`` puts the unlocated variance on
 #: the located ones: measured r ≤ 14 of 64 where ``"latent"`` was better, r ≥ 35 where ``"located"`` was
 AUTO_LOCATED_FRACTION = 0.5
+#: ``ModelConfig.latent = "auto"`` under DP: L = 64 bounds the rank of the decoder's linear-Gaussian path to
+#: the directions a DP release can resolve (digits validation split: benchmarks/results/release_defaults.md,
+#: "no DP: lr_local, latent"; the release resolves 3–55 directions at ε = 1–8: class_covariance.md)
+DP_LATENT = 64
+
+
+def resolve_latent(latent: int | str, dim: int, private: bool) -> int:
+    """The latent size L of ``model.latent``: an integer as given; ``"auto"`` = :data:`DP_LATENT` for a run
+    with DP, ``dim`` (D: a full-rank linear-Gaussian path) without DP.
+
+    Without DP the full-rank model with 3,000 synthetic embeddings per class (``synthesis.per_class =
+    "auto"``) scores validation TSTR 0.884 / 0.839 against 0.864 / 0.814 at L = 64 with 300 per class
+    (digits / Fashion-MNIST, ours, 3 seeds: benchmarks/results/no_dp_rank.md); under DP the release
+    resolves too few directions for more than 64 (benchmarks/results/class_covariance.md).
+
+    Raises:
+        ValidationError: ``latent`` is neither ``"auto"`` nor an integer ≥ 1.
+    """
+    if latent == "auto":
+        return DP_LATENT if private else int(dim)
+    if isinstance(latent, bool) or not isinstance(latent, int) or latent < 1:
+        raise ValidationError(f"model.latent must be \"auto\" or an integer ≥ 1, got {latent!r}")
+    return latent
 
 
 @dataclass
@@ -30,14 +53,16 @@ class ModelConfig:
     The field defaults are the shipped job's model (``fedhype run``, ``fedhype train``: the job's
     ``[model]`` section is read from here). The sizes differ from the predecessor DP-CVAE's (Di Salvo
     et al. 2025: 3 hidden layers of width 256, latent 100): width 128, whose DP-SGD gradients the noise
-    swamps less at ε = 1, and latent 64, which bounds the rank of the decoder's linear-Gaussian path
-    (chosen on the digits validation split: benchmarks/results/release_defaults.md, "no DP: lr_local,
-    latent"). β = 0.1 and the rest follow the predecessor where FedHypeVAE (Gupta & Sethi 2026) is silent.
+    swamps less at ε = 1, and latent 64 under DP, which bounds the rank of the decoder's linear-Gaussian
+    path (chosen on the digits validation split: benchmarks/results/release_defaults.md, "no DP: lr_local,
+    latent"), D without DP (``latent = "auto"``: :func:`resolve_latent`). β = 0.1 and the rest follow the predecessor where FedHypeVAE (Gupta & Sethi 2026) is silent.
 
     Attributes:
         dim: D, embedding dimension.
         n_classes: K.
-        latent: latent dimension L of z.
+        latent: latent dimension L of z; ``"auto"`` (the job's default) is resolved by
+            :func:`resolve_latent` where the run's privacy is known (:meth:`fedhype.federated.config.TrainConfig.model_config`:
+            64 with DP, D without); a ModelConfig built directly resolves it to :data:`DP_LATENT`.
         hidden: width of the CVAE's hidden layers (encoder and decoder: 3 each).
         code_dim: dimension of each client code c_i.
         hyper_hidden: width of the hypernetwork trunk (2 layers).
@@ -95,7 +120,7 @@ class ModelConfig:
 
     dim: int
     n_classes: int
-    latent: int = 64
+    latent: int | str = "auto"
     hidden: int = 128
     code_dim: int = 32
     hyper_hidden: int = 128
@@ -124,6 +149,7 @@ class ModelConfig:
         return bool(self.client_stats and self.linear_path)
 
     def __post_init__(self) -> None:
+        self.latent = resolve_latent(self.latent, self.dim, private=True)
         for name in ("dim", "n_classes", "latent", "hidden", "code_dim", "hyper_hidden"):
             if int(getattr(self, name)) < 1:
                 raise ValidationError(f"model.{name} must be ≥ 1, got {getattr(self, name)}")

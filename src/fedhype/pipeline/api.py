@@ -234,12 +234,14 @@ class FedHypeVAE:
         return self.run_dir_
 
     # ------------------------------------------------------------------ synthesis
-    def sample(self, per_class: int | None = None, *, n: int | None = None, code: str | None = None,
+    def sample(self, per_class: int | str | None = None, *, n: int | None = None, code: str | None = None,
                seed: int | None = None, temperature: float | None = None) -> EmbeddingStore:
         """Synthetic embeddings (post-processing of the DP model: no further privacy cost).
 
         Args:
-            per_class: this many of each class (default 300 when ``n`` is not given either).
+            per_class: this many of each class, or ``"auto"`` (when ``n`` is not given either: the
+                configuration's ``[synthesis] per_class``, ``"auto"`` by default = 300 from a DP model,
+                3,000 from one trained without DP; :func:`fedhype.synthesis.auto_per_class`).
             n: this many in all, classes in proportion to the DP class counts.
             code: ``mixture`` (default: every client's model in proportion to its size), ``neutral``
                 (the domain-neutral meta-code), ``client:<id>``, ``mix:<id>=<w>,…``

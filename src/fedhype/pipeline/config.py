@@ -27,6 +27,8 @@ JOB_TRAIN_KEYS = ("rounds", "local_epochs", "batch_size", "participation", "lr_l
                   "seed", "method")
 #: the ``[model]`` keys a job configuration lists (any other :class:`ModelConfig` field may be set too)
 JOB_MODEL_KEYS = ("hidden", "latent")
+#: keys that take ``"auto"`` or an integer ≥ 1
+AUTO_OR_COUNT = {("model", "latent"), ("synthesis", "per_class")}
 
 
 def field_defaults(cls: type) -> dict[str, Any]:
@@ -50,7 +52,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # train and model: the dataclasses' own defaults (TrainConfig and ModelConfig say why each was chosen)
     "train": {k: _TRAIN_DEFAULTS[k] for k in JOB_TRAIN_KEYS},
     "model": {k: _MODEL_DEFAULTS[k] for k in JOB_MODEL_KEYS},
-    "synthesis": {"code": "mixture", "per_class": 300, "seed": 0, "temperature": 1.0},
+    # per_class "auto": 300 from a DP model, 3,000 from one trained without DP (fedhype.synthesis.auto_per_class)
+    "synthesis": {"code": "mixture", "per_class": "auto", "seed": 0, "temperature": 1.0},
     # downstream: the per-client table of fedhype.eval.client_downstream (local-only, synthetic-only, local +
     # synthetic, λ-interpolation on each client's test split and their union); the prototype-anchor rows of
     # fedhype.prototypes.anchored train a network per client and are left to benchmarks/downstream.py
@@ -193,6 +196,12 @@ def _set(conf: dict, section: str, key: str, value: Any, where: str) -> None:
     if key not in allowed:
         raise ValidationError(f"{where}: unknown key {section}.{key}; known: {sorted(allowed)}")
     default = DEFAULTS.get(section, {}).get(key)
+    if (section, key) in AUTO_OR_COUNT:
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1
+                                or (isinstance(value, float) and not value.is_integer())):
+            raise ValidationError(f"{where}: {section}.{key} must be \"auto\" or an integer ≥ 1, got {value!r}")
+        conf[section][key] = value if value == "auto" else int(value)
+        return
     # a number or switch must stay one (a typo like rounds=abc would otherwise fail much later)
     if isinstance(default, bool) and not isinstance(value, bool):
         raise ValidationError(f"{where}: {section}.{key} must be true or false, got {value!r}")

@@ -51,7 +51,20 @@ def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None 
     return labels[torch.randperm(labels.numel(), generator=generator)]
 
 
-def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | None = None, n: int | None = None,
+#: ``per_class = "auto"``: samples per class from a model trained with DP / without DP. A DP model
+#: (latent 64) gains nothing from more than 300 (benchmarks/results/synthetic_size.md); the full-rank
+#: model trained without DP (``model.latent = "auto"``) needs more to show its covariance to a linear
+#: probe: validation TSTR 0.884 / 0.839 at 3,000 against 0.850 / 0.799 at 300 (digits / Fashion-MNIST,
+#: ours, 3 seeds; benchmarks/results/no_dp_rank.md)
+AUTO_PER_CLASS = {"dp": 300, "no_dp": 3000}
+
+
+def auto_per_class(meta: dict) -> int:
+    """Samples per class for ``per_class = "auto"``: :data:`AUTO_PER_CLASS` by the run's ``private`` flag."""
+    return AUTO_PER_CLASS["dp" if meta.get("private", True) else "no_dp"]
+
+
+def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str | None = None, n: int | None = None,
                label_weights: list[float] | None = None, seed: int | None = None, batch_size: int = 8192,
                temperature: float = 1.0, device: str = "cpu") -> EmbeddingStore:
     """Synthetic embeddings from a run's model.
@@ -59,7 +72,8 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
     Args:
         model: run directory or its ``model.safetensors``.
         code: code spec (see :mod:`fedhype.synthesis.codes`).
-        per_class / n / label_weights: how many of each class (see :func:`class_labels`).
+        per_class / n / label_weights: how many of each class (see :func:`class_labels`);
+            ``per_class = "auto"``: :func:`auto_per_class` (300 from a DP model, 3,000 without DP).
         seed: sampling seed (None = OS entropy); sampling randomness is not a privacy parameter.
         batch_size: decoder batch size.
         temperature: scale of the prior's standard deviation (1 = the model's distribution).
@@ -81,6 +95,8 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | Non
                               "--code mixture (all clients in proportion to their public sizes), "
                               "mixture:<id>=<w>,... or client:<id>")
     # the one generator rule (OS entropy unless seeded); the seed drawn is kept in the provenance
+    if per_class == "auto":
+        per_class = auto_per_class(meta)
     seed_used = seed if seed is not None else entropy_seed(62)
     gen = noise_generator(seed_used)
     labels = class_labels(cfg.n_classes, per_class=per_class, n=n, label_weights=label_weights, generator=gen)
