@@ -4,7 +4,7 @@ One command, both datasets: the bundled digits job (4 natural-domain clients, th
 and ``configs/fashion-mnist.toml`` (10,000 images, 10 Dirichlet α = 0.3 clients, which lack classes),
 at ε = 1, 4, 8 and without DP, 3 seeds (partition seed = train seed = synthesis seed = seed). Each
 (dataset, ε, seed) trains once with the job defaults (method ``fedhypevae``, synthesis code
-``mixture``, 300 per class under DP and 3,000 without: ``synthesis.per_class = "auto"``) through the library (:func:`fedhype.federated.engine.train` and
+``mixture``; 300 synthetic per class at every ε, :data:`PER_CLASS`, where the job draws 3,000 without DP) through the library (:func:`fedhype.federated.engine.train` and
 :func:`fedhype.synthesis.synthesize`; embeddings float32 from the cache), then runs every
 downstream row on that synthetic store:
 
@@ -51,8 +51,17 @@ DESCRIPTION = {"digits": "bundled digits domains, 4 natural-domain clients",
                "fashion": "configs/fashion-mnist.toml, 10,000 images, 10 Dirichlet α = 0.3 clients"}
 EPSILONS = ("1", "4", "8", "none")
 SEEDS = (0, 1, 2)
+#: synthetic embeddings per class in the store each client receives, at every ε: the DP job default (the no-DP
+#: default, 3,000 from the full-rank model, would make each no-DP row's networks train on 10× the records:
+#: over 20 min a row on this machine)
+PER_CLASS = 300
 PROBE_ROWS = {"local_only": "local-only", "synthetic_only": "synthetic-only", "local_synthetic": "local + synthetic",
               "interpolation": "λ-interpolation"}
+
+
+def missing_label(dataset: str, eps: str) -> str:
+    """How the header names a (dataset, ε) cell left out of the tables (``--recorded-only``)."""
+    return f"{dataset} {'no DP' if eps == 'none' else f'ε = {eps}'}"
 
 
 def key(dataset: str, eps: str, seed: int) -> str:
@@ -93,7 +102,7 @@ def run_row(dataset: str, store, eps: str, seed: int) -> dict:
                           splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=p["seed"])
     with tempfile.TemporaryDirectory() as tmp:
         trained = train(store, part, train_config(conf), Path(tmp) / "run", diagnostics=False)
-        syn = synthesize(Path(tmp) / "run", s["code"], per_class=s["per_class"], seed=s["seed"],
+        syn = synthesize(Path(tmp) / "run", s["code"], per_class=PER_CLASS, seed=s["seed"],
                          temperature=s["temperature"])
     t_train = time.perf_counter() - t0
     clients = {c.name: ClientSplits(*(part.client_store(store, c.id, sp) for sp in ("train", "val", "test")))
@@ -278,6 +287,8 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench-downstream"), help="folder of rows.jsonl")
     ap.add_argument("--fresh", action="store_true", help="ignore the rows recorded in <out>/rows.jsonl")
+    ap.add_argument("--recorded-only", action="store_true", help="train nothing: tabulate the rows already in "
+                    "<out>/rows.jsonl (a missing cell is left out of the tables, and the header says how many rows)")
     ap.add_argument("--readme", action="store_true", help="replace the downstream block of README.md (full grid only)")
     ap.add_argument("--results", default=None, help="folder for downstream.json / .md (default benchmarks/results for "
                     "the full grid, <out>/results for a slice)")
@@ -309,7 +320,7 @@ def main() -> None:
     t0, ran = time.perf_counter(), 0
     for dataset in a.datasets:
         todo = [(e, s) for e in a.epsilons for s in a.seeds if key(dataset, e, s) not in done]
-        if not todo:
+        if not todo or a.recorded_only:
             continue
         store, _ = load_data(dataset)
         for e, s in todo:
@@ -324,12 +335,16 @@ def main() -> None:
                   f"{m['local_only']['own']:.3f} → {m['local_synthetic']['own']:.3f} ({r['seconds']['total']:.0f} s)",
                   flush=True)
     rows = [compact(done[key(d, e, s)]) for d in a.datasets for e in a.epsilons for s in a.seeds if key(d, e, s) in done]
+    missing = [missing_label(d, e) for d in a.datasets for e in a.epsilons
+               if not all(key(d, e, s) in done for s in a.seeds)]
     header = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU ({os.cpu_count()} cores, 1 thread); "
               f"`benchmarks/downstream.py`{'' if full else ' ' + ' '.join(sys.argv[1:])}; {len(rows)} trained models, "
               f"{sum(r['seconds']['total'] for r in rows) / 60:.0f} min for them in all (training and every row; "
               f"recorded in {log.relative_to(ROOT) if log.is_relative_to(ROOT) else log}); job defaults (fedhypevae, code mixture, "
-              "300 synthetic per class under DP, 3,000 without); partition seed = train seed = seed; choices on validation splits, figures on "
-              "held-out test splits (not DP: for the data holder)_")
+              "300 synthetic per class at every ε, the no-DP model full rank); partition seed = train seed = seed; choices on validation splits, figures on "
+              "held-out test splits (not DP: for the data holder)"
+              + (f"; **not in these tables** (not run since the method last changed): {', '.join(missing)}" if missing else "")
+              + "_")
     md = markdown(rows, header)
     results.mkdir(parents=True, exist_ok=True)
     (results / "downstream.json").write_text(json.dumps({"header": header, "rows": rows}) + "\n")

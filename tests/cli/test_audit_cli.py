@@ -186,7 +186,8 @@ def test_white_box_audit_without_a_run_replays_the_model_train_builds():
     from fedhype.pipeline.config import DEFAULTS
 
     cfg = job_model(384, 10)
-    assert (cfg.hidden, cfg.latent) == (DEFAULTS["model"]["hidden"], DEFAULTS["model"]["latent"]) == (128, 64)
+    # the white-box audit replays a DP run: the job's latent "auto" is 64 there
+    assert (cfg.hidden, cfg.latent) == (DEFAULTS["model"]["hidden"], 64) and DEFAULTS["model"]["latent"] == "auto"
     assert cfg == TrainConfig(model=dict(DEFAULTS["model"])).model_config(384, 10)
     assert (ModelConfig(dim=384, n_classes=10).hidden, ModelConfig(dim=384, n_classes=10).latent) == (128, 64)
     built, theta = default_model(384, 10, 0, cfg=cfg)
