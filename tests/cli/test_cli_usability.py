@@ -184,6 +184,8 @@ def test_wrong_kind_of_path_and_corrupt_files(files, tmp_path):
 @pytest.mark.parametrize("args, needles", [
     (["--n", "0"], ["--n must be ≥ 1", "--per-class N"]),
     (["--per-class", "0"], ["--per-class must be ≥ 1", "--n N"]),
+    (["--per-class", "abc"], ["'--per-class'", "must be auto or an integer ≥ 1"]),
+    (["--per-class", "2.5"], ["'--per-class'", "must be auto or an integer ≥ 1"]),
     (["--n", "10", "--per-class", "5"], ["not both"]),
     (["--temperature", "-1"], ["--temperature must be > 0", "--temperature 1"]),
     (["--temperature", "0"], ["--temperature must be > 0"]),

@@ -47,5 +47,8 @@ def test_a_trained_run_is_sampled_at_its_privacy_s_size(real_store, tmp_path, no
     assert real_store.dim == 384 and hnet.cfg.latent == latent and meta["private"] is (not no_dp)
     syn = synthesize(tmp_path / "run", "neutral", per_class="auto", seed=0)
     assert syn.meta["counts"] == [per_class] * real_store.n_classes
-    # an explicit size is kept
+    # an explicit size is kept; anything but "auto" or an integer is refused, naming the argument
     assert synthesize(tmp_path / "run", "neutral", per_class=7, seed=0).meta["counts"] == [7] * real_store.n_classes
+    for bad in ("x", "300", 2.5, True):
+        with pytest.raises(ValidationError, match='per_class must be "auto" or an integer'):
+            synthesize(tmp_path / "run", "neutral", per_class=bad, seed=0)

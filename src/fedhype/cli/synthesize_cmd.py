@@ -66,6 +66,16 @@ def check_size(total: int, dim: int, flag: str) -> None:
             f"of memory; {avail / 2**30:.1f} GiB is available: draw fewer, or several stores with different --seed")
 
 
+def _auto_or_int(value: Optional[str]) -> Optional[int | str]:
+    """``--per-class``: ``auto`` or an integer (its range is checked by :func:`_counts`, with advice)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise typer.BadParameter(f"must be auto or an integer ≥ 1, got {value!r}") from None
+
+
 def _counts(per_class: Optional[int], n: Optional[int]) -> tuple[Optional[int | str], Optional[int]]:
     """``(per_class, n)`` to draw, checked: exactly one is set (``per_class`` by default: the job's
     ``synthesis.per_class``, ``"auto"``, resolved from the model by :func:`fedhype.synthesis.auto_per_class`).
@@ -78,7 +88,7 @@ def _counts(per_class: Optional[int], n: Optional[int]) -> tuple[Optional[int | 
     if per_class is not None and n is not None:
         raise ValidationError("give either --per-class N (samples of every class) or --n N (a total, split by "
                               "--label-weights), not both")
-    if per_class is not None and per_class < 1:
+    if per_class is not None and per_class != "auto" and per_class < 1:
         raise ValidationError(f"--per-class must be ≥ 1 (synthetic embeddings drawn for every class), got {per_class}; "
                               "e.g. --per-class 300, or --n N for a total over all classes")
     if n is not None and n < 1:
@@ -129,8 +139,9 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a synthetic "
                                        "store (a real embeddings store, partition or any other file is never replaced)."),
         code: str = typer.Option(DEFAULT_CODE, "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture (all clients ∝ size) | mixture:<id>=<w>,..."),
-        per_class: Optional[int] = typer.Option(None, "--per-class", help="Samples per class (≥ 1; when neither --per-class "
-                                                "nor --n is given: 300 from a DP model, 3000 from one trained with --no-dp)."),
+        per_class: Optional[str] = typer.Option(None, "--per-class", callback=_auto_or_int, metavar="auto|INTEGER",
+                                                help="Samples per class (≥ 1; auto, or neither --per-class nor --n: 300 "
+                                                     "from a DP model, 3000 from one trained with --no-dp)."),
         n: Optional[int] = typer.Option(None, "--n", help="Total samples (split by --label-weights; uniform by default)."),
         label_weights: Optional[str] = typer.Option(None, "--label-weights", help="Comma-separated class weights for --n."),
         temperature: float = typer.Option(1.0, "--temperature", help="Scale of the prior's std, > 0 (1 = model distribution)."),

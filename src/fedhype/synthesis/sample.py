@@ -97,6 +97,8 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
     # the one generator rule (OS entropy unless seeded); the seed drawn is kept in the provenance
     if per_class == "auto":
         per_class = auto_per_class(meta)
+    elif per_class is not None and (isinstance(per_class, bool) or not isinstance(per_class, int)):
+        raise ValidationError(f"per_class must be \"auto\" or an integer ≥ 1, got {per_class!r}")
     seed_used = seed if seed is not None else entropy_seed(62)
     gen = noise_generator(seed_used)
     labels = class_labels(cfg.n_classes, per_class=per_class, n=n, label_weights=label_weights, generator=gen)
