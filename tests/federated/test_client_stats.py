@@ -299,3 +299,33 @@ def test_a_label_skewed_client_pulled_to_the_pool_gets_the_pooled_within_class_c
         assert float(g["cov_shrinkage"]) == 0.0
         rel = float(torch.linalg.matrix_norm(cov(g["cov_factor"], g["residual_var"]) - c_pool) / torch.linalg.matrix_norm(c_pool))
         assert rel < 1e-6, rel
+
+
+
+def test_a_noisy_total_variance_below_the_class_scatter_keeps_a_positive_variance(real_store):
+    """A small client's release at small ε: its noisy total variance 1 − ‖m‖² (clamped at MIN_TOTAL_VARIANCE)
+    can fall below the scatter of its noisy class means when they still pass the James–Stein test;
+    subtracting that scatter left a negative within-class trace, a negative residual variance and NaN in
+    log σ² (a 400-record digits run stopped at round 1 with "non-finite values", about 1 run in 30 at ε = 1,
+    or with "math domain error"). Real class means of the digits store, with a total variance half their
+    scatter: the total covariance is kept and every variance stays positive."""
+    from fedhype.federated.class_stats import MIN_TOTAL_VARIANCE, _between_part, _within_class, covariance_estimate
+
+    x = torch.nn.functional.normalize(real_store.embeddings.to(torch.float64), dim=-1)
+    y = real_store.labels
+    counts = torch.bincount(y, minlength=real_store.n_classes).to(torch.float64)
+    mean = x.mean(0)
+    dev = torch.stack([x[y == k].mean(0) for k in range(real_store.n_classes)]) - mean
+    cov = (x - mean).T @ (x - mean) / len(x)
+    tr_between = float(torch.trace(_between_part(dev, counts, 0.0)))
+    full, tr = _within_class(cov, float(torch.trace(cov)), dev, counts, 0.0)  # the exact statistics: subtracted
+    assert tr == pytest.approx(float(torch.trace(cov)) - tr_between) and tr > 0
+    assert _within_class(cov, 20 * tr_between, dev, counts, 0.0)[1] == pytest.approx(19 * tr_between)  # 95 % left
+    kept, tr_kept = _within_class(cov, 0.5 * tr_between, dev, counts, 0.0)
+    assert kept is cov and tr_kept == 0.5 * tr_between
+    kept, _ = _within_class(cov, 1.04 * tr_between, dev, counts, 0.0)  # < MIN_TOTAL_VARIANCE of it left
+    assert kept is cov and MIN_TOTAL_VARIANCE == 0.05
+    for rule in ("latent", "isotropic", "located"):
+        for tv in (tr_kept, -1.5):  # and a negative trace from any other path: the residual floor stays positive
+            f, r, _ = covariance_estimate(kept, tv, 1e-6, max_rank=16, residual=rule)
+            assert float(r) > 0 and bool(torch.isfinite(f).all()), (rule, tv)

@@ -71,3 +71,17 @@ def test_job_set_values_keep_their_types():
     with pytest.raises(ValidationError, match="must be true or false"):
         resolve(None, ["train.no_dp=1"])
     assert resolve(None, ["train.rounds=3.0"])["train"]["rounds"] == 3
+
+
+def test_a_latent_size_above_the_embedding_dimension_is_refused_before_anything_is_spent(real_store, tmp_path):
+    """``--latent 500`` on 384-d embeddings was accepted (a new user's probe): the linear-Gaussian path has rank
+    ≤ D, so it is refused with the key named, before the ledger exists. ``auto`` and ``latent = D`` are fine."""
+    part = make_partition(real_store, scheme="domain", seed=0)
+    cfg = TrainConfig(rounds=1, local_steps=1, epsilon=1.0, seed=0, model={**SMALL, "latent": real_store.dim + 1})
+    with pytest.raises(ValidationError, match=f"model.latent \\(--latent\\) = {real_store.dim + 1} exceeds .* D = {real_store.dim}"):
+        train(real_store, part, cfg, tmp_path / "run", diagnostics=False)
+    assert not (tmp_path / "run" / "ledger.json").exists()
+    from fedhype.models.config import DP_LATENT, resolve_latent
+
+    assert resolve_latent("auto", 32, private=True) == min(DP_LATENT, 32) == 32  # a small encoder: auto fits D
+    assert TrainConfig(model={"latent": real_store.dim}).model_config(real_store.dim, 10).latent == real_store.dim

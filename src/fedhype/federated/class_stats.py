@@ -395,12 +395,18 @@ def _within_class(cov: torch.Tensor, total_variance: float, deviations: torch.Te
     always subtracting gives TSTR 0.568 / 0.619 at ε = 4 / 8 against 0.570 / 0.628 with this
     threshold, and never subtracting 0.786 without DP against 0.849.
 
+    When the debiased scatter would leave less than :data:`MIN_TOTAL_VARIANCE` of the total variance
+    (a small client's noisy class means at small ε), the total covariance is kept as below the threshold.
+
     Returns ``(covariance [D, D], its trace)`` float64.
     """
     sub = _between_part(deviations, counts, sum_noise_var)
     if sub is None:
         return cov, total_variance
-    return cov - sub, total_variance - float(torch.trace(sub))
+    within = total_variance - float(torch.trace(sub))
+    if within < MIN_TOTAL_VARIANCE * total_variance:  # the noisy scatter holds (nearly) all the variance: a small
+        return cov, total_variance  # client's noise, not its classes; a negative trace had made log σ² NaN
+    return cov - sub, within
 
 
 def _between_part(deviations: torch.Tensor, counts: torch.Tensor, sum_noise_var) -> "torch.Tensor | None":
@@ -414,6 +420,12 @@ def _between_part(deviations: torch.Tensor, counts: torch.Tensor, sum_noise_var)
     if f < WITHIN_CLASS_MIN_SNR:
         return None
     return f * (between - t2 * torch.eye(dim, dtype=between.dtype))
+
+
+#: under ``"latent"``, the share of the unlocated variance put along the located spikes before the free
+#: latent directions get the rest (0: none, the default; 1 is ``"located"``). An experiment's knob, measured by
+#: benchmarks/residual_tradeoff.py on the validation split.
+LOCATED_SHARE = 0.0
 
 
 def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: float, *,
@@ -489,13 +501,17 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
         residual = "located" if rank >= AUTO_LOCATED_FRACTION * cap else "latent"
     kept = lam[:rank]
     theta = (kept + (kept ** 2 - 4.0 * noise_var * dim).clamp_min(0).sqrt()) / 2 if noise_var > 0 else kept.clamp_min(0)
-    floor = 1e-3 * float(total_variance) / dim
+    floor = 1e-3 * max(float(total_variance), MIN_TOTAL_VARIANCE) / dim  # > 0 whatever the noisy trace
     unlocated = float(total_variance) - float(theta.sum())
     cols = rank
     if residual == "located" and rank > 0:  # all of it along the located spikes, in proportion to them
         theta = theta * (1.0 + max(unlocated, 0.0) / max(float(theta.sum()), 1e-300))
         unlocated = 0.0
     elif residual == "latent" and cap > rank:
+        if LOCATED_SHARE > 0 and rank > 0:  # a share of it along the located spikes first (benchmarks/residual_tradeoff.py)
+            moved = LOCATED_SHARE * max(unlocated, 0.0)
+            theta = theta * (1.0 + moved / max(float(theta.sum()), 1e-300))
+            unlocated -= moved
         free = lam[rank:cap].clamp_min(0)
         theta = torch.cat([theta, free * min(1.0, max(unlocated, 0.0) / max(float(free.sum()), 1e-300))])
         unlocated -= float(theta[rank:].sum())

@@ -479,7 +479,9 @@ def _check_finite(server: ServerStrategy, round_idx: int) -> None:
     if bad:
         raise FedhypeError(f"round {round_idx + 1} produced non-finite values in {bad[:5]}{' …' if len(bad) > 5 else ''}: "
                            "the run stopped before committing it (its steps stay in the ledger; no later round was "
-                           f"charged); resume from round {round_idx} with a smaller --lr-local or a larger --clip-norm")
+                           "charged). A resume keeps the run's settings (and, seeded, replays the same noise): start a new run in "
+                           "another --out with a smaller local learning rate (fedhype train --lr-local; fedhype run --set "
+                           "train.lr_local=…) or a larger clipping norm C (--clip-norm; train.clip_norm=…)")
 
 
 def _epsilons(ledger: PrivacyLedger, cfg: TrainConfig) -> dict[str, float]:

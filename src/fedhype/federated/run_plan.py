@@ -81,11 +81,14 @@ def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_clas
         ``(model_config, distributed_noise_or_None, plan_privacy(cfg, sizes))``.
 
     Raises:
-        ValidationError: a bad size, δ, model or (m, t). BudgetExceededError: the plan exceeds ``max_epsilon``.
+        ValidationError: a bad size, δ, model (a latent size above D) or (m, t). BudgetExceededError: the plan exceeds ``max_epsilon``.
     """
     check_client_sizes(partition, cfg)
     sizes = [c.n_train for c in partition.clients]
     mcfg = cfg.model_config(dim, n_classes)
+    if mcfg.latent > dim:  # the linear-Gaussian path has rank ≤ D: a larger latent space adds no direction
+        raise ValidationError(f"model.latent (--latent) = {mcfg.latent} exceeds the embeddings' dimension D = {dim}: "
+                              f"use at most {dim}, or \"auto\"")
     distributed = cfg.distributed_noise(len(sizes))
     if distributed is not None and not mcfg.class_bias:
         raise ValidationError("--secure-aggregation aggregates the statistics release; this model releases none "

@@ -28,8 +28,8 @@ DP_LATENT = 64
 
 
 def resolve_latent(latent: int | str, dim: int, private: bool) -> int:
-    """The latent size L of ``model.latent``: an integer as given; ``"auto"`` = :data:`DP_LATENT` for a run
-    with DP, ``dim`` (D: a full-rank linear-Gaussian path) without DP.
+    """The latent size L of ``model.latent``: an integer as given; ``"auto"`` = :data:`DP_LATENT` (at most
+    ``dim``) for a run with DP, ``dim`` (D: a full-rank linear-Gaussian path) without DP.
 
     Without DP the full-rank model with 3,000 synthetic embeddings per class (``synthesis.per_class =
     "auto"``) scores validation TSTR 0.884 / 0.839 against 0.864 / 0.814 at L = 64 with 300 per class
@@ -37,10 +37,11 @@ def resolve_latent(latent: int | str, dim: int, private: bool) -> int:
     resolves too few directions for more than 64 (benchmarks/results/class_covariance.md).
 
     Raises:
-        ValidationError: ``latent`` is neither ``"auto"`` nor an integer ≥ 1.
+        ValidationError: ``latent`` is neither ``"auto"`` nor an integer ≥ 1. (A ``latent`` above the
+            embeddings' D is refused where the store is known: :func:`fedhype.federated.run_plan.check_plan`.)
     """
     if latent == "auto":
-        return DP_LATENT if private else int(dim)
+        return min(DP_LATENT, int(dim)) if private else int(dim)
     if isinstance(latent, bool) or not isinstance(latent, int) or latent < 1:
         raise ValidationError(f"model.latent must be \"auto\" or an integer ≥ 1, got {latent!r}")
     return latent
