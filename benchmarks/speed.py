@@ -10,8 +10,8 @@ Runs, one after the other (so they do not compete for the cores), each in its ow
 4. ``benchmarks/synthesis.py`` on the model of step 3 (with ``--only synthesis``: the model of the
    last ``run`` step, else ``runs/main/run`` from README command 1): `fedhype synthesize`
    embeddings/s against a bare decoder loop;
-5. ``benchmarks/clients_scaling.py``: time per round and peak memory for 10, 100 and 1000
-   clients.
+5. ``benchmarks/clients_scaling.py``: time per round and peak memory for 10, 100, 1,000 and
+   10,000 clients.
 
 Each step writes its JSON to ``benchmarks/results/``; this script then writes ``speed.md`` (one
 table, every figure next to the baseline measured in the same run) and, with ``--readme``,

@@ -45,3 +45,22 @@ def test_a_stored_file_with_nan_is_refused_naming_the_file_and_row(tmp_path):
     save_file(t, str(tmp_path / "bad.safetensors"), metadata={"fedhype": json.dumps(header)})
     with pytest.raises(ArtifactError, match=r"bad.safetensors: .*first at row 3 \(sample id 'img/003'\), 1 of 4 rows"):
         EmbeddingStore.load(tmp_path / "bad.safetensors")
+
+
+def test_positions_are_looked_up_in_a_table_built_once_and_rebuilt_when_the_ids_change(real_store):
+    """``positions`` used to rebuild its id → row table on every call (quadratic in the clients: a 10,000-client
+    run did not finish in an hour); the table is built once, and a store whose ids are replaced answers for them."""
+    import dataclasses
+
+    from fedhype.data.partition import opaque_id
+
+    store = dataclasses.replace(real_store)
+    ids = [store.sample_ids[i] for i in (5, 0, 799, 17)]
+    assert store.positions(ids).tolist() == [5, 0, 799, 17]
+    table = store.__dict__["_lookups"][2][False]
+    assert store.positions(ids[:2]).tolist() == [5, 0] and store.__dict__["_lookups"][2][False] is table  # reused
+    assert store.positions([opaque_id(i) for i in ids]).tolist() == [5, 0, 799, 17]  # a partition's opaque ids
+    store.sample_ids = [f"new{i}" for i in range(len(store.sample_ids))]
+    assert store.positions(["new3", "new0"]).tolist() == [3, 0]
+    with pytest.raises(ArtifactError, match="is not in this embeddings store"):
+        store.positions([ids[0]])
