@@ -33,12 +33,12 @@ def _moments(theta: dict, space: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     return m + s * theta["dec.cb"].to(torch.float64), s ** 2 * (w.T @ w + torch.diag(var))
 
 
-def _stage(real_store, part, tmp_path, cfg: TrainConfig):
+def _stage(real_store, part, tmp_path, cfg: TrainConfig, sigma: float = 2.0):
     mcfg = cfg.model_config(real_store.dim, real_store.n_classes)
     server = make_server(mcfg, len(part.clients), torch.Generator().manual_seed(0), cfg.method, lr_server=1.0,
                          lr_hyper=1e-3, lr_code=1e-3)
     clients = [build_client(real_store, part, i, tmp_path / f"c{i}", seed=0) for i in range(len(part.clients))]
-    dp = DPConfig(2.0, 1.0)
+    dp = DPConfig(sigma, 1.0)
     weights = cfg.release_weights(mcfg)
     counts = run_class_stats_stage(clients, server, mcfg.n_classes, dp, PrivacyLedger(1e-4), tmp_path / "ledger.json",
                                    seeded=True, weights=weights,
@@ -329,3 +329,38 @@ def test_a_noisy_total_variance_below_the_class_scatter_keeps_a_positive_varianc
         for tv in (tr_kept, -1.5):  # and a negative trace from any other path: the residual floor stays positive
             f, r, _ = covariance_estimate(kept, tv, 1e-6, max_rank=16, residual=rule)
             assert float(r) > 0 and bool(torch.isfinite(f).all()), (rule, tv)
+
+
+def test_located_share_sets_every_clients_gaussian_and_bad_values_are_refused(real_store, part, tmp_path):
+    """``model.located_share`` s: the pooled Gaussian and each client's own (its code's heads) put s of the unlocated
+    variance on their located spikes; the default s = 0 is the latent rule. Real releases at σ = 0.03 (the pool
+    resolves 8 directions, each client 3–5)."""
+    from fedhype.errors import ValidationError
+    from fedhype.federated.class_stats import client_gaussian, release_moments
+    from fedhype.models.config import ModelConfig
+
+    cfg = TrainConfig(model={**SMALL, "latent": 64, "client_shrinkage": "none", "located_share": 0.95}, seed=0)
+    server, clients, dp, weights, _ = _stage(real_store, part, tmp_path, cfg, sigma=0.03)
+    hnet = server.hnet
+    assert hnet.cfg.located_share == 0.95
+    updates = [c.release_class_stats(real_store.n_classes, dp, weights) for c in clients]  # seeded: the same noise
+    pooled = release_moments(updates, dp, weights)
+    eye = torch.eye(real_store.dim, dtype=torch.float64)
+    for i, u in enumerate(updates):
+        with torch.no_grad():
+            _, cov = _moments(hnet(server.codes[i]), hnet.space())
+        covs = {}
+        for sh in (0.95, 0.0):
+            g = client_gaussian(u, pooled, dp, weights, 64, shrink="none", located_share=sh)
+            covs[sh] = g["cov_factor"] @ g["cov_factor"].T + float(g["residual_var"]) * eye
+        assert torch.allclose(cov, covs[0.95], atol=1e-5), i
+        assert not torch.allclose(cov, covs[0.0], atol=1e-5), i
+    with torch.no_grad():
+        _, neutral = _moments(hnet(server.codes[0], client_stats=False), hnet.space())
+    want = pooled_stats(updates, dp, weights, 64, residual="auto", located_share=0.95)
+    f = want["cov_factor"].to(torch.float64) * want["space_scale"].to(torch.float64)
+    torch.testing.assert_close(neutral, f @ f.T + float(want["residual_var"]) * float(want["space_scale"]) ** 2 * eye,
+                               atol=1e-5, rtol=1e-4)
+    for bad in (-0.1, 1.5, "half", True):
+        with pytest.raises(ValidationError, match="model.located_share"):
+            ModelConfig(dim=8, n_classes=2, latent=4, located_share=bad)

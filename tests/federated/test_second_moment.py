@@ -298,6 +298,19 @@ def test_auto_residual_is_located_once_the_release_resolves_half_the_latent_dire
         fr, rr, rank_r = covariance_estimate(noisy, tr, v, max_rank=L, residual=rule)
         assert rank == rank_r == 6
         torch.testing.assert_close(full(fa, ra), full(fr, rr))
+        if rule == "latent":  # model.located_share: 0.95 of the unlocated variance first on the six located spikes
+            fs, rs, _ = covariance_estimate(noisy, tr, v, max_rank=L, residual="auto", located_share=0.95)
+            fl, rl, _ = covariance_estimate(noisy, tr, v, max_rank=L, residual="latent", located_share=0.95)
+            torch.testing.assert_close(full(fs, rs), full(fl, rl))  # "auto" resolved to latent takes the share
+            assert float(torch.trace(full(fs, rs))) == pytest.approx(tr, rel=1.5e-3)  # the trace is kept
+            lam, vec = torch.linalg.eigh(noisy)
+            u6 = vec.flip(1)[:, :6]
+            on6 = lambda c: float(torch.trace(u6.T @ c @ u6))
+            unlocated = tr - on6(full(fr, rr))  # what the latent rule leaves off the six spikes
+            assert on6(full(fs, rs)) - on6(full(fr, rr)) == pytest.approx(0.95 * unlocated, rel=0.05)
+            f1, r1, _ = covariance_estimate(noisy, tr, v, max_rank=L, residual="latent", located_share=1.0)
+            fo, ro, _ = covariance_estimate(noisy, tr, v, max_rank=L, residual="located")
+            assert on6(full(f1, r1)) == pytest.approx(on6(full(fo, ro)), rel=0.02)  # s = 1 is the located rule
     # located: every column is a resolved spike, the residual at its floor, the trace kept
     fa, ra, _ = covariance_estimate(noisy, tr, v, max_rank=8, residual="auto")
     assert fa.shape[1] == 6 and float(ra) == pytest.approx(1e-3 * tr / d)

@@ -38,7 +38,7 @@ MIN_TOTAL_VARIANCE = 0.05
 
 def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *, sums_std: float | None = None,
                           second_moment_std: float = 0.0, max_rank: int | None = None, centring=None,
-                          residual: str = DEFAULT_RESIDUAL) -> dict[str, torch.Tensor]:
+                          residual: str = DEFAULT_RESIDUAL, located_share: float = 0.0) -> dict[str, torch.Tensor]:
     """Pool the clients' privatized statistics into the model space, the class bias and the covariance.
 
     Args:
@@ -58,7 +58,7 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
         centring: the :class:`~fedhype.privacy.centring.Centring` (c, R) of a centred release (or a list,
             one per update): the updates hold statistics of ``y = clip_R(x − c)/R`` and are mapped back
             (:func:`_moments`).
-        residual: where the variance the release cannot locate goes (:func:`covariance_estimate`).
+        residual, located_share: where the variance the release cannot locate goes (:func:`covariance_estimate`).
 
     Returns:
         float32 tensors in model space: ``space_mean`` [D], ``space_scale`` [] and ``class_bias``
@@ -71,7 +71,7 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
     mean, scale, class_means = mo["mean"], torch.sqrt(mo["var"] / mo["mean"].shape[0]), mo["class_means"]
     out = {"space_mean": mean, "space_scale": scale, "class_bias": (class_means - mean) / scale}
     if mo["cov"] is not None:
-        factor, resid, rank = _gaussian(mo, max_rank, residual)
+        factor, resid, rank = _gaussian(mo, max_rank, residual, located_share)
         out.update({"cov_factor": (factor / scale).to(torch.float32), "residual_var": (resid / scale ** 2).to(torch.float32),
                     "rank": torch.tensor(rank, dtype=torch.int64)})
     return out
@@ -158,10 +158,12 @@ def _unit_sphere(update, centring) -> tuple[torch.Tensor, torch.Tensor, "torch.T
     return sums, n, m2
 
 
-def _gaussian(mo: dict, max_rank: int | None, residual: str = DEFAULT_RESIDUAL) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _gaussian(mo: dict, max_rank: int | None, residual: str = DEFAULT_RESIDUAL,
+              located_share: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The low-rank-plus-isotropic covariance of moments ``mo`` (:func:`_within_class`, :func:`covariance_estimate`)."""
     cov, tr = _within_of(mo)
-    return covariance_estimate(cov, tr, mo["offdiag_var"], max_rank=max_rank, residual=residual)
+    return covariance_estimate(cov, tr, mo["offdiag_var"], max_rank=max_rank, residual=residual,
+                               located_share=located_share)
 
 
 def _within_of(mo: dict) -> tuple[torch.Tensor, float]:
@@ -422,15 +424,10 @@ def _between_part(deviations: torch.Tensor, counts: torch.Tensor, sum_noise_var)
     return f * (between - t2 * torch.eye(dim, dtype=between.dtype))
 
 
-#: under ``"latent"``, the share of the unlocated variance put along the located spikes before the free
-#: latent directions get the rest (0: none, the default; 1 is ``"located"``). An experiment's knob, measured by
-#: benchmarks/residual_tradeoff.py on the validation split.
-LOCATED_SHARE = 0.0
-
-
 def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: float, *,
                         max_rank: int | None = None, margin: float = 1.05,
-                        residual: str = DEFAULT_RESIDUAL) -> tuple[torch.Tensor, torch.Tensor, int]:
+                        residual: str = DEFAULT_RESIDUAL,
+                        located_share: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Low-rank-plus-isotropic covariance from a noisy covariance matrix (unit-sphere space).
 
     ``C = M/N − m mᵀ`` (minus the between-class scatter, :func:`_within_class`) carries symmetric
@@ -464,6 +461,13 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
     Without noise (v = 0) r = ``max_rank`` (every direction is located) and ``"latent"`` and
     ``"isotropic"`` agree (``"located"`` moves the last D − L directions' variance into the L).
 
+    * ``located_share`` s > 0 (``model.located_share``) with ``"latent"`` (explicit or from ``"auto"``): a
+      share s of U first goes on the located spikes (each scaled by (Σθ + sU)/Σθ), the rest as
+      ``"latent"``; s = 1 is ``"located"``. Ours at s = 0.95, digits test split, 3 seeds
+      (benchmarks/results/located_share_test.md): precision / coverage 0.008 / 0.012 → 0.366 / 0.499 at
+      ε = 4 and 0.018 / 0.032 → 0.645 / 0.813 at ε = 8, TSTR −0.018 / −0.005, recall 0.87 / 0.91 →
+      0.44 / 0.40 (the release alone: TSTR −0.050 / −0.004). Not the default (docs/method.md, decision 16).
+
     * ``"auto"`` (the default): ``"located"`` when the release resolves at least half the latent
       directions (r ≥ :data:`fedhype.models.config.AUTO_LOCATED_FRACTION` · ``max_rank``; always without DP, where r =
       ``max_rank``), ``"latent"`` below. Without DP the located rule gave ours validation TSTR 0.848 →
@@ -479,6 +483,7 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
         noise_var: v, the variance of the noise on each off-diagonal entry of ``cov`` (0 without DP).
         max_rank: largest number of factor columns (the model's latent size; default D − 1).
         residual: ``"auto"``, ``"latent"``, ``"isotropic"`` or ``"located"`` (:data:`fedhype.models.config.RESIDUALS`).
+        located_share: s ∈ [0, 1], used where the rule is ``"latent"`` (explicit or from ``"auto"``).
 
     Returns:
         ``(factor [D, k], residual []), r`` in unit-sphere units with covariance ``factor·factorᵀ +
@@ -497,6 +502,7 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
     edge = 2.0 * math.sqrt(max(noise_var, 0.0) * dim)
     cap = dim - 1 if max_rank is None else max(0, min(int(max_rank), dim - 1))
     rank = min(int((lam > margin * edge).sum()), cap) if noise_var > 0 else cap
+    share = float(located_share)
     if auto:  # located once the release resolves at least half the latent directions (always without DP)
         residual = "located" if rank >= AUTO_LOCATED_FRACTION * cap else "latent"
     kept = lam[:rank]
@@ -508,8 +514,8 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
         theta = theta * (1.0 + max(unlocated, 0.0) / max(float(theta.sum()), 1e-300))
         unlocated = 0.0
     elif residual == "latent" and cap > rank:
-        if LOCATED_SHARE > 0 and rank > 0:  # a share of it along the located spikes first (benchmarks/residual_tradeoff.py)
-            moved = LOCATED_SHARE * max(unlocated, 0.0)
+        if share > 0 and rank > 0:  # a share of it along the located spikes first (model.located_share)
+            moved = share * max(unlocated, 0.0)
             theta = theta * (1.0 + moved / max(float(theta.sum()), 1e-300))
             unlocated -= moved
         free = lam[rank:cap].clamp_min(0)
@@ -597,7 +603,8 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         w = None  # [P, code_dim] = Yᵀ C⁺ᵀ = Σ_i y_i ⊗ C⁺[:, i], accumulated one client at a time (flat in m)
         for i, (u, cen) in enumerate(zip(updates, cens)):
             g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual,
-                                clip_shift=None if shifts is None else shifts.relative(cen))
+                                clip_shift=None if shifts is None else shifts.relative(cen),
+                                located_share=getattr(cfg, "located_share", 0.0))
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
             r = min(f.shape[1], L)
@@ -631,7 +638,8 @@ def release_moments(updates, dp, weights, centring=None) -> dict:
 
 def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_rank: int | None = None, *,
                     shrink: bool | str = True, centring=None, residual: str = DEFAULT_RESIDUAL,
-                    clip_shift: "torch.Tensor | None" = None) -> dict[str, torch.Tensor]:
+                    clip_shift: "torch.Tensor | None" = None,
+                    located_share: float = 0.0) -> dict[str, torch.Tensor]:
     """Client ``update``'s own DP class-conditional Gaussian, unit-sphere units (float64).
 
     ``clip_shift`` (``"client"`` shrinkage only): :meth:`ClipShift.relative` of the client's centring,
@@ -653,7 +661,7 @@ def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_ran
     shrink = SHRINKAGE[mode] is not None
     if shrink:
         mo = SHRINKAGE[mode](mo, pooled, clip_shift) if mode == "client" else SHRINKAGE[mode](mo, pooled)
-    factor, resid, _ = _gaussian(mo, max_rank, residual)
+    factor, resid, _ = _gaussian(mo, max_rank, residual, located_share)
     out = {"class_means": mo["class_means"].to(torch.float64), "cov_factor": factor, "residual_var": resid}
     if shrink:
         out["mean_shrinkage"] = mo["mean_shrinkage"]
@@ -669,12 +677,12 @@ def release_noise(dp, weights) -> dict[str, float]:
 
 
 def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | None = None,
-                 centring=None, residual: str = DEFAULT_RESIDUAL) -> dict[str, torch.Tensor]:
+                 centring=None, residual: str = DEFAULT_RESIDUAL, located_share: float = 0.0) -> dict[str, torch.Tensor]:
     """:func:`aggregate_class_stats` with the noise levels of the release settings (``dp``, ``weights``)."""
     std = release_noise(dp, weights)
     return aggregate_class_stats(updates, std["class_counts"], sums_std=std["class_sums"],
                                  second_moment_std=std["second_moment_offdiag"], max_rank=max_rank, centring=centring,
-                                 residual=residual)
+                                 residual=residual, located_share=located_share)
 
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
@@ -734,7 +742,7 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
                                 [centring_mod.MECHANISM, MECHANISM] if centred else [MECHANISM], RELEASE_SENSITIVITY,
                                 [centre_note, stats_note] if centred else [stats_note])
         charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
-    rank_cap, residual = server.cfg.latent, server.cfg.residual
+    rank_cap, residual, share = server.cfg.latent, server.cfg.residual, server.cfg.located_share
     parts = getattr(server, "servers", None)
     if distributed is not None:
         if parts is not None:
@@ -745,7 +753,7 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
                                                         distributed), radius)
         agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed, centring=cen)
                           for c in clients], distributed)
-        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap, cen, residual))  # the server sees the sum only
+        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap, cen, residual, share))  # the server sees the sum only
         return None
     if centred:
         centres = [c.release_centre(sigma_a) for c in clients]
@@ -761,9 +769,9 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
         for s, u, cen in zip(parts, updates, cens):
-            apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap, cen, residual))
+            apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap, cen, residual, share))
     else:
-        apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap, cens, residual))
+        apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap, cens, residual, share))
         if server.hnet.cfg.client_heads:  # h(c_i) = client i's own DP Gaussian
             apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens)
     return counts

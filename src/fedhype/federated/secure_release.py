@@ -108,7 +108,8 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
         if layout.kind == "centre":
             cen = centring_mod.centring_from(agg, radius)
     dp_stats = DPConfig(plans[-1].noise_multiplier, RELEASE_SENSITIVITY, enabled=True)
-    apply_class_stats(server.hnet, pooled_stats(agg, dp_stats, weights, server.cfg.latent, cen, server.cfg.residual))
+    apply_class_stats(server.hnet, pooled_stats(agg, dp_stats, weights, server.cfg.latent, cen, server.cfg.residual,
+                                                server.cfg.located_share))
     return None
 
 
