@@ -75,6 +75,20 @@ def test_federated_plan_from_client_sizes(app):
     assert (out["sample_rate"], out["steps"]) == (32 / 250, 48)
 
 
+def test_a_plan_without_local_epochs_or_steps_takes_trains_default(app):
+    """The README's consortium command (`--rounds 8 --batch-size 256 --card …`, no --local-epochs) exited 2 (a new
+    user's probe): like `fedhype train`, the plan now takes train's default local epochs (2)."""
+    from fedhype.federated.config import TrainConfig
+
+    args = ["--rounds", "2", "--batch-size", "10", "--client-sizes", "600,90", "--noise-multiplier", "1", "--delta", "1e-5"]
+    result, out = _run(app, *args, "--json")
+    assert result.exit_code == 0, result.output
+    assert TrainConfig().local_epochs == 2.0 and out["local_epochs"] == 2.0
+    _, explicit = _run(app, *args, "--local-epochs", "2", "--json")
+    assert [r["steps"] for r in out["clients"]] == [r["steps"] for r in explicit["clients"]] == [2 * 120, 2 * 18]
+    assert out["epsilon"] == explicit["epsilon"]
+
+
 def test_federated_plan_calibration_and_local_steps(app):
     result, out = _run(app, "--rounds", "4", "--local-steps", "10", "--batch-size", "50", "--client-sizes", "1000,400",
                        "--participation", "0.5", "--epsilon", "2", "--delta", "1e-4", "--json")
@@ -112,8 +126,6 @@ def test_federated_plan_from_partition_file(app, tmp_path):
         (["--noise-multiplier", "1", "--sample-rate", "0.1", "--delta", "1e-5"], "--steps"),
         (["--rounds", "2", "--local-epochs", "1", "--batch-size", "10", "--client-sizes", "60,900",
           "--noise-multiplier", "1", "--delta", "0.005"], "client 1 (900 training records): delta = 0.005 is not below"),
-        (["--rounds", "2", "--batch-size", "10", "--client-sizes", "600", "--noise-multiplier", "1", "--delta", "1e-5"],
-         "--local-epochs or --local-steps"),
         (["--rounds", "2", "--local-steps", "5", "--batch-size", "10", "--client-sizes", "600,x",
           "--noise-multiplier", "1", "--delta", "1e-5"], "--client-sizes"),
         # no round, no step: named as such (it used to blame a target ε nobody gave)

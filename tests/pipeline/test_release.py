@@ -73,3 +73,58 @@ def test_release_refuses_what_it_must_not_overwrite_or_copy(released, audit_run,
     assert not (tmp_path / "r2").exists()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # nothing half-written beside the releases
+
+
+def _audit_cli(rel, *extra):
+    from typer.testing import CliRunner
+
+    from fedhype.cli.main import app
+
+    out = CliRunner().invoke(app, ["audit", "--run", str(rel), "--json", *extra])
+    return out.exit_code, json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("edit", ["privacy.json epsilon", "privacy.json seed note", "config.json", "README.md warning",
+                                  "missing checkpoint"])
+def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, tmp_path, edit):
+    """A new user's probe: a release with privacy.json's ε lowered, its seeded-noise note removed, config.json edited
+    or the README's warning deleted passed `fedhype audit` (exit 0, consistent). privacy.json lists every file's
+    SHA-256 and is recomputed from the model and ledger, and the README is the text the release writes: each edit
+    now exits 4 naming what changed. The untouched release audits clean, with the seeded-noise warning."""
+    import shutil
+
+    _, rel = released
+    code, res = _audit_cli(rel)
+    assert code == 0 and res["consistent"] and res["release"] and res["noise_seeded"]
+    assert any("the noise was seeded" in w for w in res["warnings"])
+    names = {r["name"] for r in res["checked"]}
+    assert {"privacy.json: epsilon", "privacy.json: files[config.json] sha256", "README.md"} <= names
+    bad = tmp_path / "edited"
+    shutil.copytree(rel, bad)
+    priv = json.loads((bad / "privacy.json").read_text())
+    if edit == "privacy.json epsilon":
+        priv["epsilon"] = 0.05
+        priv["epsilon_per_client"] = {c: 0.05 for c in priv["epsilon_per_client"]}
+        (bad / "privacy.json").write_text(json.dumps(priv))
+        want = "privacy.json: epsilon"
+    elif edit == "privacy.json seed note":
+        priv["noise_seeded"] = False
+        priv.pop("warning")
+        (bad / "privacy.json").write_text(json.dumps(priv))
+        want = "privacy.json: noise_seeded"
+    elif edit == "config.json":
+        conf = json.loads((bad / "config.json").read_text())
+        conf["train"]["seed"] = None
+        (bad / "config.json").write_text(json.dumps(conf))
+        want = "privacy.json: files[config.json] sha256"
+    elif edit == "README.md warning":
+        text = (bad / "README.md").read_text()
+        (bad / "README.md").write_text("\n".join(x for x in text.splitlines() if "must not be shared" not in x))
+        want = "README.md"
+    else:
+        (bad / "checkpoint.json").unlink()
+        want = "privacy.json: files[checkpoint.json] sha256"
+    code, res = _audit_cli(bad)
+    assert code == 4 and not res["consistent"] and res["exit_code"] == 4
+    assert want in {m["name"] for m in res["mismatches"]}, res["mismatches"]
+    assert want in res["error"]

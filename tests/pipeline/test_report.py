@@ -100,6 +100,10 @@ def test_at_a_glance_says_what_privacy_cost_and_whether_the_data_is_useful():
     assert "carries 64%" in better
     plain = "\n".join(glance(_glance_report(private=False)))
     assert "Privacy: none" in plain and "must not be shared as private" in plain and "ε =" not in plain.split("\n")[0]
+    # a run trained with train.seed says so where the claim is made (a new user's probe: only report.json did)
+    assert "noise was seeded" not in text
+    seeded = glance(_glance_report(noise_seeded=True))[0]
+    assert "(ε = 0.999, δ = 0.0001)" in seeded and "**But the noise was seeded**" in seeded and "without a seed" in seeded
 
 
 def test_report_downstream_section(skewed_federation):

@@ -251,6 +251,15 @@ def register(app: typer.Typer) -> None:
                 if n_canaries is not None or not release:
                     guess_counts(n_canaries or 1000, guess_in, guess_out)
             res: dict[str, Any] = audit_run(run, synthetic or [], tolerance) if run is not None else {"run": None}
+            if run is not None and res.get("ledger_ok") is not False:
+                from fedhype.pipeline.release import check_release
+
+                rows = check_release(run, tolerance)  # a release folder: its privacy.json, digests and README
+                if rows is not None:
+                    res["release"] = True
+                    res["checked"] += rows
+                    res["mismatches"] += [{k: v for k, v in r.items() if k != "ok"} for r in rows if not r["ok"]]
+                    res["consistent"] = not res["mismatches"]
             s, p = _load_data(store, partition)
             if mia:
                 if run is None or s is None or p is None:
@@ -274,7 +283,8 @@ def register(app: typer.Typer) -> None:
             errors = []
             if run is not None and not res["consistent"]:
                 errors.append("ledger verification failed: " + str(res["ledger_error"]) if res["ledger_ok"] is False
-                              else f"{len(res['mismatches'])} reported ε figure(s) disagree with the ledger: "
+                              else f"{len(res['mismatches'])} reported figure(s) or file(s) disagree with the ledger "
+                              "or the release's digests: "
                               + "; ".join(m["name"] for m in res["mismatches"]))
             if res.get("canary") and res["canary"]["exceeds_claim"]:
                 errors.append(exceeds_claim_message(res["canary"]))

@@ -6,7 +6,7 @@ names which), and a disagreement beyond the accountants' tolerances is listed in
 (:func:`fedhype.privacy.accountant.cross_check`). ``--epsilon E`` instead of ``--noise-multiplier``
 → the σ whose reported ε ≤ E.
 
-Federated plan: ``--rounds R (--local-epochs E | --local-steps K) --batch-size B
+Federated plan: ``--rounds R [--local-epochs E | --local-steps K] --batch-size B
 (--client-sizes N1,N2,… | --partition PART.json | --card CARD ...) [--participation P]``. Per client i with n_i
 training records: q_i = min(1, B / n_i) (Poisson sampling, expected batch B), local steps per round
 K or max(1, ⌈E·n_i / B⌉) (``TrainConfig.steps_per_round``, what ``fedhype train`` runs; E may be
@@ -246,7 +246,8 @@ def budget(
     steps: Optional[int] = typer.Option(None, "--steps", help="Number of steps (single mechanism)."),
     rounds: Optional[int] = typer.Option(None, "--rounds", help="Federated rounds (plan)."),
     local_epochs: Optional[float] = typer.Option(None, "--local-epochs", help="Local epochs per round (plan; may be "
-                                                 "fractional, as for `fedhype train`)."),
+                                                 "fractional, as for `fedhype train`; without it or --local-steps, "
+                                                 "train's default)."),
     local_steps: Optional[int] = typer.Option(None, "--local-steps", help="Local steps per round (plan)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Expected batch size B; q_i = B / n_i (plan)."),
     client_sizes: Optional[str] = typer.Option(None, "--client-sizes", help="Training-set sizes, e.g. 600,480 (plan)."),
@@ -310,7 +311,10 @@ def budget(
             clients = [(str(i), c.name, c.n_train) for i, c in enumerate(SiteCard.load(p) for p in card)]
         else:
             clients = parse_client_sizes(client_sizes) if client_sizes is not None else read_partition_sizes(partition)
-        return budget_plan(delta, rounds, batch_size, clients, local_epochs, local_steps, participation,
+        epochs = local_epochs  # neither given: as `fedhype train`, its default local epochs
+        if local_epochs is None and local_steps is None:
+            epochs = config_default("train", "local_epochs")()
+        return budget_plan(delta, rounds, batch_size, clients, epochs, local_steps, participation,
                            noise_multiplier, epsilon, class_stats_share=class_stats_share,
                            secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                            centre_share=centre_share)

@@ -179,6 +179,10 @@ def evaluate(
                 train_store = _by_client(part, real_store, "train")
         else:
             test_store = real_store
+            console.print(f"[yellow]warning[/]: no --partition: all {len(real_store)} records of {real} are the real "
+                          "reference; if the model was trained on some of them, TSTR and MMD² overstate what it does on "
+                          "unseen data (give --partition with --split test, or a store of held-out records)",
+                          highlight=False)
         if syn_store.kind != "synthetic":
             console.print(f"[yellow]warning[/]: {synthetic} is marked kind={syn_store.kind!r}, not 'synthetic'",
                           highlight=False)

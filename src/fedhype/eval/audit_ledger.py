@@ -179,6 +179,11 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
             rows.append({"name": "ledger.json", "claimed": None, "recomputed": None, "difference": None, "ok": False,
                          "reason": res["ledger_error"]})
             return _finish(res, rows)
+        if meta.get("seed") is not None:
+            res["noise_seeded"] = True
+            res["warnings"].append(f"the noise was seeded (train.seed = {meta.get('seed')}): whoever knows the seed can "
+                                   "regenerate and remove it, so the ε below holds only while the seed stays secret; "
+                                   "a run to be shared as private is trained without a seed")
         worst_client, worst = ledger.worst()
         rdp, prv = ledger.epsilons("rdp"), ledger.epsilons("prv")
         res.update(ledger_ok=True, epsilon=worst, delta=ledger.delta, worst_client=worst_client,

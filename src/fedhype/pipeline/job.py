@@ -280,7 +280,9 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     resume = (run_dir / "config.json").exists()
     if resume:
         log("train: resuming from the last committed round (or from the statistics release before round 0 when none "
-            "was committed; a release or round that was interrupted is charged again)")
+            "was committed; " + ("with train.seed the same noise is replayed and nothing is charged twice)"
+                                 if tcfg.seed is not None else
+                                 "a release or round that was interrupted is charged again: its noise is fresh)"))
     log(f"train: {len(part.clients)} clients release their DP class statistics, then {tcfg.rounds} DP-SGD rounds"
         if tcfg.method not in STATISTICS_ONLY else f"train: {len(part.clients)} clients release their DP class statistics")
     trained = train(store, part, tcfg, run_dir, resume=resume, progress=on_round)

@@ -110,6 +110,71 @@ def _readme(summary: dict[str, Any], files: list[str]) -> str:
     return "\n".join(lines)
 
 
+def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str, Any]] | None:
+    """Check a release folder's own files against what :func:`write_release` wrote and the ledger says.
+
+    ``privacy.json`` lists the SHA-256 of every file it was written with: each must still match (an edited
+    ``config.json`` or a swapped model fails here); its ε, δ, per-client ε, ``private``, ``noise_seeded`` and
+    ``warning`` must equal :func:`privacy_summary` recomputed from the folder's model and ledger; and its
+    ``README.md`` must be the text the release writes (a deleted seeded-noise warning fails).
+
+    Returns:
+        None when ``folder`` is no release (no ``privacy.json`` of this format), else the checked rows
+        ``{"name", "claimed", "recomputed", "difference", "ok"[, "reason"]}`` (the rows of
+        :func:`fedhype.eval.audit_ledger.audit_run`).
+    """
+    root = Path(folder)
+    path = root / "privacy.json"
+    if not path.is_file():
+        return None
+    try:
+        claimed = read_json(path, "release privacy.json")
+    except ArtifactError as exc:
+        return [{"name": "privacy.json", "claimed": None, "recomputed": None, "difference": None, "ok": False,
+                 "reason": str(exc)}]
+    if not isinstance(claimed, dict) or claimed.get("format") != FORMAT:
+        return None
+    rows: list[dict[str, Any]] = []
+
+    def row(name, c, r, ok, reason=None):
+        d = abs(c - r) if isinstance(c, (int, float)) and isinstance(r, (int, float)) and not isinstance(c, bool) else None
+        rows.append({"name": name, "claimed": c, "recomputed": r, "difference": d, "ok": bool(ok),
+                     **({"reason": reason} if reason and not ok else {})})
+
+    files = claimed.get("files") if isinstance(claimed.get("files"), dict) else {}
+    if not files:
+        row("privacy.json: files", None, None, False, "no file digests: not written by fedhype, or edited")
+    for f, digest in files.items():
+        if not (root / f).is_file():
+            row(f"privacy.json: files[{f}] sha256", digest, None, False, f"{root / f} is missing")
+        else:
+            got = _sha256(root / f)
+            row(f"privacy.json: files[{f}] sha256", digest, got, got == digest,
+                f"{root / f} changed after the release was written")
+    try:
+        fresh = privacy_summary(root)
+    except ArtifactError as exc:
+        row("privacy.json: recomputed from the model and ledger", None, None, False, str(exc))
+        return rows
+    for key in ("private", "delta", "noise_seeded", "warning"):
+        row(f"privacy.json: {key}", claimed.get(key), fresh.get(key), claimed.get(key) == fresh.get(key))
+    ce, fe = claimed.get("epsilon"), fresh.get("epsilon")
+    row("privacy.json: epsilon", ce, fe, (ce is None and fe is None)
+        or (isinstance(ce, (int, float)) and fe is not None and abs(ce - fe) <= tol))
+    cpc = claimed.get("epsilon_per_client") if isinstance(claimed.get("epsilon_per_client"), dict) else {}
+    for c in sorted(set(cpc) | set(fresh["epsilon_per_client"])):
+        a, b = cpc.get(c), fresh["epsilon_per_client"].get(c)
+        row(f"privacy.json: epsilon_per_client[{c}]", a, b,
+            isinstance(a, (int, float)) and b is not None and abs(a - b) <= tol)
+    if files:
+        want = _readme({**fresh, "files": files}, [*files, "privacy.json"])
+        readme = root / "README.md"
+        have = readme.read_text(encoding="utf-8") if readme.is_file() else None
+        row("README.md", "as written" if have == want else ("missing" if have is None else "edited"), "as written",
+            have == want, f"{readme} is not the text the release wrote (its claim or warning was edited or removed)")
+    return rows
+
+
 def public_config(conf: dict[str, Any]) -> dict[str, Any]:
     """The run's configuration as a release holds it: without the store digest (a deterministic function of
     the real embeddings, outside the DP path); settings, the privacy plan, public sizes and provenance stay."""

@@ -250,7 +250,10 @@ def glance(r: dict) -> list[str]:
                    + (f" The job also trained the DP linear reference below on the same records, a separate release "
                       f"with its own ε = {r['dp_fedavg_linear_epsilon']:.3g}: a record in both has spent both "
                       "(sequential composition); it stays with the data holder unless shared too."
-                      if r.get("dp_fedavg_linear_private") and r.get("dp_fedavg_linear_epsilon") is not None else ""))
+                      if r.get("dp_fedavg_linear_private") and r.get("dp_fedavg_linear_epsilon") is not None else "")
+                   + (" **But the noise was seeded** (`train.seed`): whoever knows the seed can regenerate and remove "
+                      "it, so this holds only while the seed stays secret; do not share this run as private, train "
+                      "again without a seed." if r.get("noise_seeded") else ""))
     else:
         out.append("- **Privacy: none.** This run was trained with `no_dp`: the synthetic data may reveal training "
                    "records and must not be shared as private.")
