@@ -172,7 +172,9 @@ def test_prv_above_rdp_is_a_warning_and_rdp_is_the_recomputed_figure(shared, mon
     finally:
         accountant._epsilon_cached.cache_clear()
     assert res["ledger_ok"] and res["epsilon"] == res["epsilon_rdp"]
-    assert sorted(w.split(":")[0] for w in res["warnings"]) == ["client 0", "client 1"]
-    assert all("exceeds the RDP upper bound" in w and "the RDP figure is the reported one" in w for w in res["warnings"])
+    prv = [w for w in res["warnings"] if not w.startswith("the noise was seeded")]  # the run is seeded: also said
+    assert res["noise_seeded"] and len(res["warnings"]) == len(prv) + 1
+    assert sorted(w.split(":")[0] for w in prv) == ["client 0", "client 1"]
+    assert all("exceeds the RDP upper bound" in w and "the RDP figure is the reported one" in w for w in prv)
     # the run recorded PRV's (correct) figure, below RDP: the claims now disagree with the recomputation
     assert not res["consistent"] and all(m["difference"] < 0 for m in res["mismatches"] if m["difference"] is not None)
