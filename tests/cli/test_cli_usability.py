@@ -396,6 +396,7 @@ def test_train_resume_above_the_target_says_so(files, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     res = _one_json(r)
     assert res["target_epsilon"] == 2 and res["above_target"] is True and res["epsilon"] > 2
+    assert "is above the target ε = 2" in " ".join(r.stderr.split())  # with --json too, on stderr (a user's probe)
     r = _invoke(*args, "--resume")  # nothing left to train: the table and the warning again
     assert r.exit_code == 0, r.output
     assert "is above the target ε = 2" in " ".join(r.output.split())

@@ -19,9 +19,13 @@ def _render(r: dict) -> None:
             "dp_fedavg_linear_epsilon", "report")
     Console().print(kv_table("fedhype run", {k: r.get(k) for k in keys}))
     if r.get("above_target"):
-        console.print(f"[bold red]ε = {r['epsilon']:.4g} is above the target ε = {r['target_epsilon']:g}[/]: an "
-                      "interrupted round was charged again on resume (report.md and `fedhype audit` list the "
-                      "releases)", highlight=False)
+        _above_target(r)
+
+
+def _above_target(r: dict) -> None:
+    console.print(f"[bold red]ε = {r['epsilon']:.4g} is above the target ε = {r['target_epsilon']:g}[/]: an "
+                  "interrupted round was charged again on resume (report.md and `fedhype audit` list the "
+                  "releases)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -53,11 +57,14 @@ def register(app: typer.Typer) -> None:
             log_line(f"run: embed → partition → train ({conf['train']['rounds']} round{'s' if conf['train']['rounds'] != 1 else ''}) → synthesize → evaluate → "
                      f"report, into {out}")
             try:
-                return run_job(conf, out, log=log_line, on_round=round_printer(conf["train"]["rounds"]))
+                res = run_job(conf, out, log=log_line, on_round=round_printer(conf["train"]["rounds"]))
             except ValidationError as exc:
                 raise explain_min_records(
                     exc, records="train.min_records",
                     partition="set partition.min_train = {need} (fewer partition.clients, or another partition.scheme) "
                               "in a new --out") from None
+            if json_out and res.get("above_target"):  # stdout is the JSON object: say it on stderr too
+                _above_target(res)
+            return res
 
         run_command(body, json_out, _render)

@@ -95,9 +95,13 @@ def _render(res: dict) -> None:
     if not res["private"]:
         console.print("[bold yellow]NON-PRIVATE run (--no-dp): no DP guarantee on any output[/]")
     if res.get("above_target"):
-        console.print(f"[bold red]ε = {res['epsilon']:.4g} is above the target ε = {res['target_epsilon']:g}[/]: an "
-                      "interrupted round was charged again on resume (the ledger keeps every release; "
-                      "`fedhype audit` lists them)", highlight=False)
+        _above_target(res)
+
+
+def _above_target(res: dict) -> None:
+    console.print(f"[bold red]ε = {res['epsilon']:.4g} is above the target ε = {res['target_epsilon']:g}[/]: an "
+                  "interrupted round was charged again on resume (the ledger keeps every release; "
+                  "`fedhype audit` lists them)", highlight=False)
 
 
 
@@ -257,6 +261,8 @@ def register(app: typer.Typer) -> None:
             res["target_epsilon"] = target
             # a resumed run recharges the round that was interrupted: the accountant's ε then exceeds the target
             res["above_target"] = above_target(res["epsilon"], target)
+            if json_out and res["above_target"]:  # stdout is the JSON object: say it on stderr too
+                _above_target(res)
             return res
 
         run_command(body, json_out, _render)
