@@ -150,6 +150,22 @@ def atomic_save_tensors(
     return path
 
 
+def not_safetensors(path: Path) -> str | None:
+    """Why ``path`` is no safetensors file, when its first bytes say so (a JSON/TOML/text file given by mistake),
+    else None. A safetensors file starts with an 8-byte little-endian header length."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError:
+        return None
+    text = head.lstrip()
+    if text[:1] in (b"{", b"["):
+        return "it is a JSON file (a partition, card, config or report?), not a safetensors file"
+    if len(head) == 8 and int.from_bytes(head, "little") > (1 << 32) and all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        return "it is a text file, not a safetensors file"
+    return None
+
+
 def load_tensors(path: str | os.PathLike, what: str = "tensor file") -> dict[str, torch.Tensor]:
     """Load a safetensors file and verify its content digest (:data:`DIGEST_KEY`, when recorded).
 
@@ -166,7 +182,9 @@ def load_tensors(path: str | os.PathLike, what: str = "tensor file") -> dict[str
         with safe_open(str(path), framework="pt") as fh:
             recorded = (fh.metadata() or {}).get(DIGEST_KEY)
     except Exception as exc:  # safetensors raises its own error types
-        raise ArtifactError(f"{what} {path} is corrupt or truncated ({type(exc).__name__}: {exc})") from None
+        why = not_safetensors(path)
+        raise ArtifactError(f"{what} {path}: {why}" if why else
+                            f"{what} {path} is corrupt or truncated ({type(exc).__name__}: {exc})") from None
     if recorded is not None and tensor_digest(tensors) != recorded:
         raise ArtifactError(f"{what} {path} was modified or corrupted after it was written (its content digest does not "
                             "match the one recorded in the file); restore it from a backup or rerun the step that wrote it")

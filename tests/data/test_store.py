@@ -64,3 +64,21 @@ def test_positions_are_looked_up_in_a_table_built_once_and_rebuilt_when_the_ids_
     assert store.positions(["new3", "new0"]).tolist() == [3, 0]
     with pytest.raises(ArtifactError, match="is not in this embeddings store"):
         store.positions([ids[0]])
+
+
+def test_a_json_or_text_file_given_as_a_store_is_named_as_such(real_store, tmp_path):
+    """A partition JSON passed as the store said "corrupt or truncated … header too large" (a new user's probe)."""
+    from fedhype.io import load_tensors
+
+    (tmp_path / "part.json").write_text('{"format": "fedhype-partition/1"}')
+    (tmp_path / "notes.txt").write_text("these are not embeddings, just some notes\n")
+    for name, what in (("part.json", "it is a JSON file"), ("notes.txt", "it is a text file")):
+        with pytest.raises(ArtifactError, match=what):
+            EmbeddingStore.load(tmp_path / name)
+        with pytest.raises(ArtifactError, match=what):
+            load_tensors(tmp_path / name, "model")
+    real_store.save(tmp_path / "s.safetensors")
+    raw = (tmp_path / "s.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ArtifactError, match="corrupt or truncated"):  # a real but cut store keeps its message
+        EmbeddingStore.load(tmp_path / "cut.safetensors")

@@ -235,7 +235,11 @@ class EmbeddingStore:
                 raw = (fh.metadata() or {}).get(_META_KEY)
                 tensors = {k: fh.get_tensor(k) for k in fh.keys()}
         except Exception as exc:
-            raise ArtifactError(f"embeddings store {path} is corrupt or truncated ({exc}); re-create it") from None
+            from fedhype.io import not_safetensors
+
+            why = not_safetensors(path)
+            raise ArtifactError(f"embeddings store {path}: {why}; give the .safetensors file `fedhype embed` wrote" if why
+                                else f"embeddings store {path} is corrupt or truncated ({exc}); re-create it") from None
         if raw is None:
             raise ArtifactError(f"{path} is a safetensors file but not a fedhype embeddings store (no metadata)")
         try:
