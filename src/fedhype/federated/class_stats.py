@@ -510,13 +510,16 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
     floor = 1e-3 * max(float(total_variance), MIN_TOTAL_VARIANCE) / dim  # > 0 whatever the noisy trace
     unlocated = float(total_variance) - float(theta.sum())
     cols = rank
+    def onto_spikes(amount: float) -> torch.Tensor:  # the located spikes scaled up to carry ``amount`` more
+        return theta * (1.0 + amount / max(float(theta.sum()), 1e-300))
+
     if residual == "located" and rank > 0:  # all of it along the located spikes, in proportion to them
-        theta = theta * (1.0 + max(unlocated, 0.0) / max(float(theta.sum()), 1e-300))
+        theta = onto_spikes(max(unlocated, 0.0))
         unlocated = 0.0
     elif residual == "latent" and cap > rank:
         if share > 0 and rank > 0:  # a share of it along the located spikes first (model.located_share)
             moved = share * max(unlocated, 0.0)
-            theta = theta * (1.0 + moved / max(float(theta.sum()), 1e-300))
+            theta = onto_spikes(moved)
             unlocated -= moved
         free = lam[rank:cap].clamp_min(0)
         theta = torch.cat([theta, free * min(1.0, max(unlocated, 0.0) / max(float(free.sum()), 1e-300))])
@@ -604,7 +607,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         for i, (u, cen) in enumerate(zip(updates, cens)):
             g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual,
                                 clip_shift=None if shifts is None else shifts.relative(cen),
-                                located_share=getattr(cfg, "located_share", 0.0))
+                                located_share=cfg.located_share)
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
             r = min(f.shape[1], L)
