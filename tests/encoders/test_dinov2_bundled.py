@@ -66,7 +66,50 @@ def test_cache_dir_is_reused_when_fresh_and_rebuilt_when_stale(rebuilt, tmp_path
     stamp.write_text(json.dumps({"onnx": "other"}))
     assert dinov2_dir() == d and json.loads(stamp.read_text())["onnx"] == str(onnx_path())  # stale: rebuilt
     assert (d / "model.safetensors").read_bytes() == (rebuilt / "model.safetensors").read_bytes()
-    assert not [p for p in d.parent.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    assert not [p for p in d.parent.iterdir() if p.name.startswith(".") and p.is_dir()]  # no temporary folders left
+
+
+def test_processes_starting_at_once_build_the_stale_folder_once(rebuilt, tmp_path, monkeypatch):
+    """Two jobs of `benchmarks/utility.py --jobs 2` found the folder stale together and deleted each
+    other's files (FileNotFoundError: fedhype-source.json); the build now holds a lock and re-checks."""
+    import shutil
+    import threading
+    import time
+
+    from fedhype.encoders import dinov2_bundled
+
+    monkeypatch.setenv("FEDHYPE_CACHE", str(tmp_path))
+    d = tmp_path / "encoders" / "dinov2-vits14"
+    shutil.copytree(rebuilt, d)
+    (d / "fedhype-source.json").write_text(json.dumps({"onnx": "other"}))  # stale: both callers must rebuild
+    builds, errors, start = [], [], threading.Barrier(2)
+
+    def build(out_dir, onnx_file=None):  # the real result, slowly (both callers are past the freshness check)
+        builds.append(out_dir)
+        time.sleep(0.5)
+        tmp = out_dir.parent / f".tmp-{len(builds)}"
+        shutil.copytree(rebuilt, tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+        return out_dir
+
+    monkeypatch.setattr(dinov2_bundled, "build_dinov2_dir", build)
+
+    def call():
+        start.wait()
+        try:
+            assert dinov2_dir() == d
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and builds == [d]  # built once; the other caller waited and found it fresh
+    assert json.loads((d / "fedhype-source.json").read_text())["onnx"] == str(onnx_path())
 
 
 def test_bundled_encoder_defaults_and_hash():

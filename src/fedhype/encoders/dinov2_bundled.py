@@ -158,8 +158,10 @@ def build_dinov2_dir(out_dir: str | os.PathLike, onnx_file: str | os.PathLike | 
         with quiet_transformers():
             model.save_pretrained(tmp, safe_serialization=True)
         (tmp / "fedhype-source.json").write_text(json.dumps(_source_stamp(onnx_file)))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
+        if out_dir.exists():  # moved aside first: a reader never sees a half-deleted folder
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+            os.replace(out_dir, old / "dir")
+            shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, out_dir)
     finally:
         if tmp.exists():
@@ -172,16 +174,33 @@ def _source_stamp(onnx_file: Path) -> dict:
     return {"onnx": str(onnx_file), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "converter": _CONVERTER_VERSION}
 
 
+def _fresh(out: Path, src: Path) -> bool:
+    try:
+        return json.loads((out / "fedhype-source.json").read_text()) == _source_stamp(src) and (out / "model.safetensors").is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def dinov2_dir() -> Path:
-    """The rebuilt model directory in the cache, (re)built when missing or stale."""
+    """The rebuilt model directory in the cache, (re)built when missing or stale.
+
+    Processes that start at once (``benchmarks/utility.py --jobs 2``, two sites on one machine) build it
+    once: the build holds an exclusive ``flock`` on ``<cache>/encoders/.dinov2-vits14.lock`` and the others
+    wait for it, then find the folder fresh (two builders used to delete each other's files).
+    """
     src = onnx_path()
     out = cache_root() / "encoders" / NAME
-    stamp = out / "fedhype-source.json"
-    try:
-        fresh = json.loads(stamp.read_text()) == _source_stamp(src) and (out / "model.safetensors").is_file()
-    except (OSError, ValueError):
-        fresh = False
-    return out if fresh else build_dinov2_dir(out, src)
+    if _fresh(out, src):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{NAME}.lock", "a+") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file is closed (or the process dies)
+        except ImportError:  # no flock (Windows): one process at a time is the user's to arrange
+            pass
+        return out if _fresh(out, src) else build_dinov2_dir(out, src)
 
 
 @register_encoder(NAME)
