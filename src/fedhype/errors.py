@@ -35,7 +35,7 @@ class MinRecordsError(ValidationError):
 
     Attributes:
         stage: which check refused: ``"partition"`` (the partitioner's minimum: ``fedhype partition
-            --min-records``, ``partition.min_train``) or ``"train"`` (the engine's: ``fedhype train
+            --min-records``, ``partition.min_records``) or ``"train"`` (the engine's: ``fedhype train
             --min-records``, ``train.min_records``).
         minimum: the smallest training set asked for.
         clients: every client below it, in partition order, as ``(name, n_train, n_records)``:

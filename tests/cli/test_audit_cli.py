@@ -58,6 +58,9 @@ def test_clean_run_exits_0(app, shared):
     assert out["delta"] == 1e-4 and "exit_code" not in out
     human, _ = _run(app, "--run", str(shared["run"]))
     assert human.exit_code == 0 and "ledger consistency" in human.stdout
+    # the ledger keys clients by id, privacy.json and the report by name: the audit gives both
+    assert out["client_names"] == {"0": "client-0", "1": "client-1"}
+    assert f"{out['worst_client']} (client-{out['worst_client']})" in human.stdout
 
 
 def test_tampered_ledger_exits_4_naming_the_event(app, run_copy):

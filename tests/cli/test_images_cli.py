@@ -119,7 +119,7 @@ def test_partition_uses_the_given_train_and_test_folders(tmp_path, enc):
 
 
 SMALL_JOB = ["--set", "train.rounds=1", "--set", "train.batch_size=16", "--set", "train.seed=0",
-             "--set", "train.epsilon=8", "--set", "partition.min_train=5", "--set", "train.min_records=5", "--set", "synthesis.per_class=20",
+             "--set", "train.epsilon=8", "--set", "partition.min_records=5", "--set", "train.min_records=5", "--set", "synthesis.per_class=20",
              "--set", "evaluate.permutations=10", "--set", "evaluate.interpolation=false",
              "--set", "evaluate.dp_linear=false", "--set", "evaluate.prototypes=false",
              "--set", "evaluate.code_domain=false", "--set", "model.hidden=16", "--set", "model.latent=4",

@@ -40,6 +40,12 @@ def test_train_and_synthesize(files, tmp_path):
     assert {"run_dir", "epsilon", "delta", "rounds", "clients"} <= set(res)
     assert 1.5 < res["epsilon"] <= 2.0 and res["delta"] == 1e-4 and res["rounds"] == 2 and len(res["clients"]) == 4
     assert res["noise_seeded"] is True  # --seed 0: reproducible noise, not secret
+    # ids key the ledger, names the report and privacy.json: train says both
+    assert res["client_names"] == ["mnist", "optdigits", "mnist-m", "rotated-mnist"] and res["clients"] == list("0123")
+    from fedhype.cli.common import client_labels
+
+    assert client_labels(res["clients"], res["client_names"]).startswith("0 (mnist), 1 (optdigits), 2 (mnist-m)")
+    assert client_labels(["0", "1"], None) == "0, 1"
     r = runner.invoke(app, ["synthesize", "--run", str(tmp_path / "run"), "--code", "mixture:0=0.5,1=0.5",
                             "--n", "101", "--seed", "3", "--out", str(tmp_path / "syn.safetensors"), "--json"])
     assert r.exit_code == 0, r.output
@@ -155,7 +161,7 @@ def test_run_min_records_names_the_job_keys(tmp_path):
     assert r.exit_code == 2, r.output
     err = _json(r)["error"]
     assert "fewer than train.min_records 10000" in err and "lower train.min_records" in err
-    assert "partition.min_train = 10000" in err
+    assert "partition.min_records = 10000" in err
 
 
 def test_bad_values_are_refused_before_anything_is_written(files, tmp_path):

@@ -74,3 +74,36 @@ def test_no_dp_of_a_later_layer_overrides_a_config_files_epsilon(tmp_path):
     off.write_text("[train]\nno_dp = true\n")
     with pytest.raises(ValidationError, match=r"--set train.epsilon=4: train.epsilon asks for privacy"):
         resolve(off, ["train.epsilon=4"])
+
+
+def test_old_partition_keys_are_read_under_the_clis_names_with_a_warning(tmp_path):
+    # the job keys are the CLI's words (--fractions, --min-records); the old ones still work, saying so
+    (tmp_path / "job.toml").write_text("[partition]\nsplit = [0.5, 0.25, 0.25]\nmin_train = 7\n")
+    said = []
+    conf = resolve(tmp_path / "job.toml", ["partition.min_train=9"], warn=said.append)
+    assert conf["partition"]["fractions"] == [0.5, 0.25, 0.25] and conf["partition"]["min_records"] == 9
+    assert "split" not in conf["partition"] and "min_train" not in conf["partition"]
+    assert len(said) == 3 and all("is deprecated" in m for m in said)
+    assert "partition.split" in said[0] and "use partition.fractions" in said[0] and str(tmp_path / "job.toml") in said[0]
+    assert "--set partition.min_train=9" in said[2] and "use partition.min_records" in said[2]
+    with pytest.warns(FutureWarning, match="partition.min_records"):
+        assert resolve(None, ["partition.min_train=3"])["partition"]["min_records"] == 3
+    assert resolve(None, ["partition.fractions=[0.8, 0.1, 0.1]"], warn=said.append)["partition"]["fractions"] == [0.8, 0.1, 0.1]
+    assert len(said) == 3  # the new names say nothing
+
+
+def test_a_job_folder_written_with_the_old_partition_keys_resumes(tmp_path):
+    from fedhype.pipeline.config import upgrade_keys
+
+    conf = resolve(None, ["train.epsilon=1"])
+    old = json.loads(json.dumps(conf))
+    old["partition"]["split"] = old["partition"].pop("fractions")
+    old["partition"]["min_train"] = old["partition"].pop("min_records")
+    assert upgrade_keys(json.loads(json.dumps(old))) == json.loads(json.dumps(conf))
+    out = tmp_path / "job"
+    (out / "run").mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(old))
+    (out / "run" / "config.json").write_text("{}")  # training had started: only the same settings may resume
+    with pytest.raises(ValidationError, match=r"train\.epsilon: 1 → 4") as err:  # a real difference is still named
+        run_job(resolve(None, ["train.epsilon=4"]), out, log=lambda s: None)
+    assert "partition" not in str(err.value)  # and the renamed keys are not differences

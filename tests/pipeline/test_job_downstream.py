@@ -38,7 +38,7 @@ def test_the_job_reports_the_per_client_table(tmp_path):
 
 
 def test_an_empty_split_skips_the_per_client_tables_with_a_warning(tmp_path):
-    rep, ev, lines = _run(tmp_path, "partition.split=[0.8, 0.0, 0.2]", "evaluate.downstream=true")
+    rep, ev, lines = _run(tmp_path, "partition.fractions=[0.8, 0.0, 0.2]", "evaluate.downstream=true")
     assert "downstream" not in ev and "interpolation" not in ev and rep["downstream"] is None
     warn = next(x for x in lines if "per-client tables" in x)
     assert "are skipped: empty split(s)" in warn and "(val)" in warn

@@ -52,6 +52,9 @@ def _render(r: dict[str, Any]) -> None:
     if r.get("run") is not None:
         rows = {k: r.get(k) for k in ("run", "private", "ledger_ok", "epsilon", "epsilon_rdp", "delta", "worst_client",
                                       "events", "consistent")}
+        names = r.get("client_names") or {}
+        if r.get("worst_client") is not None and names.get(str(r["worst_client"]), str(r["worst_client"])) != str(r["worst_client"]):
+            rows["worst_client"] = f"{r['worst_client']} ({names[str(r['worst_client'])]})"
         rows["claims checked"] = len(r.get("checked", []))
         out.print(kv_table("ledger consistency (ε recomputed: PRV; RDP cross-check)", rows))
         if r.get("mismatches"):

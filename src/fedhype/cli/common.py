@@ -71,6 +71,12 @@ def kv_table(title: str, rows: dict[str, Any]) -> Table:
     return table
 
 
+def client_labels(ids: list[str], names: list[str] | None) -> str:
+    """``"0 (mnist), 1 (usps)"``: each client's id (the ledger's key) with its name where they differ."""
+    names = list(names or ids)
+    return ", ".join(str(i) if str(i) == str(n) else f"{i} ({n})" for i, n in zip(ids, names))
+
+
 def run_command(
     body: Callable[[], dict[str, Any]],
     json_mode: bool,

@@ -100,7 +100,7 @@ def partition(
     split: str = renamed_option("0.6,0.2,0.2", "--fractions", "--split", help="train,val,test fractions of each client's records."),
     min_train: int = renamed_option(..., "--min-records", "--min-train", help="Refuse a partition in which a client has fewer "
                                     "training records (`fedhype train --min-records` checks the same at training time).",
-                                    default_factory=config_default("partition", "min_train")),
+                                    default_factory=config_default("partition", "min_records")),
     seed: int = typer.Option(0, "--seed", help="Seed of the partition."),
     draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw every client's train/val/test from --fractions "
                                      "even when the store's image folders give splits (train/, val/, test/)."),

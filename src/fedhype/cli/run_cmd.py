@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
             check_out_kind(out, "run", ("job",))  # never into a training run, a model or a folder of other files
             flags = ([f"train.secure_aggregation={str(secure_aggregation).lower()}"] if secure_aggregation is not None else []) + (
                 [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else [])
-            conf = resolve(config, [*set_, *flags])
+            conf = resolve(config, [*set_, *flags], warn=lambda m: typer.echo(f"warning: {m}", err=True))
             log_line(f"run: embed → partition → train ({conf['train']['rounds']} round{'s' if conf['train']['rounds'] != 1 else ''}) → synthesize → evaluate → "
                      f"report, into {out}")
             try:
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
             except ValidationError as exc:
                 raise explain_min_records(
                     exc, records="train.min_records",
-                    partition="set partition.min_train = {need} (fewer partition.clients, or another partition.scheme) "
+                    partition="set partition.min_records = {need} (fewer partition.clients, or another partition.scheme) "
                               "in a new --out") from None
             if json_out and res.get("above_target"):  # stdout is the JSON object: say it on stderr too
                 _above_target(res)

@@ -34,7 +34,7 @@ def site(
     fractions: str = typer.Option("0.6,0.2,0.2", "--fractions", help="train,val,test fractions of the site's records "
                                   "(per class; ignored for splits the image folders give)."),
     min_train: int = typer.Option(..., "--min-records", help="Refuse a split with fewer training records.",
-                                  default_factory=config_default("partition", "min_train")),
+                                  default_factory=config_default("partition", "min_records")),
     seed: int = typer.Option(0, "--seed", help="Seed of the split."),
     draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw train/val/test from --fractions even when the "
                                      "store's image folders give splits (train/, val/, test/)."),

@@ -17,7 +17,7 @@ from rich.console import Console
 from fedhype.cli.choices import choice
 from fedhype.federated.config import METHOD_REGISTRY, METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
-from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, check_out_dir, check_out_kind, config_default,
+from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, client_labels, check_out_dir, check_out_kind, config_default,
                                 config_option, console, existing, kv_table, log_line, round_printer, run_command)
 from fedhype.errors import MinRecordsError, ValidationError
 
@@ -86,7 +86,7 @@ def _render(res: dict) -> None:
     rows = {k: res[k] for k in ("run_dir", "epsilon", "delta", "noise_multiplier", "rounds", "private", "noise_seeded")}
     if res.get("target_epsilon") is not None:
         rows["target ε"] = res["target_epsilon"]
-    rows["clients"] = ", ".join(res["clients"])
+    rows["clients"] = client_labels(res["clients"], res.get("client_names"))
     if res.get("secure_aggregation"):
         rows["secure aggregation"] = (f"m = {res['secure_aggregation']['clients']}, t = "
                                       f"{res['secure_aggregation']['dropout_tolerance']}")

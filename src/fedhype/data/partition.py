@@ -422,7 +422,7 @@ def make_partition(
                 "domain": "use fewer clients (--clients)"}[scheme]
         raise MinRecordsError(
             f"{len(bad)} of {len(clients)} clients have fewer than {floor} train records: {listed}; "
-            f"{hint}, or lower the minimum (--min-records, min_records= in Python, partition.min_train in a job)",
+            f"{hint}, or lower the minimum (--min-records, min_records= in Python, partition.min_records in a job)",
             stage="partition", minimum=floor, clients=[(c.name, len(c.train), len(c.train) + len(c.val) + len(c.test)) for c in bad],
             n_clients=len(clients))
     return Partition(scheme, params, int(seed), store.digest(), n, list(store.class_names), clients, secrets.token_hex(16))

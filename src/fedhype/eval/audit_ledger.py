@@ -137,7 +137,8 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
     Returns:
         ``{"run", "private", "ledger_ok", "ledger_error", "epsilon", "delta", "epsilon_rdp",
         "worst_client", "epsilon_per_client", "epsilon_rdp_per_client", "events", "checked",
-        "mismatches", "warnings", "consistent"}``; each mismatch is ``{"name", "claimed",
+        "mismatches", "warnings", "consistent", "client_names"}`` (``client_names``: ledger id → the
+        client's name, as privacy.json and the report key it); each mismatch is ``{"name", "claimed",
         "recomputed", "difference"[, "reason"]}``.
 
     Raises:
@@ -154,7 +155,9 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
     report = read_json(report_path, "run report") if report_path is not None else None
     stores = [(str(p), EmbeddingStore.load(p)) for p in [*job_synthetic, *synthetic]]
     private = bool(meta.get("private"))
-    res: dict[str, Any] = {"run": str(run.root), "report": None if report_path is None else str(report_path),
+    ids = [str(c) for c in meta.get("clients") or []]
+    res: dict[str, Any] = {"client_names": dict(zip(ids, [str(n) for n in (meta.get("client_names") or ids)])),
+                           "run": str(run.root), "report": None if report_path is None else str(report_path),
                            "private": private, "ledger_ok": None, "ledger_error": None,
                            "epsilon": None, "delta": meta.get("delta"), "epsilon_rdp": None, "worst_client": None,
                            "epsilon_per_client": {}, "epsilon_rdp_per_client": {}, "events": 0, "warnings": []}

@@ -28,6 +28,8 @@ class TrainResult(Mapping):
         traffic: parameter and message sizes (:meth:`fedhype.models.hypernet.HyperNetwork.traffic`).
         secure_aggregation: ``{"clients", "dropout_tolerance", "min_contributions"}``, or None.
         complete: every planned round is committed.
+        client_names: the clients' names (a partition's or the sites'), in the order of ``clients``; the
+            ids key the ledger and ``epsilon_per_client``, the names are what a report and privacy.json show.
     """
 
     run_dir: str
@@ -46,6 +48,7 @@ class TrainResult(Mapping):
     traffic: dict[str, Any]
     secure_aggregation: dict[str, int] | None
     complete: bool
+    client_names: list[str]
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict of the fields (the keys train returned before it returned this class)."""

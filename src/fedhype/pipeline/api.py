@@ -73,18 +73,28 @@ def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: s
 
 def partition(store: EmbeddingStore, *, scheme: str = DEFAULTS["partition"]["scheme"], clients: int | None = None,
               alpha: float = DEFAULTS["partition"]["alpha"],
-              split: tuple[float, float, float] = tuple(DEFAULTS["partition"]["split"]),
-              min_records: int = DEFAULTS["partition"]["min_train"], seed: int = DEFAULTS["partition"]["seed"]) -> Partition:
+              fractions: tuple[float, float, float] = tuple(DEFAULTS["partition"]["fractions"]),
+              min_records: int = DEFAULTS["partition"]["min_records"], seed: int = DEFAULTS["partition"]["seed"],
+              split: tuple[float, float, float] | None = None) -> Partition:
     """Clients and their train/val/test splits (:func:`fedhype.data.partition.make_partition`).
 
     ``scheme``: ``domain`` (one client per domain of the store), ``dirichlet`` (``clients`` clients
-    with Dirichlet(``alpha``) label skew) or ``iid``. ``split``: train/val/test fractions of each client.
+    with Dirichlet(``alpha``) label skew) or ``iid``. ``fractions``: train/val/test fractions of each client
+    (``--fractions`` of the CLI).
     ``min_records``: the smallest training set a client may have (records; ``--min-records`` of the CLI).
+
+    ``split`` is the old name of ``fractions`` (deprecated: a ``FutureWarning``; removed in the next release).
 
     Raises:
         ValidationError: unknown scheme, bad fractions, a client below ``min_records``.
     """
-    return make_partition(store, scheme=scheme, n_clients=clients, alpha=alpha, splits=tuple(split),
+    if split is not None:
+        import warnings
+
+        warnings.warn("fedhype.partition(split=) is deprecated and will be removed in the next release; use fractions=",
+                      FutureWarning, stacklevel=2)
+        fractions = split
+    return make_partition(store, scheme=scheme, n_clients=clients, alpha=alpha, splits=tuple(fractions),
                           min_train_per_client=min_records, seed=seed)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import tomllib
+import warnings
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -46,9 +48,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # benchmark figures were measured at); cache_dir "" = ~/.cache/fedhype/embeddings ($FEDHYPE_CACHE)
     "data": {"dataset": "digits-domains", "images": "", "layout": "auto", "store": "", "encoder": "dinov2-vits14",
              "image_size": 0, "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "dtype": "auto", "cache_dir": ""},
-    # min_train: the smallest client training set, the same minimum as train.min_records
-    "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "split": [0.6, 0.2, 0.2],
-                  "min_train": _TRAIN_DEFAULTS["min_records"], "seed": 0},
+    # fractions: train/val/test shares of each client's records (`fedhype partition --fractions`); min_records:
+    # the smallest client training set (`--min-records`), the same minimum as train.min_records
+    "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "fractions": [0.6, 0.2, 0.2],
+                  "min_records": _TRAIN_DEFAULTS["min_records"], "seed": 0},
     # train and model: the dataclasses' own defaults (TrainConfig and ModelConfig say why each was chosen)
     "train": {k: _TRAIN_DEFAULTS[k] for k in JOB_TRAIN_KEYS},
     "model": {k: _MODEL_DEFAULTS[k] for k in JOB_MODEL_KEYS},
@@ -60,6 +63,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "evaluate": {"permutations": 200, "max_samples": 2000, "k": 5, "seed": 0, "interpolation": True,
                  "downstream": True, "prototypes": True, "dp_linear": True, "code_domain": True},
 }
+
+#: job keys renamed to the CLI's option names (``--fractions``, ``--min-records``): the old name is still
+#: read, with a warning, for one release (a config file or a job folder written before the rename)
+RENAMED_KEYS = {("partition", "split"): "fractions", ("partition", "min_train"): "min_records"}
 
 _TRAIN_KEYS = {f.name for f in fields(TrainConfig)} - {"model"}
 _MODEL_KEYS = {f.name for f in fields(ModelConfig)} - {"dim", "n_classes"}
@@ -73,7 +80,8 @@ def _parse_value(text: str) -> Any:
 
 
 def resolve(config_file: str | Path | None = None, overrides: list[str] | None = None, *,
-            values: dict[str, Any] | None = None, where: str = "argument") -> dict[str, dict[str, Any]]:
+            values: dict[str, Any] | None = None, where: str = "argument",
+            warn: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
     """Defaults ← TOML file ← ``--set`` overrides ← ``values``, validated.
 
     Args:
@@ -81,6 +89,8 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
         overrides: ``section.key=value`` strings (``--set``; values parsed as TOML).
         values: ``{"section.key": value}`` with Python values (the Python API's keyword arguments;
             errors name them as ``{where} key``).
+        warn: called with each deprecation message (an old key of :data:`RENAMED_KEYS`, which is read
+            under its new name); default: :func:`warnings.warn` with a ``FutureWarning``.
 
     Raises:
         ValidationError: unreadable TOML, unknown section/key, malformed ``--set``, a value of the
@@ -89,6 +99,16 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
     """
     conf = copy.deepcopy(DEFAULTS)
     given: dict[str, str] = {}  # "section.key" → where it was set (file or --set)
+    say = warn or (lambda m: warnings.warn(m, FutureWarning, stacklevel=3))
+
+    def _set(conf: dict, section: str, key: str, value: Any, where: str) -> str:  # → the key's current name
+        if (section, key) in RENAMED_KEYS:
+            new = RENAMED_KEYS[section, key]
+            say(f"{where}: {section}.{key} is deprecated and will be removed in the next release; use {section}.{new}")
+            key = new
+        _set_key(conf, section, key, value, where)
+        return key
+
     if config_file:
         path = Path(config_file)
         if not path.is_file():
@@ -101,20 +121,20 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
             if not isinstance(entries, dict):
                 raise ValidationError(f"--config {path}: top-level key {section!r} must be a [section]")
             for key, value in entries.items():
-                _set(conf, section, key, value, where=f"--config {path}")
+                key = _set(conf, section, key, value, where=f"--config {path}")
                 given[f"{section}.{key}"] = f"--config {path}"
     for item in overrides or []:
         key, eq, value = item.partition("=")
         if not eq or "." not in key:
             raise ValidationError(f"--set {item!r}: expected section.key=value (e.g. train.rounds=20)")
         section, _, name = key.strip().partition(".")
-        _set(conf, section, name, _parse_value(value.strip()), where=f"--set {item}")
+        name = _set(conf, section, name, _parse_value(value.strip()), where=f"--set {item}")
         given[f"{section}.{name}"] = f"--set {item}"
     for key, value in (values or {}).items():
         section, _, name = key.partition(".")
         label = f"{where} {name}"
-        _set(conf, section, name, list(value) if isinstance(value, tuple) else value, where=label)
-        given[key] = label
+        name = _set(conf, section, name, list(value) if isinstance(value, tuple) else value, where=label)
+        given[f"{section}.{name}"] = label
     # normalise "none" markers
     for k in ("noise_multiplier", "max_epsilon", "seed", "epsilon"):
         if isinstance(conf["train"].get(k), str) and conf["train"][k].lower() in ("none", "null", ""):
@@ -189,7 +209,17 @@ def check_data(conf: dict) -> None:
                                   f"{', '.join(BUILTIN_DATASETS)} (or set data.images to a folder, data.store to a store)")
 
 
-def _set(conf: dict, section: str, key: str, value: Any, where: str) -> None:
+def upgrade_keys(conf: dict) -> dict:
+    """A stored job configuration (a job folder's config.json) with the keys of :data:`RENAMED_KEYS` under
+    their new names, in place; returns ``conf``. A folder written before the rename resumes unchanged."""
+    for (section, old), new in RENAMED_KEYS.items():
+        part = conf.get(section)
+        if isinstance(part, dict) and old in part and new not in part:
+            part[new] = part.pop(old)
+    return conf
+
+
+def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None:
     if section not in conf:
         raise ValidationError(f"{where}: unknown section {section!r}; sections: {sorted(conf)}")
     allowed = _MODEL_KEYS if section == "model" else (_TRAIN_KEYS if section == "train" else set(conf[section]))

@@ -143,7 +143,7 @@ def _check_evaluation(conf: dict, part: Partition) -> None:
         raise ValidationError(
             f"the partition leaves {n_test} real test record(s) over {len(part.clients)} client(s); the evaluation needs "
             f"more than evaluate.k = {k} (PRDC's nearest neighbours) and at least 2 (MMD²): give more images, a larger "
-            "test share (partition.split) or a smaller evaluate.k; nothing was trained")
+            "test share (partition.fractions) or a smaller evaluate.k; nothing was trained")
 
 
 def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bool) -> Partition:
@@ -155,11 +155,11 @@ def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bo
         return part
     p = conf["partition"]
     part = make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
-                          splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=p["seed"])
+                          splits=tuple(p["fractions"]), min_train_per_client=p["min_records"], seed=p["seed"])
     if part.params.get("given_splits"):
         from fedhype.data.partition import given_splits_line
 
-        log(given_splits_line(part.params["given_splits"], "partition.split applies only to the splits drawn"))
+        log(given_splits_line(part.params["given_splits"], "partition.fractions applies only to the splits drawn"))
     log(f"partition: {len(part.clients)} clients ({p['scheme']}): " +
         ", ".join(f"{c.name}={len(c.train)}" for c in part.clients))
     missing = _classes_without_training_records(store, part)
@@ -220,7 +220,7 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
 
 
 def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
-    from fedhype.pipeline.config import check_data
+    from fedhype.pipeline.config import check_data, upgrade_keys
 
     tcfg = train_config(conf)  # validate every training setting before anything is written
     check_data(conf)  # and the [data] section: encoder name, folder, pooling, device, dtype
@@ -230,6 +230,8 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     old_conf = read_json(cfg_path, "job config") if cfg_path.exists() else None
     if isinstance(old_conf, dict) and isinstance(old_conf.get("data"), dict):
         old_conf["data"].setdefault("layout", "auto")  # jobs written before data.layout existed read folders as auto
+    if isinstance(old_conf, dict):
+        upgrade_keys(old_conf)  # a job folder written before partition.split / min_train were renamed resumes
     stale = old_conf is not None and old_conf != json.loads(json.dumps(conf))
     if stale:
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
