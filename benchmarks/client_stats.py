@@ -98,7 +98,7 @@ def main() -> None:
     t0, ran = time.perf_counter(), 0
     for seed in a.seeds:
         part = make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
-                              splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=seed)
+                              splits=tuple(p["fractions"]), min_train_per_client=p["min_records"], seed=seed)
         for eps in a.epsilons:
             for m in a.methods:
                 if (m, eps, seed) in have:

@@ -99,7 +99,7 @@ def run_row(dataset: str, store, eps: str, seed: int) -> dict:
     conf = resolve(DATASETS[dataset], sets)
     p, s = conf["partition"], conf["synthesis"]
     part = make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
-                          splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=p["seed"])
+                          splits=tuple(p["fractions"]), min_train_per_client=p["min_records"], seed=p["seed"])
     with tempfile.TemporaryDirectory() as tmp:
         trained = train(store, part, train_config(conf), Path(tmp) / "run", diagnostics=False)
         syn = synthesize(Path(tmp) / "run", s["code"], per_class=PER_CLASS, seed=s["seed"],

@@ -156,7 +156,7 @@ def data(name: str):
                          image_size=d["image_size"] or None, progress=False,
                          **({"dtype": d["dtype"]} if name == "fashion-full" else {}))
     return store, lambda seed: make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
-                                              splits=tuple(p["split"]), min_train_per_client=p["min_train"], seed=seed)
+                                              splits=tuple(p["fractions"]), min_train_per_client=p["min_records"], seed=seed)
 
 
 def label(overrides: dict) -> str:

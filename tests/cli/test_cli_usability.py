@@ -474,6 +474,12 @@ def test_renamed_options_still_work_under_their_old_names_and_warn(files, tmp_pa
                 "--partition", files / "part.json", "--real-split", "val", "--permutations", 0, "--json")
     assert r.exit_code == 0, r.output
     assert "--real is deprecated" in r.stderr and "--real-split is deprecated" in r.stderr
+    # a real store scored as --synthetic: said on stderr and in the JSON object (a new user's probe)
+    assert _one_json(r)["synthetic_kind"] == "real" and "not 'synthetic'" in _one_json(r)["warnings"][0]
+    both = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--split",
+                   "0.5,0.25,0.25", "--fractions", "0.6,0.2,0.2", "--out", tmp_path / "both.json", "--json")
+    assert both.exit_code == 2 and "--split is the old name of --fractions; give only --fractions" in both.output
+    assert not (tmp_path / "both.json").exists()
     part = make_partition(EmbeddingStore.load(files / "digits.safetensors"), scheme="domain")
     assert _one_json(r)["n_real"] == sum(len(c.val) for c in part.clients)  # the val split, as --split val
 

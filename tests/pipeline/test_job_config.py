@@ -56,6 +56,15 @@ def test_data_store_takes_an_existing_real_store_and_refuses_the_rest(real_store
         embed_store(resolve(None, [f"data.store='{tmp_path / 'nope.safetensors'}'"])["data"])
     with pytest.raises(ValidationError, match="data.images .* and data.store .* both name the real data"):
         resolve(None, [f"data.store='{tmp_path / 'emb.safetensors'}'", f"data.images='{tmp_path}'"])
+    # embedding settings the store contradicts are refused, not recorded as if used (a new user's probe)
+    emb = f"data.store='{tmp_path / 'emb.safetensors'}'"
+    crop = real_store.meta["preprocess"]["crop"]
+    for extra, msg in (("data.limit=60", "data.limit = 60"), ("data.image_size=224", f"embedded at {crop} px"),
+                       ("data.encoder='bogus'", "data.encoder = 'bogus'"), ("data.pooling='mean'", "data.pooling = 'mean'")):
+        with pytest.raises(ValidationError, match=msg):
+            embed_store(resolve(None, [emb, extra])["data"])
+    got = embed_store(resolve(None, [emb, f"data.image_size={crop}", f"data.encoder='{real_store.meta['encoder']}'"])["data"])
+    assert len(got) == len(real_store)  # the store's own settings, spelled out, are fine
 
 
 def test_no_dp_of_a_later_layer_overrides_a_config_files_epsilon(tmp_path):
@@ -90,6 +99,28 @@ def test_old_partition_keys_are_read_under_the_clis_names_with_a_warning(tmp_pat
         assert resolve(None, ["partition.min_train=3"])["partition"]["min_records"] == 3
     assert resolve(None, ["partition.fractions=[0.8, 0.1, 0.1]"], warn=said.append)["partition"]["fractions"] == [0.8, 0.1, 0.1]
     assert len(said) == 3  # the new names say nothing
+    # the old and the new name of one setting in the same layer: refused, naming both
+    (tmp_path / "both.toml").write_text("[partition]\nsplit = [0.6, 0.2, 0.2]\nfractions = [0.5, 0.25, 0.25]\n")
+    with pytest.raises(ValidationError, match=r"partition.fractions and partition.split .* give only partition.fractions"):
+        resolve(tmp_path / "both.toml", warn=said.append)
+    with pytest.raises(ValidationError, match="old and new names"):
+        resolve(None, ["partition.fractions=[0.8, 0.1, 0.1]", "partition.split=[0.6, 0.2, 0.2]"], warn=said.append)
+    # a later layer may override an earlier one under either name
+    assert resolve(tmp_path / "job.toml", ["partition.fractions=[0.8, 0.1, 0.1]"],
+                   warn=said.append)["partition"]["fractions"] == [0.8, 0.1, 0.1]
+
+
+def test_bundled_configs_use_the_current_keys():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for cfg in sorted((root / "configs").glob("*.toml")):
+        said = []
+        resolve(cfg, warn=said.append)
+        assert said == [], cfg  # no deprecated key in what we ship
+    for script in sorted((root / "benchmarks").glob("*.py")):  # nor in the benchmarks that read a job's partition
+        text = script.read_text()
+        assert '["split"]' not in text and '["min_train"]' not in text, script
 
 
 def test_a_job_folder_written_with_the_old_partition_keys_resumes(tmp_path):

@@ -251,6 +251,8 @@ def renamed_option(default: Any, new: str, old: str, *, help: str, callback: Cal
 
     def check(ctx: typer.Context, value: Any) -> Any:
         argv = ctx.meta.get(_ARGV_META) or []
+        if any(a == old or a.startswith(old + "=") for a in argv) and any(a == new or a.startswith(new + "=") for a in argv):
+            raise typer.BadParameter(f"{old} is the old name of {new}; give only {new}")
         if any(a == old or a.startswith(old + "=") for a in argv):
             typer.echo(f"warning: {old} is deprecated and will be removed in the next release; use {new}", err=True)
         return callback(value) if callback is not None else value

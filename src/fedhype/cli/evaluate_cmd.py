@@ -183,9 +183,7 @@ def evaluate(
                           "reference; if the model was trained on some of them, TSTR and MMD² overstate what it does on "
                           "unseen data (give --partition with --split test, or a store of held-out records)",
                           highlight=False)
-        if syn_store.kind != "synthetic":
-            console.print(f"[yellow]warning[/]: {synthetic} is marked kind={syn_store.kind!r}, not 'synthetic'",
-                          highlight=False)
+        kind_warning = _kind_warning(synthetic, syn_store)
         console.print(f"evaluating {len(syn_store)} synthetic against {len(test_store)} real embeddings …",
                       highlight=False)
         result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
@@ -214,7 +212,8 @@ def evaluate(
         result.update(real=str(real), synthetic=str(synthetic),
                       real_train=None if real_train is None else str(real_train),
                       partition=None if partition is None else str(partition),
-                      real_split=split if partition is not None else None)
+                      real_split=split if partition is not None else None, synthetic_kind=syn_store.kind,
+                      warnings=[kind_warning] if kind_warning else [])
         return result
 
     run_command(body, json_mode, _render)
@@ -247,15 +246,26 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
     except ValidationError as exc:
         raise ValidationError(f"{where}: {exc} of synthetic store {synthetic}") from None
     check_compatible(train_store, syn_store, f"real train store of {where}", f"synthetic store {synthetic}")
-    if syn_store.kind != "synthetic":
-        console.print(f"[yellow]warning[/]: {synthetic} is marked kind={syn_store.kind!r}, not 'synthetic'", highlight=False)
+    kind_warning = _kind_warning(synthetic, syn_store)
     console.print(f"evaluating {len(syn_store)} synthetic against {len(test_store)} real embeddings of {where} …",
                   highlight=False)
     result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
                       max_samples=max_samples, k=k, seed=seed)
     result.update(real=str(s.store_path), site=s.name, synthetic=str(synthetic),
-                  real_train=None if real_train is None else str(real_train), partition=None, real_split=split)
+                  real_train=None if real_train is None else str(real_train), partition=None, real_split=split,
+                  synthetic_kind=syn_store.kind, warnings=[kind_warning] if kind_warning else [])
     return result
+
+
+def _kind_warning(path, store) -> str | None:
+    """The warning (printed, and kept in the result's ``warnings``) for a --synthetic store that is not
+    marked synthetic: real records scored as synthetic give perfect-looking, meaningless figures."""
+    if store.kind == "synthetic":
+        return None
+    msg = (f"{path} is marked kind={store.kind!r}, not 'synthetic': its figures score real records as if they were "
+           "synthetic (a real store is the reference, --store)")
+    console.print(f"[yellow]warning[/]: {msg}", highlight=False)
+    return msg
 
 
 def register(app: typer.Typer) -> None:

@@ -331,7 +331,8 @@ def _check_args(scheme: str, n_clients, alpha, quantity_skew, splits, min_train)
             raise ValidationError(f"quantity skew must be a positive number, got {quantity_skew}")
     s = np.asarray(splits, dtype=np.float64)
     if s.shape != (3,) or not np.all(np.isfinite(s)) or s.min() < 0 or s[0] <= 0 or abs(s.sum() - 1) > 1e-6:
-        raise ValidationError(f"splits must be three fractions train,val,test ≥ 0 summing to 1 (train > 0), got {splits}")
+        raise ValidationError(f"the train,val,test fractions (--fractions, partition.fractions in a job, fractions= in "
+                              f"Python) must be three numbers ≥ 0 summing to 1 with train > 0, got {list(splits)}")
     if min_train < 0:
         raise ValidationError(f"the minimum training set (--min-records, min_records=) must be ≥ 0, got {min_train}")
     return s / s.sum()

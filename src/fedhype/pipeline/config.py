@@ -101,11 +101,21 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
     given: dict[str, str] = {}  # "section.key" → where it was set (file or --set)
     say = warn or (lambda m: warnings.warn(m, FutureWarning, stacklevel=3))
 
+    spelled: dict[tuple[str, str], tuple[str, str]] = {}  # (section, current name) → (name as given, where)
+
+    def _layer(label: str) -> int:
+        return 0 if label.startswith("--config") else 1 if label.startswith("--set") else 2
+
     def _set(conf: dict, section: str, key: str, value: Any, where: str) -> str:  # → the key's current name
+        name = key
         if (section, key) in RENAMED_KEYS:
-            new = RENAMED_KEYS[section, key]
-            say(f"{where}: {section}.{key} is deprecated and will be removed in the next release; use {section}.{new}")
-            key = new
+            key = RENAMED_KEYS[section, key]
+            say(f"{where}: {section}.{name} is deprecated and will be removed in the next release; use {section}.{key}")
+        before = spelled.get((section, key))
+        if before is not None and before[0] != name and _layer(before[1]) == _layer(where):
+            raise ValidationError(f"{where}: {section}.{name} and {section}.{before[0]} ({before[1]}) are the old and new "
+                                  f"names of one setting; give only {section}.{key}")
+        spelled[section, key] = (name, where)
         _set_key(conf, section, key, value, where)
         return key
 

@@ -116,6 +116,7 @@ def _embed_store(d: dict, *, progress: bool) -> tuple[EmbeddingStore, str]:
         if store.kind != "real":
             raise ValidationError(f"data.store = {str(path)!r} is a {store.kind!r} store; the job trains on real "
                                   "embeddings (from `fedhype embed`)")
+        _check_store_settings(d, store, path)
         return store, ""
     if d["images"]:
         store, hit = cached_embed_images(d["images"], d["encoder"], layout=d.get("layout", "auto"),
@@ -126,6 +127,34 @@ def _embed_store(d: dict, *, progress: bool) -> tuple[EmbeddingStore, str]:
     return cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
                         image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
                         pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=progress), ""
+
+
+def _check_store_settings(d: dict, store: EmbeddingStore, path: Path) -> None:
+    """Refuse ``[data]`` embedding settings that a given store (``data.store``) contradicts.
+
+    A store is used as it was embedded: ``data.limit`` would subset images that are not read, and an
+    encoder, input size or pooling other than the store's would be recorded in config.toml as if it had
+    been used. Defaults (``limit = 0``, ``image_size = 0``, the default encoder and pooling) mean "the store's".
+
+    Raises:
+        ValidationError: naming each contradicting ``data.*`` key, its value and the store's.
+    """
+    from fedhype.pipeline.config import DEFAULTS
+
+    meta, base = store.meta, DEFAULTS["data"]
+    crop = (meta.get("preprocess") or {}).get("crop")
+    bad = []
+    if d["limit"]:
+        bad.append(f"data.limit = {d['limit']} (the store is used whole: {len(store)} records; subset images before "
+                   "`fedhype embed`)")
+    if d["image_size"] and crop is not None and int(d["image_size"]) != int(crop):
+        bad.append(f"data.image_size = {d['image_size']} (the store was embedded at {crop} px)")
+    for key, have in (("encoder", meta.get("encoder")), ("pooling", meta.get("pooling"))):
+        if d[key] != base[key] and have is not None and d[key] != have:
+            bad.append(f"data.{key} = {d[key]!r} (the store's is {have!r})")
+    if bad:
+        raise ValidationError(f"data.store = {str(path)!r} is used as it was embedded, but " + "; ".join(bad)
+                              + ": drop these keys, or embed again with `fedhype embed` and these settings")
 
 
 def _check_evaluation(conf: dict, part: Partition) -> None:
