@@ -29,6 +29,7 @@ def _block(tag: str) -> str:
 
 @pytest.mark.parametrize("tag, md", [("utility", "utility.md"), ("utility-fashion", "utility-fashion.md"),
                                      ("utility-fashion-full", "utility-fashion-full.md"),
+                                     ("utility-fashion-full-100", "utility-fashion-full-100.md"),
                                      ("speed", "speed.md"), ("downstream", "downstream.md")])
 def test_readme_block_is_the_benchmark_output(tag, md):
     block = _block(tag)
@@ -36,7 +37,7 @@ def test_readme_block_is_the_benchmark_output(tag, md):
     assert (RESULTS / md).read_text().startswith(block)
 
 
-@pytest.mark.parametrize("name", ["utility", "utility-fashion", "utility-fashion-full"])
+@pytest.mark.parametrize("name", ["utility", "utility-fashion", "utility-fashion-full", "utility-fashion-full-100"])
 def test_utility_tables_regenerate_from_the_recorded_rows(name):
     mod = _module("utility")
     rows = json.loads((RESULTS / f"{name}.json").read_text())["rows"]
