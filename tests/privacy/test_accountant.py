@@ -224,3 +224,22 @@ def test_calibration_stays_safe_where_prv_fails(monkeypatch):
         assert rep["epsilon"] == min(rep["epsilon_prv"], rep["epsilon_rdp"])
     finally:
         accountant._epsilon_cached.cache_clear()
+
+
+def test_where_prv_fails_the_reported_epsilon_is_rdps_and_the_report_says_so():
+    """σ = 0.01, q = 1, one step: Opacus's PRV raises ("Discrete mean differs significantly …"). The
+    reported figure falls back to the RDP upper bound instead of refusing the plan (a new user's probe:
+    `fedhype budget --noise-multiplier 0.01 --sample-rate 1 --steps 1` exited 2)."""
+    from fedhype.errors import ValidationError
+    from fedhype.privacy.accountant import epsilon, epsilon_report
+
+    h = [(0.01, 1.0, 1)]
+    with pytest.raises(ValidationError, match="prv accountant cannot evaluate"):
+        epsilon(h, 1e-4, "prv")
+    rdp = epsilon(h, 1e-4, "rdp")
+    assert epsilon(h, 1e-4) == rdp and rdp > 1000
+    rep = epsilon_report(h, 1e-4)
+    assert rep["epsilon"] == rdp and rep["accountant"] == "rdp" and rep["epsilon_prv"] is None
+    assert len(rep["warnings"]) == 1 and "PRV accountant could not evaluate" in rep["warnings"][0]
+    ok = epsilon_report([(1.0, 0.01, 1000)], 1e-5)  # where PRV works nothing changes
+    assert ok["accountant"] == "prv" and ok["epsilon"] == ok["epsilon_prv"] < ok["epsilon_rdp"] and ok["warnings"] == []

@@ -163,7 +163,8 @@ def epsilon(history: History, delta: float, accountant: str = REPORTED) -> float
     Args:
         history: ``[(σ, q, steps), ...]`` (Opacus's ``accountant.history`` format).
         delta: target δ in (0, 1).
-        accountant: ``"best"`` (the reported figure: min of PRV and RDP), ``"prv"``, ``"rdp"`` or ``"pld"``.
+        accountant: ``"best"`` (the reported figure: min of PRV and RDP; RDP alone where PRV's numerics
+            fail), ``"prv"``, ``"rdp"`` or ``"pld"``.
 
     Returns:
         ε ≥ 0 (``inf`` if an event has σ = 0 with q > 0 and steps > 0; 0 for no costly event).
@@ -183,7 +184,11 @@ def _epsilon_cached(canon: tuple[tuple[float, float, int], ...], delta: float, a
     if any(sigma == 0.0 for sigma, _, _ in canon):
         return math.inf
     if accountant == REPORTED:  # both are upper bounds: the smaller is one too
-        return min(_epsilon_cached(canon, delta, "prv"), _epsilon_cached(canon, delta, "rdp"))
+        rdp = _epsilon_cached(canon, delta, "rdp")
+        try:
+            return min(_epsilon_cached(canon, delta, "prv"), rdp)
+        except ValidationError:  # PRV's numerics failed (tiny σ, huge ε): RDP still bounds ε (epsilon_report says so)
+            return rdp
     with warnings.catch_warnings():  # q = 1 and extreme orders make numpy/RDP warn; results are checked below
         warnings.simplefilter("ignore")
         try:
@@ -320,20 +325,33 @@ def epsilon_report(history: History, delta: float) -> dict:
         number of steps and ``warnings`` the :func:`cross_check` findings (``[]`` when PRV, RDP
         and PLD agree within their tolerances).
 
+    Where PRV's numerics fail (tiny σ, very large ε), ``epsilon_prv`` is None, the RDP bound is
+    reported and ``warnings`` says so.
+
     Raises:
-        ValidationError: bad δ or event; or PRV cannot be evaluated (e.g. δ too small for its grid).
+        ValidationError: bad δ or event; or RDP cannot be evaluated either.
     """
-    prv, rdp = epsilon(history, delta, "prv"), epsilon(history, delta, "rdp")
-    pld = epsilon(history, delta, "pld") if pld_available() else None
+    rdp = epsilon(history, delta, "rdp")
+    try:
+        prv, failed = epsilon(history, delta, "prv"), None
+    except ValidationError as exc:  # PRV's numerics failed: the RDP bound is reported, and said so
+        prv, failed = None, str(exc)
+    try:
+        pld = epsilon(history, delta, "pld") if pld_available() else None
+    except ValidationError:
+        pld = None
+    warnings_ = (cross_check(prv, rdp, pld, float(delta), prv_eps_error(history, delta)) if failed is None else
+                 [f"the PRV accountant could not evaluate this history ({failed}); the RDP bound {rdp:.4g} is reported"
+                  + (f" (PLD: {pld:.4g})" if pld is not None else "")])
     return {
-        "epsilon": min(prv, rdp),
-        "accountant": "rdp" if rdp < prv else "prv",
+        "epsilon": rdp if prv is None else min(prv, rdp),
+        "accountant": "rdp" if prv is None or rdp < prv else "prv",
         "epsilon_prv": prv,
         "epsilon_rdp": rdp,
         "epsilon_pld": pld,
         "delta": float(delta),
         "steps": sum(int(t) for _, _, t in history),
-        "warnings": cross_check(prv, rdp, pld, float(delta), prv_eps_error(history, delta)),
+        "warnings": warnings_,
     }
 
 
