@@ -270,3 +270,26 @@ def test_a_dangling_link_is_listed_as_skipped(tmp_path):
     src = scan_image_folder(tmp_path, layout="class")
     assert len(src.records) == 2
     assert src.skipped == [{"file": "a/dangling.png", "reason": f"a symbolic link to a missing file ({tmp_path / 'gone.png'})"}]
+
+
+def test_class_folder_names_are_read_in_nfc_and_look_alike_site_classes_are_refused(tmp_path):
+    """The same class name from a macOS site (NFD folder names) and a Linux one (NFC) became two classes
+    (a new user's probe); folder names are now read in NFC, and a roster of older stores that still
+    differ only in Unicode form is refused, naming the pair."""
+    import unicodedata
+
+    from fedhype.data.roster import Roster
+    from fedhype.data.sites import SiteCard
+
+    nfc, nfd = unicodedata.normalize("NFC", "tumeur é"), unicodedata.normalize("NFD", "tumeur é")
+    assert nfc != nfd
+    for name in (nfd, "0"):
+        (tmp_path / "t" / name).mkdir(parents=True)
+        Image.fromarray(digit(0), "L").save(tmp_path / "t" / name / "a.png")
+    src = scan_image_folder(tmp_path / "t")
+    assert src.class_names == ["0", nfc]
+    enc = {"encoder": "dinov2-vits14"}
+    cards = [SiteCard("a", "0" * 32, 10, 8, enc, ["0", nfc]), SiteCard("b", "1" * 32, 10, 8, enc, ["0", nfd])]
+    with pytest.raises(ValidationError, match="look the same but are spelled with different Unicode forms"):
+        Roster.from_cards(cards)
+    assert Roster.from_cards([cards[0], SiteCard("b", "1" * 32, 10, 8, enc, ["0", nfc])]).class_names == ["0", nfc]

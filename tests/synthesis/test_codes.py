@@ -62,3 +62,18 @@ def test_client_codes_of_a_pooled_model_come_with_a_note(real_store, tmp_path):
     syn = synthesize(tmp_path / "g", "mixture", per_class=5, seed=0)
     assert "one pooled decoder" in syn.meta["codes_note"]
     assert "codes_note" not in synthesize(tmp_path / "g", "neutral", per_class=5, seed=0).meta
+
+
+def test_a_token_that_is_one_clients_id_and_anothers_name_is_refused():
+    # sites named "1" and "0" trained as clients 0 and 1 (a new user's probe): client:1 drew the wrong site
+    with pytest.raises(ValidationError, match=r"'1' is the id of client 1 \(named '0'\) and the name of client 0"):
+        parse_code_spec("client:1", ["0", "1"], ["1", "0"])
+    # a name equal to its own id is no ambiguity
+    assert parse_code_spec("client:1", ["0", "1"], ["a", "1"]).indices == (1,)
+
+
+def test_site_names_that_are_numbers_are_refused():
+    from fedhype.data.sites import make_site
+
+    with pytest.raises(ValidationError, match="not a number alone"):
+        make_site(None, None, "12")

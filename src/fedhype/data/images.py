@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -254,7 +255,9 @@ def scan_image_folder(
         for f in files:
             reason = check_image_file(f)
             if reason is None:
-                found.append((f, cf.domain_name, cf.class_name, cf.split))
+                # folder names in NFC: the same name from a macOS (NFD) and a Linux (NFC) site is one class
+                found.append((f, unicodedata.normalize("NFC", cf.domain_name), unicodedata.normalize("NFC", cf.class_name),
+                              cf.split))
                 n_ok += 1
             else:
                 skip(f, reason)

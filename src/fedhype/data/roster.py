@@ -149,6 +149,18 @@ class Roster:
                                           f"{first.name!r}, {c.encoder.get(k)!r} at site {c.name!r}; every site must "
                                           "embed with the same encoder weights and `fedhype embed` settings")
         union = sorted({k for c in cards for k in c.class_names})
+        import unicodedata
+
+        forms: dict[str, list[str]] = {}
+        for k in union:
+            forms.setdefault(unicodedata.normalize("NFC", k), []).append(k)
+        alike = [v for v in forms.values() if len(v) > 1]
+        if alike:  # e.g. "Pneumonie_ü" from a Linux folder (NFC) and from a macOS one (NFD)
+            held = {k: [c.name for c in cards if k in c.class_names] for v in alike for k in v}
+            raise ValidationError(f"class names {[ascii(k) for k in alike[0]]} look the same but are spelled with different "
+                                  f"Unicode forms (sites {[held[k] for k in alike[0]]}); they would be separate classes. "
+                                  "Embed the sites' images again with this fedhype version (it reads folder names in "
+                                  "NFC form), or rename the folders to one spelling")
         vocab = list(classes) if classes is not None else union
         if len(set(vocab)) != len(vocab):
             raise ValidationError(f"the federation's class names {vocab} repeat a name")

@@ -280,9 +280,10 @@ def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *
     Raises:
         ValidationError: a bad name, bad fractions; MinRecordsError: too few training records.
     """
-    if not _NAME.match(name):
-        raise ValidationError(f"site name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (starting with a letter "
-                              "or digit); it names the site in every report")
+    if not _NAME.match(name) or name.isdigit():
+        raise ValidationError(f"site name {name!r}: use 1-64 ASCII letters, digits, '.', '_' or '-' (starting with a "
+                              "letter or digit, not a number alone: a run numbers its clients 0, 1, …); it names the "
+                              "site in every report")
     if classes is not None:
         if len(set(classes)) != len(classes) or any(not str(k).strip() for k in classes):
             raise ValidationError(f"--classes {list(classes)}: give distinct, non-empty class names")

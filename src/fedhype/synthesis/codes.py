@@ -47,9 +47,15 @@ class CodeSpec:
 
 def _resolve(token: str, clients: list[str], names: list[str], spec: str) -> int:
     token = token.strip()
-    for table in (clients, names):
-        if token in table:
-            return table.index(token)
+    by_id = clients.index(token) if token in clients else None
+    by_name = names.index(token) if token in names else None
+    if by_id is not None and by_name is not None and by_id != by_name:  # e.g. sites named "0" and "1"
+        raise ValidationError(f"--code {spec!r}: {token!r} is the id of client {by_id} (named {names[by_id]!r}) and the "
+                              f"name of client {by_name} (id {clients[by_name]!r}); names that are also ids cannot be told "
+                              "apart: give the sites names that are not numbers (`fedhype site --name`) and train again")
+    for found in (by_id, by_name):
+        if found is not None:
+            return found
     raise ValidationError(f"--code {spec!r}: unknown client {token!r}; known ids {clients} / names {names}")
 
 
