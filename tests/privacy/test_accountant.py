@@ -243,3 +243,16 @@ def test_where_prv_fails_the_reported_epsilon_is_rdps_and_the_report_says_so():
     assert len(rep["warnings"]) == 1 and "PRV accountant could not evaluate" in rep["warnings"][0]
     ok = epsilon_report([(1.0, 0.01, 1000)], 1e-5)  # where PRV works nothing changes
     assert ok["accountant"] == "prv" and ok["epsilon"] == ok["epsilon_prv"] < ok["epsilon_rdp"] and ok["warnings"] == []
+
+
+def test_an_unreachable_target_names_the_users_epsilon_and_delta():
+    """The release is calibrated for share × ε; the refusal used to quote that product as if it were
+    --epsilon (9.5e-07 for --epsilon 1e-6) and blame --epsilon when δ = 1e-300 was the cause."""
+    from fedhype.privacy.plan import release_noise_multiplier
+
+    with pytest.raises(ValidationError) as e:
+        release_noise_multiplier(0.95, 1e-300, [(0.1, 10)], target_epsilon=1.0)
+    assert "target ε = 1 (--epsilon) at δ = 1e-300 (--delta)" in str(e.value) and "0.95 × ε = 0.95" in str(e.value)
+    assert "--delta if it is far below 1/n" in str(e.value)
+    with pytest.raises(ValidationError, match=r"target ε = 1e-06 \(--epsilon\).*needs σ > 1e6"):
+        release_noise_multiplier(0.95, 1e-4, [(0.1, 10)], target_epsilon=1e-6)

@@ -40,7 +40,15 @@ def release_noise_multiplier(share: float, delta: float, plan: Plan, *, target_e
     from fedhype.privacy.accountant import calibrate_noise, epsilon
 
     if target_epsilon is not None:
-        return calibrate_noise(share * target_epsilon, delta, 1.0, 1)
+        try:
+            return calibrate_noise(share * target_epsilon, delta, 1.0, 1)
+        except ValidationError as exc:  # the accountant saw share × ε: say what the user gave
+            why = "needs σ > 1e6" if "> 1e6" in str(exc) else "is met even by σ < 1e-4" if "< 1e-4" in str(exc) else str(exc)
+            raise ValidationError(
+                f"target ε = {target_epsilon:g} (--epsilon) at δ = {delta:g} (--delta): the statistics release's share, "
+                f"{share:g} × ε = {share * target_epsilon:g}, {why}; "
+                + ("lower --epsilon" if "< 1e-4" in str(exc) else
+                   "raise --epsilon, or --delta if it is far below 1/n (a tiny δ makes every ε expensive)")) from None
     if noise_multiplier is None:
         raise ValidationError("release_noise_multiplier needs a target ε or the DP-SGD noise multiplier")
     eps_sgd = max(epsilon([(float(noise_multiplier), q, t)], delta) for q, t in plan)
