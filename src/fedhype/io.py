@@ -120,7 +120,21 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if _looks_like_safetensors(path):
+            raise ArtifactError(f"{what} {path} is a safetensors file (an embeddings store or a model?), not JSON; "
+                                f"give the {what}") from None
         raise ArtifactError(f"{what} {path} is not valid JSON ({exc}); re-create it") from None
+
+
+def _looks_like_safetensors(path: Path) -> bool:
+    """A safetensors file: an 8-byte little-endian header length n that fits the file, then a JSON header."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(9)
+        n = int.from_bytes(head[:8], "little")
+        return len(head) == 9 and head[8:9] == b"{" and 0 < n < path.stat().st_size
+    except OSError:
+        return False
 
 
 def atomic_save_tensors(

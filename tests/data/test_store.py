@@ -82,3 +82,16 @@ def test_a_json_or_text_file_given_as_a_store_is_named_as_such(real_store, tmp_p
     (tmp_path / "cut.safetensors").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(ArtifactError, match="corrupt or truncated"):  # a real but cut store keeps its message
         EmbeddingStore.load(tmp_path / "cut.safetensors")
+
+
+def test_a_store_given_as_a_json_file_is_named_as_such(real_store, tmp_path):
+    """The reverse mistake: a store as --partition said "not valid JSON ('utf-8' codec can't decode …)"."""
+    from fedhype.data.partition import Partition
+    from fedhype.errors import ArtifactError
+
+    real_store.save(tmp_path / "emb.safetensors")
+    with pytest.raises(ArtifactError, match=r"emb.safetensors is a safetensors file \(an embeddings store or a model\?\)"):
+        Partition.load(tmp_path / "emb.safetensors")
+    (tmp_path / "bad.json").write_text('{"format": ')
+    with pytest.raises(ArtifactError, match="is not valid JSON"):  # a broken JSON file is still called that
+        Partition.load(tmp_path / "bad.json")
