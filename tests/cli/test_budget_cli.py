@@ -108,6 +108,13 @@ def test_federated_plan_from_partition_file(app, tmp_path):
                        str(tmp_path / "part.json"), "--noise-multiplier", "1.0", "--delta", "1e-3", "--json")
     assert result.exit_code == 0, result.output
     assert [(r["name"], r["n"], r["steps"]) for r in out["clients"]] == [("site-0", 300, 20), ("site-1", 120, 8)]
+    # the text names the worst client by id and name, as train and audit do; so does a δ refusal
+    human, _ = _run(app, "--rounds", "2", "--local-epochs", "1", "--batch-size", "30", "--partition",
+                    str(tmp_path / "part.json"), "--noise-multiplier", "1.0", "--delta", "1e-3")
+    assert human.exit_code == 0 and "worst client: 1 (site-1)" in human.stdout
+    bad, _ = _run(app, "--rounds", "2", "--local-epochs", "1", "--batch-size", "30", "--partition",
+                  str(tmp_path / "part.json"), "--noise-multiplier", "1.0", "--delta", "0.5")
+    assert bad.exit_code != 0 and "client 0 ('site-0', 300 training records)" in " ".join(bad.output.replace("│", " ").split())
     result, _ = _run(app, "--rounds", "2", "--local-epochs", "1", "--batch-size", "30", "--partition",
                      str(tmp_path / "missing.json"), "--noise-multiplier", "1.0", "--delta", "1e-3")
     flat = " ".join(result.output.replace("│", " ").split())  # Typer's boxed message, unwrapped

@@ -122,7 +122,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     rounds_per_client = math.ceil(p * rounds - 1e-9)
     rows = []
     for cid, name, n in clients:
-        check_delta(delta, n, f"client {cid} ({n} training records)")
+        check_delta(delta, n, f"client {cid}" + (f" ({name!r}, {n} training records)" if name not in (cid, f"client {cid}") else
+                                                   f" ({n} training records)"))
         # the engine's own rule (TrainConfig.steps_per_round / sample_rate), so budget and train agree
         per_round = max(1, math.ceil(local_n * n / batch_size)) if local_steps is None else local_n
         rows.append({"client": cid, "name": name, "n": n, "sample_rate": min(1.0, batch_size / n),
@@ -217,7 +218,10 @@ def _render(result: dict[str, Any]) -> None:
             table.add_row(f"{r['name']}{mark}", str(r["n"]), _fmt(r["sample_rate"]), str(r["steps"]),
                           _fmt(r["epsilon_prv"]), _fmt(r["epsilon_rdp"]), _fmt(r["epsilon_pld"]))
         out.print(table)
-        out.print(f"worst client: {result['worst_client']}  ε = {_fmt(result['epsilon'])} at δ = {result['delta']:g} "
+        worst = next((r for r in result["clients"] if r["client"] == result["worst_client"]), None)
+        label = result["worst_client"] if worst is None or worst["name"] in (worst["client"], f"client {worst['client']}") else \
+            f"{worst['client']} ({worst['name']})"
+        out.print(f"worst client: {label}  ε = {_fmt(result['epsilon'])} at δ = {result['delta']:g} "
                   f"({result['accountant'].upper()}, the smaller of PRV and RDP)")
         if result.get("class_stats_noise_multiplier"):
             out.print(f"includes the DP class statistics released once before round 0: σ₀ = "
