@@ -103,9 +103,6 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
 
     spelled: dict[tuple[str, str], tuple[str, str]] = {}  # (section, current name) → (name as given, where)
 
-    def _layer(label: str) -> int:
-        return 0 if label.startswith("--config") else 1 if label.startswith("--set") else 2
-
     def _set(conf: dict, section: str, key: str, value: Any, where: str) -> str:  # → the key's current name
         name = key
         if (section, key) in RENAMED_KEYS:
@@ -152,8 +149,7 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
     if conf["train"]["no_dp"]:
         # a later layer (file ← --set ← values) turning DP off overrides an ε of an earlier one (a config
         # file's target ε with --set train.no_dp=true); the same layer asking both is refused
-        layer = {label: (0 if label.startswith("--config") else 1 if label.startswith("--set") else 2)
-                 for label in given.values()}
+        layer = {label: _layer(label) for label in given.values()}
         off = layer.get(given.get("train.no_dp", ""), 0)
         for k in ("epsilon", "noise_multiplier", "max_epsilon"):
             if conf["train"][k] is not None and f"train.{k}" in given and layer[given[f"train.{k}"]] >= off:
@@ -217,6 +213,11 @@ def check_data(conf: dict) -> None:
         if d["dataset"] not in BUILTIN_DATASETS:
             raise ValidationError(f"data.dataset = {d['dataset']!r} is not a bundled dataset; available: "
                                   f"{', '.join(BUILTIN_DATASETS)} (or set data.images to a folder, data.store to a store)")
+
+
+def _layer(label: str) -> int:
+    """The layer a setting came from: 0 a config file, 1 ``--set``, 2 the Python API's values."""
+    return 0 if label.startswith("--config") else 1 if label.startswith("--set") else 2
 
 
 def upgrade_keys(conf: dict) -> dict:
