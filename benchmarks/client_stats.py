@@ -35,7 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("fedhypevae", "no-client-stats", "dp-gaussian")
 EPSILONS = ("1", "4", "8", "none")
-CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml"}
+CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml",
+           "fashion-full": ROOT / "configs" / "fashion-mnist-full.toml",
+           "fashion-full-100": ROOT / "configs" / "fashion-mnist-full-100.toml"}
 #: method suffix → model.client_shrinkage (fedhype.federated.class_stats.SHRINKAGE)
 SHRINK = {"+shrink": "class", "+client-shrink": "client"}
 
@@ -82,14 +84,13 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from fedhype.data.partition import make_partition
-    from fedhype.encoders.cache import cached_embed
     from fedhype.pipeline.config import resolve
+    from fedhype.pipeline.job import embed_store
 
     config = CONFIGS[a.dataset]
     conf = resolve(config, [])
     d, p = conf["data"], conf["partition"]
-    store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
-                         image_size=d["image_size"] or None, progress=False)
+    store = embed_store(d, progress=False)  # the job's own store (its dtype: bf16 for the full sets)
     tag = "" if a.dataset == "digits" else f"-{a.dataset}"
     log = ROOT / "runs" / f"bench-client-stats{tag}" / "rows.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
