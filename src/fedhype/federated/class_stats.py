@@ -87,7 +87,9 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     are pooled (:func:`_unit_sphere`).
 
     Returns ``mean`` [D], ``var`` [] (total variance, clamped), ``class_means`` [K, D] float32;
-    ``counts`` [K] (floored), ``sums_noise_var`` (noise variance per coordinate of the pooled sums),
+    ``counts`` [K] (floored at ``counts_floor``, twice the count noise std), ``counts_noise_var`` (noise
+    variance of each pooled class count),
+    ``sums_noise_var`` (noise variance per coordinate of the pooled sums),
     ``cov`` [D, D] float64 (total covariance M/N − m mᵀ, or None without second moments) and
     ``offdiag_var`` (noise variance of each of its off-diagonal entries).
     """
@@ -131,7 +133,8 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     class_counts = counts.clamp_min(floor)
     class_means = mean + (sums - counts[:, None] * mean) / class_counts[:, None]
     out = {"mean": mean.to(torch.float32), "var": var.to(torch.float32), "class_means": class_means.to(torch.float32),
-           "counts": class_counts.to(torch.float32), "sums_noise_var": sums_noise_var, "cov": None, "offdiag_var": 0.0}
+           "counts": class_counts.to(torch.float32), "sums_noise_var": sums_noise_var, "cov": None, "offdiag_var": 0.0,
+           "counts_noise_var": float(n_noise) * float(noise_std) ** 2, "counts_floor": float(floor)}
     if all_m2 and m2_sum is not None:
         out["cov"] = m2_sum / float(total) - torch.outer(mean, mean)
         out["offdiag_var"] = noise_factor * float(second_moment_std) ** 2 * sum(r ** 4 for r in radii) / float(total) ** 2
@@ -294,38 +297,70 @@ class ClipShift:
         return self.shift(centring) - self.mean
 
 
+def paule_mandel(q: torch.Tensor, tau2: torch.Tensor, iters: int = 100) -> float:
+    """The between-group variance A ≥ 0 of the method of moments of Paule & Mandel (1982): the root of
+    Σ_k q_k / (A + τ²_k) = K, or 0 where Σ_k q_k/τ²_k ≤ K.
+
+    q: [K] float64, each group's squared deviation per coordinate (‖d_k‖²/D); tau2: [K] its noise
+    variance per coordinate. With equal τ²_k the root is τ²·(χ²/(K·D) − 1), χ² = D·Σ_k q_k/τ², so
+    A/(A + τ²) is the positive-part James–Stein factor 1 − K·D/χ² (Efron & Morris 1973, Sec. 2).
+    Bisection: the left side falls strictly in A.
+    """
+    k = q.numel()
+    if float((q / tau2).sum()) <= k:
+        return 0.0
+    lo, hi = 0.0, float(q.sum())  # at A = Σ q the left side is < 1 ≤ K
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if float((q / (mid + tau2)).sum()) > k else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" = None) -> dict:
-    """One client's DP moments pulled toward the pooled ones by one factor, from a heterogeneity test.
+    """One client's DP moments pulled toward the pooled ones, class by class, from a heterogeneity test.
 
     :func:`shrink_toward` treats only the DP noise as noise, so a client's *sampling* error (its n_ik
     records' class mean differs from its population's by about s²/n_ik per coordinate) counts as a
     difference to keep; with label skew alone (clients drawn from one population) that keeps
-    nothing but noise. Here the noise of the difference d_ik = μ̂_ik − μ̂_k of the client's class-k mean
-    to the pooled one has, per coordinate, variance τ²_ik = (DP noise variance of the class sum)/n²_ik
-    + s²/n_ik, with s² the pooled within-class variance per coordinate (tr C_within / D, from the
-    release). The inverse-variance-weighted statistic χ²_i = Σ_k ‖d_ik‖²/τ²_ik has expectation K·D when
-    the client's class means equal the pool's, and K·D + Σ_k ‖θ_ik‖²/τ²_ik otherwise, so the
-    method-of-moments factor (James–Stein's for the stacked K·D vector, Efron & Morris 1973, Sec. 2;
-    positive part, Baranchik 1964)
+    nothing but noise. Here the difference d_ik = μ̂_ik − μ̂_k of the client's class-k mean to the pooled
+    one has, per coordinate, noise variance
 
-        f_i = max(0, 1 − K·D / χ²_i)
+        τ²_ik = σ²_S/n²_ik + s²/n_ik + σ²_n·‖μ̂_k‖²/(D·n²_ik)
 
-    estimates the share of the client's deviation that is signal: about 0 for a client of the pool's
-    population, about 1 for a distinct domain. With client centres, ``clip_shift`` (:class:`ClipShift`)
-    is the part of d_ik that clipping around the client's own centre explains under the pool; the test
-    uses d_ik − b_ik (the shrunk means keep d). The client's class means, covariance and total variance
-    are all moved by the same f_i: μ' = μ + f_i d, C' = T + f_i (C_i − T), v' = tr T + f_i (v_i − tr T)
-    with T the pooled within-class covariance plus the between-class part of the client's shrunk means
-    (:func:`_shrunk_cov`; the pooled total covariance where the pool keeps its between-class scatter)
-    (noise variance per off-diagonal entry f_i² v_i + (1 − f_i)² v, per coordinate of a class mean
-    f_i² τ²_DP,ik + (1 − f_i)² τ²_pool,k: at f_i = 0 the client's Gaussian is the pooled one). Post-processing of DP outputs
-    (no ε). Without DP noise the client's own moments are returned (f_i = 1, as :func:`shrink_toward`):
-    on the Fashion-MNIST validation split pulling exact statistics to the pool cost 0.026 TSTR
-    (benchmarks/results/client_shrinkage.md). Both corrections measured on the validation splits:
-    benchmarks/results/release_defaults.md, "client statistics, clip shift".
+    (DP noise of the class sum; sampling error, s² the pooled within-class variance per coordinate,
+    tr C_within / D from the release; and the DP noise σ²_n of the class *count*, which scales the
+    whole mean: μ̂ = (nμ + ξ)/(n + η) ≈ μ + ξ/n − μη/n, delta method). The client's signal variance A_i
+    per coordinate, common to its classes, is the method-of-moments root of Σ_k q_ik/(A_i + τ²_ik) = K
+    with q_ik = ‖d_ik‖²/D (:func:`paule_mandel`; 0 when the client's means fit the pool's within
+    their noise), and each class keeps the share
+
+        f_ik = A_i / (A_i + τ²_ik)
+
+    of its deviation (the Bayes factor of a normal prior of variance A_i: Efron & Morris 1975,
+    Sec. 3; with equal τ²_ik it is the positive-part James–Stein factor 1 − K·D/χ²_i, χ²_i =
+    Σ_k ‖d_ik‖²/τ²_ik, Efron & Morris 1973, Sec. 2; Baranchik 1964): about 0 for a client of the
+    pool's population, about 1 for a distinct domain — and about 0 for a class the client holds
+    (nearly) none of, whatever its noisy mean. One factor for all classes, without the count term,
+    was the previous rule: on 100 Fashion-MNIST clients of ~420 records at ε = 1 it gave every client
+    f > 0 (up to 0.96), moved the classes a client barely holds by up to 10 (unit-sphere units) and
+    left the mixture's validation MMD² at 0.11 (benchmarks/results/client_shrinkage.md, "100 clients").
+
+    With client centres, ``clip_shift`` (:class:`ClipShift`) is the part of d_ik that clipping around
+    the client's own centre explains under the pool; the test uses d_ik − b_ik (the shrunk means keep
+    d). The client's class means move by f_ik, μ' = μ + f_ik d; its covariance and total variance by
+    the count-weighted factor f_i = Σ_k n_ik f_ik / Σ_k n_ik: C' = T + f_i (C_i − T),
+    v' = tr T + f_i (v_i − tr T), with T the pooled within-class covariance plus the between-class part
+    of the client's shrunk means (:func:`_shrunk_cov`; the pooled total covariance where the pool
+    keeps its between-class scatter) (noise variance per off-diagonal entry f_i² v_i + (1 − f_i)² v,
+    per coordinate of class mean k f_ik² τ²_DP,ik + (1 − f_ik)² τ²_pool,k: at A_i = 0 the client's
+    Gaussian is the pooled one). Post-processing of DP outputs (no ε). Without DP noise the client's
+    own moments are returned (f = 1, as :func:`shrink_toward`): on the Fashion-MNIST validation split
+    pulling exact statistics to the pool cost 0.026 TSTR (benchmarks/results/client_shrinkage.md). The
+    clip-shift correction was measured on the validation splits: benchmarks/results/release_defaults.md,
+    "client statistics, clip shift".
 
     Both dicts come from :func:`_moments`; returns a new one of the same form with ``mean_shrinkage``
-    (f_i for every class, [K] float64) and ``cov_shrinkage`` (f_i).
+    (f_ik, [K] float64) and ``cov_shrinkage`` (f_i).
     """
     out = dict(client)
     cm, pm = client["class_means"].to(torch.float64), pooled["class_means"].to(torch.float64)
@@ -345,22 +380,27 @@ def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" 
     between = float((w * (dev.pow(2).sum(1) - dim * pooled["sums_noise_var"] / n_pool ** 2)).sum())
     total = float(pooled["var"])
     s2 = max(total - max(between, 0.0), 0.25 * total) / dim
-    tau2 = client["sums_noise_var"] / n_i ** 2 + s2 / n_i  # [K]
-    chi2 = float((dt.pow(2).sum(1) / tau2).sum())
-    f = max(0.0, 1.0 - k * dim / chi2) if chi2 > 0 else 0.0
-    out["class_means"] = (pm + f * d).to(torch.float32)
+    count_var = float(client.get("counts_noise_var", 0.0))
+    tau2 = (client["sums_noise_var"] + count_var * pm.pow(2).sum(1) / dim) / n_i ** 2 + s2 / n_i  # [K]
+    # a class whose noisy count is at the floor (2 count-noise stds) is not resolved: its mean carries the
+    # client's noisy overall mean (_moments), not its records; it keeps the pool's and takes no part in the test
+    resolved = client["counts"].to(torch.float64) > float(client.get("counts_floor", 0.0))
+    a = paule_mandel(dt[resolved].pow(2).sum(1) / dim, tau2[resolved]) if bool(resolved.any()) else 0.0
+    f = torch.where(resolved, a / (a + tau2), torch.zeros_like(tau2))  # [K]
+    out["class_means"] = (pm + f[:, None] * d).to(torch.float32)
     # the noise of the shrunk class means, per coordinate f²·τ²_DP,ik + (1 − f)²·τ²_pool,k, expressed as a
-    # per-class sum noise variance over the client's counts (what _within_class reads): at f = 0 the
+    # per-class sum noise variance over the client's counts (what _within_class reads): at A = 0 the
     # client's Gaussian is the pooled one, within-class decision included
     mean_noise = f ** 2 * client["sums_noise_var"] / n_i ** 2 + (1.0 - f) ** 2 * pooled["sums_noise_var"] / n_pool ** 2
     out["sums_noise_var"] = n_i ** 2 * mean_noise  # [K]
     wi = n_i / n_i.sum()
-    out["mean"] = (wi @ (pm + f * d)).to(torch.float32)
-    out["mean_shrinkage"] = torch.full((k,), f, dtype=torch.float64)
+    out["mean"] = (wi @ (pm + f[:, None] * d)).to(torch.float32)
+    out["mean_shrinkage"] = f
+    f_cov = float(wi @ f)
     if client["cov"] is not None and pooled["cov"] is not None:
-        out["cov"], out["var"] = _shrunk_cov(client, pooled, out, f)
-        out["offdiag_var"] = f ** 2 * float(client["offdiag_var"]) + (1.0 - f) ** 2 * float(pooled["offdiag_var"])
-    out["cov_shrinkage"] = f
+        out["cov"], out["var"] = _shrunk_cov(client, pooled, out, f_cov)
+        out["offdiag_var"] = f_cov ** 2 * float(client["offdiag_var"]) + (1.0 - f_cov) ** 2 * float(pooled["offdiag_var"])
+    out["cov_shrinkage"] = f_cov
     return out
 
 
