@@ -11,7 +11,9 @@ chose ``synthesis.code = "mixture"`` as the job default. ``--dataset fashion`` r
 ``configs/fashion-mnist.toml`` (10 small label-skewed Dirichlet clients); a method name with the suffix
 ``+shrink`` trains it with ``model.client_shrinkage = "class"`` (each client's statistics shrunk toward the
 pooled ones class by class, :func:`fedhype.federated.class_stats.shrink_toward`), ``+client-shrink`` with
-``"client"`` (one factor per client from a heterogeneity test, :func:`~fedhype.federated.class_stats.shrink_client`).
+``"client"`` (per class, from each client's signal variance, :func:`~fedhype.federated.class_stats.shrink_client`).
+``--dataset fashion-full`` / ``fashion-full-100`` run the realistic-scale configs (all 70,000 images, 10 or
+100 clients; their bf16 store, through the job's own ``embed_store``).
 
 Each finished row is appended to ``runs/bench-client-stats/rows.jsonl``; a rerun skips the rows
 already there. Writes ``benchmarks/results/client_stats.{json,md}`` and prints the table.

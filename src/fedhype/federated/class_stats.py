@@ -690,7 +690,7 @@ def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_ran
 
     ``pooled``: :func:`release_moments` of every client's release. ``shrink`` (``model.client_shrinkage``):
     ``"class"`` (or True) first shrinks the client's moments toward the pooled ones class by class
-    (:func:`shrink_toward`), ``"client"`` by one factor from a heterogeneity test (:func:`shrink_client`);
+    (:func:`shrink_toward`), ``"client"`` class by class from the client's signal variance (:func:`shrink_client`);
     ``"none"`` (or False) keeps its own release alone (as :func:`pooled_stats` ``([update])``).
 
     Returns ``class_means`` [K, D], ``cov_factor`` [D, r], ``residual_var`` [] (covariance

@@ -99,10 +99,11 @@ class ModelConfig:
             pulled toward the pooled ones before they set the heads (post-processing, no ε):
             ``"none"`` (or false) keeps each client's own release; ``"class"`` (or true) shrinks each
             class mean and the covariance by its own positive-part James–Stein factor against the DP
-            noise (:func:`fedhype.federated.class_stats.shrink_toward`); ``"client"`` moves all of a
-            client's statistics by one factor from a test of its deviation against DP *and* sampling
-            noise (:func:`fedhype.federated.class_stats.shrink_client`): about 0 for a client drawn
-            from the pool's population (label skew only), about 1 for a distinct domain; the default,
+            noise (:func:`fedhype.federated.class_stats.shrink_toward`); ``"client"`` moves each
+            class of a client by a factor from the client's signal variance, estimated from its
+            deviations against DP *and* sampling noise (:func:`fedhype.federated.class_stats.shrink_client`):
+            about 0 for a client drawn from the pool's population (label skew only) and for a class it
+            holds too few records of, about 1 for a distinct domain; the default,
             chosen on the digits and Fashion-MNIST validation splits (mixture TSTR, 3 seeds: digits
             0.532 / 0.702 / 0.750 → 0.552 / 0.708 / 0.750, Fashion 0.657 / 0.713 / 0.734 → 0.673 /
             0.745 / 0.766 at ε = 1 / 4 / 8; ``benchmarks/results/client_shrinkage.md``). Without DP
