@@ -40,6 +40,7 @@ def test_train_on_real_partition_and_evaluate_per_client(files):
     assert r.exit_code == 0, r.output
     ev = json.loads(r.stdout)
     assert ev["n"] == 160 and 0.35 < ev["accuracy"] <= 1 and 0 < ev["macro_f1"] <= 1
+    assert ev["store"] == str(files["real"]) and "real" not in ev  # the key is the option's name, --store
     assert set(ev["heads"]) == {"linear", "prototype", "both"}
     assert set(ev["per_client"]) == {"mnist", "optdigits", "mnist-m", "rotated-mnist"}
     assert sum(c["n"] for c in ev["per_client"].values()) == 160

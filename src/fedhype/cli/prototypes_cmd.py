@@ -233,7 +233,7 @@ def evaluate(
         pred = preds[clf.head]
         if partition is not None:
             per_client = _metrics_by(part.client_ids(split), [c.name for c in part.clients], y, pred)
-        return {"model": str(model), "real": str(real), "partition": None if partition is None else str(partition),
+        return {"model": str(model), "store": str(real), "partition": None if partition is None else str(partition),
                 "split": split if partition is not None else None, "n": len(test), "head": clf.head,
                 **classification_metrics(y, pred), "heads": {h: float((p == y).mean()) for h, p in preds.items()},
                 "per_domain": _metrics_by(test.domains.numpy(), test.domain_names, y, pred),
