@@ -238,6 +238,9 @@ def register(app: typer.Typer) -> None:
             sites = _sites(store, partition, site, classes)
             if sites is None:
                 s = EmbeddingStore.load(store)
+                if s.kind != "real":  # before the partition check, whose digest mismatch would hide the cause
+                    raise ValidationError(f"--store {store} is a {s.kind!r} store; `fedhype train` trains on real "
+                                          "embeddings (from `fedhype embed`)")
                 p = Partition.load(partition)
             privacy = ("NON-PRIVATE" if cfg.no_dp else f"σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
                        else f"target ε = {cfg.epsilon:g}")
