@@ -35,6 +35,9 @@ def test_train_on_real_partition_and_evaluate_per_client(files):
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["n_train"] == 480 and res["private"] is False and res["matching"] == "none"
+    # trained on real records: no DP guarantee, so no ε (an ε of 0 had read as perfect privacy)
+    assert res["epsilon"] is None and res["epsilon_scope"].startswith("none") and res["privacy"]["epsilon"] is None
+    assert json.loads((out / "config.json").read_text())["privacy"]["epsilon"] is None
     assert res["train_accuracy"] > 0.45                      # chance 0.1; 6 short epochs
     r = _run("evaluate", "--model", out, "--store", files["real"], "--partition", files["part"], "--json")
     assert r.exit_code == 0, r.output

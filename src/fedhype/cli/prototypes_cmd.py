@@ -147,8 +147,10 @@ def train(
                 "encoder": store.meta.get("encoder"), "partition": None if partition is None else str(partition),
                 "split": split, "federated": federated, "private": private}
         clf.save(out, meta)
-        eps = clf.privacy_.get("epsilon")
         composed = ledger is not None and matching == "dp"
+        # the model's ε: the DP matching's (composed with the run's ledger or alone); without it the data's —
+        # a DP synthetic store's ε, and none (null: no DP guarantee) for real records or a non-private store
+        eps = None if not private else clf.privacy_.get("epsilon") if matching == "dp" else store.meta.get("epsilon")
         if not private:
             console.print("[yellow]note[/]: this classifier was trained on real records (or a non-private store): "
                           "it is NOT differentially private", highlight=False)
@@ -156,9 +158,10 @@ def train(
                 "federated": federated, "matching": matching, "head": head, "epochs": epochs,
                 "classes": store.class_names, "private": private, "data_epsilon": store.meta.get("epsilon"),
                 "epsilon": eps, "epsilon_composed_with_run": composed, "epsilon_scope": (
+                    "none: trained on real records or a non-private store, NOT differentially private" if not private else
                     "the training run's ledger and the DP matching, composed by the accountant" if composed else
                     "the DP matching alone (add --ledger to compose it with the run that made the data)"
-                    if matching == "dp" else "no client records touched here; the data's own ε applies (data_epsilon)"),
+                    if matching == "dp" else "no client records touched here; the data's own ε (data_epsilon)"),
                 "delta": clf.privacy_.get("delta"), "privacy": clf.privacy_,
                 "train_accuracy": float((clf.predict(x_tr) == y_tr).mean()), "seconds": time.perf_counter() - t0}
 

@@ -74,10 +74,17 @@ def _by_class(update: PrivatizedUpdate) -> dict[int, tuple[torch.Tensor, torch.T
 
 
 def privacy_summary(matching: str, ledger: PrivacyLedger | None, noise_note: str) -> dict[str, Any]:
-    """What the prototypes cost: ε per client recomputed by the accountant from the ledger's events."""
+    """What the prototypes cost: ε per client recomputed by the accountant from the ledger's events.
+
+    Without DP matching this step touches no client record (``matching_epsilon`` 0) and ``epsilon`` is
+    None: the model's guarantee is its training data's (a DP synthetic store's ε; none for real records),
+    which the caller knows and this summary does not — an ε of 0 here had read as perfect privacy.
+    """
     if ledger is None:
-        return {"dp_matching": False, "matching": matching, "epsilon": 0.0 if matching != "dp" else None,
-                "note": "prototypes matched to the training data only (no client records touched)"}
+        return {"dp_matching": False, "matching": matching, "epsilon": None,
+                "matching_epsilon": 0.0 if matching != "dp" else None,
+                "note": "prototypes matched to the training data only (no client records touched by this step); "
+                        "the model's ε is its training data's"}
     per = ledger.epsilons()
     worst = max(per.values()) if per else 0.0
     return {"dp_matching": True, "matching": matching, "epsilon": worst, "delta": ledger.delta, "accountant": "prv",
