@@ -93,7 +93,9 @@ def test_federated_plan_calibration_and_local_steps(app):
     result, out = _run(app, "--rounds", "4", "--local-steps", "10", "--batch-size", "50", "--client-sizes", "1000,400",
                        "--participation", "0.5", "--epsilon", "2", "--delta", "1e-4", "--json")
     assert result.exit_code == 0, result.output
-    assert out["rounds_per_client"] == 2 and [r["steps"] for r in out["clients"]] == [20, 20]
+    # calibrated as train does: a client may be drawn in all 4 rounds (about 2 at P = 0.5)
+    assert out["rounds_per_client"] == 4 and out["expected_rounds_per_client"] == 2
+    assert [r["steps"] for r in out["clients"]] == [40, 40]
     assert out["worst_client"] == "1" and 0.97 * 2 <= out["epsilon"] <= 2.0
     assert all(r["epsilon"] <= 2.0 for r in out["clients"])
 
@@ -221,11 +223,12 @@ def test_budget_plans_the_steps_and_sigma_that_train_runs(seed):
         b = rng.choice([8, 32, 64, 256, 512, 4000])  # also larger than a client (q = 1)
         e = rng.choice([0.5, 1.0, 1.5, 2.0, 3.0])
         r = rng.randint(1, 6)
+        part = rng.choice([1.0, 0.5, 0.3])  # participation < 1 too: train calibrates for every round
         cfg = TrainConfig(rounds=r, local_epochs=e, batch_size=b, epsilon=2.0, delta=1e-5, class_stats_share=0.5,
-                          model={"hidden": 8, "latent": 4})
+                          participation=part, model={"hidden": 8, "latent": 4})
         engine = plan_privacy(cfg, sizes)
         plan = budget_plan(1e-5, r, b, [(str(i), str(i), n) for i, n in enumerate(sizes)], local_epochs=e,
-                           target_epsilon=2.0, class_stats_share=0.5)
+                           participation=part, target_epsilon=2.0, class_stats_share=0.5)
         assert [(row["sample_rate"], row["steps"]) for row in plan["clients"]] == engine["plan"]
         assert plan["noise_multiplier"] == pytest.approx(engine["noise_multiplier"], rel=1e-9)
         assert plan["class_stats_noise_multiplier"] == pytest.approx(engine["class_stats_noise_multiplier"], rel=1e-9)
