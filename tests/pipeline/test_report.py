@@ -91,7 +91,10 @@ def test_at_a_glance_says_what_privacy_cost_and_whether_the_data_is_useful():
     from fedhype.pipeline.report import glance
 
     text = "\n".join(glance(_glance_report()))
-    assert "(ε = 0.999, δ = 0.0001)-differential privacy" in text and "the target was 1" in text
+    assert "(ε = 0.9991, δ = 0.0001)-differential privacy" in text and "the target was 1" in text
+    # a resumed run charged twice: ε 4.0034 above a target of 4 is printed as such (3 digits had printed "4")
+    over = glance(_glance_report(epsilon=4.0034, target_epsilon=4.0))[0]
+    assert "(ε = 4.003," in over and "**above the target 4**" in over and "the target was" not in over
     assert "scores 0.354" in text and "a constant guess scores 0.100" in text and "0.882" in text
     assert "carries 32% of the real data's gain over chance" in text  # (0.354 − 0.1) / (0.882 − 0.1)
     assert "the directly trained classifier does better" in text and "tells the synthetic set from the real one" in text
@@ -103,7 +106,7 @@ def test_at_a_glance_says_what_privacy_cost_and_whether_the_data_is_useful():
     # a run trained with train.seed says so where the claim is made (a new user's probe: only report.json did)
     assert "noise was seeded" not in text
     seeded = glance(_glance_report(noise_seeded=True))[0]
-    assert "(ε = 0.999, δ = 0.0001)" in seeded and "**But the noise was seeded**" in seeded and "without a seed" in seeded
+    assert "(ε = 0.9991, δ = 0.0001)" in seeded and "**But the noise was seeded**" in seeded and "without a seed" in seeded
 
 
 def test_report_downstream_section(skewed_federation):

@@ -243,9 +243,12 @@ def glance(r: dict) -> list[str]:
     out = []
     if r["private"]:
         tgt = r.get("target_epsilon")
-        out.append(f"- **Privacy.** Every training record is protected by (ε = {r['epsilon']:.3g}, δ = {r['delta']:g})-"
+        over = tgt is not None and above_target(r["epsilon"], tgt)
+        # 4 significant digits: 3 printed an ε of 4.0034 as "4", under a target of 4
+        out.append(f"- **Privacy.** Every training record is protected by (ε = {r['epsilon']:.4g}, δ = {r['delta']:g})-"
                    "differential privacy (the worst client's ε, recomputed from the ledger"
-                   + (f"; the target was {tgt:g}" if tgt is not None else "") + ") for what `release/` holds. Smaller "
+                   + (f"; **above the target {tgt:g}**: an interrupted round was charged again, see the ledger" if over
+                      else f"; the target was {tgt:g}" if tgt is not None else "") + ") for what `release/` holds. Smaller "
                    "ε is stronger; ε ≤ 1 is strong, ε ≈ 8 is weak but still bounded."
                    + (f" The job also trained the DP linear reference below on the same records, a separate release "
                       f"with its own ε = {r['dp_fedavg_linear_epsilon']:.3g}: a record in both has spent both "
