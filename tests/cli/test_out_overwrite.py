@@ -155,4 +155,7 @@ def test_train_and_run_out_pointing_at_a_file_is_a_usage_error(files, copy):
     assert obj["error"].startswith(f"--out {out} is a file, not a folder: `fedhype train` writes a folder there")
     r, obj = _invoke("run", "--out", out, "--json")
     assert r.exit_code == 2 and obj["error"].startswith(f"--out {out} is a file, not a folder: `fedhype run`")
+    # prototypes train too, with --overwrite (was: internal error NotADirectoryError; a new user's probe)
+    r, obj = _invoke("prototypes", "train", "--data", files["dir"] / "syn.safetensors", "--out", out, "--overwrite", "--json")
+    assert r.exit_code == 2 and obj["error"].startswith(f"--out {out} is a file, not a folder: `fedhype prototypes train`")
     assert out.read_text() == "my notes\n"

@@ -364,10 +364,12 @@ def check_out_dir(out: Path, command: str, hint: str) -> None:
 
 def folder_kind(path: Path) -> str:
     """What an output folder already holds, read cheaply (no torch): ``"missing"``, ``"empty"``,
-    ``"job"`` (a ``fedhype run`` folder), ``"run"`` (a training run), ``"prototypes"`` (a
+    ``"file"`` (not a folder), ``"job"`` (a ``fedhype run`` folder), ``"run"`` (a training run), ``"prototypes"`` (a
     hyper-prototype model), ``"dp-linear"`` (a DP linear reference: it spent budget) or ``"other"``."""
     if not path.exists():
         return "missing"
+    if not path.is_dir():
+        return "file"
     names = {p.name for p in path.iterdir()} - {".lock"}
     if not names:
         return "empty"
@@ -404,6 +406,8 @@ def check_out_kind(out: Path, command: str, allowed: tuple[str, ...]) -> str:
     from fedhype.errors import ValidationError
 
     kind = folder_kind(out)
+    if kind == "file":
+        check_out_dir(out, command, "nothing was changed: give a new or empty folder")
     if kind not in ("missing", "empty", *allowed):
         raise ValidationError(f"--out {out} already holds {_KIND_WORDS[kind]}; `fedhype {command}` does not write into it "
                               "(nothing was changed): give a new or empty folder")
