@@ -157,6 +157,35 @@ def test_interrupted_run_is_reported_as_interrupted_not_tampered(real_store, tmp
 
     # the spent ε (full ledger, 2 rounds charged) is above what the committed model claims (1 round)
     assert res["events"] == 4 and res["epsilon"] > load_model(tmp_path / "run")[2]["epsilon"] * 1.1
+    assert res["recharged_events"] == 0 and res["target_epsilon"] is None and not res["above_target"]
+
+
+def test_a_resumed_run_names_the_events_charged_again_and_the_target_it_passed(real_store, tmp_path, monkeypatch):
+    """Unseeded noise: the round interrupted after its write-ahead charge is charged again on resume,
+    so ε ends above the target. `fedhype train` says so and points at the audit, which names those
+    events (it had listed nothing: a new user's probe)."""
+    from fedhype.federated import client as client_mod
+
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    cfg = TrainConfig(**{**CFG, "seed": None, "noise_multiplier": None, "epsilon": 2.0})
+    orig, calls = client_mod.Client.run_round, {"n": 0}
+
+    def crash(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(client_mod.Client, "run_round", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(real_store, part, cfg, tmp_path / "run", diagnostics=False)
+    monkeypatch.setattr(client_mod.Client, "run_round", orig)
+    train(real_store, part, cfg, tmp_path / "run", resume=True, diagnostics=False)
+    res = audit_run(tmp_path / "run")
+    assert res["ledger_ok"] and res["consistent"], res["mismatches"]
+    assert res["target_epsilon"] == 2.0 and res["epsilon"] > 2.0 and res["above_target"]
+    assert res["recharged_events"] == 2 and res["events"] == 6  # round 2 of both clients, charged twice
+    assert any("charged again" in w and "round(s) [1]" in w and "above the target 2" in w for w in res["warnings"])
 
 
 def test_prv_above_rdp_is_a_warning_and_rdp_is_the_recomputed_figure(shared, monkeypatch):

@@ -51,7 +51,8 @@ def _render(r: dict[str, Any]) -> None:
     out = Console()
     if r.get("run") is not None:
         rows = {k: r.get(k) for k in ("run", "private", "ledger_ok", "epsilon", "epsilon_rdp", "delta", "worst_client",
-                                      "events", "consistent")}
+                                      "events", "consistent") + (("target_epsilon", "above_target", "recharged_events")
+                                                                  if r.get("target_epsilon") is not None else ())}
         names = r.get("client_names") or {}
         if r.get("worst_client") is not None and names.get(str(r["worst_client"]), str(r["worst_client"])) != str(r["worst_client"]):
             rows["worst_client"] = f"{r['worst_client']} ({names[str(r['worst_client'])]})"

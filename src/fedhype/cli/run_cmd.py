@@ -24,8 +24,8 @@ def _render(r: dict) -> None:
 
 def _above_target(r: dict) -> None:
     console.print(f"[bold red]ε = {r['epsilon']:.4g} is above the target ε = {r['target_epsilon']:g}[/]: an "
-                  "interrupted round was charged again on resume (report.md and `fedhype audit` list the "
-                  "releases)", highlight=False)
+                  "interrupted round was charged again on resume (`fedhype audit --run` names the events charged "
+                  "again; ledger.json keeps every release)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -100,8 +100,8 @@ def _render(res: dict) -> None:
 
 def _above_target(res: dict) -> None:
     console.print(f"[bold red]ε = {res['epsilon']:.4g} is above the target ε = {res['target_epsilon']:g}[/]: an "
-                  "interrupted round was charged again on resume (the ledger keeps every release; "
-                  "`fedhype audit` lists them)", highlight=False)
+                  "interrupted round was charged again on resume (`fedhype audit --run` names the events charged "
+                  "again; ledger.json keeps every release)", highlight=False)
 
 
 

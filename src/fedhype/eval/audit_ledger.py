@@ -35,6 +35,7 @@ from fedhype.errors import ArtifactError
 from fedhype.federated.rundir import RunDir, load_model
 from fedhype.io import read_json
 from fedhype.privacy.ledger import PrivacyLedger, audit_consistency
+from fedhype.privacy.plan import above_target
 
 #: ε computed by PRV is an upper bound within ~2·eps_error of the truth, RDP a looser upper bound:
 #: PRV above RDP by more than this is reported as a warning (the reported ε is then RDP's).
@@ -138,7 +139,9 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         ``{"run", "private", "ledger_ok", "ledger_error", "epsilon", "delta", "epsilon_rdp",
         "worst_client", "epsilon_per_client", "epsilon_rdp_per_client", "events", "checked",
         "mismatches", "warnings", "consistent", "client_names"}`` (``client_names``: ledger id → the
-        client's name, as privacy.json and the report key it); each mismatch is ``{"name", "claimed",
+        client's name, as privacy.json and the report key it) and, for a private run, ``target_epsilon``
+        (``train.epsilon``; None with an explicit σ), ``above_target`` and ``recharged_events`` (events
+        charged again after an interruption, each also named in ``warnings``); each mismatch is ``{"name", "claimed",
         "recomputed", "difference"[, "reason"]}``.
 
     Raises:
@@ -188,6 +191,17 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                                    "regenerate and remove it, so the ε below holds only while the seed stays secret; "
                                    "a run to be shared as private is trained without a seed")
         worst_client, worst = ledger.worst()
+        # the run's target (train.epsilon, unless an explicit σ was given) and the events a resumed run
+        # charged again (fresh noise after an interruption; privacy.ledger.as_rerun): why ε can exceed it
+        train_conf = config.get("train", {})
+        target = train_conf.get("epsilon") if train_conf.get("noise_multiplier") is None else None
+        rerun = [e for e in ledger.events if "charged again" in str(e.note or "")]
+        res.update(target_epsilon=target, above_target=above_target(worst, target), recharged_events=len(rerun))
+        if rerun:
+            res["warnings"].append(
+                f"{len(rerun)} ledger event(s) were charged again after an interruption (fresh noise on resume: "
+                f"round(s) {sorted({e.round for e in rerun})}, client(s) {sorted({str(e.client) for e in rerun})}); "
+                "they count in ε" + (f", which is above the target {target:g}" if res["above_target"] else ""))
         rdp, prv = ledger.epsilons("rdp"), ledger.epsilons("prv")
         res.update(ledger_ok=True, epsilon=worst, delta=ledger.delta, worst_client=worst_client,
                    epsilon_per_client=ledger.epsilons(), epsilon_rdp_per_client=rdp,

@@ -12,6 +12,7 @@ import torch
 
 from fedhype import __version__
 from fedhype.io import atomic_write_json, atomic_write_text, read_json
+from fedhype.privacy.plan import above_target  # noqa: F401  (re-exported: the CLI and the tests read it here)
 
 
 def _fmt(v: Any, digits: int = 4) -> str:
@@ -104,11 +105,6 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     atomic_write_json(out / "report.json", strict_json(report))
     atomic_write_text(out / "report.md", _markdown(report, ev, conf))
     return report
-
-
-def above_target(epsilon: float | None, target: float | None) -> bool:
-    """True when the accountant's ε exceeds the target (a resumed run recharged an interrupted round)."""
-    return bool(target is not None and epsilon is not None and epsilon > target * (1 + 1e-9))
 
 
 def _dp_linear_keys(d: dict | None) -> dict[str, Any]:

@@ -153,3 +153,8 @@ def check_max_epsilon(plan: Plan, delta: float, noise_multiplier: float | None, 
         raise BudgetExceededError(f"{what} would reach ε = {worst:.4g} > {flag} {max_epsilon}{at}; {after}",
                                   epsilon=worst, limit=max_epsilon)
     return worst
+
+
+def above_target(epsilon: float | None, target: float | None) -> bool:
+    """True when the accountant's ε exceeds the target ε (a resumed run recharged an interrupted round)."""
+    return bool(target is not None and epsilon is not None and epsilon > target * (1 + 1e-9))
