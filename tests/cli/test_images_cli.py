@@ -241,3 +241,26 @@ def test_a_class_without_training_records_is_warned_about(tmp_path, enc, tiny_di
     r = runner.invoke(app, ["run", "--out", str(tmp_path / "job"), *data, *SMALL_JOB, "--json"])
     assert r.exit_code == 0, r.output
     assert "no client has a training record of class(es) ['3']" in r.stderr
+
+
+def test_byte_identical_image_files_are_warned_about_and_listed(tmp_path, enc):
+    """One image stored twice is two records: protected only as a group of two. `fedhype embed` finds
+    byte-identical files from the content hashes it computes for the cache (with --no-cache too), warns
+    and lists them in --json (it had counted them silently; a new user's probe)."""
+    import shutil
+
+    root = patient_tree(tmp_path / "clinic")
+    first = sorted((root / "benign").rglob("*.png"))[0]
+    copy = first.parent / "copy-of-first.png"
+    shutil.copyfile(first, copy)
+    for extra in ([], ["--no-cache"]):
+        r = runner.invoke(app, ["embed", "--images", str(root), "--layout", "class", *enc, *extra,
+                                "--out", str(tmp_path / f"d{len(extra)}.safetensors"), "--json"])
+        assert r.exit_code == 0, r.output
+        got = _json(r)
+        assert got["duplicates"] == [sorted([str(first.relative_to(root)), str(copy.relative_to(root))])]
+        assert "1 image file(s) are byte-identical copies of others" in r.stderr and "group of k" in r.stderr
+    clean = patient_tree(tmp_path / "clean")
+    r = runner.invoke(app, ["embed", "--images", str(clean), "--layout", "class", *enc,
+                            "--out", str(tmp_path / "c.safetensors"), "--json"])
+    assert r.exit_code == 0 and _json(r)["duplicates"] == [] and "byte-identical" not in r.stderr

@@ -118,12 +118,17 @@ def embed(
             log_line(f"embed: {images} read as layout {src['layout']!r}" + (" (detected)" if layout == "auto" else "")
                      + f": {len(source.class_names)} classes, {len(source.domain_names)} domain(s)"
                      + (f", given splits {src['split_counts']}" if src.get("splits") else ""))
+            from fedhype.encoders.cache import image_files_key
+
             cache_path, cache_key, hit = (None, None, None) if no_cache else image_cache_lookup(source, enc)
+            if no_cache:
+                image_files_key(source)  # hashes the files: finds byte-identical copies (the cache lookup does it too)
+            _warn_duplicates(source)
             if hit is not None:
                 hit.save(out)
                 console.print(f"reused the cached embeddings {cache_path} (the same files, layout, encoder, weights, "
                               f"size; --no-cache embeds again); wrote {out} ({len(hit)} × {hit.dim})", highlight=False)
-                return _summary(out, hit, enc, cached=True)
+                return _summary(out, hit, enc, cached=True, duplicates=source.duplicates)
         else:
             from fedhype.data.datasets import load_builtin
             from fedhype.encoders.cache import cache_lookup
@@ -147,12 +152,24 @@ def embed(
             cache_save(cache_path, cache_key, store)
         store.save(out)
         console.print(f"wrote {out} ({len(store)} × {store.dim})", highlight=False)
-        return _summary(out, store, enc, cached=False)
+        return _summary(out, store, enc, cached=False, duplicates=source.duplicates)
 
     run_command(body, json_mode, _render)
 
 
-def _summary(out: Path, store, enc, cached: bool) -> dict[str, Any]:
+def _warn_duplicates(source) -> None:
+    """A warning for byte-identical image files: each copy is its own record, so one image stored k
+    times is protected only as a group of k (ε grows about k-fold: group privacy, Dwork & Roth 2014, Th. 2.2)."""
+    if not source.duplicates:
+        return
+    extra = sum(len(g) - 1 for g in source.duplicates)
+    ex = source.duplicates[0]
+    console.print(f"[yellow]warning[/]: {extra} image file(s) are byte-identical copies of others (e.g. {ex[0]} = "
+                  f"{ex[1]}): each copy is a separate record, so an image stored k times is protected only as a "
+                  "group of k; remove the copies before embedding (--json lists them)", highlight=False)
+
+
+def _summary(out: Path, store, enc, cached: bool, duplicates: list | None = None) -> dict[str, Any]:
     return {
         "store": str(out),
         "n": len(store),
@@ -162,6 +179,7 @@ def _summary(out: Path, store, enc, cached: bool) -> dict[str, Any]:
         "class_counts": dict(zip(store.class_names, store.class_counts())),
         "domain_counts": dict(zip(store.domain_names, store.domain_counts())),
         "skipped": store.meta.get("skipped"),
+        "duplicates": duplicates or [],
         "images_per_s": None if cached else store.meta.get("images_per_s"),
         "from_cache": cached,
         "image_size": (store.meta.get("preprocess") or {}).get("crop"),

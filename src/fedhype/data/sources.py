@@ -42,6 +42,8 @@ class ImageSource:
         domain_names: domain names, index = domain id.
         source: JSON-able provenance (dataset name, path, construction of derived domains...).
         skipped: ``[{"file": ..., "reason": ...}]`` for inputs that were not usable.
+        duplicates: groups of record ids whose files are byte-identical (filled when the files are
+            hashed, :func:`fedhype.encoders.cache.image_files_key`): each copy is a separate record.
     """
 
     records: list[ImageRecord]
@@ -49,6 +51,7 @@ class ImageSource:
     domain_names: list[str]
     source: dict[str, Any] = field(default_factory=dict)
     skipped: list[dict[str, str]] = field(default_factory=list)
+    duplicates: list[list[str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.records)

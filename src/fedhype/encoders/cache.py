@@ -121,14 +121,20 @@ def image_files_key(source) -> dict[str, Any]:
 
     ``files`` is the SHA-256 over one line per record, sorted by relative path:
     ``path \t sha256(file bytes) \t class \t domain \t split``; the files skipped while scanning
-    (``path \t reason``) are in ``skipped``. Every file of ``source`` (an ImageSource) is read once.
+    (``path \t reason``) are in ``skipped``. Every file of ``source`` (an ImageSource) is read once;
+    byte-identical files are recorded in ``source.duplicates`` (groups of record ids, each sorted).
 
     Raises:
         OSError: a file vanished since the folder was scanned.
     """
     root = Path(source.source["root"])
+    digests = {r.sample_id: file_sha256(root / r.sample_id) for r in source.records}
+    groups: dict[str, list[str]] = {}
+    for sid, h in digests.items():
+        groups.setdefault(h, []).append(sid)
+    source.duplicates = sorted(sorted(g) for g in groups.values() if len(g) > 1)
     lines = sorted(
-        "\t".join((r.sample_id, file_sha256(root / r.sample_id), source.class_names[r.label],
+        "\t".join((r.sample_id, digests[r.sample_id], source.class_names[r.label],
                    source.domain_names[r.domain], r.split or "")) for r in source.records)
     skipped = sorted(f"{s['file']}\t{s['reason']}" for s in source.skipped)
     return {"kind": "image-folder", "files": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
