@@ -44,6 +44,12 @@ def test_train_on_real_partition_and_evaluate_per_client(files):
     ev = json.loads(r.stdout)
     assert ev["n"] == 160 and 0.35 < ev["accuracy"] <= 1 and 0 < ev["macro_f1"] <= 1
     assert ev["store"] == str(files["real"]) and "real" not in ev  # the key is the option's name, --store
+    assert ev["warnings"] == []  # trained on the train split, scored on the test split
+    # scored on the records it was trained on: said (it had printed 0.98 as if held out; a new user's probe)
+    r = _run("evaluate", "--model", out, "--store", files["real"], "--partition", files["part"], "--split", "train", "--json")
+    assert r.exit_code == 0 and "not held-out accuracy" in json.loads(r.stdout)["warnings"][0]
+    r = _run("evaluate", "--model", out, "--store", files["real"], "--json")  # the whole store holds them too
+    assert "its train split" in json.loads(r.stdout)["warnings"][0]
     assert set(ev["heads"]) == {"linear", "prototype", "both"}
     assert set(ev["per_client"]) == {"mnist", "optdigits", "mnist-m", "rotated-mnist"}
     assert sum(c["n"] for c in ev["per_client"].values()) == 160

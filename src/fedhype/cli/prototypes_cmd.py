@@ -142,7 +142,11 @@ def train(
             x_tr, y_tr = train_store.embeddings.numpy(), train_store.labels.numpy()
             clf.fit(x_tr, y_tr, classes=classes, dp_clients=dp_clients, ledger=run_ledger)
         private = (not federated and store.kind == "synthetic" and bool(store.meta.get("private", False)))
-        meta = {"class_names": store.class_names, "data": str(data), "data_kind": store.kind,
+        # which real records trained it (the store's digest and the partition split, or all of it): evaluate
+        # warns when it scores the model on any of them
+        trained_on = None if store.kind != "real" else {
+            "store_digest": store.digest(), "records": "all" if part is None else split}
+        meta = {"class_names": store.class_names, "data": str(data), "data_kind": store.kind, "trained_on": trained_on,
                 "data_epsilon": store.meta.get("epsilon"), "data_private": store.meta.get("private"),
                 "encoder": store.meta.get("encoder"), "partition": None if partition is None else str(partition),
                 "split": split, "federated": federated, "private": private}
@@ -230,6 +234,14 @@ def evaluate(
             test = part.split_store(store, split)
         else:
             test = store
+        warnings = []
+        seen = (clf.meta_ or {}).get("trained_on")
+        if isinstance(seen, dict) and seen.get("store_digest") == store.digest() and (
+                seen.get("records") == "all" or partition is None or seen.get("records") == split):
+            desc = "all of them" if seen.get("records") == "all" else f"its {seen.get('records')} split"
+            warnings.append(f"the model was trained on real records of this store ({desc}) and the records evaluated "
+                            "here include them: these figures are not held-out accuracy")
+            console.print(f"[yellow]warning[/]: {warnings[-1]}", highlight=False)
         x, y = test.embeddings, test.labels.numpy()
         probs = {h: clf.predict_proba(x, head=h) for h in ("linear", "prototype", "both")}
         preds = {h: clf.classes_[p.argmax(1)] for h, p in probs.items()}
@@ -240,7 +252,7 @@ def evaluate(
                 "split": split if partition is not None else None, "n": len(test), "head": clf.head,
                 **classification_metrics(y, pred), "heads": {h: float((p == y).mean()) for h, p in preds.items()},
                 "per_domain": _metrics_by(test.domains.numpy(), test.domain_names, y, pred),
-                "per_client": per_client, "privacy": clf.privacy_, "model_meta": clf.meta_}
+                "per_client": per_client, "privacy": clf.privacy_, "model_meta": clf.meta_, "warnings": warnings}
 
     run_command(body, _json(ctx, json_mode), _render_eval)
 
