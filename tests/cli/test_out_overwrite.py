@@ -100,6 +100,22 @@ def test_synthesize_onto_the_runs_model_is_refused(files, tmp_path):
     assert (run / "model.safetensors").read_bytes() == before
 
 
+def test_synthesize_into_a_release_folder_is_refused_even_with_overwrite(files, tmp_path):
+    """A release's files are hashed in its privacy.json: replacing one broke `audit --release` (a new
+    user's probe); a file beside them that the release does not list may still be written."""
+    from fedhype.pipeline.release import check_release, write_release
+
+    rel = tmp_path / "rel"
+    write_release(files["run"], rel, synthetic=files["dir"] / "syn.safetensors")
+    before = (rel / "synthetic.safetensors").read_bytes()
+    r, obj = _invoke("synthesize", "--run", files["run"], "--out", rel / "synthetic.safetensors", "--overwrite",
+                     "--per-class", 2, "--json")
+    assert r.exit_code == 2 and "is a file of the release folder" in obj["error"], r.output
+    assert (rel / "synthetic.safetensors").read_bytes() == before and all(row["ok"] for row in check_release(rel))
+    r, _ = _invoke("synthesize", "--run", files["run"], "--out", rel / "more.safetensors", "--per-class", 2, "--json")
+    assert r.exit_code == 0, r.output
+
+
 # ----------------------------------------------------------------------------- partition
 def _partition(files, out, *extra):
     return _invoke("partition", "--store", files["dir"] / "real.safetensors", "--scheme", "iid", "--clients", 3,

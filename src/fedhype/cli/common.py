@@ -339,6 +339,11 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
                               f"--out {out} is a folder; give a file name such as {out / 'partition.json'}")
     if not out.exists():
         return
+    from fedhype.pipeline.release import release_holding
+
+    if release_holding(out) is not None:  # hashed in a release's privacy.json: replacing it breaks the release
+        raise ValidationError(f"--out {out} is a file of the release folder {out.parent} (hashed in its privacy.json; "
+                              "`fedhype audit --release` would report it changed): write elsewhere, even with --overwrite")
     found = artifact_format(out)
     what = describe_artifact(found)
     if not overwrite:

@@ -110,6 +110,24 @@ def _readme(summary: dict[str, Any], files: list[str]) -> str:
     return "\n".join(lines)
 
 
+def release_holding(path: str | os.PathLike) -> Path | None:
+    """The release folder whose ``privacy.json`` lists ``path`` among its hashed files, or None.
+
+    Replacing such a file breaks the release (:func:`check_release` then reports it as changed), so
+    the commands that write an ``--out`` file refuse it (``fedhype.cli.common.check_out_file``).
+    """
+    path = Path(path)
+    manifest = path.parent / "privacy.json"
+    if not manifest.is_file():
+        return None
+    try:
+        claimed = read_json(manifest, "release privacy.json")
+    except ArtifactError:
+        return None
+    files = claimed.get("files") if isinstance(claimed, dict) and claimed.get("format") == FORMAT else None
+    return path.parent if isinstance(files, dict) and path.name in files else None
+
+
 def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str, Any]] | None:
     """Check a release folder's own files against what :func:`write_release` wrote and the ledger says.
 
