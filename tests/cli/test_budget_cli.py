@@ -140,6 +140,8 @@ def test_federated_plan_from_partition_file(app, tmp_path):
         # no round, no step: named as such (it used to blame a target ε nobody gave)
         (["-s", "1", "--rounds", "0", "--local-steps", "2", "--batch-size", "32", "--client-sizes", "600,480",
           "--delta", "1e-5"], "--rounds must be ≥ 1, got 0"),
+        (["-s", "1", "--rounds", "-3", "--local-steps", "2", "--batch-size", "32", "--client-sizes", "600,480",
+          "--delta", "1e-5"], "--rounds must be ≥ 1, got -3"),  # one message below 1 (was "an integer ≥ 0")
         (["-s", "1", "--rounds", "2", "--local-steps", "0", "--batch-size", "32", "--client-sizes", "600,480",
           "--delta", "1e-5"], "--local-steps must be ≥ 1, got 0"),
         (["-s", "1", "--rounds", "2", "--local-epochs", "0", "--batch-size", "32", "--client-sizes", "600,480",

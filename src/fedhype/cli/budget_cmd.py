@@ -101,7 +101,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     from fedhype.privacy.plan import plan_noise
 
     delta = validate_delta(delta, "--delta")
-    rounds = validate_steps(rounds, "--rounds")
+    if not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds < 1):  # < 1: the message below
+        rounds = validate_steps(rounds, "--rounds")
     if rounds < 1:
         raise ValidationError(f"--rounds must be ≥ 1, got {rounds}: a plan without rounds runs no DP step "
                               "(`fedhype train` refuses it too)")
