@@ -54,6 +54,9 @@ def test_json_output_and_file(store_file, tmp_path):
     assert res.exit_code == 0, res.output
     obj = json.loads(res.stdout)
     assert obj["partition"] == str(out) and obj["scheme"] == "dirichlet"
+    # the settings under their option names (--fractions, --min-records), not the file format's keys
+    assert obj["params"]["fractions"] == [0.6, 0.2, 0.2] and obj["params"]["min_records"] == 20
+    assert "splits" not in obj["params"] and "min_train_per_client" not in obj["params"]
     part = Partition.load(out)
     assert [{k: c[k] for k in ("client", "name", "train", "val", "test")} for c in obj["clients"]] == part.sizes()
     assert sum(c["train"] + c["val"] + c["test"] for c in obj["clients"]) == 1797

@@ -141,7 +141,10 @@ def partition(
             pos = emb.positions(c.train + c.val + c.test)
             rows.append({**size, "classes_present": int(np.unique(labels[pos]).size)})
         console.print(f"wrote {out}", highlight=False)
-        return {"partition": str(out), "scheme": part.scheme, "params": part.params, "seed": part.seed,
+        # the option names (--fractions, --min-records); the partition file keeps its format's own keys
+        names = {"splits": "fractions", "min_train_per_client": "min_records"}
+        params = {names.get(k, k): v for k, v in part.params.items()}
+        return {"partition": str(out), "scheme": part.scheme, "params": params, "seed": part.seed,
                 "n_classes": emb.n_classes, "given_splits": given, "clients": rows}
 
     run_command(body, json_mode, _render)
