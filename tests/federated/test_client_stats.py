@@ -389,11 +389,11 @@ def test_paule_mandel_root_is_james_stein_for_equal_noise_and_solves_its_equatio
 
 def test_many_small_label_skewed_clients_stay_near_the_pool_and_unresolved_classes_keep_its_means(real_store):
     """16 Dirichlet (α = 0.3) clients of about 30 training records each at σ = 1: their class means differ
-    from the pool's by noise, sampling error and the noise of their own class counts. A class whose
-    noisy count is at the floor (2 count-noise stds) is not resolved and keeps the pooled mean; the
-    others keep A/(A + τ²_k) of their deviation. The previous rule (one factor per client, no count
-    noise in τ²) gave these clients f = 0.33–0.69 and moved class means by up to 4.5 (unit-sphere
-    units); on 100 Fashion-MNIST clients at ε = 1 it left the mixture's validation MMD² at 0.11."""
+    from the pool's by DP noise and sampling error. A class whose noisy count is at the floor (2
+    count-noise stds) is not resolved and keeps the pooled mean; the others keep A/(A + τ²_k) of
+    their deviation. The previous rule (one factor per client, floored classes included) gave these
+    clients f = 0.33–0.69 and moved class means by up to 4.5 (unit-sphere units); on 100
+    Fashion-MNIST clients at ε = 1 it left the mixture's validation MMD² at 0.11."""
     from fedhype.federated.class_stats import client_gaussian, release_moments
 
     skew = make_partition(real_store, scheme="dirichlet", n_clients=16, alpha=0.3, seed=0, min_train_per_client=5)

@@ -87,8 +87,7 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     are pooled (:func:`_unit_sphere`).
 
     Returns ``mean`` [D], ``var`` [] (total variance, clamped), ``class_means`` [K, D] float32;
-    ``counts`` [K] (floored at ``counts_floor``, twice the count noise std), ``counts_noise_var`` (noise
-    variance of each pooled class count),
+    ``counts`` [K] (floored at ``counts_floor``, twice the count noise std),
     ``sums_noise_var`` (noise variance per coordinate of the pooled sums),
     ``cov`` [D, D] float64 (total covariance M/N − m mᵀ, or None without second moments) and
     ``offdiag_var`` (noise variance of each of its off-diagonal entries).
@@ -134,7 +133,7 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     class_means = mean + (sums - counts[:, None] * mean) / class_counts[:, None]
     out = {"mean": mean.to(torch.float32), "var": var.to(torch.float32), "class_means": class_means.to(torch.float32),
            "counts": class_counts.to(torch.float32), "sums_noise_var": sums_noise_var, "cov": None, "offdiag_var": 0.0,
-           "counts_noise_var": float(n_noise) * float(noise_std) ** 2, "counts_floor": float(floor)}
+           "counts_floor": float(floor)}
     if all_m2 and m2_sum is not None:
         out["cov"] = m2_sum / float(total) - torch.outer(mean, mean)
         out["offdiag_var"] = noise_factor * float(second_moment_std) ** 2 * sum(r ** 4 for r in radii) / float(total) ** 2
@@ -325,11 +324,14 @@ def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" 
     nothing but noise. Here the difference d_ik = μ̂_ik − μ̂_k of the client's class-k mean to the pooled
     one has, per coordinate, noise variance
 
-        τ²_ik = σ²_S/n²_ik + s²/n_ik + σ²_n·‖μ̂_k‖²/(D·n²_ik)
+        τ²_ik = σ²_S/n²_ik + s²/n_ik
 
     (DP noise of the class sum; sampling error, s² the pooled within-class variance per coordinate,
-    tr C_within / D from the release; and the DP noise σ²_n of the class *count*, which scales the
-    whole mean: μ̂ = (nμ + ξ)/(n + η) ≈ μ + ξ/n − μη/n, delta method). The client's signal variance A_i
+    tr C_within / D from the release). The DP noise η of the class *count* scales the whole mean
+    (μ̂ = (nμ + ξ)/(n + η) ≈ μ + ξ/n − μη/n): an error along μ_k alone, which an isotropic τ² term
+    σ²_n‖μ_k‖²/(D n²) would spread over all D directions; with it the digits validation TSTR at ε = 1
+    fell from 0.570 to 0.557 (mixture code, 3 seeds; benchmarks/results/client_shrinkage.md, "100
+    clients"), so it is left out. The client's signal variance A_i
     per coordinate, common to its classes, is the method-of-moments root of Σ_k q_ik/(A_i + τ²_ik) = K
     with q_ik = ‖d_ik‖²/D (:func:`paule_mandel`; 0 when the client's means fit the pool's within
     their noise), and each class keeps the share
@@ -340,10 +342,13 @@ def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" 
     Sec. 3; with equal τ²_ik it is the positive-part James–Stein factor 1 − K·D/χ²_i, χ²_i =
     Σ_k ‖d_ik‖²/τ²_ik, Efron & Morris 1973, Sec. 2; Baranchik 1964): about 0 for a client of the
     pool's population, about 1 for a distinct domain — and about 0 for a class the client holds
-    (nearly) none of, whatever its noisy mean. One factor for all classes, without the count term,
-    was the previous rule: on 100 Fashion-MNIST clients of ~420 records at ε = 1 it gave every client
+    (nearly) none of: a class whose noisy count is at the floor (:func:`_moments`, two count-noise
+    stds) is not resolved — its "mean" is mostly the client's noisy overall mean — so it keeps the
+    pool's mean and takes no part in the test. One factor for all classes, floored ones included, was
+    the previous rule: on 100 Fashion-MNIST clients of ~420 records at ε = 1 it gave every client
     f > 0 (up to 0.96), moved the classes a client barely holds by up to 10 (unit-sphere units) and
-    left the mixture's validation MMD² at 0.11 (benchmarks/results/client_shrinkage.md, "100 clients").
+    left the mixture's validation MMD² at 0.11 (0.014 now; benchmarks/results/client_shrinkage.md,
+    "100 clients").
 
     With client centres, ``clip_shift`` (:class:`ClipShift`) is the part of d_ik that clipping around
     the client's own centre explains under the pool; the test uses d_ik − b_ik (the shrunk means keep
@@ -380,8 +385,7 @@ def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" 
     between = float((w * (dev.pow(2).sum(1) - dim * pooled["sums_noise_var"] / n_pool ** 2)).sum())
     total = float(pooled["var"])
     s2 = max(total - max(between, 0.0), 0.25 * total) / dim
-    count_var = float(client.get("counts_noise_var", 0.0))
-    tau2 = (client["sums_noise_var"] + count_var * pm.pow(2).sum(1) / dim) / n_i ** 2 + s2 / n_i  # [K]
+    tau2 = client["sums_noise_var"] / n_i ** 2 + s2 / n_i  # [K]
     # a class whose noisy count is at the floor (2 count-noise stds) is not resolved: its mean carries the
     # client's noisy overall mean (_moments), not its records; it keeps the pool's and takes no part in the test
     resolved = client["counts"].to(torch.float64) > float(client.get("counts_floor", 0.0))
