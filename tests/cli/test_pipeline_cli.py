@@ -128,7 +128,7 @@ def test_run_end_to_end_and_resume(tmp_path):
     md = (tmp_path / "job" / "report.md").read_text()
     assert "| optdigits | 1 |" in md and "PCA fit on the held-out real test records" in md
     glance = md[md.index("## At a glance"):md.index("## Details")]  # first section: cost and usefulness in words
-    assert f"(ε = {rep['epsilon']:.3g}, δ = 0.0001)-differential privacy" in glance
+    assert f"(ε = {rep['epsilon']:.4g}, δ = 0.0001)-differential privacy" in glance
     assert f"scores {rep['tstr_accuracy']:.3f} on held-out real data" in glance and "constant guess scores 0.100" in glance
     # progress: one plain line per stage and per round on a non-terminal stderr
     assert "run: embed → partition → train (2 rounds)" in r.stderr and "train: round 2/2" in r.stderr
