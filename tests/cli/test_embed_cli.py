@@ -57,7 +57,7 @@ def test_folder_with_bad_files_is_embedded_and_they_are_listed(tmp_path, tiny):
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     assert set(got) == {"store", "n", "dim", "encoder", "weights_hash", "class_counts", "domain_counts", "skipped",
-                        "images_per_s", "from_cache", "image_size", "layout", "splits"}
+                        "duplicates", "images_per_s", "from_cache", "image_size", "layout", "splits"}
     assert got["image_size"] == 28 and got["layout"] == "class" and got["splits"] is None
     assert got["n"] == 11 and got["dim"] == 32 and got["class_counts"] == {"0": 4, "1": 3, "2": 4}
     assert got["domain_counts"] == {"imgs": 11}
