@@ -111,15 +111,13 @@ def embed(
                              weights=str(weights) if weights else None)
         if images is not None:
             from fedhype.data.images import scan_image_folder
-            from fedhype.encoders.cache import cache_save, image_cache_lookup
+            from fedhype.encoders.cache import cache_save, image_cache_lookup, image_files_key
 
             source = scan_image_folder(images, layout=layout, strict=strict, limit=limit, seed=seed)
             src = source.source
             log_line(f"embed: {images} read as layout {src['layout']!r}" + (" (detected)" if layout == "auto" else "")
                      + f": {len(source.class_names)} classes, {len(source.domain_names)} domain(s)"
                      + (f", given splits {src['split_counts']}" if src.get("splits") else ""))
-            from fedhype.encoders.cache import image_files_key
-
             cache_path, cache_key, hit = (None, None, None) if no_cache else image_cache_lookup(source, enc)
             if no_cache:
                 image_files_key(source)  # hashes the files: finds byte-identical copies (the cache lookup does it too)
