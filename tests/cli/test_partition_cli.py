@@ -107,3 +107,13 @@ def test_subprocess_exit_code(store_file, tmp_path):
     sizes = [(c["train"], c["val"], c["test"]) for c in json.loads(proc.stdout)["clients"]]
     assert sizes == [(359, 120, 120)] * 3  # 1,797 = 3 × 599, split 60/20/20 per client
     assert "wrote" in proc.stderr
+
+
+def test_a_synthetic_store_is_refused(store_file, tmp_path):
+    """A partition splits real records (as `fedhype site` and `fedhype train`): a synthetic store exits 2, writes nothing."""
+    real = EmbeddingStore.load(store_file)
+    syn = EmbeddingStore(real.embeddings, real.labels, real.domains, real.sample_ids, real.class_names,
+                         real.domain_names, {"kind": "synthetic"}).save(tmp_path / "syn.safetensors")
+    res = invoke("--store", syn, "--scheme", "iid", "--clients", 2, "--out", tmp_path / "p.json", "--json")
+    assert res.exit_code == 2 and "'synthetic' store" in res.output and "fedhype embed" in res.output
+    assert not (tmp_path / "p.json").exists()

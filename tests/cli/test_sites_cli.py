@@ -241,6 +241,19 @@ def test_the_coordinator_plans_the_budget_from_the_cards(consortium):
     r = runner.invoke(app, ["budget", "--epsilon", "4", "--delta", "1e-4", "--rounds", "2", "--batch-size", "8", *cards,
                             "--client-sizes", "10,10", "--json"])
     assert r.exit_code == 2 and "--card" in r.output
+    # the cards are checked as `fedhype train --site` checks them: one site given twice, or sites whose
+    # embeddings came from different encoders, is not a federation to plan for
+    twice = [*cards, cards[0]]
+    r = runner.invoke(app, ["budget", "--epsilon", "4", "--delta", "1e-4", "--rounds", "2", "--batch-size", "8", *twice, "--json"])
+    assert r.exit_code == 2 and "used by two sites" in r.output
+    other = json.loads((root / list(SITES)[0] / "site" / "card.json").read_text())
+    other = {**other, "name": "elsewhere", "key": "0" * len(other["key"]),
+             "encoder": {**other["encoder"], "preprocess": "other"}}
+    odd = root.parent / "odd-card.json"
+    odd.write_text(json.dumps(other))
+    r = runner.invoke(app, ["budget", "--epsilon", "4", "--delta", "1e-4", "--rounds", "2", "--batch-size", "8", *cards,
+                            f"--card={odd}", "--json"])
+    assert r.exit_code == 2 and "embedded differently" in r.output
 
 
 def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):

@@ -316,9 +316,12 @@ def budget(
         if sum(v is not None for v in (client_sizes, partition, card or None)) != 1:
             raise ValidationError("give exactly one of --client-sizes, --partition or --card (once per site)")
         if card:
+            from fedhype.data.roster import Roster
             from fedhype.data.sites import SiteCard
 
-            clients = [(str(i), c.name, c.n_train) for i, c in enumerate(SiteCard.load(p) for p in card)]
+            # as `fedhype train --site`: one site per name and key, one encoder and dimension for all
+            roster = Roster.from_cards([SiteCard.load(p) for p in card])
+            clients = [(str(c.id), c.name, c.n_train) for c in roster.clients]
         else:
             clients = parse_client_sizes(client_sizes) if client_sizes is not None else read_partition_sizes(partition)
         epochs = local_epochs  # neither given: as `fedhype train`, its default local epochs

@@ -120,6 +120,10 @@ def partition(
         check_out_file(out, overwrite, writes=FORMAT, command="partition")
         splits = _parse_split(split)
         emb = EmbeddingStore.load(store)
+        if emb.kind != "real":  # as `fedhype site` and `fedhype train`: a partition splits real records
+            raise ValidationError(f"--store {store} is a {emb.kind!r} store; `fedhype partition` splits the real "
+                                  "embeddings `fedhype embed` wrote (a synthetic store is drawn from a run, not a "
+                                  "client's data)")
         valid = min(splits) >= 0 and splits[0] > 0 and abs(sum(splits) - 1) <= 1e-6  # else make_partition says why
         fraction = splits[0] / sum(splits) if valid else 1.0
         if valid and min_train >= 0 and scheme in ("domain", "dirichlet", "iid"):
