@@ -226,6 +226,10 @@ def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(cons
     conf = json.loads((tmp_path / "release" / "config.json").read_text())
     assert "digest" not in conf["store"] and conf["store"]["provenance"]["weights_hash"] == \
         consortium["stores"]["hospital_b"].meta["weights_hash"]
+    # nor the store's size (its val/test records included, which no mechanism touched), nor a local path
+    assert "n" not in conf["store"] and "n" in json.loads((tmp_path / "run" / "config.json").read_text())["store"]
+    meta = json.loads((tmp_path / "release" / "ledger.json").read_text())["meta"]
+    assert meta["run"] == "run" and str(tmp_path) not in (tmp_path / "release" / "ledger.json").read_text()
 
 
 def test_the_coordinator_plans_the_budget_from_the_cards(consortium):

@@ -233,7 +233,8 @@ def open_ledger(run: RunDir, cfg: TrainConfig, done: int) -> PrivacyLedger:
     """
     if (done > 0 and not cfg.no_dp) or run.ledger.exists():
         return PrivacyLedger.load(run.ledger)
-    return PrivacyLedger(cfg.delta, meta={"run": str(run.root), "method": cfg.method})
+    # the run's folder name only: the ledger is shared in a release, and a path can name a user or a study
+    return PrivacyLedger(cfg.delta, meta={"run": run.root.name, "method": cfg.method})
 
 
 def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], ClientTransport]) -> RunState:

@@ -195,11 +195,14 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
 
 def public_config(conf: dict[str, Any]) -> dict[str, Any]:
     """The run's configuration as a release holds it: without the store digest (a deterministic function of
-    the real embeddings, outside the DP path); settings, the privacy plan, public sizes and provenance stay."""
+    the real embeddings, outside the DP path) and without the store's size ``n`` (every record it holds,
+    validation and test records included, which no mechanism touched); settings, the privacy plan with the
+    clients' training-set sizes (public: they set each client's q) and provenance stay."""
     conf = dict(conf)
-    if isinstance(conf.get("store"), dict) and "digest" in conf["store"]:
-        conf["store"] = {k: v for k, v in conf["store"].items() if k != "digest"}
-        conf["store"]["digest_note"] = "left out of the release: a digest of the real embeddings"
+    if isinstance(conf.get("store"), dict) and ({"digest", "n"} & set(conf["store"])):
+        conf["store"] = {k: v for k, v in conf["store"].items() if k not in ("digest", "n")}
+        conf["store"]["digest_note"] = ("left out of the release: a digest of the real embeddings and the store's "
+                                        "size (its validation and test records included)")
     return conf
 
 
