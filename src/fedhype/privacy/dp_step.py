@@ -6,8 +6,11 @@ reads :class:`LocalDPSession` and :class:`PrivatizedUpdate`:
 
 * every gradient computed on a client's records is a per-example gradient of the *whole*
   per-example loss over *all* parameters that touch the data (local encoder ψ_i and the
-  parameters generated for the client θ_i), obtained with ``torch.func`` (``vmap(grad(...))``;
-  Opacus hooks are wrong for generated weights: docs/method.md, decision 2);
+  parameters generated for the client θ_i). By default only its norm and the clipped sum are formed,
+  with book-keeping clipping (:mod:`fedhype.privacy.bookkeeping`, ``DPConfig.grad_method =
+  "bookkeeping"``: the per-example norms from the layers' inputs and output gradients, tested equal to
+  the reference); ``torch.func`` (``vmap(grad(...))``) materialises the per-example gradients and is
+  the reference path. Opacus hooks are wrong for generated weights: docs/method.md, decision 2;
 * each per-example gradient is clipped to L2 norm ≤ C jointly over all parameters, the clipped
   gradients are summed, and Gaussian noise N(0, σ²C² I) is added (Abadi et al. 2016, "Deep
   Learning with Differential Privacy", Algorithm 1); the result is divided by the expected batch
