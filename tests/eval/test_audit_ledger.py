@@ -53,7 +53,35 @@ def test_clean_run_recomputes_every_claim(shared):
     assert r0["recomputed"] < res["epsilon"]
     assert names["metrics.json: round 1 epsilon_per_client[1]"]["recomputed"] == res["epsilon"]
     assert names["model.safetensors: epsilon"]["difference"] == 0.0
-    assert len(res["checked"]) == 4 + 2 * 3  # flags, model ε, model δ, config δ; per round ε + 2 clients
+    # flags, model ε, model δ, config δ; per round ε + 2 clients; per client its release (none here) and its
+    # DP-SGD events against config.json's privacy_plan
+    assert len(res["checked"]) == 4 + 2 * 3 + 2 * 2
+    plan = names["ledger.json: client 1's DP-SGD events in the committed rounds vs the plan"]
+    assert plan["ok"] and plan["claimed"] == plan["recomputed"] == 4
+
+
+def test_events_deleted_from_the_ledger_do_not_pass_against_the_plan(run_copy):
+    """A ledger rewritten without client 1's round-1 events (hash chain rebuilt, so it loads) is caught by the
+    plan check even where the ε claims were rewritten to match (a privacy auditor's tamper test)."""
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger.load(run_copy / "ledger.json")
+    kept = PrivacyLedger(ledger.delta, meta=ledger.meta)
+    for e in ledger.events:
+        if not (e.round == 1 and str(e.client) == "1"):
+            kept.record(e)
+    kept.save(run_copy / "ledger.json")
+    metrics = json.loads((run_copy / "metrics.json").read_text())  # the claims rewritten to the smaller ledger
+    for m in metrics:
+        m["epsilon_per_client"] = {c: kept.epsilon(c) for c in m["epsilon_per_client"]}
+        m["epsilon"] = max(m["epsilon_per_client"].values())
+    (run_copy / "metrics.json").write_text(json.dumps(metrics))
+    res = audit_run(run_copy)
+    assert res["ledger_ok"] and not res["consistent"]
+    bad = {r["name"]: r for r in res["mismatches"]}
+    row = bad["ledger.json: client 1's DP-SGD events in the committed rounds vs the plan"]
+    assert row["claimed"] == 2 and row["recomputed"] == 4 and "round(s) [1]" in row["reason"]
+    assert "ledger.json: client 0's DP-SGD events in the committed rounds vs the plan" not in bad
 
 
 def test_edited_sigma_in_the_ledger_is_named(run_copy):

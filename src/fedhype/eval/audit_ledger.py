@@ -222,6 +222,7 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                 f"interrupted run: {len(pending)} ledger event(s) of round(s) ≥ {done + 1} were written ahead and are "
                 f"charged (ε spent {worst:.4g}), but the model, metrics and synthetic stores predate them "
                 f"(ε {ledger.worst()[1]:.4g}); resume the run to bring the claims up to date")
+        rows += _plan_rows(spent, config, metrics, ids, done)
         rows.append(_check(ledger, "model.safetensors: epsilon", "worst", meta.get("epsilon"), tol))
         rows.append(_equal("model.safetensors: delta", meta.get("delta"), ledger.delta))
         rows.append(_equal("config.json: train.delta", config.get("train", {}).get("delta"), ledger.delta))
@@ -241,6 +242,71 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
             rows.append(_check(ledger, f"synthetic {path}: meta.epsilon", "worst", s.meta.get("epsilon"), tol))
             rows.append(_equal(f"synthetic {path}: meta.delta", s.meta.get("delta"), ledger.delta))
     return _finish(res, rows)
+
+
+def _plan_rows(ledger: PrivacyLedger, config: dict, metrics: list, ids: list[str], done: int) -> list[dict[str, Any]]:
+    """The ledger against what the run says it ran: config.json's ``privacy_plan`` and metrics.json's rounds.
+
+    ε recomputed from the ledger checks the claims against the ledger; these rows check the ledger against
+    the run, so that events deleted from it (with the claims rewritten to match) do not pass. For every
+    client of the plan (``privacy_plan.plan``: its sampling rate q_i and DP-SGD steps over all rounds;
+    ``privacy_plan.prefix``: the (σ, q, steps) of each statistics-release event before round 0):
+
+    * the release events of round −1 are the prefix's (σ, q = 1, one step each), in any order;
+    * in each committed round (``checkpoint.json``) the client took part in (metrics.json's
+      ``participants``), its DP-SGD events have the plan's σ and q_i and add up to its steps per round
+      (its plan's steps / ``train.rounds``).
+
+    Events a resumed run charged again (their note says so) are extra spending, not part of the plan:
+    they are left out here and counted in ε. Rows are added only where config.json has a per-client plan
+    (a run trained by this version); a secure-aggregation run's statistics release is not per client and
+    its prefix is not checked.
+    """
+    pp = config.get("privacy_plan") if isinstance(config.get("privacy_plan"), dict) else {}
+    plan, prefix, sigma = pp.get("plan"), pp.get("prefix") or [], pp.get("noise_multiplier")
+    train = config.get("train", {}) if isinstance(config.get("train"), dict) else {}
+    if not isinstance(plan, list) or len(plan) != len(ids) or not ids:
+        return []
+    rounds = train.get("rounds")
+    events = [e for e in ledger.events if "charged again" not in str(e.note or "")]
+    rows: list[dict[str, Any]] = []
+    if not train.get("secure_aggregation"):
+        want = sorted((float(sg), float(q), int(k)) for sg, q, k in prefix)
+        for cid in ids:
+            got = sorted((float(e.noise_multiplier), float(e.sample_rate), int(e.steps)) for e in events
+                         if e.round == -1 and str(e.client) == cid)
+            same = len(got) == len(want) and all(abs(a[0] - b[0]) <= 1e-9 * max(1.0, b[0]) and a[1:] == b[1:]
+                                                 for a, b in zip(got, want))
+            row = {"name": f"ledger.json: client {cid}'s statistics release (round −1) vs config.json's privacy_plan",
+                   "claimed": [list(g) for g in got], "recomputed": [list(w) for w in want], "difference": None,
+                   "ok": same}
+            if not same:
+                row["reason"] = "the ledger's release events are not the planned ones (missing, extra or another σ)"
+            rows.append(row)
+    rounds_listed = {m.get("round"): m.get("participants") for m in metrics if isinstance(m, dict)}
+    for i, cid in enumerate(ids):
+        q_i, steps_total = float(plan[i][0]), int(plan[i][1])
+        per_round = steps_total // rounds if isinstance(rounds, int) and rounds > 0 and steps_total % rounds == 0 else None
+        # a round metrics.json does not list (a release folder has no metrics.json): every client took part,
+        # unless clients were sampled (train.participation < 1), where that round's steps are not checked
+        full = float(train.get("participation", 1.0) or 1.0) >= 1.0
+        took_part = [r for r in range(done) if (cid in [str(c) for c in rounds_listed[r]] if rounds_listed.get(r) is not None
+                                                else full)]
+        sgd = [e for e in events if e.mechanism == "dp-sgd" and str(e.client) == cid and 0 <= e.round < done]
+        wrong = [e.round for e in sgd if sigma is not None and (abs(float(e.noise_multiplier) - float(sigma)) >
+                 1e-9 * max(1.0, float(sigma)) or abs(float(e.sample_rate) - q_i) > 1e-12)]
+        steps = {r: sum(int(e.steps) for e in sgd if e.round == r) for r in took_part}
+        short = sorted(r for r, k in steps.items() if (k != per_round if per_round is not None else k == 0))
+        ok = not wrong and not short
+        row = {"name": f"ledger.json: client {cid}'s DP-SGD events in the committed rounds vs the plan",
+               "claimed": sum(steps.values()), "recomputed": None if per_round is None else per_round * len(took_part),
+               "difference": None, "ok": ok}
+        if not ok:
+            row["reason"] = (f"round(s) {sorted(set(wrong))} have another σ or q than config.json's privacy_plan; " if wrong else "") + \
+                (f"round(s) {short} (metrics.json lists the client) have {[steps[r] for r in short]} steps where the plan "
+                 f"gives {per_round if per_round is not None else '> 0'}" if short else "")
+        rows.append(row)
+    return rows
 
 
 def _report_client_rows(ledger: PrivacyLedger, report: dict, where: str, tol: float) -> list[dict[str, Any]]:
