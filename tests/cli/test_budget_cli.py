@@ -75,6 +75,17 @@ def test_federated_plan_from_client_sizes(app):
     assert (out["sample_rate"], out["steps"]) == (32 / 250, 48)
 
 
+def test_a_delta_below_1_over_n_but_not_well_below_it_is_warned_about(app):
+    """δ < 1/n is enforced; δ ≪ 1/n is advised: n·δ above 0.1 (the largest client) is a warning, naming it."""
+    args = ["--rounds", "1", "--local-steps", "1", "--batch-size", "32", "--client-sizes", "2000,250", "-s", "2"]
+    _, loose = _run(app, *args, "--delta", "1e-4", "--json")  # n·δ = 0.2 for the client of 2,000
+    (w,) = [w for w in loose["warnings"] if "n·delta" in w]
+    assert "reaches 0.2 ('client 0', n = 2000)" in w and "≤ 5e-05" in w
+    _, tight = _run(app, *args, "--delta", "5e-5", "--json")  # n·δ = 0.1: the advice met
+    assert not [w for w in tight["warnings"] if "n·delta" in w]
+    assert loose["noise_multiplier"] == tight["noise_multiplier"] == 2  # advice only: the plan is the same
+
+
 def test_a_plan_without_local_epochs_or_steps_takes_trains_default(app):
     """The README's consortium command (`--rounds 8 --batch-size 256 --card …`, no --local-epochs) exited 2 (a new
     user's probe): like `fedhype train`, the plan now takes train's default local epochs (2)."""

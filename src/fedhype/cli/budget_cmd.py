@@ -97,7 +97,7 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     Args:
         clients: ``[(id, name, n_train), ...]``.
     """
-    from fedhype.privacy.accountant import check_delta, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps  # torch: imported on use, not for --help
+    from fedhype.privacy.accountant import check_delta, delta_advice, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps  # torch: imported on use, not for --help
     from fedhype.privacy.plan import plan_noise
 
     delta = validate_delta(delta, "--delta")
@@ -147,6 +147,9 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
                        centre_share=centre_share)
     sigma, s0, prefix = noise["noise_multiplier"], noise["class_stats_noise_multiplier"], noise["prefix"]
     warnings: list[str] = []
+    advice = delta_advice(delta, {r["name"]: r["n"] for r in rows})
+    if advice:
+        warnings.append(advice)
     for r in rows:
         rep = epsilon_report(prefix + [(sigma, r["sample_rate"], r["steps"])], delta)
         r.update({k: rep[k] for k in ("epsilon", "accountant", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "warnings")})

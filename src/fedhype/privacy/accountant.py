@@ -129,6 +129,33 @@ def check_delta(delta: float, n_records: int, where: str) -> None:
         )
 
 
+#: the largest n·δ a plan passes without a warning (δ ≪ 1/n is the usual advice; δ < 1/n is only what
+#: :func:`check_delta` enforces): a mechanism that publishes one record with probability δ is (0, δ)-DP, and
+#: n·δ is then the expected number of records it publishes outright (Dwork & Roth 2014, Sec. 2.3)
+DELTA_ADVICE = 0.1
+
+
+def delta_advice(delta: float, sizes: "dict[str, int]") -> str | None:
+    """A warning when δ is below 1/n for every client (:func:`check_delta` passed) but not well below it.
+
+    Args:
+        delta: δ, in (0, 1).
+        sizes: client name → training-set size n_i.
+
+    Returns:
+        None when n_i·δ ≤ :data:`DELTA_ADVICE` for every client, else one sentence naming the largest n_i·δ,
+        its client and the δ that would meet the advice.
+    """
+    if not sizes:
+        return None
+    name, n = max(sizes.items(), key=lambda kv: kv[1])
+    if n * delta <= DELTA_ADVICE:
+        return None
+    return (f"delta = {delta:g} is below 1/n for every client but n·delta reaches {n * delta:.3g} ({name!r}, "
+            f"n = {n}); the usual advice is delta well below 1/n, e.g. ≤ {DELTA_ADVICE / n:.2g} here "
+            f"(n·delta ≤ {DELTA_ADVICE:g})")
+
+
 def canonical_history(history: History) -> tuple[tuple[float, float, int], ...]:
     """Validate ``history`` and return it canonical: costless events dropped, equal (σ, q) merged, sorted.
 
