@@ -37,6 +37,10 @@ def test_an_unseeded_rerun_draws_new_batches_as_well_as_new_noise(tmp_path):
     """The ledger charges an unseeded rerun as an independent mechanism (PrivacyLedger.as_rerun); with the
     same Poisson batches and fresh noise it would not be one (each step: one batch under noise σ/√2)."""
     saved, again = _saved_and_reloaded(tmp_path, seed=None)
+    from fedhype.io import load_tensors
+
+    kept = load_tensors(tmp_path / "state" / "state-r1.safetensors")
+    assert not [k for k in kept if k.startswith("gen.")]  # never read back, so never written (a rewindable state)
     for k in ("sample_gen", "noise_gen"):
         assert not torch.equal(again[k].get_state(), saved[k].get_state())
     q = 0.3  # and the batches differ: the Poisson masks of the two attempts are not the same draws

@@ -158,3 +158,19 @@ def test_node_policy_refuses_what_the_institution_did_not_agree_to(tmp_path):
         strict.check_mechanism(True, 0.8)
     with pytest.raises(ValidationError, match="allow-no-dp must be true or false"):
         handshake.NodeSettings.from_node_config({**base, "allow-no-dp": "yes"})
+    # "private" with σ = 0 is clipped, un-noised release under a DP label: refused by every node (a privacy
+    # audit found that the default node, which refuses --no-dp, took it)
+    lax = handshake.NodeSettings.from_node_config({**base, "allow-no-dp": True})
+    for n in (node, lax):
+        for sigma in (0.0, -1.0, None):
+            with pytest.raises(ValidationError, match="needs noise"):
+                n.check_mechanism(True, sigma)
+
+
+def test_a_node_takes_only_a_run_key_of_the_servers_form():
+    """The run key names a folder under the node's state-dir: '.', '..' or a path are not run keys."""
+    from fedhype.federated.flower.node import _SAFE
+
+    assert _SAFE.match("main-0123456789ab") and _SAFE.match("-0123456789ab") and _SAFE.match("..-0123456789ab")
+    for bad in (".", "..", "../x", "a/b-0123456789ab", "main", "main-0123456789AB", "x" * 61 + "-0123456789ab"):
+        assert not _SAFE.match(bad), bad

@@ -136,8 +136,10 @@ class Client:
         for i, st in optimizer.state_dict()["state"].items():
             for k, v in st.items():
                 t[f"opt.{i}.{k}"] = torch.as_tensor(v)
-        t["gen.sample"] = state["sample_gen"].get_state()
-        t["gen.noise"] = state["noise_gen"].get_state()
+        if self.seed is not None:  # only a seeded run replays them; an unseeded one never reads them back, and a
+            # saved Mersenne-Twister state could be rewound to the noise of the round just run
+            t["gen.sample"] = state["sample_gen"].get_state()
+            t["gen.noise"] = state["noise_gen"].get_state()
         atomic_save_tensors(self._state_path(round_idx), t)
 
     def drop_state_before(self, round_idx: int) -> None:

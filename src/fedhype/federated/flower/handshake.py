@@ -106,12 +106,18 @@ class NodeSettings:
         """Refuse a task whose mechanism this institution did not agree to (its own policy).
 
         Raises:
-            ValidationError: a non-private task without ``allow-no-dp=true``, or σ below
+            ValidationError: a non-private task without ``allow-no-dp=true``, a private one with σ ≤ 0 (clipped,
+                un-noised updates under a DP label: refused whatever ``allow-no-dp`` says), or σ below
                 ``min-noise-multiplier``.
         """
         if not enabled and not self.allow_no_dp:
             raise ValidationError("this SuperNode refuses non-private (--no-dp) training; set allow-no-dp=true in its "
                                   "--node-config to allow releasing un-noised updates")
+        if enabled and not (noise_multiplier is not None and float(noise_multiplier) > 0):
+            # "private" with σ = 0 would release clipped but un-noised updates (exact statistics) under a DP label
+            raise ValidationError(f"this SuperNode refuses a private task with σ = {noise_multiplier!r}: a DP release "
+                                  "needs noise (σ > 0)" + ("" if self.allow_no_dp else "; non-private training is not "
+                                                            "allowed either (allow-no-dp=false)"))
         if enabled and float(noise_multiplier) < self.min_noise_multiplier:
             raise ValidationError(f"this SuperNode refuses σ = {noise_multiplier:g} < its min-noise-multiplier "
                                   f"{self.min_noise_multiplier:g}")

@@ -26,7 +26,9 @@ from fedhype.federated.flower import wire
 from fedhype.federated.flower.handshake import NodeSettings
 from fedhype.io import atomic_save_tensors, load_tensors
 
-_SAFE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+#: the run key the server sends (grid_transport: the run folder's name, ≤ 60 characters, "-", 12 hex digits):
+#: it names a folder under the node's state-dir, so "." / ".." or a path separator is refused
+_SAFE = re.compile(r"^[A-Za-z0-9._-]{0,60}-[0-9a-f]{12}$")
 
 
 def _site_client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> Client:
