@@ -102,7 +102,8 @@ def test_synthesize_onto_the_runs_model_is_refused(files, tmp_path):
 
 def test_synthesize_into_a_release_folder_is_refused_even_with_overwrite(files, tmp_path):
     """A release's files are hashed in its privacy.json: replacing one broke `audit --release` (a new
-    user's probe); a file beside them that the release does not list may still be written."""
+    user's probe). Nor is a new file written beside them: the folder is what leaves the site, and a file its
+    privacy.json does not list is outside the claim (the audit now fails on it: a later probe)."""
     from fedhype.pipeline.release import check_release, write_release
 
     rel = tmp_path / "rel"
@@ -112,8 +113,15 @@ def test_synthesize_into_a_release_folder_is_refused_even_with_overwrite(files, 
                      "--per-class", 2, "--json")
     assert r.exit_code == 2 and "is a file of the release folder" in obj["error"], r.output
     assert (rel / "synthetic.safetensors").read_bytes() == before and all(row["ok"] for row in check_release(rel))
-    r, _ = _invoke("synthesize", "--run", files["run"], "--out", rel / "more.safetensors", "--per-class", 2, "--json")
-    assert r.exit_code == 0, r.output
+    r, obj = _invoke("synthesize", "--run", files["run"], "--out", rel / "more.safetensors", "--per-class", 2, "--json")
+    assert r.exit_code == 2 and "inside the release folder" in obj["error"] and not (rel / "more.safetensors").exists()
+    # a file copied in by hand (here: the real store) fails the audit of the folder, named
+    shutil.copy(files["dir"] / "real.safetensors", rel / "real.safetensors")
+    (rel / "notes").mkdir()
+    (rel / "notes" / "site.json").write_text("{}")
+    bad = {row["name"]: row for row in check_release(rel) if not row["ok"]}
+    assert set(bad) == {"release folder: real.safetensors", "release folder: notes/site.json"}
+    assert "no privacy claim covers it" in bad["release folder: real.safetensors"]["reason"]
 
 
 # ----------------------------------------------------------------------------- partition

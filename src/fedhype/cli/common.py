@@ -337,9 +337,13 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
         raise ValidationError(f"--out {out} is a folder; give a file name such as {out / 'out.safetensors'}"
                               if writes.startswith("fedhype-embeddings") else
                               f"--out {out} is a folder; give a file name such as {out / 'partition.json'}")
+    from fedhype.pipeline.release import is_release, release_holding
+
     if not out.exists():
+        if is_release(out.parent):  # a file added to a release folder is outside its claim (audit --release fails)
+            raise ValidationError(f"--out {out} is inside the release folder {out.parent}, which holds only what its "
+                                  "privacy.json lists (the folder is what may leave the site): write elsewhere")
         return
-    from fedhype.pipeline.release import release_holding
 
     if release_holding(out) is not None:  # hashed in a release's privacy.json: replacing it breaks the release
         raise ValidationError(f"--out {out} is a file of the release folder {out.parent} (hashed in its privacy.json; "

@@ -110,6 +110,18 @@ def _readme(summary: dict[str, Any], files: list[str]) -> str:
     return "\n".join(lines)
 
 
+def is_release(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a release's ``privacy.json`` (this module's format)."""
+    manifest = Path(folder) / "privacy.json"
+    if not manifest.is_file():
+        return False
+    try:
+        claimed = read_json(manifest, "release privacy.json")
+    except ArtifactError:
+        return False
+    return isinstance(claimed, dict) and claimed.get("format") == FORMAT
+
+
 def release_holding(path: str | os.PathLike) -> Path | None:
     """The release folder whose ``privacy.json`` lists ``path`` among its hashed files, or None.
 
@@ -184,6 +196,13 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
         a, b = cpc.get(c), fresh["epsilon_per_client"].get(c)
         row(f"privacy.json: epsilon_per_client[{c}]", a, b,
             isinstance(a, (int, float)) and b is not None and abs(a - b) <= tol)
+    # the folder is what leaves the site: a file its privacy.json does not list (a real store copied in, a
+    # site's private split file) is outside the claim, whatever it holds
+    listed = {*files, "privacy.json", "README.md"}
+    for extra in sorted(q for q in root.rglob("*") if q.is_file() and q.relative_to(root).as_posix() not in listed):
+        row(f"release folder: {extra.relative_to(root).as_posix()}", "present", "not in privacy.json", False,
+            f"{extra} was not written by the release and no privacy claim covers it: remove it before the folder "
+            "is shared")
     if files:
         want = _readme({**fresh, "files": files}, [*files, "privacy.json"])
         readme = root / "README.md"
