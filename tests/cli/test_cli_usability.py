@@ -560,3 +560,11 @@ def test_epsilon_and_noise_multiplier_together_are_refused(files, tmp_path):
     assert resolve(None, ["train.noise_multiplier=0.5"])["train"]["epsilon"] is None  # σ alone: ε is reported
     with pytest.raises(ValidationError, match="data.dataset .* and data.images both name the real data"):
         resolve(None, ["data.dataset='fashion-mnist'", f"data.images='{tmp_path}'"])
+
+
+def test_an_epsilon_above_its_target_is_printed_apart_from_it():
+    """`train`/`run`/report.md printed "ε = 2 is above the target ε = 2" for 2.0000024 (a new user's probe)."""
+    from fedhype.privacy.plan import epsilon_text
+
+    assert epsilon_text(2.0000024, 2) == "2.000002" and epsilon_text(4.0034, 4) == "4.003"
+    assert epsilon_text(0.99912, 1) == "0.9991" and epsilon_text(1.5, None) == "1.5"  # at or below: 4 digits

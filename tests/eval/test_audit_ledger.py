@@ -80,7 +80,7 @@ def test_events_deleted_from_the_ledger_do_not_pass_against_the_plan(run_copy):
     assert res["ledger_ok"] and not res["consistent"]
     bad = {r["name"]: r for r in res["mismatches"]}
     row = bad["ledger.json: client 1's DP-SGD events in the committed rounds vs the plan"]
-    assert row["claimed"] == 2 and row["recomputed"] == 4 and "round(s) [1]" in row["reason"]
+    assert row["claimed"] == 2 and row["recomputed"] == 4 and "round(s) [2] (counted from 1" in row["reason"]
     assert "ledger.json: client 0's DP-SGD events in the committed rounds vs the plan" not in bad
 
 
@@ -213,7 +213,7 @@ def test_a_resumed_run_names_the_events_charged_again_and_the_target_it_passed(r
     assert res["ledger_ok"] and res["consistent"], res["mismatches"]
     assert res["target_epsilon"] == 2.0 and res["epsilon"] > 2.0 and res["above_target"]
     assert res["recharged_events"] == 2 and res["events"] == 6  # round 2 of both clients, charged twice
-    assert any("charged again" in w and "round(s) [1]" in w and "above the target 2" in w for w in res["warnings"])
+    assert any("charged again" in w and "round(s) [2] counted from 1" in w and "above the target 2" in w for w in res["warnings"])
 
 
 def test_prv_above_rdp_is_a_warning_and_rdp_is_the_recomputed_figure(shared, monkeypatch):
@@ -235,3 +235,23 @@ def test_prv_above_rdp_is_a_warning_and_rdp_is_the_recomputed_figure(shared, mon
     assert all("exceeds the RDP upper bound" in w and "the RDP figure is the reported one" in w for w in prv)
     # the run recorded PRV's (correct) figure, below RDP: the claims now disagree with the recomputation
     assert not res["consistent"] and all(m["difference"] < 0 for m in res["mismatches"] if m["difference"] is not None)
+
+
+def test_a_ledger_prv_cannot_evaluate_is_audited_with_rdp(shared, monkeypatch):
+    """PRV's numerics can fail outright (a run at ε ≈ 1000: a new user's probe); train then reports RDP, and
+    the audit must do the same and say so, not stop with a usage error."""
+    from fedhype.privacy import accountant
+
+    run, _ = shared
+
+    def broken(h, d):
+        raise ValueError("Floating point errors will dominate")
+
+    monkeypatch.setitem(accountant._ACCOUNTANT_FNS, "prv", broken)
+    accountant._epsilon_cached.cache_clear()
+    try:
+        res = audit_run(run)
+    finally:
+        accountant._epsilon_cached.cache_clear()
+    assert res["ledger_ok"] and res["epsilon"] == res["epsilon_rdp"] > 0
+    assert any("could not evaluate this ledger" in w and "RDP upper bound" in w for w in res["warnings"])

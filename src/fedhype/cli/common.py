@@ -442,3 +442,12 @@ def round_printer(rounds: int) -> Callable[[dict], None]:
                  f"{diag}({m['seconds']:.1f}s)")
 
     return show
+
+
+def print_above_target(res: dict) -> None:
+    """The line `train` and `run` print when the accountant's ε ended above the target (a recharged round)."""
+    from fedhype.privacy.plan import epsilon_text
+
+    console.print(f"[bold red]ε = {epsilon_text(res['epsilon'], res['target_epsilon'])} is above the target "
+                  f"ε = {res['target_epsilon']:g}[/]: an interrupted round was charged again on resume (`fedhype audit "
+                  "--run` names the events charged again; ledger.json keeps every release)", highlight=False)

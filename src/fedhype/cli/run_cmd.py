@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, round_printer, run_command
+from fedhype.cli.common import JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, print_above_target, round_printer, run_command
 from fedhype.cli.train_cmd import explain_min_records
 from fedhype.errors import ValidationError
 
@@ -19,13 +19,9 @@ def _render(r: dict) -> None:
             "dp_fedavg_linear_epsilon", "report")
     Console().print(kv_table("fedhype run", {k: r.get(k) for k in keys}))
     if r.get("above_target"):
-        _above_target(r)
+        print_above_target(r)
 
 
-def _above_target(r: dict) -> None:
-    console.print(f"[bold red]ε = {r['epsilon']:.4g} is above the target ε = {r['target_epsilon']:g}[/]: an "
-                  "interrupted round was charged again on resume (`fedhype audit --run` names the events charged "
-                  "again; ledger.json keeps every release)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -64,7 +60,7 @@ def register(app: typer.Typer) -> None:
                     partition="set partition.min_records = {need} (fewer partition.clients, or another partition.scheme) "
                               "in a new --out") from None
             if json_out and res.get("above_target"):  # stdout is the JSON object: say it on stderr too
-                _above_target(res)
+                print_above_target(res)
             return res
 
         run_command(body, json_out, _render)

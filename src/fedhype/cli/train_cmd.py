@@ -18,7 +18,8 @@ from fedhype.cli.choices import choice
 from fedhype.federated.config import METHOD_REGISTRY, METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, client_labels, check_out_dir, check_out_kind, config_default,
-                                config_option, console, existing, kv_table, log_line, round_printer, run_command)
+                                config_option, console, existing, kv_table, log_line, print_above_target, round_printer,
+                                run_command)
 from fedhype.errors import MinRecordsError, ValidationError
 
 if TYPE_CHECKING:
@@ -95,13 +96,9 @@ def _render(res: dict) -> None:
     if not res["private"]:
         console.print("[bold yellow]NON-PRIVATE run (--no-dp): no DP guarantee on any output[/]")
     if res.get("above_target"):
-        _above_target(res)
+        print_above_target(res)
 
 
-def _above_target(res: dict) -> None:
-    console.print(f"[bold red]ε = {res['epsilon']:.4g} is above the target ε = {res['target_epsilon']:g}[/]: an "
-                  "interrupted round was charged again on resume (`fedhype audit --run` names the events charged "
-                  "again; ledger.json keeps every release)", highlight=False)
 
 
 
@@ -265,7 +262,7 @@ def register(app: typer.Typer) -> None:
             # a resumed run recharges the round that was interrupted: the accountant's ε then exceeds the target
             res["above_target"] = above_target(res["epsilon"], target)
             if json_out and res["above_target"]:  # stdout is the JSON object: say it on stderr too
-                _above_target(res)
+                print_above_target(res)
             return res
 
         run_command(body, json_out, _render)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ArtifactError
+from fedhype.errors import ArtifactError, ValidationError
 from fedhype.federated.rundir import RunDir, load_model
 from fedhype.io import read_json
 from fedhype.privacy.ledger import PrivacyLedger, audit_consistency
@@ -200,9 +200,16 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         if rerun:
             res["warnings"].append(
                 f"{len(rerun)} ledger event(s) were charged again after an interruption (fresh noise on resume: "
-                f"round(s) {sorted({e.round for e in rerun})}, client(s) {sorted({str(e.client) for e in rerun})}); "
+                f"round(s) {sorted({e.round + 1 for e in rerun})} counted from 1 as train's progress lines count them, "
+                f"client(s) {sorted({str(e.client) for e in rerun})}); "
                 "they count in ε" + (f", which is above the target {target:g}" if res["above_target"] else ""))
-        rdp, prv = ledger.epsilons("rdp"), ledger.epsilons("prv")
+        rdp = ledger.epsilons("rdp")
+        try:
+            prv = ledger.epsilons("prv")
+        except ValidationError as exc:  # PRV's numerics fail (e.g. very large ε): the reported ε is RDP's, as in train
+            prv = {}
+            res["warnings"].append(f"the PRV accountant could not evaluate this ledger ({exc}); the reported ε is the "
+                                   "RDP upper bound, as `fedhype train` reported it")
         res.update(ledger_ok=True, epsilon=worst, delta=ledger.delta, worst_client=worst_client,
                    epsilon_per_client=ledger.epsilons(), epsilon_rdp_per_client=rdp,
                    epsilon_rdp=max(rdp.values()) if rdp else 0.0, events=len(ledger))
@@ -302,8 +309,10 @@ def _plan_rows(ledger: PrivacyLedger, config: dict, metrics: list, ids: list[str
                "claimed": sum(steps.values()), "recomputed": None if per_round is None else per_round * len(took_part),
                "difference": None, "ok": ok}
         if not ok:
-            row["reason"] = (f"round(s) {sorted(set(wrong))} have another σ or q than config.json's privacy_plan; " if wrong else "") + \
-                (f"round(s) {short} (metrics.json lists the client) have {[steps[r] for r in short]} steps where the plan "
+            row["reason"] = (f"round(s) {sorted({r + 1 for r in wrong})} (counted from 1) have another σ or q than "
+                             "config.json's privacy_plan; " if wrong else "") + \
+                (f"round(s) {[r + 1 for r in short]} (counted from 1; metrics.json lists the client) have "
+                 f"{[steps[r] for r in short]} steps where the plan "
                  f"gives {per_round if per_round is not None else '> 0'}" if short else "")
         rows.append(row)
     return rows

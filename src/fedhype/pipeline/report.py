@@ -12,7 +12,7 @@ import torch
 
 from fedhype import __version__
 from fedhype.io import atomic_write_json, atomic_write_text, read_json
-from fedhype.privacy.plan import above_target  # noqa: F401  (re-exported: the CLI and the tests read it here)
+from fedhype.privacy.plan import above_target, epsilon_text  # noqa: F401  (above_target re-exported: the CLI and the tests read it here)
 
 
 def _fmt(v: Any, digits: int = 4) -> str:
@@ -241,7 +241,7 @@ def glance(r: dict) -> list[str]:
         tgt = r.get("target_epsilon")
         over = tgt is not None and above_target(r["epsilon"], tgt)
         # 4 significant digits: 3 printed an ε of 4.0034 as "4", under a target of 4
-        out.append(f"- **Privacy.** Every training record is protected by (ε = {r['epsilon']:.4g}, δ = {r['delta']:g})-"
+        out.append(f"- **Privacy.** Every training record is protected by (ε = {epsilon_text(r['epsilon'], tgt)}, δ = {r['delta']:g})-"
                    "differential privacy (the worst client's ε, recomputed from the ledger"
                    + (f"; **above the target {tgt:g}**: an interrupted round was charged again, see the ledger" if over
                       else f"; the target was {tgt:g}" if tgt is not None else "") + ") for what `release/` holds. Smaller "

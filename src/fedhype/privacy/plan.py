@@ -158,3 +158,13 @@ def check_max_epsilon(plan: Plan, delta: float, noise_multiplier: float | None, 
 def above_target(epsilon: float | None, target: float | None) -> bool:
     """True when the accountant's ε exceeds the target ε (a resumed run recharged an interrupted round)."""
     return bool(target is not None and epsilon is not None and epsilon > target * (1 + 1e-9))
+
+
+def epsilon_text(epsilon: float, target: float | None = None) -> str:
+    """ε with 4 significant digits, or as many more (up to 12) as it takes to print it apart from ``target``
+    when it is above it (:func:`above_target`: a resumed run at 2.0000024 printed "ε = 2 is above the target 2")."""
+    for digits in range(4, 13):
+        text = f"{epsilon:.{digits}g}"
+        if not above_target(epsilon, target) or text != f"{target:.{digits}g}":
+            return text
+    return text
