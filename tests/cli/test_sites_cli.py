@@ -220,6 +220,9 @@ def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(cons
     assert r.exit_code == 2 and "another `fedhype partition`" in r.output
     got = _json(runner.invoke(app, [*ev, "--partition", str(parts[0]), "--code-domain", str(tmp_path / "run")]))
     assert got["tstr_accuracy"] is not None and got["code_domain"]["codes"]  # --code-domain takes the run folder
+    # a run that did not train on this partition (here: the sites' run) is refused, as --synthetic is
+    r = runner.invoke(app, [*ev, "--partition", str(parts[0]), "--code-domain", str(root / "run")])
+    assert r.exit_code == 2 and "--code-domain" in r.output and "partition's key" in r.output
     digest = consortium["stores"]["hospital_b"].digest()
     assert digest in (tmp_path / "run" / "config.json").read_text()  # the coordinator's private run folder keeps it
     assert not any(digest.encode() in p.read_bytes() for p in (tmp_path / "release").iterdir())

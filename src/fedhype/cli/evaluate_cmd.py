@@ -205,8 +205,16 @@ def evaluate(
         elif interpolation:
             result["interpolation"] = interpolation_protocol(clients, syn_store, space=space, seed=seed)
         if code_domain is not None:
-            from fedhype.eval.domains import code_domain_matrix
+            from types import SimpleNamespace
 
+            from fedhype.eval.domains import code_domain_matrix
+            from fedhype.federated.rundir import load_model
+
+            # the run's codes are scored on this partition's held-out split: as for --synthetic, the run must
+            # have trained on this partition (its data keys) and on data embedded as --store was
+            _, _, run_meta = load_model(code_domain)
+            check_provenance(real_store, SimpleNamespace(meta=run_meta), f"real store {real}", f"--code-domain {code_domain}",
+                             partition=part)
             result["code_domain"] = code_domain_matrix(
                 code_domain, {c.name: part.client_store(real_store, c.id, split) for c in part.clients}, seed=seed)
         result.update(real=str(real), synthetic=str(synthetic),
