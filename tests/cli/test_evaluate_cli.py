@@ -57,6 +57,16 @@ def test_json_output(stores):
         assert isinstance(out[key], float), key
     assert out["tstr_accuracy"] > 0.85 and out["trtr_accuracy"] > 0.85
     assert out["mmd2_n_real"] == 300 and out["space"] == "l2"
+    # no --partition: the whole store is the reference; said on stderr and in the JSON (it was stderr only)
+    assert len(out["warnings"]) == 1 and out["warnings"][0].startswith("no --partition: all 300 records")
+
+
+def test_a_synthetic_reference_is_warned_about(stores):
+    """--store is the real reference: a synthetic store there compares two synthetic sets (a new user's probe)."""
+    r = _run("--store", stores["syn"], "--synthetic", stores["syn"], *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    w = json.loads(r.stdout)["warnings"]
+    assert any("kind='synthetic': the reference is not real data" in x for x in w) and "not real data" in r.stderr
 
 
 def test_human_output_is_a_table(stores):

@@ -177,13 +177,20 @@ def evaluate(
             test_store = _by_client(part, real_store, split)
             if train_store is None and split != "train":
                 train_store = _by_client(part, real_store, "train")
-        else:
+        warnings: list[str] = []
+        if real_store.kind != "real":  # the reference must be real records; a synthetic one scores model against model
+            warnings.append(f"--store {real} is marked kind={real_store.kind!r}: the reference is not real data, so the "
+                            "figures compare two synthetic sets (give the real store `fedhype embed` wrote)")
+        if partition is None:
             test_store = real_store
-            console.print(f"[yellow]warning[/]: no --partition: all {len(real_store)} records of {real} are the real "
-                          "reference; if the model was trained on some of them, TSTR and MMD² overstate what it does on "
-                          "unseen data (give --partition with --split test, or a store of held-out records)",
-                          highlight=False)
+            warnings.append(f"no --partition: all {len(real_store)} records of {real} are the real reference; if the "
+                            "model was trained on some of them, TSTR and MMD² overstate what it does on unseen data "
+                            "(give --partition with --split test, or a store of held-out records)")
+        for w in warnings:
+            console.print(f"[yellow]warning[/]: {w}", highlight=False)
         kind_warning = _kind_warning(synthetic, syn_store)
+        if kind_warning:
+            warnings.append(kind_warning)
         console.print(f"evaluating {len(syn_store)} synthetic against {len(test_store)} real embeddings …",
                       highlight=False)
         result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
@@ -221,7 +228,7 @@ def evaluate(
                       real_train=None if real_train is None else str(real_train),
                       partition=None if partition is None else str(partition),
                       real_split=split if partition is not None else None, synthetic_kind=syn_store.kind,
-                      warnings=[kind_warning] if kind_warning else [])
+                      warnings=warnings)
         return result
 
     run_command(body, json_mode, _render)
