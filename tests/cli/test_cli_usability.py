@@ -273,6 +273,18 @@ def test_train_min_records_names_its_option_and_both_remedies(files, tmp_path):
     assert "`fedhype partition --min-records 1000`" in err and "min_records=" not in err
 
 
+def test_train_warns_when_delta_is_not_well_below_1_over_n(files, tmp_path):
+    """As `fedhype budget`: δ < 1/n passes, n·δ > 0.1 is warned about (a new user's probe: train said nothing)."""
+    part = json.loads((files / "part.json").read_text())
+    n_max = max(len(c["train"]) for c in part["clients"])
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
+                "--out", tmp_path / "run", "--min-records", 100000, "--delta", 0.5 / n_max, "--rounds", 1, "--json")
+    assert r.exit_code == 2 and "n·delta reaches 0.5" in r.stderr, r.stderr  # printed before the run's own refusal
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
+                "--out", tmp_path / "run", "--min-records", 100000, "--delta", 0.05 / n_max, "--rounds", 1, "--json")
+    assert r.exit_code == 2 and "n·delta" not in r.stderr
+
+
 # ----------------------------------------------------------------------------- 8: embed checks cheap options first
 @pytest.mark.parametrize("args, needle", [
     (["--encoder", "resnet-9000"], "unknown encoder 'resnet-9000'"),

@@ -243,6 +243,14 @@ def register(app: typer.Typer) -> None:
                        else f"target ε = {cfg.epsilon:g}")
             m = len(sites) if sites is not None else len(p.clients)
             log_line(f"train: {cfg.rounds} round{'s' if cfg.rounds != 1 else ''} over {m} {'sites' if sites else 'clients'} ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
+            if not cfg.no_dp:  # δ < 1/n is refused by the plan; δ ≪ 1/n is advised (as `fedhype budget` warns)
+                from fedhype.privacy.accountant import delta_advice
+
+                sizes = ({s_.name: len(s_.split.train) for s_ in sites} if sites is not None
+                         else {c.name: len(c.train) for c in p.clients})
+                advice = delta_advice(cfg.delta, sizes)
+                if advice:
+                    log_line(f"train: warning: {advice}")
             try:
                 if sites is not None:
                     vocab = [k.strip() for k in classes.split(",")] if classes else None
