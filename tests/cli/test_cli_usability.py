@@ -580,3 +580,14 @@ def test_an_epsilon_above_its_target_is_printed_apart_from_it():
 
     assert epsilon_text(2.0000024, 2) == "2.000002" and epsilon_text(4.0034, 4) == "4.003"
     assert epsilon_text(0.99912, 1) == "0.9991" and epsilon_text(1.5, None) == "1.5"  # at or below: 4 digits
+
+
+@pytest.mark.parametrize("flag, key", [("--rounds", "train.rounds"), ("--batch-size", "train.batch_size"),
+                                       ("--hidden", "model.hidden")])
+def test_a_bad_value_is_named_by_the_flag_the_user_gave(files, tmp_path, flag, key):
+    """The engine's checks name job-file keys; a command that has an option for the key names the option too
+    (`fedhype train --rounds 0` said "train.rounds must be ≥ 1": a new user's probe)."""
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
+                "--out", tmp_path / "run", flag, 0, "--json")
+    assert r.exit_code == 2 and f"{flag} ({key}) must be ≥ 1" in _one_json(r)["error"], r.output
+    assert not (tmp_path / "run").exists()

@@ -93,7 +93,7 @@ def run_command(
     try:
         result = body()
     except FedhypeError as exc:
-        _fail(str(exc), exc.exit_code, json_mode, extra=_error_extra(exc))
+        _fail(_with_flags(str(exc)), exc.exit_code, json_mode, extra=_error_extra(exc))
     except KeyboardInterrupt:
         _fail("interrupted; nothing was half-written. Rerun the same command: `fedhype run` and `fedhype train "
               "--resume` continue from the last completed round, other commands start again", 130, json_mode)
@@ -108,6 +108,30 @@ def run_command(
             render(result)
         else:
             Console().print(kv_table("result", {k: v for k, v in result.items() if not isinstance(v, (dict, list))}))
+
+
+def _with_flags(message: str) -> str:
+    """``message`` with each configuration key this command has an option for named by that option too:
+    "train.rounds must be ≥ 1" → "--rounds (train.rounds) must be ≥ 1" (the job-file key alone told a user of
+    `fedhype train --rounds 0` nothing about the flag they gave). The options are the running command's, whose
+    defaults come from :func:`config_default` (``job_default = "section.key"``)."""
+    import re
+
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return message
+    flags = {}
+    for param in ctx.command.params:
+        key = getattr(param.default, "job_default", None)
+        opts = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        if key and opts:
+            flags[key] = opts[0]
+    if not flags:
+        return message
+    return re.sub(r"(?<![\w.(-])(train|model|synthesis|evaluate|partition|data)\.([a-z_]+)\b(?!\))",
+                  lambda m: f"{flags[m.group(0)]} ({m.group(0)})" if m.group(0) in flags else m.group(0), message)
 
 
 def _error_extra(exc: FedhypeError) -> dict[str, Any]:
