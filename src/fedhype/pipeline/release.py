@@ -110,16 +110,21 @@ def _readme(summary: dict[str, Any], files: list[str]) -> str:
     return "\n".join(lines)
 
 
-def is_release(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` holds a release's ``privacy.json`` (this module's format)."""
+def _manifest(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The release ``privacy.json`` of ``folder`` (this module's format), or None (absent, unreadable or another)."""
     manifest = Path(folder) / "privacy.json"
     if not manifest.is_file():
-        return False
+        return None
     try:
         claimed = read_json(manifest, "release privacy.json")
     except ArtifactError:
-        return False
-    return isinstance(claimed, dict) and claimed.get("format") == FORMAT
+        return None
+    return claimed if isinstance(claimed, dict) and claimed.get("format") == FORMAT else None
+
+
+def is_release(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a release's ``privacy.json`` (this module's format)."""
+    return _manifest(folder) is not None
 
 
 def release_holding(path: str | os.PathLike) -> Path | None:
@@ -129,14 +134,7 @@ def release_holding(path: str | os.PathLike) -> Path | None:
     the commands that write an ``--out`` file refuse it (``fedhype.cli.common.check_out_file``).
     """
     path = Path(path)
-    manifest = path.parent / "privacy.json"
-    if not manifest.is_file():
-        return None
-    try:
-        claimed = read_json(manifest, "release privacy.json")
-    except ArtifactError:
-        return None
-    files = claimed.get("files") if isinstance(claimed, dict) and claimed.get("format") == FORMAT else None
+    files = (_manifest(path.parent) or {}).get("files")
     return path.parent if isinstance(files, dict) and path.name in files else None
 
 
