@@ -182,7 +182,7 @@ def test_provenance_refusals_name_both_sides(consortium, tmp_path):
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["evaluate", "--site", str(again), "--synthetic", syn, "--permutations", "0", "--k", "2",
                             "--json"])
-    assert r.exit_code == 2 and "split again" in r.output and "hospital_a" in r.output
+    assert r.exit_code == 4 and "split again" in r.output and "hospital_a" in r.output
     kept = [p for p in again.iterdir() if p.name.startswith("site.") and p.name != "site.json"]
     assert len(kept) == 1 and kept[0].name in r.output  # the previous split, kept by --overwrite, evaluates the run
     assert _json(runner.invoke(app, ["evaluate", "--site", str(kept[0]), "--synthetic", syn, "--permutations", "0",
@@ -194,7 +194,7 @@ def test_provenance_refusals_name_both_sides(consortium, tmp_path):
     other.save(tmp_path / "other.safetensors")
     r = runner.invoke(app, ["evaluate", "--store", str(tmp_path / "other.safetensors"), "--synthetic", syn,
                             "--permutations", "0", "--k", "2", "--json"])
-    assert r.exit_code == 2 and "weights_hash" in r.output and "0000" in r.output
+    assert r.exit_code == 4 and "weights_hash" in r.output and "0000" in r.output
 
 
 def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(consortium, tmp_path):
@@ -217,12 +217,12 @@ def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(cons
                               "--seed", "0", "--release", str(tmp_path / "release"), "--json"]))
     ev = ["evaluate", "--store", str(store), "--synthetic", str(syn), "--permutations", "0", "--k", "2", "--json"]
     r = runner.invoke(app, [*ev, "--partition", str(parts[1])])
-    assert r.exit_code == 2 and "another `fedhype partition`" in r.output
+    assert r.exit_code == 4 and "another `fedhype partition`" in r.output
     got = _json(runner.invoke(app, [*ev, "--partition", str(parts[0]), "--code-domain", str(tmp_path / "run")]))
     assert got["tstr_accuracy"] is not None and got["code_domain"]["codes"]  # --code-domain takes the run folder
     # a run that did not train on this partition (here: the sites' run) is refused, as --synthetic is
     r = runner.invoke(app, [*ev, "--partition", str(parts[0]), "--code-domain", str(root / "run")])
-    assert r.exit_code == 2 and "--code-domain" in r.output and "partition's key" in r.output
+    assert r.exit_code == 4 and "--code-domain" in r.output and "partition's key" in r.output
     digest = consortium["stores"]["hospital_b"].digest()
     assert digest in (tmp_path / "run" / "config.json").read_text()  # the coordinator's private run folder keeps it
     assert not any(digest.encode() in p.read_bytes() for p in (tmp_path / "release").iterdir())

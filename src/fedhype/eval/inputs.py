@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ValidationError
+from fedhype.errors import ArtifactError, ValidationError
 
 SPACES = ("l2", "raw")
 
@@ -140,7 +140,8 @@ def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name:
       the split it trained with (the same site key), for the same reason.
 
     Raises:
-        ValidationError: naming both sides and what to pass instead (exit code 2).
+        ArtifactError: naming both sides and what to pass instead (exit code 4, a mismatched artifact, as
+            :meth:`fedhype.data.partition.Partition.check_store` and ``fedhype audit --mia`` report the same mismatch).
     """
     emb = synthetic.meta.get("embedding")
     if isinstance(emb, dict):
@@ -153,21 +154,21 @@ def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name:
             if k == "encoder" and same_weights:
                 continue  # the same weights under another local name
             if a is not None and b is not None and a != b:
-                raise ValidationError(f"{real_name} was embedded with {k} = {a!r}, the data of {syn_name}'s run with "
+                raise ArtifactError(f"{real_name} was embedded with {k} = {a!r}, the data of {syn_name}'s run with "
                                       f"{k} = {b!r}: the two are not comparable; embed the real data with the run's "
                                       "encoder and preprocessing (`fedhype embed` with the same --encoder and size)")
     keys = synthetic.meta.get("data_keys")
     if not keys:
         return
     if partition is not None and partition.key and partition.data_key not in keys:
-        raise ValidationError(f"the partition's key ({partition.data_key[:8]}…) is not among the data keys of "
+        raise ArtifactError(f"the partition's key ({partition.data_key[:8]}…) is not among the data keys of "
                               f"{syn_name}'s run ({', '.join(sorted({k[:8] + '…' for k in keys}))}): it was made "
                               "by another `fedhype partition`, so its held-out split may hold the run's training "
                               "records; pass the partition the run trained on")
     if site is not None:
         names = list(synthetic.meta.get("client_names") or [])
         if site.name in names and len(names) == len(keys) and keys[names.index(site.name)] != site.key:
-            raise ValidationError(f"site {site.name!r} here has site key {site.key[:8]}…, the site of that name in "
+            raise ArtifactError(f"site {site.name!r} here has site key {site.key[:8]}…, the site of that name in "
                                   f"{syn_name}'s run {keys[names.index(site.name)][:8]}…: it was split again since "
                                   "(its test split may hold records the run trained on), or it is another site of the "
                                   "same name; evaluate with the split the run used (`fedhype site --overwrite` keeps the "
