@@ -100,6 +100,23 @@ def test_a_plan_without_local_epochs_or_steps_takes_trains_default(app):
     assert out["epsilon"] == explicit["epsilon"]
 
 
+def test_a_plan_without_delta_rounds_or_batch_size_is_trains_plan(app):
+    """`budget` needed --delta and --batch-size where `train` has defaults (a new user's probe): now a plan
+    takes train's δ, rounds and batch size, so its σ is the one `fedhype train --epsilon` calibrates."""
+    from fedhype.federated.config import TrainConfig
+
+    d = TrainConfig()
+    assert (d.delta, d.rounds, d.batch_size) == (1e-4, 8, 256)
+    _, bare = _run(app, "--client-sizes", "1000,600", "--epsilon", "2", "--json")
+    _, explicit = _run(app, "--client-sizes", "1000,600", "--epsilon", "2", "--delta", "1e-4", "--rounds", "8",
+                       "--batch-size", "256", "--json")
+    assert bare["noise_multiplier"] == explicit["noise_multiplier"] > 0
+    assert bare["delta"] == 1e-4 and bare["rounds"] == 8
+    assert [r["sample_rate"] for r in bare["clients"]] == [256 / 1000, 256 / 600]
+    _, other = _run(app, "--client-sizes", "1000,600", "--epsilon", "2", "--batch-size", "128", "--json")
+    assert other["noise_multiplier"] != bare["noise_multiplier"]  # the flag still counts
+
+
 def test_federated_plan_calibration_and_local_steps(app):
     result, out = _run(app, "--rounds", "4", "--local-steps", "10", "--batch-size", "50", "--client-sizes", "1000,400",
                        "--participation", "0.5", "--epsilon", "2", "--delta", "1e-4", "--json")
@@ -140,7 +157,6 @@ def test_federated_plan_from_partition_file(app, tmp_path):
         (["--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1"], "--delta"),
         (["--noise-multiplier", "1", "--sample-rate", "1.5", "--steps", "10", "--delta", "1e-5"], "--sample-rate"),
         (["--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "-1", "--delta", "1e-5"], "--steps"),
-        (["--noise-multiplier", "1", "--sample-rate", "0.1", "--steps", "10"], "--delta"),
         (["--noise-multiplier", "1", "--epsilon", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5"],
          "exactly one"),
         (["--noise-multiplier", "1", "--sample-rate", "0.1", "--delta", "1e-5"], "--steps"),

@@ -248,21 +248,26 @@ def _render(result: dict[str, Any]) -> None:
         console.print(f"[yellow]warning[/]: {w}", highlight=False, soft_wrap=True)
 
 
+_TRAIN_DEFAULT_NOTE = "so the plan is the one `fedhype train` runs with the same flags"
+
+
 def budget(
     noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", "-s", help="σ: noise std / clip norm. "
                                                      "σ = 0 (no noise) gives ε = ∞: JSON \"epsilon\": null with "
                                                      "\"epsilon_infinite\": true."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target ε: print the σ that meets it instead."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="δ (required), in (0, 1) and below 1/n "
-                                         "of the smallest client."),
+    delta: float = typer.Option(..., "--delta", default_factory=config_default("train", "delta"),
+                                help="δ, in (0, 1) and well below 1/n of the smallest client (default: train's)."),
     sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="Poisson sampling rate q (single mechanism)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Number of steps (single mechanism)."),
-    rounds: Optional[int] = typer.Option(None, "--rounds", help="Federated rounds (plan)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Federated rounds (plan; default: train's, "
+                                         f"{_TRAIN_DEFAULT_NOTE})."),
     local_epochs: Optional[float] = typer.Option(None, "--local-epochs", help="Local epochs per round (plan; may be "
                                                  "fractional, as for `fedhype train`; without it or --local-steps, "
                                                  "train's default)."),
     local_steps: Optional[int] = typer.Option(None, "--local-steps", help="Local steps per round (plan)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Expected batch size B; q_i = B / n_i (plan)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Expected batch size B; q_i = B / n_i (plan; "
+                                             f"default: train's, {_TRAIN_DEFAULT_NOTE})."),
     client_sizes: Optional[str] = typer.Option(None, "--client-sizes", help="Training-set sizes, e.g. 600,480 (plan)."),
     partition: Optional[Path] = typer.Option(None, "--partition", help="fedhype-partition/1 JSON (plan).",
                                              callback=existing("partition file", "create it with `fedhype partition`")),
@@ -297,8 +302,6 @@ def budget(
     def body() -> dict[str, Any]:
         from fedhype.privacy.accountant import validate_target_epsilon  # torch: imported on use, not for --help
 
-        if delta is None:
-            raise ValidationError("--delta is required")
         if (noise_multiplier is None) == (epsilon is None):
             raise ValidationError("give exactly one of --noise-multiplier or --epsilon (a target)")
         if epsilon is not None:
@@ -313,9 +316,8 @@ def budget(
             return budget_single(delta, sample_rate, steps, noise_multiplier, epsilon)
         if sample_rate is not None or steps is not None:
             raise ValidationError("--sample-rate/--steps describe a single mechanism; a plan derives them (drop them)")
-        missing = [f for f, v in (("--rounds", rounds), ("--batch-size", batch_size)) if v is None]
-        if missing:
-            raise ValidationError(f"a federated plan needs {' and '.join(missing)}")
+        n_rounds = rounds if rounds is not None else config_default("train", "rounds")()  # as `fedhype train`
+        batch = batch_size if batch_size is not None else config_default("train", "batch_size")()
         if sum(v is not None for v in (client_sizes, partition, card or None)) != 1:
             raise ValidationError("give exactly one of --client-sizes, --partition or --card (once per site)")
         if card:
@@ -330,7 +332,7 @@ def budget(
         epochs = local_epochs  # neither given: as `fedhype train`, its default local epochs
         if local_epochs is None and local_steps is None:
             epochs = config_default("train", "local_epochs")()
-        return budget_plan(delta, rounds, batch_size, clients, epochs, local_steps, participation,
+        return budget_plan(delta, n_rounds, batch, clients, epochs, local_steps, participation,
                            noise_multiplier, epsilon, class_stats_share=class_stats_share,
                            secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                            centre_share=centre_share)
