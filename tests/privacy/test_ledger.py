@@ -192,3 +192,52 @@ def test_epsilons_of_all_clients_equal_each_clients_own_epsilon():
     assert eps == {c: ledger.epsilon(c) for c in eps}
     assert eps["a"] == eps["b"] == eps["c"] != eps["d"]
     assert ledger.epsilons("rdp") == {c: ledger.epsilon(c, "rdp") for c in eps}
+
+
+def test_the_rerun_rule_trusts_the_recorded_attempt_not_a_report_today(tmp_path):
+    """A rerun is free only if it replays seeded noise *and* the charged attempt was seeded: a node that
+    ran a round with OS-entropy noise and reports "seeded" after a restart releases something new."""
+    from fedhype.privacy.ledger import pending_charges
+
+    def ledger_after(first_seeded: bool) -> PrivacyLedger:
+        led = PrivacyLedger(delta=1e-5)
+        for e in pending_charges(led, [_event("0", 0)], replays=lambda e: first_seeded):
+            led.record(e)
+        return led
+
+    seeded_first, fresh_first = ledger_after(True), ledger_after(False)
+    assert seeded_first.events[0].seeded is True and fresh_first.events[0].seeded is False
+    # seeded, then replayed with the same seed: nothing new
+    assert pending_charges(seeded_first, [_event("0", 0)], replays=lambda e: True) == []
+    # OS-entropy noise first: whatever the rerun reports, it is a new release, charged again
+    for now in (True, False):
+        again = pending_charges(fresh_first, [_event("0", 0)], replays=lambda e: now)
+        assert len(again) == 1 and "charged again" in again[0].note and again[0].seeded is now
+    # seeded first, fresh noise now: charged again
+    again = pending_charges(seeded_first, [_event("0", 0)], replays=lambda e: False)
+    assert len(again) == 1 and "charged again" in again[0].note
+    # a charged seeded rerun of an unseeded attempt is then replayed for free by a third, seeded attempt
+    for e in pending_charges(fresh_first, [_event("0", 0)], replays=lambda e: True):
+        fresh_first.record(e)
+    assert pending_charges(fresh_first, [_event("0", 0)], replays=lambda e: True) == []
+    assert fresh_first.epsilon("0") > ledger_after(True).epsilon("0")  # two releases charged, not one
+
+
+def test_seeded_is_written_only_when_true_and_survives_a_round_trip(tmp_path):
+    plain = _event("0", 0).to_dict()
+    assert "seeded" not in plain  # an unseeded event keeps the form (and hash) of earlier versions
+    assert LedgerEvent.from_dict(plain).seeded is False
+    led = PrivacyLedger(delta=1e-5)
+    led.record(_event("0", 0, seeded=True))
+    led.record(_event("0", 1))
+    led.save(tmp_path / "l.json")
+    raw = json.loads((tmp_path / "l.json").read_text())
+    assert [("seeded" in e, e.get("seeded")) for e in raw["events"]] == [(True, True), (False, None)]
+    back = PrivacyLedger.load(tmp_path / "l.json")
+    assert [e.seeded for e in back.events] == [True, False]
+    raw["events"][0]["seeded"] = False  # edited after the fact: the chain says so
+    (tmp_path / "l.json").write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError):
+        PrivacyLedger.load(tmp_path / "l.json")
+    with pytest.raises(ValidationError, match="seeded"):
+        _event("0", 0, seeded="yes")

@@ -10,8 +10,9 @@ upper bounds) on that client's events. An event with ``noise = "skellam"`` is an
 integer-domain release instead (:mod:`fedhype.privacy.skellam`: secure aggregation across machines;
 its ``scale`` γ and ``record_dim`` d with σ give the Skellam variance and sensitivities); a client
 with such an event is accounted by RDP alone (:func:`fedhype.privacy.accountant.epsilon_discrete`),
-whichever accountant is asked for. Gaussian events are written without these two fields, so older
-ledgers and their hashes are unchanged.
+whichever accountant is asked for. Gaussian events are written without these two fields, and
+unseeded events without ``seeded`` (true where the noise came from the run seed, the fact the rerun
+rule of :func:`pending_charges` needs), so older ledgers and their hashes are unchanged.
 
 File format ``fedhype-ledger/1`` (JSON, written atomically)::
 
@@ -86,6 +87,9 @@ class LedgerEvent:
             :mod:`fedhype.privacy.skellam`; σ is then √μ/γ).
         scale: γ of a Skellam release (0 for Gaussian noise).
         record_dim: d of a Skellam release, the most coordinates one record touches (0 for Gaussian noise).
+        seeded: the mechanism drew its noise (and sampling) from the run seed, so a rerun with the same
+            seed replays it exactly (:func:`pending_charges`); written to JSON only when true, so ledgers
+            of unseeded runs and of earlier versions keep their form and hashes.
         time: ISO 8601 timestamp (UTC now by default).
 
     Raises:
@@ -103,6 +107,7 @@ class LedgerEvent:
     noise: str = GAUSSIAN
     scale: float = 0.0
     record_dim: int = 0
+    seeded: bool = False
     time: str = dataclasses.field(default_factory=_now)
 
     def __post_init__(self) -> None:
@@ -122,6 +127,8 @@ class LedgerEvent:
         set_(self, "clip_norm", validate_noise_multiplier(self.clip_norm, "LedgerEvent.clip_norm"))
         set_(self, "scale", validate_noise_multiplier(self.scale, "LedgerEvent.scale"))
         set_(self, "record_dim", validate_steps(self.record_dim, "LedgerEvent.record_dim"))
+        if not isinstance(self.seeded, bool):
+            raise ValidationError(f"LedgerEvent.seeded must be true or false, got {self.seeded!r}")
         if self.noise not in NOISES:
             raise ValidationError(f"LedgerEvent.noise must be one of {NOISES}, got {self.noise!r}")
         if self.noise == GAUSSIAN and (self.scale or self.record_dim):
@@ -137,8 +144,11 @@ class LedgerEvent:
         return self.noise != GAUSSIAN
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON-ready); a Gaussian event has no ``noise``, ``scale``, ``record_dim`` keys."""
+        """Plain-data form (JSON-ready); a Gaussian event has no ``noise``, ``scale``, ``record_dim`` keys, an
+        unseeded one no ``seeded`` key."""
         d = dataclasses.asdict(self)
+        if not self.seeded:
+            d.pop("seeded")
         if not self.discrete:
             for k in ("noise", "scale", "record_dim"):
                 d.pop(k)
@@ -440,18 +450,25 @@ def as_rerun(event: LedgerEvent) -> LedgerEvent:
 def pending_charges(ledger: PrivacyLedger, events: Iterable[LedgerEvent], replays=lambda e: False) -> list[LedgerEvent]:
     """The events a (re)run must charge before its mechanisms run — the one rerun rule of fedhype.
 
+    ``replays(event)``: whether this run draws the event's noise from the run seed (a client's or
+    node's report *now*). Every event charged here carries that answer in ``seeded``.
+
     An event already in the ledger (same client, round, mechanism) comes from a run that was
-    interrupted after charging it. If ``replays(event)`` — the rerun replays the same seeded noise,
-    so it releases nothing new — it is not charged again; otherwise (fresh noise: a new release) it
-    is charged again, marked by :func:`as_rerun`. Events not yet recorded are charged as they are.
+    interrupted after charging it. It is not charged again only if the rerun replays seeded noise *and*
+    an attempt already charged was recorded as seeded — then the rerun releases exactly what that
+    attempt did. Otherwise (fresh noise now, or a first attempt whose noise came from OS entropy and
+    cannot be replayed, whatever a node reports today) it is a new release, charged again and marked
+    by :func:`as_rerun`. Events not yet recorded are charged as they are.
     """
     out = []
     for e in events:
-        if already_recorded(ledger, e):
-            if not replays(e):
-                out.append(as_rerun(e))
-        else:
-            out.append(e)
+        seeded = bool(replays(e))
+        prev = [x for x in ledger.events
+                if x.client == e.client and x.round == e.round and x.mechanism == e.mechanism]
+        if prev and seeded and any(x.seeded for x in prev):
+            continue  # the same seeded noise as a charged attempt: nothing new is released
+        e = dataclasses.replace(e, seeded=seeded)
+        out.append(as_rerun(e) if prev else e)
     return out
 
 
