@@ -47,7 +47,9 @@ def setup(real_store, tmp_path_factory):
                      batch_size=32, steps=2, lr=1e-3)
     client = build_client(real_store, part, 1, tmp_path_factory.mktemp("state"), seed=0)
     upd = client.run_round(0, task.theta, cfg, task.dp, batch_size=32, steps=2, lr=1e-3)
-    return {"part": part, "cfg": cfg, "server": server, "task": task, "client": client, "update": upd}
+    store_path = real_store.save(tmp_path_factory.mktemp("store") / "store.safetensors")
+    return {"part": part, "cfg": cfg, "server": server, "task": task, "client": client, "update": upd,
+            "store_path": store_path}
 
 
 def test_task_round_trip_carries_theta_and_public_settings_only(setup):
@@ -174,3 +176,44 @@ def test_a_node_takes_only_a_run_key_of_the_servers_form():
     assert _SAFE.match("main-0123456789ab") and _SAFE.match("-0123456789ab") and _SAFE.match("..-0123456789ab")
     for bad in (".", "..", "../x", "a/b-0123456789ab", "main", "main-0123456789AB", "x" * 61 + "-0123456789ab"):
         assert not _SAFE.match(bad), bad
+
+
+def test_a_node_error_reaches_the_server_as_its_type_and_a_reference_never_its_text(setup, tmp_path, caplog):
+    """Flower sends the server the type and text of whatever a ClientApp raises; a node's own errors can name
+    local paths, its training-set size or its classes. Only refusals of the server's request go as they are."""
+    from types import SimpleNamespace
+
+    from flwr.app import Context
+
+    from fedhype.federated.flower import apps
+    from fedhype.federated.flower.handshake import NodeError, NodeMismatch, NodeRefusal
+    from fedhype.federated.flower.node import _client
+
+    task, part = setup["task"], setup["part"]
+    secret = tmp_path / "hospital-x-private"
+    nc = {"client": "1", "embeddings": str(secret / "store.safetensors"), "partition": str(secret / "part.json"),
+          "state-dir": str(tmp_path / "state")}
+    content = wire.encode_task(task, run_key="run-0123456789ab", n_train=setup["client"].n, data_key=part.data_key,
+                               space=None)
+    msg = SimpleNamespace(content=content)  # what the handler reads of Flower's Message before it replies
+    ctx = Context(run_id=1, node_id=1, node_config=nc, state=RecordDict(), run_config={})
+    with caplog.at_level("ERROR"), pytest.raises(NodeError) as err:
+        apps._train(msg, ctx)  # the partition file is missing: its path must not reach the server
+    text = str(err.value)
+    assert "hospital-x-private" not in text and "ArtifactError on the node" in text
+    ref = text.split("reference ")[1][:8]
+    assert any(ref in r.getMessage() and "hospital-x-private" in r.getMessage() for r in caplog.records)  # the node's log
+    # a refusal of the server's request names only that request: sent as it is
+    off = RoundTask(**{**task.__dict__, "dp": DPConfig(None, 1.5, enabled=False)})
+    msg = SimpleNamespace(content=wire.encode_task(off, run_key="run-0123456789ab", n_train=1, data_key="d" * 64,
+                                                   space=None))
+    with pytest.raises(NodeRefusal, match="refuses non-private"):
+        apps._train(msg, ctx)
+    # the node's size differs from the plan: said without the size itself
+    part.save(tmp_path / "part.json")
+    nc_ok = {**nc, "partition": str(tmp_path / "part.json"), "embeddings": str(setup["store_path"])}
+    node = handshake.NodeSettings.from_node_config(nc_ok)
+    n = setup["client"].n
+    with pytest.raises(NodeMismatch, match="another number of training records") as err:
+        _client(node, {"run": "run-0123456789ab", "data-key": part.data_key, "n-train": n + 7}, "1")
+    assert str(n) not in str(err.value).replace(str(n + 7), "")

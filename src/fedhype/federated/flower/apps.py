@@ -24,6 +24,7 @@ the SuperNodes, with Skellam noise in the integer domain (:mod:`fedhype.federate
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from logging import ERROR, INFO
@@ -36,7 +37,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedhype.errors import FedhypeError, ValidationError
-from fedhype.federated.flower.handshake import node_identity
+from fedhype.federated.flower.handshake import for_the_server, node_identity
 
 # Every message runs in a fresh ``flwr-clientapp`` process that imports this module: the torch
 # stack is imported only by the handlers that need it (the identity answer stays cheap).
@@ -130,12 +131,31 @@ def _server_main(grid: Grid, context: Context) -> None:
         raise
 
 
+def _node_side(handler):
+    """A ClientApp handler whose errors reach the server only as :func:`~fedhype.federated.flower.handshake.for_the_server`
+    lets them (a refusal's text; any other error's type and a reference into the node's log)."""
+
+    @functools.wraps(handler)
+    def run(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except Exception as exc:  # noqa: BLE001  (Flower sends the type and text of whatever is raised here)
+            out = for_the_server(exc)
+            if out is exc:
+                raise
+            raise out from exc  # the cause shows in the node's own log (Flower logs the traceback), not on the wire
+
+    return run
+
+
 @client_app.query()
+@_node_side
 def _identity(msg: Message, context: Context) -> Message:
     return Message(node_identity(context.node_config), reply_to=msg)
 
 
 @client_app.train("class_stats")
+@_node_side
 def _class_stats(msg: Message, context: Context) -> Message:
     from fedhype.federated.flower import node
 
@@ -143,6 +163,7 @@ def _class_stats(msg: Message, context: Context) -> Message:
 
 
 @client_app.train("secagg")
+@_node_side
 def _secagg(msg: Message, context: Context) -> Message:
     from fedhype.federated.flower import secagg  # the node's secrets stay in its context state
 
@@ -150,6 +171,7 @@ def _secagg(msg: Message, context: Context) -> Message:
 
 
 @client_app.train()
+@_node_side
 def _train(msg: Message, context: Context) -> Message:
     from fedhype.federated.flower import node
 

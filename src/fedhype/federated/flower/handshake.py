@@ -41,16 +41,54 @@ and in both cases:
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
+from logging import ERROR
 from pathlib import Path
 from typing import Any, Mapping
 
 from flwr.app import ConfigRecord, RecordDict
+from flwr.common.logger import log
 
 from fedhype import __version__
-from fedhype.errors import ArtifactError, ValidationError
+from fedhype.errors import ArtifactError, FedhypeError, ValidationError
 
 QUERY_TYPE, QUERY, IDENTITY = "query", "query", "identity"
+
+
+class Refusal:
+    """Marks a node's error whose text names only what the server sent, the node's public policy or
+    public roster facts (client ids, site keys), never a local path, size or class name: it goes back to
+    the server as it is. Every other error a node raises reaches the server only as its type and a
+    reference into the node's own log (:func:`for_the_server`)."""
+
+
+class NodeRefusal(Refusal, ValidationError):
+    """The node refuses what the server asked: its own policy (σ, non-private tasks, secure aggregation)."""
+
+
+class NodeMismatch(Refusal, ArtifactError):
+    """The server's request does not fit this node: another version, client, split, run key or protocol step."""
+
+
+class NodeError(FedhypeError):
+    """What the server learns of any other error on a node: its type and a reference into the node's log."""
+
+
+def for_the_server(exc: BaseException) -> BaseException:
+    """The exception a node's ClientApp raises to Flower (whose reply carries its type and text to the server).
+
+    A :class:`Refusal` goes as it is. Any other error can name local paths, the site's training-set size
+    or its class names (private facts of the institution), so its text is written to the node's own log
+    (Flower's logger, on the SuperNode's side only) under a random reference, and the server gets a
+    :class:`NodeError` naming the type and that reference.
+    """
+    if isinstance(exc, Refusal):
+        return exc
+    ref = secrets.token_hex(4)
+    log(ERROR, "fedhype: node error %s (its text is not sent to the server): %s: %s", ref, type(exc).__name__, exc)
+    return NodeError(f"{type(exc).__name__} on the node; its text stays in that SuperNode's log (reference {ref}), "
+                     "since it can name local paths, the site's size or its classes: ask the site's operator")
 IDENTITY_KEYS = {"client", "seeded", "fedhype-version"}
 NODE_KEYS = ("client", "embeddings", "partition", "state-dir")
 SITE_KEYS = ("site", "federation", "state-dir")
@@ -106,20 +144,20 @@ class NodeSettings:
         """Refuse a task whose mechanism this institution did not agree to (its own policy).
 
         Raises:
-            ValidationError: a non-private task without ``allow-no-dp=true``, a private one with σ ≤ 0 (clipped,
+            NodeRefusal: a non-private task without ``allow-no-dp=true``, a private one with σ ≤ 0 (clipped,
                 un-noised updates under a DP label: refused whatever ``allow-no-dp`` says), or σ below
                 ``min-noise-multiplier``.
         """
         if not enabled and not self.allow_no_dp:
-            raise ValidationError("this SuperNode refuses non-private (--no-dp) training; set allow-no-dp=true in its "
+            raise NodeRefusal("this SuperNode refuses non-private (--no-dp) training; set allow-no-dp=true in its "
                                   "--node-config to allow releasing un-noised updates")
         if enabled and not (noise_multiplier is not None and float(noise_multiplier) > 0):
             # "private" with σ = 0 would release clipped but un-noised updates (exact statistics) under a DP label
-            raise ValidationError(f"this SuperNode refuses a private task with σ = {noise_multiplier!r}: a DP release "
+            raise NodeRefusal(f"this SuperNode refuses a private task with σ = {noise_multiplier!r}: a DP release "
                                   "needs noise (σ > 0)" + ("" if self.allow_no_dp else "; non-private training is not "
                                                             "allowed either (allow-no-dp=false)"))
         if enabled and float(noise_multiplier) < self.min_noise_multiplier:
-            raise ValidationError(f"this SuperNode refuses σ = {noise_multiplier:g} < its min-noise-multiplier "
+            raise NodeRefusal(f"this SuperNode refuses σ = {noise_multiplier:g} < its min-noise-multiplier "
                                   f"{self.min_noise_multiplier:g}")
 
     def client_index(self, clients: list[tuple[str, str]]) -> int:
@@ -135,7 +173,7 @@ class NodeSettings:
 def check_version(c: Mapping[str, Any], where: str) -> None:
     """Refuse a message written by another fedhype version."""
     if c.get("fedhype-version") != __version__:
-        raise ArtifactError(f"{where}: sent by fedhype {c.get('fedhype-version')}, this side runs {__version__}; "
+        raise NodeMismatch(f"{where}: sent by fedhype {c.get('fedhype-version')}, this side runs {__version__}; "
                             "install the same fedhype version on every machine")
 
 

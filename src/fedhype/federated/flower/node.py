@@ -19,11 +19,11 @@ from flwr.app import RecordDict
 
 from fedhype.data.partition import Partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ArtifactError, ValidationError
+from fedhype.errors import ArtifactError
 from fedhype.federated.client import Client
 from fedhype.federated.engine import build_client
 from fedhype.federated.flower import wire
-from fedhype.federated.flower.handshake import NodeSettings
+from fedhype.federated.flower.handshake import NodeMismatch, NodeSettings
 from fedhype.io import atomic_save_tensors, load_tensors
 
 #: the run key the server sends (grid_transport: the run folder's name, ≤ 60 characters, "-", 12 hex digits):
@@ -38,20 +38,20 @@ def _site_client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> C
 
     index, key, roster = site_place(node)
     if str(index) != client_id:
-        raise ValidationError(f"this SuperNode holds client {index} of {node.federation}, the server asked client "
-                              f"{client_id}; give every node the coordinator's federation.json")
+        raise NodeMismatch(f"this SuperNode holds client {index} of its federation file, the server asked client "
+                           f"{client_id}; give every node the coordinator's federation.json")
     if key != extra["data-key"]:
-        raise ArtifactError(f"the server's task is for another split of this site (site key differs); give the node the "
-                            f"federation.json the server runs ({node.federation})")
+        raise NodeMismatch("the server's task is for another split of this site (site key differs); give the node the "
+                           "federation.json the server runs")
     if not _SAFE.match(extra["run"]):
-        raise ArtifactError(f"bad run key {extra['run']!r} from the server")
+        raise NodeMismatch(f"bad run key {extra['run']!r} from the server")
     site = Site.load(node.site)
     tr = site.records("train", [str(k) for k in roster["class_names"]])
     client = Client(client_id, index, tr.embeddings, tr.labels, node.state_dir / extra["run"] / f"client-{client_id}",
                     node.seed)
     if client.n != extra["n-train"]:
-        raise ArtifactError(f"site {site.name!r} has {client.n} training records, the server planned for "
-                            f"{extra['n-train']}; send the coordinator this site's current card.json")
+        raise NodeMismatch(f"site {site.name!r} has another number of training records than the server planned for "
+                           f"({extra['n-train']}, from its card): send the coordinator this site's current card.json")
     return client
 
 
@@ -62,21 +62,29 @@ def _client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> Client
     part = Partition.load(node.partition)
     index = node.client_index([(str(c.id), c.name) for c in part.clients])
     if str(part.clients[index].id) != client_id:
-        raise ValidationError(f"this SuperNode holds client {part.clients[index].id}, the server asked client "
-                              f"{client_id}; check --node-config client=")
+        raise NodeMismatch(f"this SuperNode holds client {part.clients[index].id}, the server asked client "
+                           f"{client_id}; check --node-config client=")
     if part.data_key != extra["data-key"]:
-        raise ArtifactError(f"partition {node.partition} is not the one the server's federation was written from "
-                            "(partition key differs); use the same partition file on every node")
+        raise NodeMismatch("this node's partition file is not the one the server's federation was written from "
+                           "(partition key differs); use the same partition file on every node")
     if not _SAFE.match(extra["run"]):
-        raise ArtifactError(f"bad run key {extra['run']!r} from the server")
+        raise NodeMismatch(f"bad run key {extra['run']!r} from the server")
     store = EmbeddingStore.load(node.embeddings)
     part.check_store(store)  # the node's store is the one its partition was made from
     state_dir = node.state_dir / extra["run"] / f"client-{client_id}"
     client = build_client(store, part, index, state_dir, node.seed)
     if client.n != extra["n-train"]:
-        raise ArtifactError(f"client {client_id} has {client.n} training records here, the server planned for "
-                            f"{extra['n-train']}; use the same partition file on every machine")
+        raise NodeMismatch(f"client {client_id} has another number of training records here than the server "
+                           f"planned for ({extra['n-train']}); use the same partition file on every machine")
     return client
+
+
+def _decoded(decode, content: RecordDict):
+    """``decode(content)``; a malformed server message is refused with its (public) reason."""
+    try:
+        return decode(content)
+    except ArtifactError as exc:  # it describes what the server sent, nothing of this node's data
+        raise NodeMismatch(str(exc)) from None
 
 
 def prepare_state(state_dir: Path, round_idx: int) -> None:
@@ -96,7 +104,7 @@ def prepare_state(state_dir: Path, round_idx: int) -> None:
 
 def run_train(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
     """Handle a ``train`` message: K local DP-SGD steps from θ_i^0; reply with the PrivatizedUpdate."""
-    task, extra = wire.decode_task(content)
+    task, extra = _decoded(wire.decode_task, content)
     node = NodeSettings.from_node_config(nc)
     node.check_mechanism(task.dp.enabled, task.dp.noise_multiplier)
     client = _client(node, extra, task.client)
@@ -110,7 +118,7 @@ def run_train(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
 
 def run_class_stats(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
     """Handle a ``train.class_stats`` message: release the client's DP class statistics once."""
-    req, extra = wire.decode_stats_request(content)
+    req, extra = _decoded(wire.decode_stats_request, content)
     node = NodeSettings.from_node_config(nc)
     node.check_mechanism(req["dp"].enabled, req["dp"].noise_multiplier)
     client = _client(node, extra, req["client"])

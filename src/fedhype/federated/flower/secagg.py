@@ -57,6 +57,7 @@ from flwr.common.logger import log
 
 from fedhype import __version__
 from fedhype.errors import ArtifactError, ValidationError
+from fedhype.federated.flower.handshake import NodeMismatch, NodeRefusal
 from fedhype.privacy.secure_agg import DistributedNoise, SecureAggregationError
 
 PROTOCOL = "fedhype-secagg+/1"
@@ -103,15 +104,15 @@ def _header(stage: str, session: str, participant: int) -> dict[str, Any]:
 
 def _config(content: RecordDict, where: str, stage: str | None = None) -> dict[str, Any]:
     if RECORD not in content or not isinstance(content[RECORD], ConfigRecord):
-        raise ArtifactError(f"{where}: no {RECORD!r} ConfigRecord; refused")
+        raise NodeMismatch(f"{where}: no {RECORD!r} ConfigRecord; refused")
     c = dict(content[RECORD])
     if c.get("protocol") != PROTOCOL:
-        raise ArtifactError(f"{where}: protocol {c.get('protocol')!r}, this side speaks {PROTOCOL!r}")
+        raise NodeMismatch(f"{where}: protocol {c.get('protocol')!r}, this side speaks {PROTOCOL!r}")
     if c.get("fedhype-version") != __version__:
-        raise ArtifactError(f"{where}: sent by fedhype {c.get('fedhype-version')}, this side runs {__version__}; "
+        raise NodeMismatch(f"{where}: sent by fedhype {c.get('fedhype-version')}, this side runs {__version__}; "
                             "install the same fedhype version on every machine")
     if stage is not None and c.get("stage") != stage:
-        raise ArtifactError(f"{where}: stage {c.get('stage')!r}, expected {stage!r}")
+        raise NodeMismatch(f"{where}: stage {c.get('stage')!r}, expected {stage!r}")
     return c
 
 
@@ -128,7 +129,7 @@ def plan_from_config(c: Mapping[str, Any]):
         return SkellamPlan(DistributedNoise(int(c["m"]), int(c["t"])), float(c["sigma"]), int(c["scale"]),
                            int(c["record-dim"]), int(c["length"]), str(c["kind"]))
     except (KeyError, TypeError, ValueError, ValidationError) as exc:
-        raise ArtifactError(f"SecAgg+ collect: bad release plan ({exc}); refused") from None
+        raise NodeMismatch(f"SecAgg+ collect: bad release plan ({exc}); refused") from None
 
 
 # ---------------------------------------------------------------------------- node side
@@ -157,27 +158,27 @@ def handle(content: RecordDict, state: RecordDict, node, *, client_factory) -> R
         client_factory: ``(extra, client_id) -> Client`` (the node's own client, checked against the request).
 
     Raises:
-        ValidationError: this node does not take part in secure aggregation (node config
+        NodeRefusal: this node does not take part in secure aggregation (node config
             ``secure-aggregation=false``), or refuses the plan (its ``min-noise-multiplier``).
-        ArtifactError: a malformed message, another protocol or version, stages out of order, too few
+        NodeMismatch: a malformed message, another protocol or version, stages out of order, too few
             participants, or an inconsistent unmask request (both shares of one node asked for).
     """
     if not node.secure_aggregation:
-        raise ValidationError("this SuperNode does not take part in secure aggregation (its --node-config has "
-                              "secure-aggregation=false)")
+        raise NodeRefusal("this SuperNode does not take part in secure aggregation (its --node-config has "
+                          "secure-aggregation=false)")
     c = _config(content, "SecAgg+ message")
     stage, session = c.get("stage"), str(c.get("session", ""))
     if stage not in STAGES or not session:
-        raise ArtifactError(f"SecAgg+ message: unknown stage {stage!r} or no session; refused")
+        raise NodeMismatch(f"SecAgg+ message: unknown stage {stage!r} or no session; refused")
     me = int(c["participant"])
     if stage == "setup":
         return _setup(c, state, me, session)
     s = _load(state, session)
     if s.get("participant") != me:
-        raise ArtifactError(f"SecAgg+ {stage}: addressed to participant {me}, this node is {s.get('participant')}")
+        raise NodeMismatch(f"SecAgg+ {stage}: addressed to participant {me}, this node is {s.get('participant')}")
     expected = STAGES[STAGES.index(str(s["stage"])) + 1] if s["stage"] != "unmask" else None
     if stage != expected:
-        raise ArtifactError(f"SecAgg+ session {session}: stage {stage!r} after {s['stage']!r}; refused")
+        raise NodeMismatch(f"SecAgg+ session {session}: stage {stage!r} after {s['stage']!r}; refused")
     if stage == "share_keys":
         return _share_keys(c, state, s, session)
     if stage == "collect":
@@ -188,7 +189,7 @@ def handle(content: RecordDict, state: RecordDict, node, *, client_factory) -> R
 def _load(state: RecordDict, session: str) -> dict[str, Any]:
     rec = state.config_records.get(_STATE) if hasattr(state, "config_records") else None
     if rec is None or rec.get("session") != session:
-        raise ArtifactError(f"SecAgg+: this node holds no session {session!r} (restarted since the setup?); refused")
+        raise NodeMismatch(f"SecAgg+: this node holds no session {session!r} (restarted since the setup?); refused")
     return json.loads(str(rec["json"]), object_hook=_unhex)
 
 
@@ -216,9 +217,9 @@ def _setup(c: dict, state: RecordDict, me: int, session: str) -> RecordDict:
         check_deployment(noise)
         threshold = int(c["threshold"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(f"SecAgg+ setup: bad parameters ({exc}); refused") from None
+        raise NodeMismatch(f"SecAgg+ setup: bad parameters ({exc}); refused") from None
     if threshold != noise.min_contributions or not 1 <= me <= noise.clients:
-        raise ArtifactError(f"SecAgg+ setup: threshold {threshold} for m = {noise.clients}, t = {noise.dropout_tolerance} "
+        raise NodeMismatch(f"SecAgg+ setup: threshold {threshold} for m = {noise.clients}, t = {noise.dropout_tolerance} "
                             f"(must be m − t), participant {me}; refused")
     sk1, pk1 = generate_key_pairs()
     sk2, pk2 = generate_key_pairs()
@@ -239,17 +240,17 @@ def _share_keys(c: dict, state: RecordDict, s: dict, session: str) -> RecordDict
     try:
         ids, pk1s, pk2s = [int(i) for i in c["ids"]], list(c["pk1s"]), list(c["pk2s"])
     except (KeyError, TypeError, ValueError):
-        raise ArtifactError("SecAgg+ share_keys: bad key list; refused") from None
+        raise NodeMismatch("SecAgg+ share_keys: bad key list; refused") from None
     if not (len(ids) == len(pk1s) == len(pk2s)) or len(set(ids)) != len(ids) or ids != sorted(ids) \
             or not all(1 <= i <= s["m"] for i in ids):
-        raise ArtifactError("SecAgg+ share_keys: participant ids must be distinct, sorted, in [1, m]; refused")
+        raise NodeMismatch("SecAgg+ share_keys: participant ids must be distinct, sorted, in [1, m]; refused")
     if len(ids) < s["threshold"]:
-        raise ArtifactError(f"SecAgg+ share_keys: {len(ids)} participants, fewer than the threshold m − t = "
+        raise NodeMismatch(f"SecAgg+ share_keys: {len(ids)} participants, fewer than the threshold m − t = "
                             f"{s['threshold']}; refused")
     if me not in ids or pk1s[ids.index(me)] != s["pk1"] or pk2s[ids.index(me)] != s["pk2"]:
-        raise ArtifactError("SecAgg+ share_keys: this node's own public keys are missing or altered; refused")
+        raise NodeMismatch("SecAgg+ share_keys: this node's own public keys are missing or altered; refused")
     if len(set(pk1s) | set(pk2s)) != 2 * len(ids):
-        raise ArtifactError("SecAgg+ share_keys: some public keys are identical; refused")
+        raise NodeMismatch("SecAgg+ share_keys: some public keys are identical; refused")
     b = secrets.token_bytes(32)
     b_shares = create_shares(b, s["threshold"], len(ids))
     sk_shares = create_shares(s["sk1"], s["threshold"], len(ids))
@@ -279,17 +280,17 @@ def _collect(c: dict, content: RecordDict, state: RecordDict, s: dict, session: 
     try:
         srcs, ctxts = [int(i) for i in c["srcs"]], list(c["ctxts"])
     except (KeyError, TypeError, ValueError):
-        raise ArtifactError("SecAgg+ collect: bad ciphertext list; refused") from None
+        raise NodeMismatch("SecAgg+ collect: bad ciphertext list; refused") from None
     if len(srcs) != len(ctxts) or len(set(srcs)) != len(srcs) or me in srcs or not set(srcs) <= set(s["ids"]):
-        raise ArtifactError("SecAgg+ collect: the sources must be distinct other participants of the key exchange; refused")
+        raise NodeMismatch("SecAgg+ collect: the sources must be distinct other participants of the key exchange; refused")
     if len(srcs) + 1 < s["threshold"]:
-        raise ArtifactError(f"SecAgg+ collect: {len(srcs) + 1} participants left, fewer than m − t = {s['threshold']}; "
+        raise NodeMismatch(f"SecAgg+ collect: {len(srcs) + 1} participants left, fewer than m − t = {s['threshold']}; "
                             "refused (nothing computed)")
     plan = plan_from_config(c)
     if (plan.noise.clients, plan.noise.dropout_tolerance) != (s["m"], s["t"]):
-        raise ArtifactError("SecAgg+ collect: the release plan's (m, t) differ from the setup's; refused")
+        raise NodeMismatch("SecAgg+ collect: the release plan's (m, t) differ from the setup's; refused")
     if plan.noise_multiplier <= 0:
-        raise ArtifactError("SecAgg+ collect: a release plan without noise; refused")
+        raise NodeMismatch("SecAgg+ collect: a release plan without noise; refused")
     node.check_mechanism(True, plan.noise_multiplier)
     shares = dict(s["shares"])
     for src, ct in zip(srcs, ctxts):
@@ -298,14 +299,14 @@ def _collect(c: dict, content: RecordDict, state: RecordDict, s: dict, session: 
         try:
             got_src, dst, b_share, sk_share = share_keys_plaintext_separate(decrypt(key, ct))
         except Exception:  # noqa: BLE001 - cryptography's InvalidToken and friends: a forged or altered share
-            raise ArtifactError(f"SecAgg+ collect: the shares from participant {src} do not decrypt; refused") from None
+            raise NodeMismatch(f"SecAgg+ collect: the shares from participant {src} do not decrypt; refused") from None
         if got_src != src or dst != me:
-            raise ArtifactError(f"SecAgg+ collect: a share claims to come from {got_src} for {dst}; refused")
+            raise NodeMismatch(f"SecAgg+ collect: a share claims to come from {got_src} for {dst}; refused")
         shares[str(src)] = {"b": b_share, "sk1": sk_share}
     req, extra = wire.decode_stats_request(RecordDict({wire.STATS_TASK: content[wire.STATS_TASK]})) \
         if wire.STATS_TASK in content else (None, None)
     if req is None or req["stage"] != plan.kind:
-        raise ArtifactError(f"SecAgg+ collect: no release request for the {plan.kind}; refused")
+        raise NodeMismatch(f"SecAgg+ collect: no release request for the {plan.kind}; refused")
     client = client_factory(extra, req["client"])
     share = client.release_integer(plan.kind, plan, n_classes=req["n-classes"], weights=req["weights"],
                                    centring=req["centring"])
@@ -325,14 +326,14 @@ def _unmask(c: dict, state: RecordDict, s: dict, session: str) -> RecordDict:
     try:
         active, dead = [int(i) for i in c["active"]], [int(i) for i in c["dead"]]
     except (KeyError, TypeError, ValueError):
-        raise ArtifactError("SecAgg+ unmask: bad node lists; refused") from None
+        raise NodeMismatch("SecAgg+ unmask: bad node lists; refused") from None
     known = set(s["srcs"]) | {me}
     if set(active) & set(dead) or not (set(active) | set(dead)) <= known or me not in active \
             or len(set(active)) != len(active) or len(set(dead)) != len(dead):
-        raise ArtifactError("SecAgg+ unmask: the active and dropped nodes must be disjoint participants of this "
+        raise NodeMismatch("SecAgg+ unmask: the active and dropped nodes must be disjoint participants of this "
                             "session, this node active; refused (no share sent)")
     if len(active) < s["threshold"]:
-        raise ArtifactError(f"SecAgg+ unmask: {len(active)} active nodes, fewer than m − t = {s['threshold']}; refused "
+        raise NodeMismatch(f"SecAgg+ unmask: {len(active)} active nodes, fewer than m − t = {s['threshold']}; refused "
                             "(the sum would carry too little noise)")
     shares = s["shares"]
     out = {**_header("unmask", session, me), "b-ids": active, "b-shares": [shares[str(i)]["b"] for i in active],
