@@ -68,7 +68,7 @@ CORE = ("fedhypevae", "dp-gaussian", "no-client-stats", "no-second-moment", "dp-
 SCALE = ("fedhypevae", "dp-gaussian", "local-cvae", "fedhypevae+secagg", "dp-gaussian+secagg")
 #: the scale set with 100 clients: ours and the statistics floor (``local-cvae`` would be 100 separate models
 #: of about 420 records each)
-SCALE_MANY = ("fedhypevae", "dp-gaussian")
+SCALE_MANY = ("fedhypevae", "dp-gaussian", "fedhypevae+secagg", "dp-gaussian+secagg")
 
 
 def scale_set(dataset: str | None) -> tuple[str, ...]:
