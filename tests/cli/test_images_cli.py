@@ -243,6 +243,23 @@ def test_a_class_without_training_records_is_warned_about(tmp_path, enc, tiny_di
     assert "no client has a training record of class(es) ['3']" in r.stderr
 
 
+def test_a_one_class_folder_is_refused_before_any_epsilon_is_spent(tmp_path, enc, tiny_dinov2_dir):
+    """A new user's finding: `run` on images of one class trained all its rounds (ε spent), then stopped in
+    the evaluation ("y must hold at least two classes") on every rerun."""
+    root = tmp_path / "one"
+    for split, n in (("train", 30), ("test", 8)):
+        for i in _rows(1, n, skip=0 if split == "train" else 30):
+            _save(root, f"{split}/trouser/{i}.png", i)
+    data = ["--set", f"data.images='{root}'", "--set", "data.device='cpu'", "--set", "partition.scheme='iid'",
+            "--set", "partition.clients=2", "--set", f"data.encoder='hf:{tiny_dinov2_dir}'"]
+    out = tmp_path / "job"
+    r = runner.invoke(app, ["run", "--out", str(out), *data, *SMALL_JOB, "--json"])
+    assert r.exit_code == 2, r.output
+    err = _json(r)["error"]
+    assert "hold 1 class(es) ('trouser')" in err and "at least two" in err and "nothing was trained" in err
+    assert not (out / "run").exists() and not (out / "config.json").exists()
+
+
 def test_byte_identical_image_files_are_warned_about_and_listed(tmp_path, enc):
     """One image stored twice is two records: protected only as a group of two. `fedhype embed` finds
     byte-identical files from the content hashes it computes for the cache (with --no-cache too), warns

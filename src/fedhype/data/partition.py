@@ -418,9 +418,10 @@ def make_partition(
     if bad:
         listed = ", ".join(f"{c.name} ({len(c.train)} train / {len(c.train) + len(c.val) + len(c.test)} records)"
                            for c in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        hint = {"dirichlet": "use fewer clients (--clients) or a larger --alpha",
-                "iid": "use fewer clients (--clients) or a larger / no --quantity-skew",
-                "domain": "use fewer clients (--clients)"}[scheme]
+        hint = {"dirichlet": "use fewer clients (--clients; partition.clients in a job) or a larger --alpha "
+                             "(partition.alpha)",
+                "iid": "use fewer clients (--clients; partition.clients in a job) or a larger / no --quantity-skew",
+                "domain": "use fewer clients (--clients; partition.clients in a job)"}[scheme]
         raise MinRecordsError(
             f"{len(bad)} of {len(clients)} clients have fewer than {floor} train records: {listed}; "
             f"{hint}, or lower the minimum (--min-records, min_records= in Python, partition.min_records in a job)",

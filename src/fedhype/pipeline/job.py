@@ -157,15 +157,24 @@ def _check_store_settings(d: dict, store: EmbeddingStore, path: Path) -> None:
                               + ": drop these keys, or embed again with `fedhype embed` and these settings")
 
 
-def _check_evaluation(conf: dict, part: Partition) -> None:
-    """Refuse, before training, a job whose test split is too small for its evaluation.
+def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore) -> None:
+    """Refuse, before training, a job whose data its evaluation cannot score.
 
-    PRDC's k-nearest-neighbour radii need more than ``evaluate.k`` real test records and MMD² at least
-    2 (:func:`fedhype.eval.evaluate`); the job would otherwise spend its ε and fail afterwards.
+    The classifiers of the evaluation (TSTR, TRTR, the hyper-prototypes) need training records of at
+    least two classes; PRDC's k-nearest-neighbour radii need more than ``evaluate.k`` real test records
+    and MMD² at least 2 (:func:`fedhype.eval.evaluate`). The job would otherwise spend its ε and fail
+    afterwards, on every rerun.
 
     Raises:
-        ValidationError: naming ``evaluate.k``, the test split's size and what to change.
+        ValidationError: naming the classes, or ``evaluate.k`` and the test split's size, and what to change.
     """
+    present = sorted(set(int(v) for v in part.split_store(store, "train").labels.tolist()))
+    if len(present) < 2:
+        held = ", ".join(repr(store.class_names[k]) for k in present) or "none"
+        raise ValidationError(
+            f"the job's training records hold {len(present)} class(es) ({held}); its evaluation trains classifiers "
+            "(TSTR, hyper-prototypes), which need at least two: give images of two or more classes (one folder per "
+            "class), or train a one-class generator with `fedhype train` alone; nothing was trained")
     n_test = sum(len(c.test) for c in part.clients)
     k = int(conf["evaluate"]["k"])
     if n_test <= max(k, 1):
@@ -290,7 +299,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
     # max_epsilon) happens here, before the job writes anything: a refused job leaves its folder as it was
-    _check_evaluation(conf, part)  # what evaluation needs of the test split, before any ε is spent
+    _check_evaluation(conf, part, store)  # what evaluation needs of the data, before any ε is spent
     log.stage("train", "train: checking the privacy plan (σ calibrated for the target ε)")
     check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)
     out.mkdir(parents=True, exist_ok=True)
