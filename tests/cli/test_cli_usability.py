@@ -391,7 +391,7 @@ def test_budget_target_epsilon_is_named_by_its_flag(value):
     r = _invoke("budget", "--epsilon", value, "--delta", 1e-5, "--sample-rate", 0.01, "--steps", 10, "--json")
     assert r.exit_code == 2, r.output
     assert _one_json(r)["error"].startswith("--epsilon must be a finite number > 0")
-    assert "δ (required)" in _invoke("budget", "--help").output
+    assert "δ, in (0, 1)" in _invoke("budget", "--help").output
 
 
 def test_train_resume_above_the_target_says_so(files, tmp_path, monkeypatch):

@@ -114,7 +114,7 @@ def test_too_small_clients_are_refused_with_sizes(store):
         make_partition(store, scheme="dirichlet", n_clients=300, alpha=0.05, seed=0)
     msg = str(err.value)
     assert "clients have fewer than 20 train records" in msg and "client-" in msg and "train /" in msg
-    assert "fewer clients (--clients) or a larger --alpha" in msg
+    assert "fewer clients (--clients; partition.clients in a job) or a larger --alpha" in msg
     with pytest.raises(ValidationError, match="fewer than 500 train records"):
         make_partition(store, scheme="iid", n_clients=20, min_train_per_client=500)
 
