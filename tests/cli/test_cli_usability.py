@@ -591,3 +591,49 @@ def test_a_bad_value_is_named_by_the_flag_the_user_gave(files, tmp_path, flag, k
                 "--out", tmp_path / "run", flag, 0, "--json")
     assert r.exit_code == 2 and f"{flag} ({key}) must be ≥ 1" in _one_json(r)["error"], r.output
     assert not (tmp_path / "run").exists()
+
+
+SIGTERM_BODY = """
+import sys, time
+import typer
+from fedhype.cli.common import run_command
+
+def body():
+    print("ready", file=sys.stderr, flush=True)
+    try:
+        time.sleep(600)
+    finally:
+        print("cleaned up", file=sys.stderr, flush=True)  # finally blocks run, as on Ctrl-C
+    return {}
+
+app = typer.Typer()
+
+
+@app.command()
+def main():
+    run_command(body, json_mode=True)
+
+
+app()
+"""
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does():
+    """A new user's probe: `kill` (SIGTERM: docker stop, systemd, Slurm) ended a command with exit 143 and no
+    --json object; it is now the same clean stop as Ctrl-C (exit 130, the "interrupted" object)."""
+    import signal
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", SIGTERM_BODY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr.readline().strip() == "ready"  # waits on the condition, not on a timer
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, (out, err)
+    got = json.loads(out)
+    assert got["kind"] == "interrupted" and got["exit_code"] == 130 and "SIGTERM" in got["error"]
+    assert "cleaned up" in err

@@ -10,10 +10,13 @@ line (unknown option, missing required option, a value of the wrong type: ``"kin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -91,11 +94,12 @@ def run_command(
     without a traceback (set ``FEDHYPE_DEBUG=1`` to see one); locals are never printed.
     """
     try:
-        result = body()
+        with _terminate_as_interrupt():
+            result = body()
     except FedhypeError as exc:
         _fail(_with_flags(str(exc)), exc.exit_code, json_mode, extra=_error_extra(exc))
     except KeyboardInterrupt:
-        _fail("interrupted; nothing was half-written. Rerun the same command: `fedhype run` and `fedhype train "
+        _fail("interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command: `fedhype run` and `fedhype train "
               "--resume` continue from the last completed round, other commands start again", 130, json_mode)
     except Exception as exc:  # noqa: BLE001 - the CLI boundary
         if os.environ.get("FEDHYPE_DEBUG"):
@@ -108,6 +112,25 @@ def run_command(
             render(result)
         else:
             Console().print(kv_table("result", {k: v for k, v in result.items() if not isinstance(v, (dict, list))}))
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (``kill``, docker stop, systemd, Slurm) handled as Ctrl-C while a command body runs: the same
+    clean stop (finally blocks, atomic writes, the run lock), exit 130 and, with ``--json``, the same error
+    object. Only the main thread can take signals; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _with_flags(message: str) -> str:
