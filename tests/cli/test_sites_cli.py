@@ -157,7 +157,7 @@ def test_refusals_are_clear_and_write_nothing(consortium, tmp_path):
     assert r.exit_code == 2 and "give one or the other" in r.output and not (tmp_path / "run").exists()
     r = runner.invoke(app, ["train", f"--site={a / 'site'}", f"--site={a / 'site'}", "--out", str(tmp_path / "run"),
                             "--min-records", "5", "--json"])
-    assert r.exit_code == 2 and "used by two sites" in r.output and not (tmp_path / "run").exists()
+    assert r.exit_code == 2 and "given more than once" in r.output and not (tmp_path / "run").exists()
     r = runner.invoke(app, ["train", f"--site={a / 'site'}", "--classes", "benign,malignant", "--out",
                             str(tmp_path / "run"), "--min-records", "5", "--json"])
     assert r.exit_code == 2 and "'normal'" in r.output and "--classes" in r.output and not (tmp_path / "run").exists()
@@ -252,7 +252,7 @@ def test_the_coordinator_plans_the_budget_from_the_cards(consortium):
     # embeddings came from different encoders, is not a federation to plan for
     twice = [*cards, cards[0]]
     r = runner.invoke(app, ["budget", "--epsilon", "4", "--delta", "1e-4", "--rounds", "2", "--batch-size", "8", *twice, "--json"])
-    assert r.exit_code == 2 and "used by two sites" in r.output
+    assert r.exit_code == 2 and "given more than once" in r.output
     other = json.loads((root / list(SITES)[0] / "site" / "card.json").read_text())
     other = {**other, "name": "elsewhere", "key": "0" * len(other["key"]),
              "encoder": {**other["encoder"], "preprocess": "other"}}
@@ -261,6 +261,15 @@ def test_the_coordinator_plans_the_budget_from_the_cards(consortium):
     r = runner.invoke(app, ["budget", "--epsilon", "4", "--delta", "1e-4", "--rounds", "2", "--batch-size", "8", *cards,
                             f"--card={odd}", "--json"])
     assert r.exit_code == 2 and "embedded differently" in r.output
+    # a card's fields are what `fedhype site` writes: true, 54.7 or "54" were read as n_train 1 / 54 / 54, and
+    # an empty class list was taken (a new user's probe)
+    card = json.loads((root / list(SITES)[1] / "site" / "card.json").read_text())
+    for field, bad in (("n_train", True), ("n_train", 54.7), ("n_train", "54"), ("class_names", []),
+                       ("class_names", [""]), ("dim", 384.0)):
+        odd.write_text(json.dumps({**card, field: bad}))
+        r = runner.invoke(app, ["budget", "--epsilon", "4", "--card", cards[0].split("=", 1)[1], "--card", str(odd),
+                                "--json"])
+        assert r.exit_code == 4 and f"{field} must be" in r.output and str(odd) in r.output, (field, bad, r.output)
 
 
 def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):

@@ -128,6 +128,10 @@ class Roster:
             raise ValidationError("a federation needs at least one site card (--site)")
         names = [c.name for c in cards]
         dup = sorted({n for n in names if names.count(n) > 1})
+        same = sorted({c.name for c in cards if sum((d.name, d.key) == (c.name, c.key) for d in cards) > 1})
+        if same:  # one site given twice (e.g. "site" and "site/"), not two sites sharing a name
+            raise ValidationError(f"site(s) {same} given more than once (the same name and site key); give each "
+                                  "site once")
         if dup:
             raise ValidationError(f"site name(s) {dup} are used by two sites; give each site its own name "
                                   "(`fedhype site --name`)")

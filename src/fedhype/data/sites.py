@@ -92,6 +92,16 @@ class SiteCard:
             ArtifactError: missing file, another format, a missing or bad field.
         """
         path, raw = _read(path, CARD_FILE, CARD_FORMAT, "site card")
+        for field, ok, want in (("n_train", _whole(raw.get("n_train")), "a whole number"),
+                                ("dim", _whole(raw.get("dim")), "a whole number"),
+                                ("class_names", isinstance(raw.get("class_names"), list) and len(raw["class_names"]) >= 1
+                                 and all(isinstance(k, str) and k for k in raw["class_names"]), "a list of class names"),
+                                ("name", isinstance(raw.get("name"), str), "a string"),
+                                ("key", isinstance(raw.get("key"), str), "a string"),
+                                ("encoder", isinstance(raw.get("encoder"), dict), "an object")):
+            if not ok:  # int(true) = 1, int(54.7) = 54, int("54") = 54 and [] were read as valid (a new user's probe)
+                raise ArtifactError(f"site card {path}: {field} must be {want}, got {raw.get(field)!r}; write it again "
+                                    "with `fedhype site`")
         try:
             card = cls(str(raw["name"]), str(raw["key"]), int(raw["n_train"]), int(raw["dim"]), dict(raw["encoder"]),
                        [str(k) for k in raw["class_names"]])
@@ -100,6 +110,11 @@ class SiteCard:
         if not _NAME.match(card.name) or not re.fullmatch(r"[0-9a-f]{32}", card.key) or card.n_train < 1:
             raise ArtifactError(f"site card {path}: bad name, key or n_train; write it again with `fedhype site`")
         return card
+
+
+def _whole(v) -> bool:
+    """A JSON whole number (not a bool, a float or a string)."""
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass
