@@ -173,8 +173,9 @@ class FlowerTransport:
                 raise NodeFailure(f"waited {connect_timeout:g} s for the SuperNodes: no answer for client(s) {missing} "
                                   f"({len(asked)} node(s) seen" + (f", {len(unavailable)} of them unavailable: "
                                                                    f"{sorted(unavailable)}" if unavailable else "")
-                                  + "); start one SuperNode per client (--node-config client=...) against this "
-                                    "SuperLink, then run again")
+                                  + "); start one SuperNode per client against this SuperLink (--node-config "
+                                    "site=... federation=... for a site, or client=... for a pooled partition), then "
+                                    "run again; after a SuperLink restart every SuperNode must be restarted too")
             time.sleep(poll)
 
     def enable_secure_aggregation(self, noise, delta: float, tails) -> "FlowerTransport":
