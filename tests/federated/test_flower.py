@@ -180,7 +180,8 @@ def test_only_privatized_updates_and_theta_cross_the_wire(scenario):
         if e["direction"] == "node→server":
             if kind == "query":
                 assert rec == {"identity": {"type": "ConfigRecord",
-                                            "keys": {"client": "str", "seeded": "bool", "fedhype-version": "str"}}}
+                                            "keys": {"client": "str", "seeded": "bool", "federation": "str",
+                                                     "fedhype-version": "str"}}}
                 continue
             assert set(rec) == {"update", "update-meta"}, e
             # the centred release: the centre's sum and count first, then the class statistics

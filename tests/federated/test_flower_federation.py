@@ -82,6 +82,23 @@ def test_site_federation_is_built_from_the_public_cards_only(real_store, tmp_pat
     with pytest.raises(ValidationError, match="not among the federation's classes"):
         write_site_federation(tmp_path / "x", cards, TrainConfig(**CFG), classes=["1", "2"])
     assert not (tmp_path / "x").exists()
+    # a site's node holds the federation file it agreed to: a server running another plan is refused (a new
+    # user's probe: nodes holding an ε = 1 file trained a coordinator's ε = 8 run without a word)
+    from fedhype.federated.flower import handshake
+
+    node = handshake.NodeSettings.from_node_config({"site": str(sites[0]), "federation": str(path),
+                                                   "state-dir": str(tmp_path / "state")})
+    ident = handshake.decode_identity(handshake.node_identity({"site": str(sites[0]), "federation": str(path),
+                                                               "state-dir": str(tmp_path / "state")}), "t")
+    assert ident["federation"] == fed.digest == handshake.federation_digest(json.loads(path.read_text()))
+    handshake.check_federation(node, fed.digest)
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps(raw, indent=4, sort_keys=False))  # re-formatted: the same plan, the same digest
+    handshake.check_federation(node, Federation.load(path).digest)
+    elsewhere = write_site_federation(tmp_path / "fed8", sites[::-1], TrainConfig(**{**CFG, "epsilon": 8.0}))
+    assert Federation.load(elsewhere).digest != fed.digest
+    with pytest.raises(handshake.NodeMismatch, match="another federation file"):
+        handshake.check_federation(node, Federation.load(elsewhere).digest)
 
 
 def test_app_folder_names_our_apps_and_run_config(tmp_path):

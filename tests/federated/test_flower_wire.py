@@ -119,13 +119,14 @@ def test_identity_handshake_and_node_config(setup, tmp_path):
     name = setup["part"].clients[1].name
     for client in ("1", name):
         got = handshake.decode_identity(_wire(handshake.node_identity({**base, "client": client})), "test")
-        assert got == {"client": "1", "seeded": False}
+        assert got == {"client": "1", "seeded": False, "federation": ""}  # a pooled-partition node: no file of its own
     assert handshake.decode_identity(handshake.node_identity({**base, "client": "0", "seed": 3}), "t")["seeded"]
     with pytest.raises(ValidationError, match=r"lacks \['client'\]"):
         handshake.node_identity(base)
     with pytest.raises(ValidationError, match="is not a client"):
         handshake.node_identity({**base, "client": "7"})
-    bad = RecordDict({"identity": ConfigRecord({"client": "1", "seeded": False, "fedhype-version": "0.0.0"})})
+    bad = RecordDict({"identity": ConfigRecord({"client": "1", "seeded": False, "federation": "",
+                                                "fedhype-version": "0.0.0"})})
     with pytest.raises(ArtifactError, match="same fedhype version"):
         handshake.decode_identity(bad, "node 5")
 

@@ -103,7 +103,7 @@ def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
     transport = FlowerTransport.connect(grid, fed.roster, int(fed.store["dim"]),
                                         connect_timeout=settings.connect_timeout, round_timeout=settings.round_timeout,
                                         straggler_timeout=settings.straggler_timeout, wire_log=settings.wire_log,
-                                        wire_dump=settings.wire_dump)
+                                        wire_dump=settings.wire_dump, federation=fed.digest)
     if distributed is not None:  # the release before round 0 through SecAgg+ (fedhype.federated.flower.secagg)
         from fedhype.federated.secure_release import planned_tails
 

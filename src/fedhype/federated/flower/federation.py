@@ -45,6 +45,7 @@ class Federation:
     store: dict[str, Any]
     n_classes: int
     roster: Roster
+    digest: str = ""  # fedhype.federated.flower.handshake.federation_digest of the file read
 
     @classmethod
     def load(cls, path: str | Path) -> "Federation":
@@ -68,7 +69,9 @@ class Federation:
             raise ArtifactError(f"{path}: missing or bad field ({exc!r}); write it again") from None
         if dim < 1 or n_classes != len(roster.class_names):
             raise ArtifactError(f"{path}: D or K disagrees with its roster; write it again")
-        return cls(train, store, n_classes, roster)
+        from fedhype.federated.flower.handshake import federation_digest
+
+        return cls(train, store, n_classes, roster, federation_digest(raw))
 
 
 def check_secure_aggregation(cfg, n_clients: int):

@@ -88,8 +88,9 @@ class FlowerTransport:
 
     def __init__(self, grid, partition: Roster | Partition, dim: int, nodes: dict[int, int], seeded: dict[int, bool], *,
                  round_timeout: float, straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None,
-                 wire_dump: Path | None = None):
+                 wire_dump: Path | None = None, federation: str = ""):
         self.grid = grid
+        self.federation = str(federation)  # the digest of the server's federation file, sent with every task
         self.roster, self.dim = as_roster(partition), int(dim)
         self.nodes, self.seeded = nodes, seeded
         self.round_timeout, self.straggler_timeout, self.poll = float(round_timeout), float(straggler_timeout), poll
@@ -104,7 +105,7 @@ class FlowerTransport:
     @classmethod
     def connect(cls, grid, partition: Roster | Partition, dim: int, *, connect_timeout: float, round_timeout: float,
                 straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None,
-                wire_dump: Path | None = None) -> "FlowerTransport":
+                wire_dump: Path | None = None, federation: str = "") -> "FlowerTransport":
         """Wait for one SuperNode per partition client and learn which node holds which client.
 
         Args:
@@ -115,6 +116,8 @@ class FlowerTransport:
             poll: seconds between pulls of replies.
             wire_log: append the structure of every message sent and received here (JSON lines).
             wire_dump: write the arrays of every message received here (``.npy``; audit).
+            federation: :func:`~fedhype.federated.flower.handshake.federation_digest` of the server's federation
+                file; a site node holding another file is refused here, before anything is released.
 
         A node that Flower reports unavailable (``ErrorCode.NODE_UNAVAILABLE``: the stale id of a
         SuperNode that died, listed until its heartbeat expires) is skipped; its client is still
@@ -125,7 +128,7 @@ class FlowerTransport:
                 nodes claim the same client, or a node's answer is another error (e.g. a bad node config).
         """
         self = cls(grid, partition, dim, {}, {}, round_timeout=round_timeout, straggler_timeout=straggler_timeout,
-                   poll=poll, wire_log=wire_log, wire_dump=wire_dump)
+                   poll=poll, wire_log=wire_log, wire_dump=wire_dump, federation=federation)
         partition = self.roster
         ids = {str(c.id): i for i, c in enumerate(partition.clients)}
         pending: dict[str, int] = {}  # message id → node id
@@ -160,6 +163,11 @@ class FlowerTransport:
                     raise NodeFailure(f"SuperNode {node} holds client {ident['client']!r}, which is not in the server's "
                                       f"partition (clients {sorted(ids)}); check the SuperNodes' --node-config")
                 index = ids[ident["client"]]
+                if ident["federation"] and self.federation and ident["federation"] != self.federation:
+                    raise NodeFailure(f"SuperNode {node} (client {ident['client']}) holds another federation file than "
+                                      "this server (its plan — ε, δ, rounds, batch size — differs from the one the site "
+                                      "agreed to); give the coordinator and every site the same federation.json. "
+                                      "Nothing was released or charged")
                 if index in self.nodes and self.nodes[index] != node:
                     raise NodeFailure(f"client {ident['client']} is held by two SuperNodes ({self.nodes[index]}, {node}); "
                                       "start exactly one SuperNode per client")
@@ -213,7 +221,8 @@ class FlowerTransport:
         msgs = []
         for t in tasks:
             content = wire.encode_task(t, run_key=self._key(), n_train=self.clients[t.index].n,
-                                       data_key=self.roster.clients[t.index].key, space=self.clients[t.index].space)
+                                       data_key=self.roster.clients[t.index].key, space=self.clients[t.index].space,
+                                       federation=self.federation)
             msgs.append(Message(content, dst_node_id=self.nodes[t.index], message_type=wire.TRAIN,
                                 group_id=str(round_idx), ttl=ttl))
         replies = self._exchange([t.index for t in tasks], msgs, wire.TRAIN, round_idx)
@@ -232,7 +241,7 @@ class FlowerTransport:
         dp = DPConfig(noise_multiplier, RELEASE_SENSITIVITY, enabled=bool(noise_multiplier))
         return self._release(("centre", dp), "the release's centre", lambda i: wire.encode_stats_request(
             self.clients[i].id, 0, dp, LEGACY_WEIGHTS, run_key=self._key(), n_train=self.clients[i].n,
-            data_key=self.roster.clients[i].key, stage="centre"),
+            data_key=self.roster.clients[i].key, stage="centre", federation=self.federation),
             lambda i: wire.Expected.of_centre(self.clients[i].id, self.dim, dp))
 
     def class_stats(self, n_classes: int, dp: DPConfig, weights=None, centrings=None) -> list[PrivatizedUpdate]:
@@ -252,7 +261,7 @@ class FlowerTransport:
             raise RuntimeError("the class statistics were already released around other centres; refusing a second release")
         return self._release(key, "the class statistics", lambda i: wire.encode_stats_request(
             self.clients[i].id, n_classes, dp, weights, run_key=self._key(), n_train=self.clients[i].n,
-            data_key=self.roster.clients[i].key, centring=cens[i]),
+            data_key=self.roster.clients[i].key, centring=cens[i], federation=self.federation),
             lambda i: wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp, weights))
 
     def _release(self, key, what: str, request, expected) -> list[PrivatizedUpdate]:

@@ -2,7 +2,8 @@
 
 At the start of every Flower run the server sends each SuperNode a ``query`` message
 (``query`` ConfigRecord ``{want: "identity"}``); the node answers with its public client id:
-``identity`` ConfigRecord ``{client, seeded, fedhype-version}``. Flower's node ids are random per
+``identity`` ConfigRecord ``{client, seeded, federation, fedhype-version}`` (``federation``: the digest of
+the node's own federation file, :func:`federation_digest`, or "" for a node of a pooled partition). Flower's node ids are random per
 SuperNode start, so this is how the server learns which node holds which partition client.
 
 A SuperNode is started with a node config naming its own files (they are never sent anywhere).
@@ -40,6 +41,7 @@ and in both cases:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from dataclasses import dataclass
@@ -89,7 +91,7 @@ def for_the_server(exc: BaseException) -> BaseException:
     log(ERROR, "fedhype: node error %s (its text is not sent to the server): %s: %s", ref, type(exc).__name__, exc)
     return NodeError(f"{type(exc).__name__} on the node; its text stays in that SuperNode's log (reference {ref}), "
                      "since it can name local paths, the site's size or its classes: ask the site's operator")
-IDENTITY_KEYS = {"client", "seeded", "fedhype-version"}
+IDENTITY_KEYS = {"client", "seeded", "federation", "fedhype-version"}
 NODE_KEYS = ("client", "embeddings", "partition", "state-dir")
 SITE_KEYS = ("site", "federation", "state-dir")
 
@@ -181,6 +183,41 @@ def encode_query() -> RecordDict:
     return RecordDict({QUERY: ConfigRecord({"want": "identity"})})
 
 
+def federation_digest(raw: Mapping[str, Any]) -> str:
+    """sha256 (hex) of a federation file's content as canonical JSON: the same plan whatever its whitespace or
+    key order. The server sends it with every task and a site's node compares it with its own file's."""
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                          .encode("utf-8")).hexdigest()
+
+
+def own_federation(node: "NodeSettings") -> str:
+    """:func:`federation_digest` of a site node's own federation file; "" for a node of a pooled partition.
+
+    Raises:
+        ArtifactError: the file is unreadable.
+    """
+    if node.federation is None:
+        return ""
+    try:
+        return federation_digest(json.loads(node.federation.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"SuperNode federation file {node.federation} is unreadable ({exc})") from None
+
+
+def check_federation(node: "NodeSettings", server_digest: str) -> None:
+    """Refuse a task of a server that runs another federation file than this site's own: its plan (ε, δ,
+    rounds, batch size, the release's shares) is not the one the site agreed to.
+
+    Raises:
+        NodeMismatch: the digests differ (a site node only; a pooled-partition node has no file of its own).
+    """
+    mine = own_federation(node)
+    if mine and server_digest != mine:
+        raise NodeMismatch("the server runs another federation file than this site's own (its plan — ε, δ, rounds, "
+                           "batch size — may differ from the one the site agreed to); the coordinator and every site "
+                           "must hold the same federation.json")
+
+
 def node_identity(nc: Mapping[str, Any]) -> RecordDict:
     """This node's reply to ``query``: its public client id and whether its noise is seeded.
 
@@ -197,7 +234,7 @@ def node_identity(nc: Mapping[str, Any]) -> RecordDict:
             raise ArtifactError(f"SuperNode partition file {node.partition} is unreadable ({exc})") from None
         client = clients[node.client_index(clients)][0]
     return RecordDict({IDENTITY: ConfigRecord({"client": client, "seeded": node.seed is not None,
-                                               "fedhype-version": __version__})})
+                                               "federation": own_federation(node), "fedhype-version": __version__})})
 
 
 def site_place(node: NodeSettings) -> tuple[int, str, dict[str, Any]]:
@@ -233,7 +270,7 @@ def site_place(node: NodeSettings) -> tuple[int, str, dict[str, Any]]:
 
 
 def decode_identity(content: RecordDict, where: str) -> dict[str, Any]:
-    """``{"client", "seeded"}`` of a node's identity reply (server side).
+    """``{"client", "seeded", "federation"}`` of a node's identity reply (server side).
 
     Raises:
         ArtifactError: other records or keys, or another fedhype version on the node.
@@ -243,4 +280,4 @@ def decode_identity(content: RecordDict, where: str) -> dict[str, Any]:
         raise ArtifactError(f"{where}: expected exactly a {IDENTITY!r} record with keys {sorted(IDENTITY_KEYS)}; refused")
     c = dict(content[IDENTITY])
     check_version(c, where)
-    return {"client": str(c["client"]), "seeded": bool(c["seeded"])}
+    return {"client": str(c["client"]), "seeded": bool(c["seeded"]), "federation": str(c["federation"])}

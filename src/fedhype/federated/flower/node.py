@@ -23,7 +23,7 @@ from fedhype.errors import ArtifactError
 from fedhype.federated.client import Client
 from fedhype.federated.engine import build_client
 from fedhype.federated.flower import wire
-from fedhype.federated.flower.handshake import NodeMismatch, NodeSettings
+from fedhype.federated.flower.handshake import NodeMismatch, NodeSettings, check_federation
 from fedhype.io import atomic_save_tensors, load_tensors
 
 #: the run key the server sends (grid_transport: the run folder's name, ≤ 60 characters, "-", 12 hex digits):
@@ -36,6 +36,7 @@ def _site_client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> C
     from fedhype.data.sites import Site
     from fedhype.federated.flower.handshake import site_place
 
+    check_federation(node, extra["federation"])  # the plan the site agreed to, before anything else
     index, key, roster = site_place(node)
     if str(index) != client_id:
         raise NodeMismatch(f"this SuperNode holds client {index} of its federation file, the server asked client "

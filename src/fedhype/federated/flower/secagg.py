@@ -465,7 +465,7 @@ class FlowerSecureSession:
             srcs = [j + 1 for j in s2 if j != i]
             req = wire.encode_stats_request(t.clients[i].id, n_classes, dp, weights or _legacy(), run_key=t._key(),
                                             n_train=t.clients[i].n, data_key=t.roster.clients[i].key,
-                                            stage=stage, centring=centring)
+                                            stage=stage, centring=centring, federation=t.federation)
             collect[i] = RecordDict({RECORD: ConfigRecord({**_header("collect", session, i + 1), "srcs": srcs,
                                                            "ctxts": [o["ctxts"][(j, i + 1)] for j in srcs],
                                                            **plan_to_config(plan)}),

@@ -56,9 +56,9 @@ THETA, SPACE, TASK, UPDATE, UPDATE_META, STATS_TASK = "theta", "space", "task", 
 #: Record names of a reply (a reply with other records is refused).
 REPLY_RECORDS = {UPDATE, UPDATE_META}
 STATS_KEYS = {"client", "n-classes", "dp", "run", "n-train", "data-key", "fedhype-version", "release-weights",
-              "stage"}  # + σ with DP, + centre and radius for a centred release's statistics
+              "stage", "federation"}  # + σ with DP, + centre and radius for a centred release's statistics
 TASK_KEYS = {"round", "client", "steps", "batch-size", "lr", "clip-norm", "dp", "grad-method", "model", "run",
-             "n-train", "data-key", "fedhype-version"}  # + "noise-multiplier" with DP
+             "n-train", "data-key", "fedhype-version", "federation"}  # + "noise-multiplier" with DP
 META_KEYS = {"client", "round", "steps", "clip-norm", "sample-rate", "private"}  # + "noise-multiplier" if private
 
 
@@ -103,13 +103,14 @@ def _config(content: RecordDict, name: str, keys: set[str], optional: set[str], 
 
 # ---------------------------------------------------------------------------- train task (server → node)
 def encode_task(task: RoundTask, *, run_key: str, n_train: int, data_key: str,
-                space: tuple[torch.Tensor, torch.Tensor] | None = None) -> RecordDict:
-    """The ``train`` message content for ``task`` (θ_i^0, the model space and public settings only)."""
+                space: tuple[torch.Tensor, torch.Tensor] | None = None, federation: str = "") -> RecordDict:
+    """The ``train`` message content for ``task`` (θ_i^0, the model space and public settings only;
+    ``federation``: the digest of the server's federation file, :func:`~fedhype.federated.flower.handshake.federation_digest`)."""
     cfg: dict[str, Any] = {"round": task.round, "client": task.client, "steps": task.steps,
                            "batch-size": task.batch_size, "lr": float(task.lr), "clip-norm": float(task.dp.clip_norm),
                            "dp": bool(task.dp.enabled), "grad-method": task.dp.grad_method,
                            "model": json.dumps(task.model.to_dict()), "run": run_key, "n-train": int(n_train),
-                           "data-key": data_key, "fedhype-version": __version__}
+                           "data-key": data_key, "fedhype-version": __version__, "federation": str(federation)}
     if task.dp.enabled:
         cfg["noise-multiplier"] = float(task.dp.noise_multiplier)
     content = RecordDict({THETA: _to_record(task.theta_tensors()), TASK: ConfigRecord(cfg)})
@@ -119,7 +120,7 @@ def encode_task(task: RoundTask, *, run_key: str, n_train: int, data_key: str,
 
 
 def decode_task(content: RecordDict) -> tuple[RoundTask, dict[str, Any]]:
-    """``(task, {"run", "n-train", "data-key", "space"})`` from a ``train`` message (node side);
+    """``(task, {"run", "n-train", "data-key", "space", "federation"})`` from a ``train`` message (node side);
     ``space`` is ``(mean [D], scale [])`` or None.
 
     Raises:
@@ -146,16 +147,18 @@ def decode_task(content: RecordDict) -> tuple[RoundTask, dict[str, Any]]:
     task = RoundTask(round=int(c["round"]), index=-1, client=str(c["client"]), theta=theta, model=model, dp=dp,
                      batch_size=int(c["batch-size"]), steps=int(c["steps"]), lr=float(c["lr"]))
     return task, {"run": str(c["run"]), "n-train": int(c["n-train"]), "data-key": str(c["data-key"]),
-                  "space": space}
+                  "space": space, "federation": str(c["federation"])}
 
 
 def encode_stats_request(client: str, n_classes: int, dp: DPConfig, weights: ReleaseWeights, *, run_key: str,
-                         n_train: int, data_key: str, stage: str = "statistics", centring=None) -> RecordDict:
+                         n_train: int, data_key: str, stage: str = "statistics", centring=None,
+                         federation: str = "") -> RecordDict:
     """The ``train.class_stats`` message content (public settings only: σ, the release weights and,
     for a centred release, its public centre and radius)."""
     cfg: dict[str, Any] = {"client": client, "n-classes": int(n_classes), "dp": bool(dp.enabled), "run": run_key,
                            "release-weights": weights.as_list(), "stage": stage,
-                           "n-train": int(n_train), "data-key": data_key, "fedhype-version": __version__}
+                           "n-train": int(n_train), "data-key": data_key, "fedhype-version": __version__,
+                           "federation": str(federation)}
     if dp.enabled:
         cfg["noise-multiplier"] = float(dp.noise_multiplier)
     if centring is not None:
@@ -165,7 +168,7 @@ def encode_stats_request(client: str, n_classes: int, dp: DPConfig, weights: Rel
 
 
 def decode_stats_request(content: RecordDict) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``({"client", "n-classes", "dp"}, {"run", "n-train", "data-key"})`` (node side)."""
+    """``({"client", "n-classes", "dp"}, {"run", "n-train", "data-key", "federation"})`` (node side)."""
     where = "class-statistics request"
     _records(content, {STATS_TASK}, where)
     c = _config(content, STATS_TASK, STATS_KEYS, {"noise-multiplier", "centre", "radius"}, where)
@@ -185,7 +188,8 @@ def decode_stats_request(content: RecordDict) -> tuple[dict[str, Any], dict[str,
         raise ArtifactError(f"{where}: bad DP settings ({exc})") from None
     return ({"client": str(c["client"]), "n-classes": int(c["n-classes"]), "dp": dp, "weights": weights,
              "stage": str(c["stage"]), "centring": centring},
-            {"run": str(c["run"]), "n-train": int(c["n-train"]), "data-key": str(c["data-key"])})
+            {"run": str(c["run"]), "n-train": int(c["n-train"]), "data-key": str(c["data-key"]),
+             "federation": str(c["federation"])})
 
 
 # ---------------------------------------------------------------------------- update (node → server)
