@@ -599,8 +599,8 @@ import typer
 from fedhype.cli.common import run_command
 
 def body():
-    print("ready", file=sys.stderr, flush=True)
     try:
+        print("ready", file=sys.stderr, flush=True)  # inside the try: a signal right after it still runs finally
         time.sleep(600)
     finally:
         print("cleaned up", file=sys.stderr, flush=True)  # finally blocks run, as on Ctrl-C
@@ -637,3 +637,29 @@ def test_sigterm_stops_a_command_as_ctrl_c_does():
     got = json.loads(out)
     assert got["kind"] == "interrupted" and got["exit_code"] == 130 and "SIGTERM" in got["error"]
     assert "cleaned up" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-epsilon", "-1"], "--max-epsilon (train.max_epsilon) must be a finite number > 0"),  # was exit 3, "ε > -1"
+    (["--max-epsilon", "nan"], "--max-epsilon (train.max_epsilon) must be a finite number > 0"),  # named the field
+    (["--epsilon", "inf"], "--epsilon (train.epsilon), the target ε, must be a finite number > 0"),  # "raise --epsilon"
+    (["--epsilon", "1", "--dropout-tolerance", "-1"], "must be an integer ≥ 0"),
+])
+def test_train_values_are_refused_naming_the_flag_once(files, tmp_path, args, message):
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
+                tmp_path / "run", *args, "--json")
+    assert r.exit_code == 2, r.output
+    err = _one_json(r)["error"]
+    assert message in err and err.count(args[-2]) == 1, err  # one mention of the flag (it was named twice)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_out_path_that_cannot_be_written_is_a_usage_error_naming_it(files, tmp_path):
+    """`train --out /proc/x` said "internal error: FileNotFoundError" (exit 1; a new user's probe)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
+                blocker / "run", "--epsilon", 1, "--json")
+    assert r.exit_code == 2, r.output
+    err = _one_json(r)["error"]
+    assert "internal error" not in err and str(blocker) in err and "check the paths given" in err

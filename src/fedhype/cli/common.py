@@ -11,6 +11,7 @@ line (unknown option, missing required option, a value of the wrong type: ``"kin
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -90,7 +91,8 @@ def run_command(
     ``body`` returns the result object. With ``json_mode`` it is printed as one JSON object on
     stdout; otherwise ``render`` (or a key/value table) prints it to stdout for humans.
     A :class:`FedhypeError` exits with its ``exit_code`` after a one-line message on stderr (and,
-    with ``--json``, ``{"error", "kind", "exit_code"}`` on stdout). Any other exception exits 1
+    with ``--json``, ``{"error", "kind", "exit_code"}`` on stdout). An OSError of a path (missing, not a
+    folder, no permission, read-only) exits 2 naming the path, any other OSError 1. Any other exception exits 1
     without a traceback (set ``FEDHYPE_DEBUG=1`` to see one); locals are never printed.
     """
     try:
@@ -101,6 +103,14 @@ def run_command(
     except KeyboardInterrupt:
         _fail("interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command: `fedhype run` and `fedhype train "
               "--resume` continue from the last completed round, other commands start again", 130, json_mode)
+    except OSError as exc:  # a path the user gave that cannot be read or written: say which, without a traceback
+        if os.environ.get("FEDHYPE_DEBUG"):
+            raise
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        usage = exc.errno in _PATH_ERRNOS
+        _fail(f"{exc.strerror or type(exc).__name__}{where}; " + (
+            "check the paths given (e.g. --out, --store) and their permissions" if usage else
+            "the machine refused the file operation (disk space, file system)"), 2 if usage else 1, json_mode)
     except Exception as exc:  # noqa: BLE001 - the CLI boundary
         if os.environ.get("FEDHYPE_DEBUG"):
             raise
@@ -133,6 +143,11 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+#: errors of a path itself (missing, not a folder, a folder, no permission, read-only): the user's to fix (exit 2)
+_PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST,
+                errno.ENAMETOOLONG}
+
+
 def _with_flags(message: str) -> str:
     """``message`` with each configuration key this command has an option for named by that option too:
     "train.rounds must be ≥ 1" → "--rounds (train.rounds) must be ≥ 1" (the job-file key alone told a user of
@@ -153,8 +168,13 @@ def _with_flags(message: str) -> str:
             flags[key] = opts[0]
     if not flags:
         return message
-    return re.sub(r"(?<![\w.(-])(train|model|synthesis|evaluate|partition|data)\.([a-z_]+)\b(?!\))",
-                  lambda m: f"{flags[m.group(0)]} ({m.group(0)})" if m.group(0) in flags else m.group(0), message)
+    def named(m: "re.Match") -> str:
+        key, flag = m.group(0), flags.get(m.group(0))
+        if flag is None or message[m.end():].startswith(f" ({flag})"):  # the message names the flag already
+            return key
+        return f"{flag} ({key})"
+
+    return re.sub(r"(?<![\w.(-])(train|model|synthesis|evaluate|partition|data)\.([a-z_]+)\b(?!\))", named, message)
 
 
 def _error_extra(exc: FedhypeError) -> dict[str, Any]:

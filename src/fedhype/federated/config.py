@@ -267,8 +267,12 @@ class TrainConfig:
             if self.noise_multiplier is not None and not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
                 raise ValidationError(f"noise multiplier σ must be a finite number > 0, got {self.noise_multiplier} "
                                       "(σ = 0 gives no privacy: use --no-dp for an explicitly non-private run)")
-            if self.noise_multiplier is None and not (self.epsilon > 0):
-                raise ValidationError(f"target ε must be > 0, got {self.epsilon}")
+            if self.noise_multiplier is None and not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+                raise ValidationError(f"train.epsilon, the target ε, must be a finite number > 0, got {self.epsilon}")
+        if self.max_epsilon is not None and not (isinstance(self.max_epsilon, (int, float))
+                                                 and not isinstance(self.max_epsilon, bool)
+                                                 and self.max_epsilon > 0 and math.isfinite(self.max_epsilon)):
+            raise ValidationError(f"train.max_epsilon must be a finite number > 0 (or unset), got {self.max_epsilon!r}")
 
     def steps_per_round(self, n_records: int) -> int:
         """K_i for a client with ``n_records`` training records."""
