@@ -272,6 +272,20 @@ def test_the_coordinator_plans_the_budget_from_the_cards(consortium):
         assert r.exit_code == 4 and f"{field} must be" in r.output and str(odd) in r.output, (field, bad, r.output)
 
 
+def test_a_site_file_given_as_a_partition_is_a_usage_error_saying_what_takes_it(consortium, tmp_path):
+    """`audit --mia --partition <site>/site.json` said "format 'fedhype-site/1', expected …" with exit 4 (a damaged
+    file), though the file was sound and only given where it does not belong (a new user's probe)."""
+    root = consortium["root"]
+    site = root / list(SITES)[0] / "site"
+    for f in ("site.json", "card.json"):
+        r = runner.invoke(app, ["audit", "--run", str(root / "run"), "--mia", "--store",
+                                str(root / list(SITES)[0] / "embeddings.safetensors"), "--partition", str(site / f),
+                                "--json"])
+        assert r.exit_code == 2, r.output
+        err = json.loads(r.stdout)["error"]
+        assert "is a site's file" in err and "--site" in err and "audit --mia" in err
+
+
 def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):
     """Refusals found by trying the workflow as a new user: each exits 2 (or 4 for a damaged file), writes nothing."""
     import shutil

@@ -124,6 +124,12 @@ class Partition:
     def from_dict(cls, raw: Any, where: str = "partition") -> "Partition":
         """A partition from its JSON form (:meth:`save`'s content); raises as :meth:`load`."""
         path = where
+        if isinstance(raw, dict) and str(raw.get("format", "")).startswith(("fedhype-site/", "fedhype-site-card/")):
+            # a usage mistake, not a damaged file: say what the file is and what takes it
+            raise ValidationError(f"{path} is a site's file (`fedhype site`), not a partition: give the site folder "
+                                  "as --site where the command takes one (train, evaluate, budget --card for its "
+                                  "card); `audit --mia` needs the pooled partition a run trained on (membership "
+                                  "inference on a site's own split is not built)")
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
             raise ArtifactError(f"{path}: format {got!r}, expected {FORMAT!r} (make it with `fedhype partition`)")
