@@ -69,6 +69,21 @@ def test_a_synthetic_reference_is_warned_about(stores):
     assert any("kind='synthetic': the reference is not real data" in x for x in w) and "not real data" in r.stderr
 
 
+def test_a_one_class_reference_is_warned_about(stores, tmp_path):
+    """One class in the real reference: TSTR and TRTR of 1.0 came with no warning (a new user's probe)."""
+    real = EmbeddingStore.load(stores["real"])
+    one = real.subset((real.labels == 3).nonzero().flatten())
+    one.save(tmp_path / "one.safetensors")
+    r = _run("--store", tmp_path / "one.safetensors", "--synthetic", stores["syn"], "--real-train", stores["train"],
+             *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert any("holds 1 class(es) (3)" in w and "chance is 1.0" in w for w in out["warnings"]), out["warnings"]
+    assert "say nothing here" in r.stderr
+    r = _run("--store", stores["real"], "--synthetic", stores["syn"], *FAST, "--json")  # ten classes: no such warning
+    assert not any("class(es)" in w for w in json.loads(r.stdout)["warnings"])
+
+
 def test_human_output_is_a_table(stores):
     r = _run("--store", stores["real"], "--synthetic", stores["syn"], *FAST)
     assert r.exit_code == 0, r.output

@@ -186,6 +186,9 @@ def evaluate(
             warnings.append(f"no --partition: all {len(real_store)} records of {real} are the real reference; if the "
                             "model was trained on some of them, TSTR and MMD² overstate what it does on unseen data "
                             "(give --partition with --split test, or a store of held-out records)")
+        one = _one_class_warning(test_store)
+        if one:
+            warnings.append(one)
         for w in warnings:
             console.print(f"[yellow]warning[/]: {w}", highlight=False)
         kind_warning = _kind_warning(synthetic, syn_store)
@@ -262,14 +265,27 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
         raise ValidationError(f"{where}: {exc} of synthetic store {synthetic}") from None
     check_compatible(train_store, syn_store, f"real train store of {where}", f"synthetic store {synthetic}")
     kind_warning = _kind_warning(synthetic, syn_store)
+    one = _one_class_warning(test_store)
+    if one:
+        console.print(f"[yellow]warning[/]: {one}", highlight=False)
     console.print(f"evaluating {len(syn_store)} synthetic against {len(test_store)} real embeddings of {where} …",
                   highlight=False)
     result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
                       max_samples=max_samples, k=k, seed=seed)
     result.update(real=str(s.store_path), site=s.name, synthetic=str(synthetic),
                   real_train=None if real_train is None else str(real_train), partition=None, real_split=split,
-                  synthetic_kind=syn_store.kind, warnings=[kind_warning] if kind_warning else [])
+                  synthetic_kind=syn_store.kind, warnings=[w for w in (one, kind_warning) if w])
     return result
+
+
+def _one_class_warning(test_store) -> str | None:
+    """The warning for a real reference of fewer than two classes: every classifier is right on it by chance."""
+    present = sorted(set(int(v) for v in test_store.labels.tolist()))
+    if len(present) >= 2:
+        return None
+    names = [test_store.class_names[k] for k in present]
+    return (f"the real reference holds {len(present)} class(es) ({', '.join(names) or 'none'}): any classifier scores "
+            "1.0 on it (chance is 1.0), so TSTR and TRTR say nothing here; evaluate on data of two or more classes")
 
 
 def _kind_warning(path, store) -> str | None:
