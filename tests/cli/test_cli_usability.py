@@ -663,3 +663,16 @@ def test_an_out_path_that_cannot_be_written_is_a_usage_error_naming_it(files, tm
     assert r.exit_code == 2, r.output
     err = _one_json(r)["error"]
     assert "internal error" not in err and str(blocker) in err and "check the paths given" in err
+
+
+def test_a_resume_with_another_method_names_the_method_first(files, tmp_path):
+    """A resume with another --method listed the model fields it implies (model.client_stats, …) and not the
+    method itself (a new user's probe)."""
+    args = ["train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
+            tmp_path / "run", "--epsilon", 4, "--rounds", 1, "--local-steps", 1, "--hidden", 16, "--latent", 4,
+            "--seed", 0, "--json"]
+    assert _invoke(*args).exit_code == 0
+    r = _invoke(*args, "--resume", "--method", "dp-gaussian")
+    assert r.exit_code == 2, r.output
+    err = _one_json(r)["error"]
+    assert err.index("train.method: 'fedhypevae' → 'dp-gaussian'") < err.index("model.")

@@ -183,6 +183,8 @@ def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:
         old = read_json(run.config, "run config")
         if _comparable(old) != _comparable(plan.resolved):
             diff = _differences(_comparable(old), _comparable(json.loads(json.dumps(plan.resolved))))
+            # the settings a user gives first (train.*: --method, --epsilon, …) before the model fields they imply
+            diff.sort(key=lambda d: not d.startswith("train."))
             raise ValidationError(f"--resume: the configuration differs from the one in {run.config} "
                                   f"({'; '.join(diff[:5]) or 'details differ'}); "
                                   "resume with the same settings or start a new run")
