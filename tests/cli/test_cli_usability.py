@@ -676,3 +676,17 @@ def test_a_resume_with_another_method_names_the_method_first(files, tmp_path):
     assert r.exit_code == 2, r.output
     err = _one_json(r)["error"]
     assert err.index("train.method: 'fedhypevae' → 'dp-gaussian'") < err.index("model.")
+
+
+def test_the_same_thing_has_the_same_option_name_in_every_command():
+    """`audit` kept its canary run under --audit-out where every other command writes to --out (a new user's
+    probe): --out now, --audit-out still accepted."""
+    import typer.main
+
+    from fedhype.cli.main import app
+
+    audit = typer.main.get_command(app).commands["audit"]
+    opts = {o for p in audit.params for o in getattr(p, "opts", [])}
+    assert {"--out", "--audit-out"} <= opts
+    out = next(p for p in audit.params if "--out" in getattr(p, "opts", []))
+    assert out.name == "audit_out" and "--audit-out" in out.opts

@@ -219,7 +219,8 @@ def register(app: typer.Typer) -> None:
         guess_in: float = typer.Option(0.1, "--guess-in", help="Fraction of canaries guessed 'in' (top scores)."),
         guess_out: float = typer.Option(0.0, "--guess-out", help="Fraction of canaries guessed 'out' (bottom scores)."),
         confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the ε lower bound."),
-        audit_out: Optional[Path] = typer.Option(None, "--audit-out", help="Black-box: keep the canary run here."),
+        audit_out: Optional[Path] = typer.Option(None, "--out", "--audit-out", help="Black-box: keep the canary run in this folder "
+                                                "(--out, as in every command; --audit-out is its earlier name)."),
         seed: int = typer.Option(0, "--seed", help="Seed of canaries, sampling, attacks."),
         json_out: bool = JsonOpt,
     ) -> None:
