@@ -26,8 +26,10 @@ class FakeGrid:
     """A Grid whose node ``stale`` answers NODE_UNAVAILABLE (a dead SuperNode still listed) and whose
     other nodes answer with the identity of the client they hold."""
 
-    def __init__(self, holds: dict[int, str], stale: int, stale_code: int = ErrorCode.NODE_UNAVAILABLE):
+    def __init__(self, holds: dict[int, str], stale: int, stale_code: int = ErrorCode.NODE_UNAVAILABLE,
+                 federation: dict[int, str] | None = None):
         self.holds, self.stale, self.code = holds, stale, stale_code
+        self.federation = federation or {}  # node → the digest of its own federation file ("": a pooled node)
         self._next, self._inbox = 0, {}
 
     def get_node_ids(self):
@@ -51,6 +53,7 @@ class FakeGrid:
                 out.append(SimpleNamespace(metadata=meta, has_error=lambda: True, error=err, content=None))
             else:
                 content = RecordDict({IDENTITY: ConfigRecord({"client": self.holds[node], "seeded": True,
+                                                              "federation": self.federation.get(node, ""),
                                                               "fedhype-version": __version__})})
                 out.append(SimpleNamespace(metadata=meta, has_error=lambda: False, error=None, content=content))
         return out
@@ -78,3 +81,21 @@ def test_other_node_errors_still_fail_at_once(real_store):
     with pytest.raises(NodeFailure, match="could not say which client it holds"):
         FlowerTransport.connect(FakeGrid(holds, stale=7, stale_code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION), part,
                                 real_store.dim, connect_timeout=30, round_timeout=5, straggler_timeout=1, poll=0.01)
+
+
+def test_a_site_node_holding_another_federation_file_is_refused_before_anything_is_released(real_store):
+    """A new user's probe: nodes holding the sites' ε = 1 federation file trained a coordinator's ε = 8 run."""
+    part = make_partition(real_store, scheme="domain", seed=0)
+    holds = {20 + i: str(c.id) for i, c in enumerate(part.clients)}
+    same = {n: "a" * 64 for n in holds}
+    t = FlowerTransport.connect(FakeGrid(holds, stale=7, federation=same), part, real_store.dim, connect_timeout=5,
+                                round_timeout=5, straggler_timeout=1, poll=0.01, federation="a" * 64)
+    assert t.federation == "a" * 64 and len(t.nodes) == len(part.clients)
+    other = {**same, 21: "b" * 64}
+    with pytest.raises(NodeFailure, match=r"SuperNode 21 \(client 1\) holds another federation file.*Nothing was "
+                                          r"released or charged"):
+        FlowerTransport.connect(FakeGrid(holds, stale=7, federation=other), part, real_store.dim, connect_timeout=5,
+                                round_timeout=5, straggler_timeout=1, poll=0.01, federation="a" * 64)
+    # a node of a pooled partition has no file of its own ("") and is not compared
+    FlowerTransport.connect(FakeGrid(holds, stale=7), part, real_store.dim, connect_timeout=5, round_timeout=5,
+                            straggler_timeout=1, poll=0.01, federation="a" * 64)
