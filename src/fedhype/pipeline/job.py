@@ -168,9 +168,10 @@ def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore) -> Non
     Raises:
         ValidationError: naming the classes, or ``evaluate.k`` and the test split's size, and what to change.
     """
-    present = sorted(set(int(v) for v in part.split_store(store, "train").labels.tolist()))
+    missing = set(_classes_without_training_records(store, part))
+    present = [name for name in store.class_names if name not in missing]
     if len(present) < 2:
-        held = ", ".join(repr(store.class_names[k]) for k in present) or "none"
+        held = ", ".join(repr(name) for name in present) or "none"
         raise ValidationError(
             f"the job's training records hold {len(present)} class(es) ({held}); its evaluation trains classifiers "
             "(TSTR, hyper-prototypes), which need at least two: give images of two or more classes (one folder per "
