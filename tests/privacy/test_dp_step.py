@@ -155,3 +155,27 @@ def test_bookkeeping_equals_torch_func_reference(variant):
         assert set(fast) == set(ref)
         for k in ref:
             assert torch.allclose(fast[k], ref[k], rtol=1e-6, atol=1e-8), k
+
+
+def test_dp_step_and_model_helpers_create_no_tensor_off_the_parameters_device():
+    """Every tensor these paths create lives on the parameters' device (a CPU-made ``torch.zeros``
+    broke the book-keeping step on CUDA, found by benchmarks/gpu.py). The ``meta`` device raises on
+    any mix with a CPU tensor, so this checks the placement without a GPU."""
+    from fedhype.models.cvae import init_encoder_from_decoder, init_local_encoder
+    from fedhype.models.losses import make_batch_loss
+    from fedhype.privacy.bookkeeping import clipped_sum_bookkeeping
+
+    cfg = ModelConfig(dim=32, n_classes=4)
+    g = torch.Generator().manual_seed(0)
+    hnet = HyperNetwork(cfg, g)
+    theta = {k: v.detach().to("meta") for k, v in hnet(torch.randn(cfg.code_dim, generator=g)).items()}
+    psi = {k: v.to("meta") for k, v in init_local_encoder(cfg, g).items()}
+    params = {**{f"shared.{k}": v for k, v in theta.items()}, **{f"local.{k}": v for k, v in psi.items()}}
+    B = 5
+    batch = (torch.empty(B, 32, device="meta"), torch.empty(B, 4, device="meta"),
+             torch.empty(B, cfg.latent, device="meta"), torch.empty(B, cfg.mmd_samples, cfg.latent, device="meta"))
+    out, norms = clipped_sum_bookkeeping(make_batch_loss(cfg), params, batch, 1.0)
+    assert norms.device.type == "meta" and norms.shape == (B,)
+    assert set(out) == set(params) and all(v.device.type == "meta" for v in out.values())
+    init_encoder_from_decoder(psi, theta)
+    assert hnet.to("meta").traffic()["generated_parameters_per_client"] == sum(v.numel() for v in theta.values())

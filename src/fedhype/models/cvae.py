@@ -71,8 +71,8 @@ def init_encoder_from_decoder(psi: Params, theta: Params) -> None:
     outputs, so this is post-processing.
     """
     w = theta["dec.wl"].to(torch.float64)  # [L, D]
-    inv_var = torch.exp(-2.0 * theta["dec.logsx"].to(torch.float64)) if "dec.logsx" in theta else torch.ones(w.shape[1], dtype=torch.float64)
-    prec = torch.eye(w.shape[0], dtype=torch.float64) + (w * inv_var) @ w.T
+    inv_var = torch.exp(-2.0 * theta["dec.logsx"].to(torch.float64)) if "dec.logsx" in theta else torch.ones(w.shape[1], dtype=torch.float64, device=w.device)
+    prec = torch.eye(w.shape[0], dtype=torch.float64, device=w.device) + (w * inv_var) @ w.T
     cov = torch.linalg.inv(prec)
     cov = (cov + cov.T) / 2
     wx = (w * inv_var).T @ cov  # [D, L]

@@ -154,7 +154,7 @@ class HyperNetwork(nn.Module):
     def traffic(self) -> dict[str, int]:
         """Parameter counts and per-round bytes (float32) a client downloads and uploads."""
         with torch.no_grad():
-            theta = self.forward(torch.zeros(self.cfg.code_dim))
+            theta = self.forward(torch.zeros(self.cfg.code_dim, device=self.space_mean.device))
         n_theta = sum(v.numel() for v in theta.values())
         return {
             "hypernetwork_parameters": sum(p.numel() for p in self.parameters()),

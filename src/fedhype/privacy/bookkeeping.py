@@ -107,7 +107,7 @@ def clipped_sum_bookkeeping(batch_loss: Callable[..., torch.Tensor], params: Par
     losses = batch_loss({k: v.detach().requires_grad_(True) for k, v in params.items()}, tape, *batch)
     B = losses.shape[0]
     deltas = torch.autograd.grad(losses.sum(), [op[-1] for op in tape.ops])
-    sq = torch.zeros(B, dtype=losses.dtype)
+    sq = torch.zeros(B, dtype=losses.dtype, device=losses.device)
     parts = []
     for op, d in zip(tape.ops, deltas):
         kind, k1, k2, a, _ = op
