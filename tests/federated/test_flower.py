@@ -137,6 +137,13 @@ def test_ledger_was_written_ahead_and_resume_charges_nothing_twice(scenario):
     m_got = json.loads((scenario["run"] / "metrics.json").read_text())
     assert [m["epsilon_per_client"] for m in m_got] == [m["epsilon_per_client"] for m in m_ref]
     assert [m["participants"] for m in m_got] == [["0", "1"], ["0", "1"]]
+    # each site node kept its own ledger of what it ran (fedhype.federated.flower.node_budget): the server's
+    # events for its client, once each — the restarted node's replay of round 2 was free (same request, seeded)
+    fields = ("client", "round", "mechanism", "noise_multiplier", "sample_rate", "steps")
+    for i in (0, 1):
+        (path,) = (scenario["root"] / f"node{i}-private").rglob("node-ledger.json")
+        node = [tuple(e[k] for k in fields) for e in json.loads(path.read_text())["events"]]
+        assert node == [tuple(e[k] for k in fields) for e in got if e["client"] == str(i)], i
 
 
 def test_result_matches_the_in_process_engine(scenario):

@@ -24,7 +24,10 @@ from fedhype.federated.client import Client
 from fedhype.federated.engine import build_client
 from fedhype.federated.flower import wire
 from fedhype.federated.flower.handshake import NodeMismatch, NodeSettings, check_federation
+from fedhype.federated.flower.node_budget import charge_request, request_digest
 from fedhype.io import atomic_save_tensors, load_tensors
+from fedhype.privacy.dp_step import RELEASE_SENSITIVITY
+from fedhype.privacy.events import RELEASE, RELEASE_CENTRE, dp_sgd_events, release_events
 
 #: the run key the server sends (grid_transport: the run folder's name, ≤ 60 characters, "-", 12 hex digits):
 #: it names a folder under the node's state-dir, so "." / ".." or a path separator is refused
@@ -111,6 +114,11 @@ def run_train(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
     client = _client(node, extra, task.client)
     if extra["space"] is not None:
         client.set_space(extra["space"])
+    if task.dp.enabled:  # a site node charges its own ledger first (node_budget), or refuses
+        q = min(1.0, task.batch_size / client.n)
+        charge_request(node, client.state_dir, dp_sgd_events(task.round, [(task.client, q, task.steps)],
+                                                             task.dp.noise_multiplier, task.dp.clip_norm),
+                       request_digest(content))
     prepare_state(client.state_dir, task.round)
     update = client.run_round(task.round, task.theta_tensors(), task.model, task.dp, batch_size=task.batch_size,
                               steps=task.steps, lr=task.lr)
@@ -123,6 +131,10 @@ def run_class_stats(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
     node = NodeSettings.from_node_config(nc)
     node.check_mechanism(req["dp"].enabled, req["dp"].noise_multiplier)
     client = _client(node, extra, req["client"])
+    if req["dp"].enabled:  # a site node charges its own ledger first (node_budget), or refuses
+        mechanism = RELEASE_CENTRE if req["stage"] == "centre" else RELEASE
+        charge_request(node, client.state_dir, release_events([req["client"]], [(req["dp"].noise_multiplier, 1.0, 1)],
+                                                              [mechanism], RELEASE_SENSITIVITY), request_digest(content))
     if req["stage"] == "centre":  # the centred release's first step (fedhype.privacy.centring)
         return wire.encode_update(client.release_centre(req["dp"].noise_multiplier if req["dp"].enabled else None), -1)
     return wire.encode_update(client.release_class_stats(req["n-classes"], req["dp"], req["weights"],

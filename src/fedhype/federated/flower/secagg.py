@@ -308,6 +308,15 @@ def _collect(c: dict, content: RecordDict, state: RecordDict, s: dict, session: 
     if req is None or req["stage"] != plan.kind:
         raise NodeMismatch(f"SecAgg+ collect: no release request for the {plan.kind}; refused")
     client = client_factory(extra, req["client"])
+    from fedhype.federated.flower.node_budget import charge_request, request_digest
+    from fedhype.privacy.events import RELEASE, RELEASE_CENTRE, skellam_release_events
+
+    # a site node charges its own ledger first (node_budget), or refuses; the digest covers the plan and the
+    # request, not the per-session keys and shares
+    charge_request(node, client.state_dir,
+                   skellam_release_events([req["client"]], plan, RELEASE_CENTRE if plan.kind == "centre" else RELEASE),
+                   request_digest(RecordDict({"plan": ConfigRecord({k: v for k, v in plan_to_config(plan).items()}),
+                                              wire.STATS_TASK: content[wire.STATS_TASK]})))
     share = client.release_integer(plan.kind, plan, n_classes=req["n-classes"], weights=req["weights"],
                                    centring=req["centring"])
     mask = prg(s["b"], plan.length)

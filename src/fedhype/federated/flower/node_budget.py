@@ -1,0 +1,144 @@
+"""A site node's own privacy ledger: every mechanism the server asks for is charged there first, and
+refused past the ε that the plan of the site's own federation file gives it.
+
+The server's ledger is the run's record; it is kept by the coordinator. Against a server that does not
+run the plan it published (a malicious one: more rounds, more local steps, a larger sampling rate, a
+smaller σ, the statistics release asked for twice), a site node has only what it runs itself. So a
+site node (one with ``site=`` and ``federation=`` in its node config) keeps
+``<state-dir>/<run key>/client-<id>/node-ledger.json`` (a :class:`~fedhype.privacy.ledger.PrivacyLedger`)
+and, before it runs a DP-SGD round or a statistics release, charges the events of exactly what the
+request makes it run — σ and C from the request, q = min(1, B/n) from its batch size and the node's own
+n, the request's number of steps, the Skellam plan of a secure-aggregation release — with the one rerun
+rule of fedhype (:func:`fedhype.privacy.ledger.pending_charges`). If the node's own ε after them would
+exceed its **cap**, nothing runs and the server gets a :class:`~fedhype.federated.flower.handshake.NodeRefusal`.
+
+The cap is the ε that the federation file's plan gives this site (:func:`site_cap`): the release
+before round 0 (``privacy_plan.prefix``) and every planned round of DP-SGD steps
+(:func:`fedhype.federated.secure_release.planned_tails`), composed by the reported accountant
+(:func:`fedhype.privacy.accountant.epsilon`); ``train.max_epsilon``, where the federation sets one
+above it, allows reruns up to that. An honest run stays within the cap: the server charges the same
+events and its plan is calibrated to it (under secure aggregation the Skellam release's ε is at most
+the Gaussian prefix's, :mod:`fedhype.federated.secure_release`).
+
+A node whose noise is seeded (node config ``seed=``) replays the same noise when asked the same round
+again. That is free only for the same request: the node keeps the digest of each charged request in
+the event's note, and refuses another request for a round (or release) it has already answered with
+seeded noise — two answers with the same noise would release their difference without any.
+
+Pooled-partition nodes (a simulation on one data holder's store) hold no federation file and keep no
+ledger of their own; the data holder runs the server too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from fedhype.federated.flower.handshake import NodeRefusal, NodeSettings, own_federation
+from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge, pending_charges
+
+#: the node's own ledger, in the client's private state folder (never on the wire)
+LEDGER = "node-ledger.json"
+_NOTE = "request sha256:"
+
+
+def request_digest(content: Any) -> str:
+    """SHA-256 of a Flower message content (every record, array bytes, shapes, dtypes and config values).
+
+    Args:
+        content: a ``flwr.app.RecordDict`` (array records of ``Array`` with ``data`` bytes, config records).
+    Returns:
+        64 hex digits; equal for two messages that carry the same request.
+    """
+    h = hashlib.sha256()
+    for key in sorted(content):
+        rec = content[key]
+        h.update(json.dumps(["record", key]).encode())
+        for name in sorted(rec):
+            v = rec[name]
+            if hasattr(v, "data") and hasattr(v, "shape") and hasattr(v, "dtype"):  # flwr Array
+                h.update(json.dumps(["array", name, str(v.dtype), list(v.shape)]).encode())
+                h.update(bytes(v.data))
+            else:
+                h.update(json.dumps(["value", name, v], sort_keys=True, default=repr).encode())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _cap(federation_digest: str, federation: Path, client: str) -> tuple[float, float] | None:
+    from fedhype.federated.flower.federation import Federation
+    from fedhype.federated.run_plan import plan_privacy
+    from fedhype.federated.secure_release import planned_tails
+    from fedhype.privacy.accountant import epsilon
+
+    fed = Federation.load(federation)
+    cfg = fed.train
+    if cfg.no_dp:
+        return None
+    sizes = [c.n_train for c in fed.roster.clients]
+    ids = [str(c.id) for c in fed.roster.clients]
+    i = ids.index(client)
+    prefix = plan_privacy(cfg, sizes)["prefix"]
+    planned = epsilon(list(prefix) + planned_tails(cfg, sizes)[i], cfg.delta)
+    return max(planned, cfg.max_epsilon or 0.0), float(cfg.delta)
+
+
+def site_cap(node: NodeSettings, client: str) -> tuple[float, float] | None:
+    """``(ε cap, δ)`` of client ``client`` under the plan of the node's federation file; None without DP
+    (``train.no_dp``: the node's ``allow-no-dp`` governs) or for a pooled-partition node (no file).
+
+    Raises:
+        ArtifactError / ValidationError: the federation file is unreadable or its plan invalid.
+        ValueError: ``client`` is not in its roster (the caller checked the node's place first).
+    """
+    if node.federation is None:
+        return None
+    return _cap(own_federation(node), node.federation, str(client))
+
+
+def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerEvent], digest: str) -> None:
+    """Charge ``events`` (what this request makes the node run) to the node's own ledger, or refuse.
+
+    Args:
+        node: the node's settings (its federation file, its seed). state_dir: the client's private state
+            folder of this run (the ledger lives there). events: the request's mechanisms, one client.
+        digest: :func:`request_digest` of the request (kept in each charged event's note).
+
+    Raises:
+        NodeRefusal: another request for a round or release this node already answered with seeded
+            noise, or the node's own ε would exceed :func:`site_cap` (nothing is charged or run).
+    """
+    if not events or node.federation is None:
+        return
+    cap = site_cap(node, events[0].client)
+    if cap is None:
+        return
+    limit, delta = cap
+    path = Path(state_dir) / LEDGER
+    ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger(delta, meta={"node": "site", "cap": limit})
+    seeded = node.seed is not None
+    note = f"{_NOTE}{digest}"
+    for e in events:
+        prev = [x for x in ledger.events if (x.client, x.round, x.mechanism) == (e.client, e.round, e.mechanism)]
+        if seeded and any(x.seeded for x in prev) and not any(x.note.endswith(note) for x in prev):
+            what = "the statistics release" if e.round < 0 else f"round {e.round}"
+            raise NodeRefusal(f"this SuperNode already answered {what} ({e.mechanism}) of this run with seeded noise, "
+                              "and the server now asks it with another request: both answers would carry the same "
+                              "noise, so their difference would be released without any; refused (nothing was run)")
+    pending = pending_charges(ledger, [dataclasses.replace(e, note=note) for e in events], replays=lambda e: seeded)
+    pending = [p if p.note == note else dataclasses.replace(p, note=f"{p.note}; {note}") for p in pending]  # a rerun's
+    if not pending:
+        return
+    over = ledger.would_exceed(pending, limit * (1 + 1e-9))
+    if over:
+        eps = max(over.values())
+        raise NodeRefusal(f"this site's own ledger: the server's request ({pending[0].mechanism}, round "
+                          f"{pending[0].round}) would take it to ε = {eps:.4f}, over the ε = {limit:.4f} that the plan of "
+                          f"its federation file gives it (rounds, steps, q, σ and the release as published); nothing "
+                          f"was run. A rerun of an unseeded round is a new release: allow it with train.max_epsilon "
+                          f"in the federation file")
+    charge(ledger, pending, path)

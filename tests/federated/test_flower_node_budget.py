@@ -1,0 +1,162 @@
+"""A site node's own ledger (fedhype.federated.flower.node_budget): the plan of its federation file caps
+what a server can make it run, whatever the server asks (no processes)."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
+
+from fedhype.data.partition import make_partition  # noqa: E402
+from fedhype.federated.config import TrainConfig  # noqa: E402
+from fedhype.federated.flower.federation import write_federation  # noqa: E402
+from fedhype.federated.flower.handshake import NodeRefusal, NodeSettings  # noqa: E402
+from fedhype.federated.flower.node_budget import LEDGER, charge_request, request_digest, site_cap  # noqa: E402
+from fedhype.federated.run_plan import plan_privacy  # noqa: E402
+from fedhype.privacy.accountant import epsilon  # noqa: E402
+from fedhype.privacy.events import RELEASE, RELEASE_CENTRE, dp_sgd_events, release_events  # noqa: E402
+from fedhype.privacy.ledger import PrivacyLedger  # noqa: E402
+
+CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
+           model={"hidden": 32, "latent": 8})
+
+
+@pytest.fixture(scope="module")
+def part(real_store):
+    return make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+
+
+def _federation(tmp_path, real_store, part, **over):
+    return write_federation(tmp_path, real_store, part, TrainConfig(**{**CFG, **over}))
+
+
+def _requests(cfg: TrainConfig, sizes, client: str = "1"):
+    """The requests of the honest plan for ``client``, in order: centre, statistics, then each round."""
+    priv = plan_privacy(cfg, sizes)
+    n = sizes[int(client)]
+    (s_c, _, _), (s_s, _, _) = priv["prefix"]
+    out = [release_events([client], [(s_c, 1.0, 1)], [RELEASE_CENTRE], 1.0),
+           release_events([client], [(s_s, 1.0, 1)], [RELEASE], 1.0)]
+    out += [dp_sgd_events(r, [(client, cfg.sample_rate(n), cfg.steps_per_round(n))], priv["noise_multiplier"],
+                          cfg.clip_norm) for r in range(cfg.rounds)]
+    return out, priv
+
+
+def _node(tmp_path, fed, seed=None):
+    return NodeSettings(client="", embeddings=None, partition=None, state_dir=tmp_path / "state", seed=seed,
+                        federation=fed)
+
+
+def _eps(state):
+    led = PrivacyLedger.load(state / LEDGER)
+    return led, led.epsilon("1")
+
+
+def test_the_honest_plan_runs_and_reaches_the_planned_epsilon_and_nothing_more(real_store, part, tmp_path):
+    fed = _federation(tmp_path / "fed", real_store, part)
+    cfg, sizes = TrainConfig(**CFG), [len(c.train) for c in part.clients]
+    reqs, priv = _requests(cfg, sizes)
+    node = _node(tmp_path, fed)
+    limit, delta = site_cap(node, "1")
+    # the cap is the plan's ε for this client: its release prefix and all its planned DP-SGD steps
+    q, steps = priv["plan"][1]
+    assert limit == pytest.approx(epsilon(list(priv["prefix"]) + [(priv["noise_multiplier"], q, steps)], 1e-4), rel=1e-12)
+    assert delta == 1e-4 and 0 < limit < 50
+    state = tmp_path / "state" / "run-000000000000" / "client-1"
+    for k, ev in enumerate(reqs):
+        charge_request(node, state, ev, f"{k:064x}")
+    led, eps = _eps(state)
+    assert len(led) == len(reqs) and eps == pytest.approx(limit, rel=1e-9)
+    # a third round, a second statistics release or the same round at a smaller σ: refused, nothing charged
+    extra = [dp_sgd_events(cfg.rounds, [("1", q, steps // cfg.rounds)], priv["noise_multiplier"], cfg.clip_norm),
+             reqs[1], dp_sgd_events(0, [("1", q, steps // cfg.rounds)], priv["noise_multiplier"] / 2, cfg.clip_norm)]
+    for k, ev in enumerate(extra):
+        with pytest.raises(NodeRefusal, match="over the ε = .* that the plan of its federation file gives it"):
+            charge_request(node, state, ev, f"{k + 100:064x}")
+    assert len(PrivacyLedger.load(state / LEDGER)) == len(reqs)
+
+
+def test_a_server_that_front_loads_a_larger_sampling_rate_is_stopped_at_the_cap(real_store, part, tmp_path):
+    fed = _federation(tmp_path / "fed", real_store, part)
+    cfg, sizes = TrainConfig(**CFG), [len(c.train) for c in part.clients]
+    reqs, priv = _requests(cfg, sizes)
+    node = _node(tmp_path, fed)
+    limit, _ = site_cap(node, "1")
+    state = tmp_path / "state" / "r-000000000000" / "client-1"
+    for k, ev in enumerate(reqs[:2]):
+        charge_request(node, state, ev, f"{k:064x}")
+    # the server asks for ten times the planned batch (q × 10) each round: it gets fewer rounds than planned,
+    # and the node never passes its cap
+    q, steps = priv["plan"][1]
+    ran = 0
+    with pytest.raises(NodeRefusal, match="over the ε"):
+        for r in range(100):
+            charge_request(node, state, dp_sgd_events(r, [("1", min(1.0, 10 * q), steps // cfg.rounds)],
+                                                      priv["noise_multiplier"], cfg.clip_norm), f"{r + 10:064x}")
+            ran += 1
+    _, eps = _eps(state)
+    assert ran < cfg.rounds and eps <= limit * (1 + 1e-9)
+
+
+def test_seeded_node_replays_the_same_request_free_and_refuses_another_one_for_the_same_round(real_store, part,
+                                                                                              tmp_path):
+    fed = _federation(tmp_path / "fed", real_store, part)
+    reqs, _ = _requests(TrainConfig(**CFG), [len(c.train) for c in part.clients])
+    node = _node(tmp_path, fed, seed=0)
+    state = tmp_path / "state" / "r-000000000000" / "client-1"
+    for k, ev in enumerate(reqs[:3]):
+        charge_request(node, state, ev, f"{k:064x}")
+    charge_request(node, state, reqs[2], f"{2:064x}")  # the server resumed: the same round-0 request again
+    led, _ = _eps(state)
+    assert len(led) == 3 and all(e.seeded for e in led.events)
+    # another request for round 0 (other θ): the same noise on other inputs would release their difference
+    with pytest.raises(NodeRefusal, match="already answered round 0 .* same noise"):
+        charge_request(node, state, reqs[2], f"{99:064x}")
+    with pytest.raises(NodeRefusal, match="already answered the statistics release"):
+        charge_request(node, state, reqs[1], f"{98:064x}")
+    assert len(PrivacyLedger.load(state / LEDGER)) == 3
+
+
+def test_an_unseeded_rerun_is_charged_again_and_needs_max_epsilon_room(real_store, part, tmp_path):
+    cfg, sizes = TrainConfig(**CFG), [len(c.train) for c in part.clients]
+    reqs, _ = _requests(cfg, sizes)
+    for room, fed in ((False, _federation(tmp_path / "a", real_store, part)),
+                      (True, _federation(tmp_path / "b", real_store, part, max_epsilon=1000.0))):
+        node = _node(tmp_path / str(room), fed)
+        state = tmp_path / str(room) / "state" / "r-000000000000" / "client-1"
+        for k, ev in enumerate(reqs):
+            charge_request(node, state, ev, f"{k:064x}")
+        if room:  # the federation allows reruns up to max_epsilon: the last round again is a new release, charged
+            charge_request(node, state, reqs[-1], f"{len(reqs) - 1:064x}")
+            led, _ = _eps(state)
+            assert len(led) == len(reqs) + 1 and led.events[-1].note.startswith("rerun")
+            assert led.events[-1].note.endswith(f"{len(reqs) - 1:064x}")
+        else:
+            with pytest.raises(NodeRefusal, match="rerun of an unseeded round is a new release"):
+                charge_request(node, state, reqs[-1], f"{len(reqs) - 1:064x}")
+
+
+def test_a_pooled_partition_node_and_a_no_dp_plan_keep_no_ledger(real_store, part, tmp_path):
+    reqs, _ = _requests(TrainConfig(**CFG), [len(c.train) for c in part.clients])
+    pooled = NodeSettings(client="1", embeddings=None, partition=None, state_dir=tmp_path / "s")
+    charge_request(pooled, tmp_path / "s", reqs[0], "0" * 64)
+    fed = _federation(tmp_path / "nodp", real_store, part, no_dp=True, noise_multiplier=None)
+    assert site_cap(_node(tmp_path, fed), "1") is None
+    charge_request(_node(tmp_path, fed), tmp_path / "s", reqs[0], "0" * 64)
+    assert not (tmp_path / "s" / LEDGER).exists()
+
+
+def test_request_digest_covers_every_value_and_array_byte():
+    def msg(v, w):
+        return RecordDict({"task": ConfigRecord({"round": v, "lr": 0.01}),
+                           "theta": ArrayRecord({"w": Array(np.asarray(w, dtype=np.float32))})})
+
+    base = request_digest(msg(1, [0.0, 1.0]))
+    assert base == request_digest(msg(1, [0.0, 1.0])) and len(base) == 64
+    assert request_digest(msg(2, [0.0, 1.0])) != base
+    assert request_digest(msg(1, [0.0, 1.0000001])) != base
+    assert request_digest(msg(1, [[0.0, 1.0]])) != base  # the shape counts
+    json.dumps(base)
