@@ -110,6 +110,34 @@ def test_trained_model_carries_the_counts_and_its_mixture_follows_them(real_stor
         src = syn.domains[syn.labels == y]
         share = torch.bincount(src, minlength=3).to(torch.float64) / src.numel()
         assert torch.allclose(share, probs[y], atol=4 * math.sqrt(0.25 / 400) + 1e-9), y
+    # one client's code: the classes it holds (almost) none of by its DP counts are named in the provenance
+    j = int(counts.clamp_min(0).gt(0.2 / real_store.n_classes * counts.clamp_min(0).sum(1, keepdim=True)).sum(1).argmin())
+    lacks = [meta["class_names"][k] for k in range(real_store.n_classes)
+             if counts[j].clamp_min(0)[k] < 0.2 / real_store.n_classes * counts[j].clamp_min(0).sum()]
+    assert lacks  # Dirichlet α = 0.3: some client lacks a class
+    for code in (f"mixture:{j}=1", f"client:{j}"):
+        note = synthesize(tmp_path / "run", code, per_class=5, seed=0).meta.get("codes_note") or ""
+        assert f"class(es) {', '.join(map(str, lacks))} (their DP class counts)" in note, (code, note)
+    assert "few or no records" not in (syn.meta.get("codes_note") or "")  # the all-client mixture holds every class
+
+
+def test_few_classes_note_names_the_classes_the_chosen_clients_lack():
+    from fedhype.synthesis.codes import parse_code_spec
+    from fedhype.synthesis.sample import few_classes_note
+
+    meta = {"client_class_counts": [[50.0, -3.0, 40.0, 0.4], [10.0, 30.0, 0.0, 20.0]], "class_names": list("abcd")}
+    names = ["north", "south"]
+
+    def note(code):
+        return few_classes_note(parse_code_spec(code, ["0", "1"], names, [90, 60]), meta, 4, names)
+
+    # client 0: class b (a negative DP count) and class d (0.4 of 90: under 0.2 / 4 = 5 % of its records)
+    assert "client(s) north hold few or no records of class(es) b, d" in note("client:0")
+    assert "class(es) c" in note("mixture:1=1")
+    assert note("mixture:0=1,1=1") is None and note("mixture") is None and note("neutral") is None
+    # 0.9 / 0.1: class b is 0.1 × 30/60 = 5 % of the mixture (not under it), class d 3.7 %
+    assert "of class(es) d (" in note("mixture:0=0.9,1=0.1") and note("mixture:0=0.5,1=0.5") is None
+    assert few_classes_note(parse_code_spec("client:0", ["0", "1"], names, [90, 60]), {}, 4, names) is None
 
 
 def _client_releases(real_store, part, sigma: float, seed: int):

@@ -125,6 +125,8 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
             out = _decode(theta, labels, cfg, gen, batch_size, temperature, _space(hnet, code_vec))
             domain_names = [spec.text]
     note = codes_note(hnet, meta, spec.kind)
+    few = few_classes_note(spec, meta, cfg.n_classes, names)
+    note = "; ".join(x for x in (note, few) if x) or None
     provenance = {
         **({"codes_note": note} if note else {}),
         "kind": "synthetic", "space": "l2", "run_id": meta.get("run_id"), "method": meta.get("method"),
@@ -155,6 +157,37 @@ def codes_note(hnet, meta: dict, kind: str) -> str | None:
     return (f"this {meta.get('method')} model has one pooled decoder ({why}): client and mixture codes sample "
             "(nearly) the same distribution as --code neutral; per-client statistics need model.client_stats "
             "without secure aggregation")
+
+
+#: :func:`few_classes_note`: a class below this fraction of a uniform share of the chosen clients' records
+FEW_CLASS_SHARE = 0.2
+
+
+def few_classes_note(spec, meta: dict, n_classes: int, names) -> str | None:
+    """Which classes the clients of a ``client:`` / ``mixture:`` code hold (almost) none of, or None.
+
+    Every class is drawn in the numbers asked, whatever the code; a client's model generates a class it
+    lacks from the federation's pooled class statistics (the client statistics of a class at the count
+    floor are the pool's, docs/method.md decision 11), not from its own records. Read from the clients'
+    DP class counts (model metadata ``client_class_counts``, public DP outputs): a class whose weighted
+    share Σ_j w_j n_jy / Σ_j w_j Σ_y' n_jy' of the chosen clients' records is below
+    :data:`FEW_CLASS_SHARE` / K is named. None for ``neutral`` / ``mix``, or without counts (secure
+    aggregation, older models).
+    """
+    counts = meta.get("client_class_counts")
+    if counts is None or spec.kind not in ("client", "mixture"):
+        return None
+    c = torch.tensor([counts[i] for i in spec.indices], dtype=torch.float64).clamp_min(0)  # [J, K]
+    w = torch.tensor(spec.weights if spec.kind == "mixture" else (1.0,), dtype=torch.float64)
+    share = (w[:, None] * c / c.sum(1, keepdim=True).clamp_min(1e-12)).sum(0) / w.sum()
+    few = [k for k in range(n_classes) if share[k] < FEW_CLASS_SHARE / n_classes]
+    if not few:
+        return None
+    cls = [str(meta["class_names"][k]) for k in few] if meta.get("class_names") else [str(k) for k in few]
+    who = ", ".join(str(names[i]) for i in spec.indices)
+    return (f"client(s) {who} hold few or no records of class(es) {', '.join(cls)} (their DP class counts): those "
+            "classes are drawn from the federation's pooled class statistics, not from these clients' own data "
+            "(--n with --label-weights 0 for them leaves them out)")
 
 
 def mixture_source_probs(weights, indices, class_counts, n_classes: int) -> torch.Tensor:
