@@ -161,6 +161,9 @@ def test_node_policy_refuses_what_the_institution_did_not_agree_to(tmp_path):
         strict.check_mechanism(True, 0.8)
     with pytest.raises(ValidationError, match="allow-no-dp must be true or false"):
         handshake.NodeSettings.from_node_config({**base, "allow-no-dp": "yes"})
+    # a misspelt safety setting is refused, not dropped (a new user's node ran with "min-noise-multipler=50")
+    with pytest.raises(ValidationError, match=r"unknown key\(s\) \['allow-nodp', 'min-noise-multipler'\]"):
+        handshake.NodeSettings.from_node_config({**base, "min-noise-multipler": 50.0, "allow-nodp": True})
     # "private" with σ = 0 is clipped, un-noised release under a DP label: refused by every node (a privacy
     # audit found that the default node, which refuses --no-dp, took it)
     lax = handshake.NodeSettings.from_node_config({**base, "allow-no-dp": True})

@@ -128,3 +128,32 @@ def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, t
     assert code == 4 and not res["consistent"] and res["exit_code"] == 4
     assert want in {m["name"] for m in res["mismatches"]}, res["mismatches"]
     assert want in res["error"]
+
+
+def test_a_run_with_seeded_node_noise_is_flagged_by_the_release_and_the_audit(real_store, tmp_path):
+    """A Flower SuperNode started with seed= draws reproducible noise although the server's train.seed is unset:
+    its ledger events say ``seeded``; the release summary and the audit must flag it (a new user's probe found
+    ``noise_seeded: false`` and no warning)."""
+    import dataclasses
+
+    from conftest import AUDIT_CFG
+    from fedhype.data.partition import make_partition
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import train
+    from fedhype.pipeline.release import privacy_summary
+
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    run = tmp_path / "run"
+    train(real_store, part, TrainConfig(**{**AUDIT_CFG, "seed": None, "rounds": 1, "local_steps": 1}), run,
+          diagnostics=False)
+    led = PrivacyLedger.load(run / "ledger.json")
+    assert privacy_summary(run)["noise_seeded"] is False and "warning" not in privacy_summary(run)
+    assert audit_run(run)["warnings"] == [] and not any(e.seeded for e in led.events)
+    rebuilt = PrivacyLedger(led.delta, led.meta)
+    for e in led.events:  # client 1's DP-SGD events as the server charges them for a seeded node
+        rebuilt.record(dataclasses.replace(e, seeded=e.client == "1" and e.mechanism == "dp-sgd"))
+    rebuilt.save(run / "ledger.json")
+    s = privacy_summary(run)
+    assert s["noise_seeded"] is True and s["seeded_clients"] == ["client-1"] and "client(s) client-1 was seeded" in s["warning"]
+    res = audit_run(run)
+    assert res["noise_seeded"] is True and any("client(s) ['1'] was seeded" in w for w in res["warnings"])

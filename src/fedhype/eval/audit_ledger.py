@@ -190,6 +190,14 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
             res["warnings"].append(f"the noise was seeded (train.seed = {meta.get('seed')}): whoever knows the seed can "
                                    "regenerate and remove it, so the ε below holds only while the seed stays secret; "
                                    "a run to be shared as private is trained without a seed")
+        else:
+            seeded = list(dict.fromkeys(e.client for e in ledger.events if e.seeded))
+            if seeded:  # a Flower SuperNode started with seed=: reproducible noise although train.seed is unset
+                res["noise_seeded"] = True
+                res["warnings"].append(f"the noise of client(s) {seeded} was seeded (their SuperNode's seed= node "
+                                       "config, recorded in the ledger): whoever knows the seed can regenerate and "
+                                       "remove it, so their ε holds only while the seed stays secret; run those nodes "
+                                       "without seed=")
         worst_client, worst = ledger.worst()
         # the run's target (train.epsilon, unless an explicit σ was given) and the events a resumed run
         # charged again (fresh noise after an interruption; privacy.ledger.as_rerun): why ε can exceed it

@@ -74,8 +74,16 @@ def privacy_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
         out.update(epsilon=max(eps.values()) if eps else 0.0, delta=ledger.delta,
                    epsilon_per_client={names.get(c, c): e for c, e in eps.items()},
                    mechanisms=list(dict.fromkeys(e.mechanism for e in ledger.events)))
+        # a Flower node started with seed= draws reproducible noise although the server's train.seed is unset
+        seeded_nodes = [names.get(c, c) for c in dict.fromkeys(e.client for e in ledger.events if e.seeded)]
+        if seeded_nodes and not out["noise_seeded"]:
+            out.update(noise_seeded=True, seeded_clients=seeded_nodes)
     if not private:
         out["warning"] = "NON-PRIVATE: trained with no_dp; nothing here is differentially private"
+    elif out.get("seeded_clients"):
+        out["warning"] = (f"the noise of client(s) {', '.join(out['seeded_clients'])} was seeded (their SuperNode's seed= "
+                          "node config): whoever knows the seed can regenerate and remove it, so this run must not be "
+                          "shared as private; run those nodes without seed= and train again")
     elif out["noise_seeded"]:
         out["warning"] = ("the noise was seeded (--seed / train.seed): whoever knows the seed can regenerate and remove "
                           "it, so this run is reproducible but must not be shared as private; train again without a seed")

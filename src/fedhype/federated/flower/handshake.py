@@ -94,6 +94,8 @@ def for_the_server(exc: BaseException) -> BaseException:
 IDENTITY_KEYS = {"client", "seeded", "federation", "fedhype-version"}
 NODE_KEYS = ("client", "embeddings", "partition", "state-dir")
 SITE_KEYS = ("site", "federation", "state-dir")
+#: the node's own settings, optional in either form (see NodeSettings)
+OPTIONAL_KEYS = ("seed", "min-noise-multiplier", "allow-no-dp", "secure-aggregation")
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,11 @@ class NodeSettings:
             raise ValidationError(f"SuperNode --node-config lacks {missing}; give "
                                   + " ".join(f'{k}="..."' for k in SITE_KEYS) + " (a site), or "
                                   + " ".join(f'{k}="..."' for k in NODE_KEYS) + " (a pooled store's partition)")
+        unknown = sorted(set(map(str, nc)) - set(NODE_KEYS) - set(SITE_KEYS) - set(OPTIONAL_KEYS))
+        if unknown:  # a misspelt safety setting (min-noise-multiplier, allow-no-dp) must not be dropped silently
+            raise ValidationError(f"SuperNode --node-config has unknown key(s) {unknown}; the keys are "
+                                  + ", ".join(SITE_KEYS) + " (a site) or " + ", ".join(NODE_KEYS)
+                                  + " (a pooled store's partition), and optionally " + ", ".join(OPTIONAL_KEYS))
         mixed = [k for k in ("client", "embeddings", "partition") if site_mode and k in nc]
         if mixed:
             raise ValidationError(f"SuperNode --node-config gives site= and {mixed}: a site node reads its store and "
