@@ -85,3 +85,16 @@ def test_a_latent_size_above_the_embedding_dimension_is_refused_before_anything_
 
     assert resolve_latent("auto", 32, private=True) == min(DP_LATENT, 32) == 32  # a small encoder: auto fits D
     assert TrainConfig(model={"latent": real_store.dim}).model_config(real_store.dim, 10).latent == real_store.dim
+
+
+def test_a_new_run_is_never_written_into_a_folder_holding_other_files(real_store, tmp_path):
+    """The engine itself (not only the CLI's --out check) refuses a folder with foreign files: the Flower
+    ServerApp's run-dir= had trained a whole run into a site folder beside its private site.json."""
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "site.json").write_text("{}")
+    with pytest.raises(ValidationError, match=r"already holds files that are not a fedhype run \(site.json\)"):
+        train(real_store, part, TrainConfig(rounds=1, local_steps=1, batch_size=32, epsilon=4.0, model=SMALL), folder,
+              diagnostics=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["site.json"]  # not even the writer lock

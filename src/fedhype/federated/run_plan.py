@@ -189,8 +189,20 @@ def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:
                                   f"({'; '.join(diff[:5]) or 'details differ'}); "
                                   "resume with the same settings or start a new run")
     else:
+        # a new run writes its files here: never into a folder that holds files of something else (a site
+        # folder, a store), which the Flower ServerApp's run-dir= would otherwise have mixed into
+        other = sorted(p.name for p in run.root.iterdir() if p.name not in RUN_FILES_BEFORE_CONFIG) \
+            if run.root.is_dir() else []
+        if other:
+            raise ValidationError(f"run directory {run.root} already holds files that are not a fedhype run "
+                                  f"({', '.join(other[:5])}{', …' if len(other) > 5 else ''}); nothing was written: "
+                                  "give a new or empty folder")
         done = 0
     return done
+
+
+#: what a run folder may hold before its config.json is written (the writer lock)
+RUN_FILES_BEFORE_CONFIG = {".lock"}
 
 
 def _differences(old: Any, new: Any, path: str = "") -> list[str]:

@@ -58,8 +58,8 @@ class RunDir:
         holder's pid for the message. A second writer — e.g. two ``--resume`` of the same run, which
         would both train on the private records and spend budget — is refused.
 
-        A folder this call created is removed again if the run wrote nothing into it (a refused
-        configuration leaves nothing behind).
+        A folder this call created is removed again if the run wrote nothing into it, and a lock file
+        it created in a folder that holds no run afterwards (a refused configuration leaves nothing behind).
 
         Raises:
             ValidationError: another process holds the lock (the message names its pid).
@@ -67,6 +67,7 @@ class RunDir:
         created = not self.root.exists()
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / ".lock"
+        new_lock = not path.exists()
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
@@ -82,6 +83,8 @@ class RunDir:
             if created and [p.name for p in self.root.iterdir()] == [".lock"]:
                 path.unlink(missing_ok=True)  # a run refused before writing anything leaves no folder behind
                 self.root.rmdir()
+            elif new_lock and not self.config.exists():
+                path.unlink(missing_ok=True)  # nor a lock file in a folder it refused to write into
             os.close(fd)  # closing the descriptor releases the lock
 
     def server_ckpt(self, r: int) -> Path:
