@@ -255,3 +255,27 @@ def test_a_ledger_prv_cannot_evaluate_is_audited_with_rdp(shared, monkeypatch):
         accountant._epsilon_cached.cache_clear()
     assert res["ledger_ok"] and res["epsilon"] == res["epsilon_rdp"] > 0
     assert any("could not evaluate this ledger" in w and "RDP upper bound" in w for w in res["warnings"])
+
+
+def test_a_run_interrupted_before_its_first_commit_is_audited_from_its_ledger(real_store, tmp_path, monkeypatch):
+    """No model yet (a crash in round 1, or a Flower site refusing the first task): the audit reports the ledger's
+    spent ε and the interrupted flag instead of "model not found" with exit 4 (a new user's probe)."""
+    from fedhype.federated import client as client_mod
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+
+    def crash(self, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client_mod.Client, "run_round", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(real_store, part, TrainConfig(**{**CFG, "seed": None}), tmp_path / "run", diagnostics=False)
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    res = audit_run(tmp_path / "run")
+    led = PrivacyLedger.load(tmp_path / "run" / "ledger.json")
+    assert res["interrupted"] and res["consistent"] and res["ledger_ok"] and res["private"]
+    assert res["events"] == len(led) > 0 and res["epsilon"] > 0
+    assert res["epsilon"] == pytest.approx(led.worst()[1], rel=1e-12)
+    assert res["client_names"] == {"0": part.clients[0].name, "1": part.clients[1].name}
+    assert any("before its first round was committed" in w for w in res["warnings"])

@@ -152,6 +152,8 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         raise ArtifactError(f"run directory not found: {run_dir}")
     root, report_path, job_synthetic = locate(run_dir)
     run = RunDir(root)
+    if not run.model.exists() and run.config.exists():  # interrupted before its first commit: the ledger alone
+        return _audit_unstarted(run, read_json(run.config, "run config"))
     _, _, meta = load_model(run.model)
     config = read_json(run.config, "run config")
     metrics = read_json(run.metrics, "metrics") if run.metrics.exists() else []
@@ -349,6 +351,40 @@ def _report_client_rows(ledger: PrivacyLedger, report: dict, where: str, tol: fl
             rows.append({"name": f"{where}: epsilon_per_client[{name}]", "claimed": e, "recomputed": None,
                          "difference": None, "ok": False, "reason": f"client {name!r} is not in client_epsilons"})
     return rows
+
+
+def _audit_unstarted(run: RunDir, config: dict) -> dict[str, Any]:
+    """:func:`audit_run` of a run interrupted before its first round was committed (no model yet): its ledger's
+    write-ahead events (the statistics release, the first round) are spent; nothing else claims an ε."""
+    names = [str(n) for n in (config.get("partition") or {}).get("clients") or []]
+    no_dp = bool((config.get("train") or {}).get("no_dp"))
+    res: dict[str, Any] = {"client_names": {str(i): n for i, n in enumerate(names)}, "run": str(run.root),
+                           "report": None, "private": not no_dp, "ledger_ok": None, "ledger_error": None,
+                           "epsilon": None, "delta": (config.get("train") or {}).get("delta"), "epsilon_rdp": None,
+                           "worst_client": None, "epsilon_per_client": {}, "epsilon_rdp_per_client": {}, "events": 0,
+                           "interrupted": True, "warnings": []}
+    rows: list[dict[str, Any]] = []
+    if not no_dp and run.ledger.exists():
+        try:
+            ledger = PrivacyLedger.load(run.ledger)
+        except ArtifactError as exc:
+            res.update(ledger_ok=False, ledger_error=_tamper_detail(run.ledger, str(exc)))
+            rows.append({"name": "ledger.json", "claimed": None, "recomputed": None, "difference": None, "ok": False,
+                         "reason": res["ledger_error"]})
+            return _finish(res, rows)
+        worst_client, worst = ledger.worst()
+        rdp = ledger.epsilons("rdp")
+        res.update(ledger_ok=True, epsilon=worst, delta=ledger.delta, worst_client=worst_client,
+                   epsilon_per_client=ledger.epsilons(), epsilon_rdp_per_client=rdp,
+                   epsilon_rdp=max(rdp.values()) if rdp else 0.0, events=len(ledger))
+        rows.append(_equal("config.json: train.delta", (config.get("train") or {}).get("delta"), ledger.delta))
+    elif not no_dp:
+        res["epsilon"] = 0.0
+    res["warnings"].append(
+        f"interrupted before its first round was committed: no model was written; the ledger's {res['events']} "
+        f"event(s) were written ahead and are spent (ε {res['epsilon'] or 0:.4g}), and nothing else claims an ε; "
+        "resume the run (fedhype train --resume, or resume=true on Flower) to continue it")
+    return _finish(res, rows)
 
 
 def _finish(res: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
