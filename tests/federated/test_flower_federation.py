@@ -99,6 +99,25 @@ def test_site_federation_is_built_from_the_public_cards_only(real_store, tmp_pat
     assert Federation.load(elsewhere).digest != fed.digest
     with pytest.raises(handshake.NodeMismatch, match="another federation file"):
         handshake.check_federation(node, Federation.load(elsewhere).digest)
+    # a roster entry that does not describe the site is refused at the identity handshake, before any site
+    # releases anything, with a text the server may see (no local path; a new user's probe found these caught
+    # only at the first release, after the healthy sites had spent ε, or sent as an opaque NodeError)
+    nc = {"site": str(sites[0]), "federation": str(path), "state-dir": str(tmp_path / "state")}
+    mine = [c["name"] for c in raw["roster"]["clients"]].index("site-0")
+    for edit, match in ((lambda r: r["roster"]["clients"][mine].update(n_train=100),
+                         f"plans site 'site-0' with 100 training records, but the site holds {cards[0].n_train}"),
+                        (lambda r: r["roster"].update(class_names=[k for k in r["roster"]["class_names"] if k != "3"]),
+                         r"holds class\(es\) \['3'\], which are not among the federation's classes"),
+                        (lambda r: r["roster"]["clients"][mine].update(key="0" * 32), "another site key"),
+                        (lambda r: r["roster"]["clients"][mine].update(name="elsewhere"), "is not in the server's")):
+        bad = json.loads(json.dumps(raw))
+        edit(bad)
+        path.write_text(json.dumps(bad))
+        with pytest.raises(handshake.NodeMismatch, match=match) as exc:
+            handshake.node_identity(nc)
+        assert str(tmp_path) not in str(exc.value) and isinstance(exc.value, handshake.Refusal)
+    path.write_text(json.dumps(raw))
+    assert handshake.decode_identity(handshake.node_identity(nc), "t")["client"] == str(mine)
 
 
 def test_app_folder_names_our_apps_and_run_config(tmp_path):

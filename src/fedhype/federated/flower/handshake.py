@@ -249,8 +249,10 @@ def site_place(node: NodeSettings) -> tuple[int, str, dict[str, Any]]:
     after checking that the coordinator's roster carries this site's key (JSON only: no torch import).
 
     Raises:
-        ArtifactError: an unreadable site or federation file, the site missing from the roster, or
-            another key for it (the federation was written from another split of the site).
+        ArtifactError: an unreadable site or federation file.
+        NodeMismatch: the site missing from the roster, another key for it (the federation was written
+            from another split of the site), another training-set size or a class the federation lacks
+            (a refusal: its text, without local paths, reaches the server).
     """
     from fedhype.data.sites import SITE_FILE
 
@@ -265,15 +267,43 @@ def site_place(node: NodeSettings) -> tuple[int, str, dict[str, Any]]:
         clients = [(int(c["id"]), str(c["name"]), str(c["key"])) for c in roster["clients"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"SuperNode federation file {node.federation} is unreadable ({exc})") from None
+    # refusals, whose texts reach the server (no local path in them): checked at the identity handshake, so a
+    # federation that does not fit this site stops before any site releases anything
     for cid, cname, ckey in clients:
         if cname == name:
             if ckey != key:
-                raise ArtifactError(f"the federation {node.federation} lists site {name!r} with another site key than "
-                                    f"{site}: it was written from an older card; send the coordinator this site's "
-                                    "current card.json")
+                raise NodeMismatch(f"the federation lists site {name!r} with another site key than this site's own: "
+                                   "it was written from an older card; send the coordinator this site's current "
+                                   "card.json (nothing was released)")
+            _check_site_fits(name, own, roster["clients"][[c[0] for c in clients].index(cid)], roster)
             return cid, key, roster
-    raise ArtifactError(f"site {name!r} is not in the federation {node.federation} (sites: "
-                        f"{[c[1] for c in clients]}); send the coordinator this site's card.json")
+    raise NodeMismatch(f"site {name!r} is not in the server's federation (sites: {[c[1] for c in clients]}); send the "
+                       "coordinator this site's card.json (nothing was released)")
+
+
+def _check_site_fits(name: str, own: dict[str, Any], entry: dict[str, Any], roster: dict[str, Any]) -> None:
+    """Refuse a federation whose roster entry does not describe this site's own split: another number of
+    training records (a card edited by hand, or a stale one) or a class the federation does not have.
+
+    Raises:
+        NodeMismatch: naming the public figures (the card's size and class names are public).
+    """
+    try:
+        part = own["partition"]
+        n_own = sum(len(c["train"]) for c in part["clients"])
+        classes = [str(k) for k in (own.get("classes") or part["class_names"])]
+        n_planned = int(entry["n_train"])
+    except (KeyError, TypeError, ValueError):
+        return  # an older site file: the task's own check of n (node._site_client) still runs
+    if n_own != n_planned:
+        raise NodeMismatch(f"the federation plans site {name!r} with {n_planned} training records, but the site holds "
+                           f"{n_own}: the coordinator's copy of its card was edited or is from another split; send "
+                           "the coordinator this site's current card.json (nothing was released)")
+    missing = [k for k in classes if k not in [str(c) for c in roster.get("class_names") or []]]
+    if missing:
+        raise NodeMismatch(f"site {name!r} holds class(es) {missing}, which are not among the federation's classes: "
+                           "the coordinator's copy of its card lacks them; send the current card.json (nothing was "
+                           "released)")
 
 
 def decode_identity(content: RecordDict, where: str) -> dict[str, Any]:
