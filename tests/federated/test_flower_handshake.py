@@ -99,3 +99,22 @@ def test_a_site_node_holding_another_federation_file_is_refused_before_anything_
     # a node of a pooled partition has no file of its own ("") and is not compared
     FlowerTransport.connect(FakeGrid(holds, stale=7), part, real_store.dim, connect_timeout=5, round_timeout=5,
                             straggler_timeout=1, poll=0.01, federation="a" * 64)
+
+
+def test_a_round_refused_by_a_node_says_that_a_restart_will_not_help(real_store):
+    """A new user's probe: the server's advice after a node's refusal (its σ policy, its own ledger) was
+    "Restart the SuperNode(s) … resume=true", which changes nothing and charges the healthy sites again."""
+    part = make_partition(real_store, scheme="domain", seed=0)
+    holds = {20 + i: str(c.id) for i, c in enumerate(part.clients)}
+    t = FlowerTransport.connect(FakeGrid(holds, stale=7), part, real_store.dim, connect_timeout=5, round_timeout=5,
+                                straggler_timeout=1, poll=0.01)
+
+    def reply(reason):
+        return SimpleNamespace(has_error=lambda: True, error=SimpleNamespace(code=0, reason=reason))
+
+    refused = {0: reply("NodeRefusal: this site's own ledger: … over the ε …")}
+    with pytest.raises(NodeFailure, match="A node refused the request .* a restart does not change that"):
+        t._raise_failures(refused, [0], "round 3", "Nothing of it is committed.")
+    with pytest.raises(NodeFailure, match=r"Restart the SuperNode\(s\), then run again with resume=true") as exc:
+        t._raise_failures({}, [0], "round 3", "Nothing of it is committed.")
+    assert "refused" not in str(exc.value)

@@ -313,9 +313,13 @@ class FlowerTransport:
             elif replies[lab].has_error():
                 problems.append(f"client {c.id} ({c.name}): error on its node: {replies[lab].error.reason}")
         if problems:
+            refused = any(("NodeRefusal" in p or "NodeMismatch" in p) for p in problems)
+            advice = ("A node refused the request (its reason is above): a restart does not change that; fix what it "
+                      "names (the federation file every node holds, the node config, a site's card), then run again "
+                      "with resume=true. " if refused else "Restart the SuperNode(s), then run again with resume=true. ")
             raise NodeFailure(f"{what}: no update from {len(problems)} client(s): " + "; ".join(problems) + f". {state} "
-                              "Restart the SuperNode(s), then run again with resume=true (the write-ahead ledger "
-                              "keeps these events: seeded nodes replay them uncharged, unseeded nodes are charged again).")
+                              + advice + "(The write-ahead ledger keeps this round's events: seeded nodes replay them "
+                              "uncharged, unseeded nodes are charged again.)")
 
     def _log(self, direction: str, kind: str, round_idx: int | None, client: str | None, content: Any) -> None:
         """Append the structure of a message (never values) to the wire log, and the arrays of a received one to
