@@ -86,6 +86,16 @@ def test_a_delta_below_1_over_n_but_not_well_below_it_is_warned_about(app):
     assert loose["noise_multiplier"] == tight["noise_multiplier"] == 2  # advice only: the plan is the same
 
 
+def test_a_batch_at_least_a_clients_size_is_warned_about(app):
+    """q = min(1, B/n) = 1 gets no amplification by subsampling; a new user's plan (B = 256, n = 180) had no word of it."""
+    args = ["--rounds", "1", "--local-steps", "1", "--client-sizes", "2000,180", "-s", "2", "--delta", "1e-5", "--json"]
+    _, big = _run(app, *args, "--batch-size", "256")
+    (w,) = [w for w in big["warnings"] if "q = 1" in w]
+    assert "training-set size of client 1 (180)" in w and "client 0" not in w
+    _, small = _run(app, *args, "--batch-size", "32")
+    assert not [w for w in small["warnings"] if "q = 1" in w]
+
+
 def test_a_plan_without_local_epochs_or_steps_takes_trains_default(app):
     """The README's consortium command (`--rounds 8 --batch-size 256 --card …`, no --local-epochs) exited 2 (a new
     user's probe): like `fedhype train`, the plan now takes train's default local epochs (2)."""

@@ -119,7 +119,7 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
         return
     limit, delta = cap
     path = Path(state_dir) / LEDGER
-    ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger(delta, meta={"node": "site", "cap": limit})
+    ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger(delta, meta={"node": "site"})
     seeded = node.seed is not None
     note = f"{_NOTE}{digest}"
     for e in events:
