@@ -16,6 +16,8 @@ plus the row's overrides) and scoring a linear probe trained on the synthetic em
   per class;
 * ``residual`` — at L = 128 and 3,000 per class, ``model.residual`` ∈ {auto, latent, located}
   (:func:`fedhype.federated.class_stats.covariance_estimate`), the same ε and releases;
+* ``small`` — that setting (L = 128, 3,000 per class, latent residual) against the defaults on ``digits`` and
+  ``fashion`` (10,000 images), ε = 1 / 4 / 8, both releases;
 * ``rank`` — the model's latent size L (``model.latent``: the directions of the DP covariance the
   model keeps; 64 under DP by default) × the synthetic records per class (``synthesis.per_class``: 300
   under DP by default) for ``dp-gaussian`` on ``fashion-full``, ε = 1 / 4 / 8, both releases. Without
@@ -57,6 +59,10 @@ GRIDS: dict[str, list[tuple[str, str, dict]]] = {
     # unlocated variance on the located directions (the release resolves more than half of L there)
     "residual": [("fashion-full", e, {"method": "dp-gaussian", "latent": 128, "per_class": 3000, "residual": r, **sa})
                  for e in ("1", "4", "8") for sa in _SA for r in RESIDUALS],
+    # the same setting on the smaller datasets (digits ~4,100, Fashion-MNIST 10,000 ~6,000 training records),
+    # where the release resolves 3–13 directions: does a rule keyed on scale need to leave them alone?
+    "small": [(d, e, {"method": "dp-gaussian", **st_, **sa}) for d in ("digits", "fashion") for e in ("1", "4", "8")
+              for sa in _SA for st_ in ({}, {"latent": 128, "per_class": 3000, "residual": "latent"})],
 }
 
 
@@ -97,13 +103,16 @@ def table(rows: list[dict], grid: str, seeds: list[int]) -> list[str]:
     elif grid == "rank":
         cols = [f"L = {lat}, {pc:,}/class" + (" (default)" if (lat, pc) == (64, 300) else "") for lat, pc in RANKS]
         keys = [f"{lat}/{pc}" for lat, pc in RANKS]
-    else:
+    elif grid == "residual":
         cols, keys = [f"residual {r}" + (" (default)" if r == "auto" else "") for r in RESIDUALS], list(RESIDUALS)
+    else:
+        cols, keys = ["defaults (L = 64, 300/class, residual auto)", "L = 128, 3,000/class, residual latent"], \
+            ["default", "l128"]
     groups: dict = {}
     for r in rows:
         o = r["overrides"]
         k = o["second_moment_share"] if grid == "c2" else o["residual"] if grid == "residual" else \
-            f"{o['latent']}/{o['per_class']}"
+            ("l128" if "latent" in o else "default") if grid == "small" else f"{o['latent']}/{o['per_class']}"
         groups.setdefault((r["dataset"], int(r["eps"]), bool(o.get("secure_aggregation"))), {}).setdefault(k, []).append(r["val_tstr"])
     out = ["| dataset | ε | release | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
     for (name, eps, sa), by in sorted(groups.items()):
@@ -164,7 +173,9 @@ def main() -> None:
              "**Latent size L × synthetic records per class** (c² = 0.3, `model.residual = \"auto\"`):", "",
              *table(rows, "rank", a.seeds), "",
              "**Where the unlocated variance goes at L = 128, 3,000 per class** (`model.residual`; `auto` is `located` "
-             "where the release resolves at least half of L, else `latent`):", "", *table(rows, "residual", a.seeds)]
+             "where the release resolves at least half of L, else `latent`):", "", *table(rows, "residual", a.seeds), "",
+             "**The same setting on the smaller datasets** (digits: the bundled job; fashion: 10,000 images):", "",
+             *table(rows, "small", a.seeds)]
     md = "\n".join(lines) + "\n"
     out = Path(a.results)
     (out / "release_scale.md").write_text(md)
