@@ -112,7 +112,8 @@ GRID: list[tuple[str, str, dict]] = (
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
-    """Validation-split TSTR of one training run (300 per class; the neutral code unless ``code`` is overridden)."""
+    """Validation-split TSTR of one training run (300 per class unless ``per_class`` is overridden; the neutral
+    code unless ``code`` is)."""
     import numpy as np
 
     from fedhype.eval.inputs import as_matrix
@@ -127,6 +128,7 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> 
     overrides = dict(overrides)
     overrides.pop("dataset", None)
     code = overrides.pop("code", "neutral")
+    per_class = int(overrides.pop("per_class", 300))
     t = overrides.pop("within_class_min_snr", 0.9)
     class_stats.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
@@ -136,7 +138,7 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> 
     cfg = train_config(resolve(config, sets))
     with tempfile.TemporaryDirectory() as tmp:
         train(store, part, cfg, Path(tmp) / "run", diagnostics=False)
-        syn = synthesize(Path(tmp) / "run", code, per_class=300, seed=seed)
+        syn = synthesize(Path(tmp) / "run", code, per_class=per_class, seed=seed)
     val = part.split_store(store, "val")
     probe = Probe(store.n_classes).fit(as_matrix(syn).numpy(), syn.labels.numpy())
     return float(np.mean(probe.predict(as_matrix(val).numpy()) == val.labels.numpy()))

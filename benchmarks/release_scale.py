@@ -39,7 +39,6 @@ import json
 import platform
 import statistics as st
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -64,32 +63,6 @@ GRIDS: dict[str, list[tuple[str, str, dict]]] = {
     "small": [(d, e, {"method": "dp-gaussian", **st_, **sa}) for d in ("digits", "fashion") for e in ("1", "4", "8")
               for sa in _SA for st_ in ({}, {"latent": 128, "per_class": 3000, "residual": "latent"})],
 }
-
-
-def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
-    """Validation-split TSTR of one training run (the neutral code; ``per_class`` synthetic per class, 300 unless set)."""
-    import numpy as np
-
-    from fedhype.eval.inputs import as_matrix
-    from fedhype.eval.utility import Probe
-    from fedhype.federated.engine import train
-    from fedhype.pipeline.config import resolve, train_config
-    from fedhype.synthesis import synthesize
-
-    ov = dict(overrides)
-    per_class = int(ov.pop("per_class", 300))
-    sets = [f"train.seed={seed}", f"train.epsilon={float(eps)}"]
-    for k, v in ov.items():
-        v = str(v).lower() if isinstance(v, bool) else v
-        section = "model" if k in ("latent", "residual") else "train"
-        sets.append(f'{section}.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"{section}.{k}={v}")
-    cfg = train_config(resolve(config, sets))
-    with tempfile.TemporaryDirectory() as tmp:
-        train(store, part, cfg, Path(tmp) / "run", diagnostics=False)
-        syn = synthesize(Path(tmp) / "run", "neutral", per_class=per_class, seed=seed)
-    val = part.split_store(store, "val")
-    probe = Probe(store.n_classes).fit(as_matrix(syn).numpy(), syn.labels.numpy())
-    return float(np.mean(probe.predict(as_matrix(val).numpy()) == val.labels.numpy()))
 
 
 def _cell(v: list[float]) -> str:
@@ -131,7 +104,7 @@ def main() -> None:
 
     import torch
 
-    from release_defaults import CONFIGS, data  # benchmarks/release_defaults.py
+    from release_defaults import CONFIGS, data, val_tstr  # benchmarks/release_defaults.py (one TSTR-val rule)
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()

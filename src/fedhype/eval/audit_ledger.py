@@ -180,12 +180,8 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         if run.ledger.exists():
             res["warnings"].append("a non-private run has a ledger.json; its events are not part of any claim")
     else:
-        try:
-            ledger = PrivacyLedger.load(run.ledger)
-        except ArtifactError as exc:
-            res.update(ledger_ok=False, ledger_error=_tamper_detail(run.ledger, str(exc)))
-            rows.append({"name": "ledger.json", "claimed": None, "recomputed": None, "difference": None, "ok": False,
-                         "reason": res["ledger_error"]})
+        ledger = _load_ledger(run, res, rows)
+        if ledger is None:
             return _finish(res, rows)
         if meta.get("seed") is not None:
             res["noise_seeded"] = True
@@ -353,6 +349,17 @@ def _report_client_rows(ledger: PrivacyLedger, report: dict, where: str, tol: fl
     return rows
 
 
+def _load_ledger(run: RunDir, res: dict[str, Any], rows: list[dict[str, Any]]) -> PrivacyLedger | None:
+    """The run's verified ledger, or None after recording why it fails verification in ``res`` and ``rows``."""
+    try:
+        return PrivacyLedger.load(run.ledger)
+    except ArtifactError as exc:
+        res.update(ledger_ok=False, ledger_error=_tamper_detail(run.ledger, str(exc)))
+        rows.append({"name": "ledger.json", "claimed": None, "recomputed": None, "difference": None, "ok": False,
+                     "reason": res["ledger_error"]})
+        return None
+
+
 def _audit_unstarted(run: RunDir, config: dict) -> dict[str, Any]:
     """:func:`audit_run` of a run interrupted before its first round was committed (no model yet): its ledger's
     write-ahead events (the statistics release, the first round) are spent; nothing else claims an ε."""
@@ -365,12 +372,8 @@ def _audit_unstarted(run: RunDir, config: dict) -> dict[str, Any]:
                            "interrupted": True, "warnings": []}
     rows: list[dict[str, Any]] = []
     if not no_dp and run.ledger.exists():
-        try:
-            ledger = PrivacyLedger.load(run.ledger)
-        except ArtifactError as exc:
-            res.update(ledger_ok=False, ledger_error=_tamper_detail(run.ledger, str(exc)))
-            rows.append({"name": "ledger.json", "claimed": None, "recomputed": None, "difference": None, "ok": False,
-                         "reason": res["ledger_error"]})
+        ledger = _load_ledger(run, res, rows)
+        if ledger is None:
             return _finish(res, rows)
         worst_client, worst = ledger.worst()
         rdp = ledger.epsilons("rdp")
