@@ -18,6 +18,8 @@ plus the row's overrides) and scoring a linear probe trained on the synthetic em
   (:func:`fedhype.federated.class_stats.covariance_estimate`), the same ε and releases;
 * ``small`` — that setting (L = 128, 3,000 per class, latent residual) against the defaults on ``digits`` and
   ``fashion`` (10,000 images), ε = 1 / 4 / 8, both releases;
+* ``ours`` — the same two settings for ``fedhypevae`` (the job's ``mixture`` code) on ``digits`` and ``fashion``,
+  ε = 1 / 4 / 8, per-client releases;
 * ``rank`` — the model's latent size L (``model.latent``: the directions of the DP covariance the
   model keeps; 64 under DP by default) × the synthetic records per class (``synthesis.per_class``: 300
   under DP by default) for ``dp-gaussian`` on ``fashion-full``, ε = 1 / 4 / 8, both releases. Without
@@ -62,6 +64,9 @@ GRIDS: dict[str, list[tuple[str, str, dict]]] = {
     # where the release resolves 3–13 directions: does a rule keyed on scale need to leave them alone?
     "small": [(d, e, {"method": "dp-gaussian", **st_, **sa}) for d in ("digits", "fashion") for e in ("1", "4", "8")
               for sa in _SA for st_ in ({}, {"latent": 128, "per_class": 3000, "residual": "latent"})],
+    # and for ours (fedhypevae with the job's mixture code: DP-SGD trains a model of twice the latent size)
+    "ours": [(d, e, {"code": "mixture", **st_}) for d in ("digits", "fashion") for e in ("1", "4", "8")
+             for st_ in ({}, {"latent": 128, "per_class": 3000, "residual": "latent"})],
 }
 
 
@@ -78,14 +83,14 @@ def table(rows: list[dict], grid: str, seeds: list[int]) -> list[str]:
         keys = [f"{lat}/{pc}" for lat, pc in RANKS]
     elif grid == "residual":
         cols, keys = [f"residual {r}" + (" (default)" if r == "auto" else "") for r in RESIDUALS], list(RESIDUALS)
-    else:
+    else:  # "small", "ours"
         cols, keys = ["defaults (L = 64, 300/class, residual auto)", "L = 128, 3,000/class, residual latent"], \
             ["default", "l128"]
     groups: dict = {}
     for r in rows:
         o = r["overrides"]
         k = o["second_moment_share"] if grid == "c2" else o["residual"] if grid == "residual" else \
-            ("l128" if "latent" in o else "default") if grid == "small" else f"{o['latent']}/{o['per_class']}"
+            ("l128" if "latent" in o else "default") if grid in ("small", "ours") else f"{o['latent']}/{o['per_class']}"
         groups.setdefault((r["dataset"], int(r["eps"]), bool(o.get("secure_aggregation"))), {}).setdefault(k, []).append(r["val_tstr"])
     out = ["| dataset | ε | release | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
     for (name, eps, sa), by in sorted(groups.items()):
@@ -148,7 +153,10 @@ def main() -> None:
              "**Where the unlocated variance goes at L = 128, 3,000 per class** (`model.residual`; `auto` is `located` "
              "where the release resolves at least half of L, else `latent`):", "", *table(rows, "residual", a.seeds), "",
              "**The same setting on the smaller datasets** (digits: the bundled job; fashion: 10,000 images):", "",
-             *table(rows, "small", a.seeds)]
+             *table(rows, "small", a.seeds), "",
+             "**Ours** (`fedhypevae`, the job's mixture code, per-client releases; the rows of 2026-12-04 ran on a "
+             "16-core machine, one process per job, with this script's TSTR-val function — a digits row rerun here "
+             "gave the same figure to the last digit):", "", *table(rows, "ours", a.seeds)]
     md = "\n".join(lines) + "\n"
     out = Path(a.results)
     (out / "release_scale.md").write_text(md)
