@@ -214,6 +214,16 @@ def test_a_resumed_run_names_the_events_charged_again_and_the_target_it_passed(r
     assert res["target_epsilon"] == 2.0 and res["epsilon"] > 2.0 and res["above_target"]
     assert res["recharged_events"] == 2 and res["events"] == 6  # round 2 of both clients, charged twice
     assert any("charged again" in w and "round(s) [2] counted from 1" in w and "above the target 2" in w for w in res["warnings"])
+    # a statistics release charged again is named as such, not as "round 0" (a new user's probe read "[0, 1]")
+    from fedhype.privacy.ledger import PrivacyLedger, as_rerun
+
+    led = PrivacyLedger.load(tmp_path / "run" / "ledger.json")
+    from fedhype.privacy.events import RELEASE, release_events
+
+    led.record(as_rerun(release_events(["0"], [(2.0, 1.0, 1)], [RELEASE], 1.0)[0]))  # (this plan has no release)
+    led.save(tmp_path / "run" / "ledger.json")
+    (w,) = [w for w in audit_run(tmp_path / "run")["warnings"] if "charged again" in w]
+    assert "resume: the statistics release, round(s) [2] counted from 1" in w and "[0" not in w
 
 
 def test_prv_above_rdp_is_a_warning_and_rdp_is_the_recomputed_figure(shared, monkeypatch):

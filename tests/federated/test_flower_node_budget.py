@@ -74,8 +74,9 @@ def test_the_honest_plan_runs_and_reaches_the_planned_epsilon_and_nothing_more(r
     extra = [dp_sgd_events(cfg.rounds, [("1", q, steps // cfg.rounds)], priv["noise_multiplier"], cfg.clip_norm),
              reqs[1], dp_sgd_events(0, [("1", q, steps // cfg.rounds)], priv["noise_multiplier"] / 2, cfg.clip_norm)]
     for k, ev in enumerate(extra):
-        with pytest.raises(NodeRefusal, match="over the ε = .* that the plan of its federation file gives it"):
+        with pytest.raises(NodeRefusal, match="over the ε = .* that the plan of its federation file gives it") as exc:
             charge_request(node, state, ev, f"{k + 100:064x}")
+        assert ("the statistics release" if k == 1 else f"round {cfg.rounds + 1 if k == 0 else 1})") in str(exc.value)
     assert len(PrivacyLedger.load(state / LEDGER)) == len(reqs)
 
 
@@ -113,7 +114,7 @@ def test_seeded_node_replays_the_same_request_free_and_refuses_another_one_for_t
     led, _ = _eps(state)
     assert len(led) == 3 and all(e.seeded for e in led.events)
     # another request for round 0 (other θ): the same noise on other inputs would release their difference
-    with pytest.raises(NodeRefusal, match="already answered round 0 .* same noise"):
+    with pytest.raises(NodeRefusal, match="already answered round 1 .* same noise"):  # counted from 1
         charge_request(node, state, reqs[2], f"{99:064x}")
     with pytest.raises(NodeRefusal, match="already answered the statistics release"):
         charge_request(node, state, reqs[1], f"{98:064x}")

@@ -206,8 +206,10 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         if rerun:
             res["warnings"].append(
                 f"{len(rerun)} ledger event(s) were charged again after an interruption (fresh noise on resume: "
-                f"round(s) {sorted({e.round + 1 for e in rerun})} counted from 1 as train's progress lines count them, "
-                f"client(s) {sorted({str(e.client) for e in rerun})}); "
+                + ("the statistics release, " if any(e.round < 0 for e in rerun) else "")
+                + (f"round(s) {sorted({e.round + 1 for e in rerun if e.round >= 0})} counted from 1 as train's progress "
+                   "lines count them, " if any(e.round >= 0 for e in rerun) else "")
+                + f"client(s) {sorted({str(e.client) for e in rerun})}); "
                 "they count in ε" + (f", which is above the target {target:g}" if res["above_target"] else ""))
         rdp = ledger.epsilons("rdp")
         try:

@@ -125,7 +125,7 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
     for e in events:
         prev = [x for x in ledger.events if (x.client, x.round, x.mechanism) == (e.client, e.round, e.mechanism)]
         if seeded and any(x.seeded for x in prev) and not any(x.note.endswith(note) for x in prev):
-            what = "the statistics release" if e.round < 0 else f"round {e.round}"
+            what = "the statistics release" if e.round < 0 else f"round {e.round + 1}"  # counted from 1, as the server
             raise NodeRefusal(f"this SuperNode already answered {what} ({e.mechanism}) of this run with seeded noise, "
                               "and the server now asks it with another request: both answers would carry the same "
                               "noise, so their difference would be released without any; refused (nothing was run)")
@@ -136,8 +136,10 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
     over = ledger.would_exceed(pending, limit * (1 + 1e-9))
     if over:
         eps = max(over.values())
-        raise NodeRefusal(f"this site's own ledger: the server's request ({pending[0].mechanism}, round "
-                          f"{pending[0].round}) would take it to ε = {eps:.4f}, over the ε = {limit:.4f} that the plan of "
+        e = pending[0]
+        what = "the statistics release" if e.round < 0 else f"round {e.round + 1}"  # counted from 1, as the server
+        raise NodeRefusal(f"this site's own ledger: the server's request ({e.mechanism}, {what}) would take it to "
+                          f"ε = {eps:.4f}, over the ε = {limit:.4f} that the plan of "
                           f"its federation file gives it (rounds, steps, q, σ and the release as published); nothing "
                           f"was run. A rerun of an unseeded round is a new release: allow it with train.max_epsilon "
                           f"in the federation file")
