@@ -55,12 +55,17 @@ def _eps(state):
     return led, led.epsilon("1")
 
 
-def test_the_honest_plan_runs_and_reaches_the_planned_epsilon_and_nothing_more(real_store, part, tmp_path):
+def _site(real_store, part, tmp_path):
+    """``(cfg, requests, plan, node, (cap, δ))`` of client 1 of an unseeded site node under :data:`CFG`."""
     fed = _federation(tmp_path / "fed", real_store, part)
-    cfg, sizes = TrainConfig(**CFG), [len(c.train) for c in part.clients]
-    reqs, priv = _requests(cfg, sizes)
+    cfg = TrainConfig(**CFG)
+    reqs, priv = _requests(cfg, [len(c.train) for c in part.clients])
     node = _node(tmp_path, fed)
-    limit, delta = site_cap(node, "1")
+    return cfg, reqs, priv, node, site_cap(node, "1")
+
+
+def test_the_honest_plan_runs_and_reaches_the_planned_epsilon_and_nothing_more(real_store, part, tmp_path):
+    cfg, reqs, priv, node, (limit, delta) = _site(real_store, part, tmp_path)
     # the cap is the plan's ε for this client: its release prefix and all its planned DP-SGD steps
     q, steps = priv["plan"][1]
     assert limit == pytest.approx(epsilon(list(priv["prefix"]) + [(priv["noise_multiplier"], q, steps)], 1e-4), rel=1e-12)
@@ -81,11 +86,7 @@ def test_the_honest_plan_runs_and_reaches_the_planned_epsilon_and_nothing_more(r
 
 
 def test_a_server_that_front_loads_a_larger_sampling_rate_is_stopped_at_the_cap(real_store, part, tmp_path):
-    fed = _federation(tmp_path / "fed", real_store, part)
-    cfg, sizes = TrainConfig(**CFG), [len(c.train) for c in part.clients]
-    reqs, priv = _requests(cfg, sizes)
-    node = _node(tmp_path, fed)
-    limit, _ = site_cap(node, "1")
+    cfg, reqs, priv, node, (limit, _) = _site(real_store, part, tmp_path)
     state = tmp_path / "state" / "r-000000000000" / "client-1"
     for k, ev in enumerate(reqs[:2]):
         charge_request(node, state, ev, f"{k:064x}")
