@@ -129,7 +129,7 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB (Linux: KiB); one process per job with --jobs > 1
-    return {**row, "wall_s": time.perf_counter() - t, "peak_rss_mb": peak, "train_s": rep.get("timings_s", {}).get("train_s"),
+    return {**row, "machine": machine(), "wall_s": time.perf_counter() - t, "peak_rss_mb": peak, "train_s": rep.get("timings_s", {}).get("train_s"),
             **{k: rep.get(k) for k in KEYS}, "per_client": per_client}
 
 
@@ -255,9 +255,36 @@ def client_table(rows: list[dict], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def machine(jobs: int | None = None) -> str:
+    """Where a row ran: architecture, cores and (``jobs``) the parallel processes, e.g. ``x86_64 CPU, 2 cores``."""
+    return f"{platform.machine()} CPU, {os.cpu_count()} cores" + (f", {jobs} processes × 1 thread" if jobs else "")
+
+
+#: the machine of the rows recorded before rows named theirs (every one ran on the 2-core machine)
+LEGACY_MACHINE = "x86_64 CPU, 2 cores"
+
+
+def machines_note(rows: list[dict], threads: str) -> str:
+    """The header's machine: this one and ``threads`` where every row ran on this kind of machine, else each
+    machine with the number of rows measured on it (their wall times and peak RSS are not comparable)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        m = r.get("machine", LEGACY_MACHINE)
+        counts[m] = counts.get(m, 0) + 1
+    if set(counts) <= {machine()}:
+        return f"{machine()}, {threads}"
+    return "rows from " + "; ".join(f"{n} on {m}" for m, n in counts.items())
+
+
 def _one_thread() -> None:
+    """One thread per worker process: torch's, and the BLAS / OpenMP pools numpy and scikit-learn already
+    started (threadpoolctl). Setting ``OMP_NUM_THREADS`` in a forked worker is too late for those: on a
+    16-core machine 16 workers then ran 16 BLAS threads each, and a 30 s job took 450 s."""
+    from threadpoolctl import threadpool_limits
+
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    threadpool_limits(1)
 
 
 def _run_star(args: tuple) -> dict:
@@ -356,13 +383,15 @@ def main() -> None:
     # the grid, not the flags that only say where to write: rerunning with --readme keeps the header
     cmd = "benchmarks/utility.py" + (f" --dataset {dataset}" if dataset not in (None, "digits") else "") + (
         f" --methods {a.methods[0]}" if a.methods in (["core"], ["scale"]) else "") + ("" if full else " " + " ".join(sys.argv[1:]))
-    head = (f"_{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU ({os.cpu_count()} cores, {threads}); "
+    where = machines_note(rows, threads)
+    head = (f"_{time.strftime('%Y-%m-%d')}, {where}; "
             f"{DESCRIPTION.get(dataset, f'config {config}')}; `{cmd}`; {len(rows)} jobs; "
             + (f"methods: the core set ({', '.join(CORE)}; the other ablations are in the digits grid); "
                if a.methods == ["core"] else "")
             + (f"methods: the scale set ({', '.join(scale_set(dataset))}); " if a.methods == ["scale"] else "") +
-            f"synthetic = 300 per class under DP, 3,000 without (the job's `synthesis.per_class = auto`, with `model.latent = "
-            f"auto`: L = 64 under DP, L = D without; code `mixture` for {', '.join(m for m in methods if code_for(m) == 'mixture')}; "
+            f"synthetic = the job's `synthesis.per_class = auto` (300 per class from a DP model of L = 64, 3,000 from a larger "
+            f"one) with `model.latent = auto` (under DP L = 64 below 500 training records per class, L = 128 from 500; L = D "
+            f"without DP); code `mixture` for {', '.join(m for m in methods if code_for(m) == 'mixture')}; "
             f"`neutral` for the others), tested on the held-out real test split_")
     md = (head + "\n\nTSTR accuracy (a classifier trained on the synthetic embeddings only, tested on real ones; "
           "higher is better):\n\n" + matrix(rows, methods, "tstr_accuracy", True)

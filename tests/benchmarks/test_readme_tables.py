@@ -94,3 +94,15 @@ def test_downstream_tables_regenerate_from_the_recorded_rows():
         if r["eps"] != "none":
             assert 0.99 * float(r["eps"]) <= r["generator_epsilon"] <= float(r["eps"]) * (1 + 1e-9)
             assert r["dp_linear_epsilon"] is not None
+
+
+def test_the_header_names_every_machine_the_rows_ran_on():
+    """Rows measured on another machine (a lent GPU machine's CPUs) are named in the header with their count:
+    their wall times and peak RSS are not comparable with this machine's."""
+    mod = _module("utility")
+    here = mod.machine()
+    assert mod.machines_note([{"machine": here}, {}] if here == mod.LEGACY_MACHINE else [{"machine": here}],
+                             "2 processes × 1 thread") == f"{here}, 2 processes × 1 thread"
+    other = "x86_64 CPU, 16 cores"
+    note = mod.machines_note([{"machine": other}] * 3 + [{}], "2 processes × 1 thread")
+    assert note == f"rows from 3 on {other}; 1 on {mod.LEGACY_MACHINE}"

@@ -315,3 +315,29 @@ def test_auto_residual_is_located_once_the_release_resolves_half_the_latent_dire
     fa, ra, _ = covariance_estimate(noisy, tr, v, max_rank=8, residual="auto")
     assert fa.shape[1] == 6 and float(ra) == pytest.approx(1e-3 * tr / d)
     assert float(torch.trace(full(fa, ra))) == pytest.approx(tr, rel=1.5e-3)
+
+
+def test_auto_residual_stays_latent_for_a_latent_above_64_whatever_the_release_resolves():
+    """The located rule of ``"auto"`` was measured at L ≤ 64; with the larger latent of a large training set
+    (L = 128) ``"latent"`` scored at or above ``"located"`` also where the release resolved ≥ 64 directions
+    (benchmarks/results/release_scale.md), so there ``"auto"`` is ``"latent"``. Here 70 spikes are resolved."""
+    d = 200
+    v = (1e-5) ** 2
+    lam = torch.cat([torch.linspace(2e-2, 2e-3, 70), torch.full((d - 70,), 1e-6)]).to(torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    cov = q @ torch.diag(lam) @ q.T
+    tr = float(lam.sum())
+    full = lambda f, r: f @ f.T + float(r) * torch.eye(d, dtype=torch.float64)
+    for L, rule, rank_want in ((128, "latent", 70), (64, "located", 64), (140, "latent", 70)):
+        fa, ra, rank = covariance_estimate(cov, tr, v, max_rank=L, residual="auto")
+        fr, rr, _ = covariance_estimate(cov, tr, v, max_rank=L, residual=rule)
+        assert rank == rank_want, L
+        torch.testing.assert_close(full(fa, ra), full(fr, rr))
+    # the two rules differ here, so the comparison above can tell them apart
+    fl, rl, _ = covariance_estimate(cov, tr, v, max_rank=128, residual="latent")
+    fo, ro, _ = covariance_estimate(cov, tr, v, max_rank=128, residual="located")
+    assert fl.shape[1] == 128 and fo.shape[1] == 70
+    # without DP "auto" is the located rule at every L
+    f0, r0, _ = covariance_estimate(cov, tr, 0.0, max_rank=128, residual="auto")
+    f0o, r0o, _ = covariance_estimate(cov, tr, 0.0, max_rank=128, residual="located")
+    torch.testing.assert_close(full(f0, r0), full(f0o, r0o))

@@ -1,11 +1,12 @@
 """``model.latent = "auto"`` and ``synthesis.per_class = "auto"``: the rank of the model and the synthetic set's size
-follow the run's privacy (64 and 300 with DP; D and 3,000 without: benchmarks/results/no_dp_rank.md)."""
+follow the run's privacy and size (64 and 300 with DP below 500 training records per class, 128 and 3,000 from
+500: benchmarks/results/release_scale.md; D and 3,000 without DP: benchmarks/results/no_dp_rank.md)."""
 
 import pytest
 
 from fedhype.errors import ValidationError
 from fedhype.federated.config import TrainConfig
-from fedhype.models.config import DP_LATENT, ModelConfig, resolve_latent
+from fedhype.models.config import DP_LATENT, SCALE_LATENT, SCALE_RECORDS_PER_CLASS, ModelConfig, resolve_latent
 from fedhype.pipeline.config import DEFAULTS, resolve
 
 
@@ -20,6 +21,52 @@ def test_latent_auto_is_64_with_dp_and_full_rank_without():
     for bad in (0, -3, "big", 2.5, True):
         with pytest.raises(ValidationError, match="model.latent"):
             resolve_latent(bad, 384, private=True)
+
+
+def test_latent_auto_is_128_with_dp_from_500_training_records_per_class():
+    """The scale rule reads only public values: the roster's training-set sizes summed over the number of classes."""
+    assert SCALE_RECORDS_PER_CLASS == 500 and SCALE_LATENT == 128
+    dp, no_dp = TrainConfig(), TrainConfig(no_dp=True, epsilon=None)
+    assert dp.model_config(384, 10, n_train=4999).latent == 64  # 499.9 per class
+    assert dp.model_config(384, 10, n_train=5000).latent == 128
+    assert dp.model_config(384, 10, n_train=42_000).latent == 128  # all 70,000 Fashion-MNIST images
+    assert dp.model_config(384, 10, n_train=4_100).latent == 64  # the bundled digits job
+    assert dp.model_config(384, 10).latent == 64  # sizes not known: the small-data size
+    assert no_dp.model_config(384, 10, n_train=5000).latent == 384  # without DP: full rank, whatever the size
+    assert dp.model_config(96, 10, n_train=50_000).latent == 96  # never above D
+    assert TrainConfig(model={"latent": 32}).model_config(384, 10, n_train=50_000).latent == 32  # a given size wins
+    assert resolve_latent("auto", 384, private=True, records_per_class=500.0) == 128
+    assert resolve_latent("auto", 384, private=True, records_per_class=499.5) == 64
+
+
+def test_the_plan_resolves_the_latent_from_the_roster_sizes():
+    from types import SimpleNamespace
+
+    from fedhype.federated.run_plan import check_plan
+
+    def roster(sizes):
+        return SimpleNamespace(clients=[SimpleNamespace(name=str(i), n_train=n, n_records=n) for i, n in enumerate(sizes)])
+
+    cfg = TrainConfig(epsilon=1.0, delta=1e-5)
+    assert check_plan(roster([2500, 2499]), cfg, 384, 10)[0].latent == 64
+    assert check_plan(roster([2500, 2500]), cfg, 384, 10)[0].latent == 128
+    assert check_plan(roster([2500, 2500]), cfg, 384, 11)[0].latent == 64  # 454.5 per class
+    # local-cvae fits one model per client: its records per class are one client's (2,500 / 10 here)
+    local = TrainConfig(method="local-cvae", epsilon=1.0, delta=1e-5)
+    assert check_plan(roster([2500, 2500]), local, 384, 10)[0].latent == 64
+    assert check_plan(roster([5000, 5000]), local, 384, 10)[0].latent == 128
+    central = TrainConfig(method="central-cvae", epsilon=1.0, delta=1e-5)  # pooled: every record in one model
+    assert check_plan(roster([5000]), central, 384, 10)[0].latent == 128
+
+
+def test_synthetic_per_class_auto_follows_the_model_s_latent_size():
+    from fedhype.synthesis import AUTO_PER_CLASS, auto_per_class
+
+    assert AUTO_PER_CLASS == {"dp": 300, "no_dp": 3000}
+    assert auto_per_class({"private": True}, 64) == 300
+    assert auto_per_class({"private": True}, 128) == 3000  # the scale rule's larger DP model
+    assert auto_per_class({"private": True}) == 300  # L unknown: the DP size
+    assert auto_per_class({"private": False}, 64) == 3000  # without DP always the larger set
 
 
 def test_job_config_takes_auto_or_a_count_and_names_the_key_otherwise():

@@ -36,12 +36,14 @@ _CANARY_KEYS = ("claimed_epsilon", "empirical_epsilon_lower_bound", "exceeds_cla
 
 
 
-def job_model(dim: int, n_classes: int):
+def job_model(dim: int, n_classes: int, n_train: int | None = None):
     """The model ``fedhype train`` / ``fedhype run`` build with their defaults (the job's ``[model]``
-    and the default method's preset): what a white-box audit without ``--run`` replays."""
+    and the default method's preset) for ``n_train`` training records: what a white-box audit without
+    ``--run`` replays (the latent size depends on the records per class:
+    :func:`fedhype.models.config.resolve_latent`)."""
     from fedhype.pipeline.config import resolve, train_config
 
-    return train_config(resolve(None, [])).model_config(dim, n_classes)
+    return train_config(resolve(None, [])).model_config(dim, n_classes, n_train=n_train)
 
 def _fmt(v: Any) -> str:
     return "—" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
@@ -105,6 +107,14 @@ def _load_data(store: Optional[Path], partition: Optional[Path]):
     return s, p
 
 
+def _n_train(s, p) -> int:
+    """The training records a job on store ``s`` would train on: the partition's training splits, or
+    (without ``--partition``) the store's records."""
+    if p is not None:
+        return sum(c.n_train for c in p.clients)
+    return len(s)
+
+
 def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> dict:
     from fedhype.eval.audit_ledger import run_directory
     from fedhype.eval.audit_mia import check_run_data
@@ -120,7 +130,7 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
     if run is not None:
         mech = run_mechanism(run_directory(run), client)
     elif s is not None:
-        cfg, theta = default_model(s.dim, s.n_classes, opts["seed"], cfg=job_model(s.dim, s.n_classes))
+        cfg, theta = default_model(s.dim, s.n_classes, opts["seed"], cfg=job_model(s.dim, s.n_classes, n_train=_n_train(s, p)))
         mech = {"client": client or "0", "phases": None, "delta": None, "model_cfg": cfg, "theta": theta}
     else:
         raise ValidationError("white-box canaries need --run (model and mechanism) or --store (data) with "

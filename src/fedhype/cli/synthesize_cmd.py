@@ -181,7 +181,7 @@ def register(app: typer.Typer) -> None:
             if k == "auto":
                 from fedhype.synthesis import auto_per_class
 
-                k = auto_per_class(meta)
+                k = auto_per_class(meta, hnet.cfg.latent)
             n_classes = hnet.cfg.n_classes
             check_size(total if total is not None else k * n_classes, hnet.cfg.dim,
                        f"--n {total}" if total is not None else f"--per-class {k} × {n_classes} classes")

@@ -331,15 +331,22 @@ class TrainConfig:
             return float(self.lr_local)
         return 1e-3 if model.linear_path else 1e-2
 
-    def model_config(self, dim: int, n_classes: int) -> ModelConfig:
+    def model_config(self, dim: int, n_classes: int, n_train: int | None = None) -> ModelConfig:
         """The model of this run: the method's preset, then the user's ``model`` overrides.
 
         With ``secure_aggregation`` the server sees no client's own release, so the client-statistics
         heads are off (``client_stats = False``). ``latent = "auto"`` is resolved here
-        (:func:`fedhype.models.config.resolve_latent`: 64 with DP, ``dim`` without)."""
+        (:func:`fedhype.models.config.resolve_latent`: 64 with DP, 128 with DP from 500 training records
+        per class, ``dim`` without).
+
+        Args:
+            dim: D. n_classes: K. n_train: the training records of all clients together, from the
+                public roster (``None``: not known, as for a model built to validate options only)."""
         extra = {"client_stats": False} if self.secure_aggregation else {}
         kw = {**self.method_spec.preset, **self.model, **extra}
-        kw["latent"] = resolve_latent(kw.get("latent", "auto"), dim, private=not self.no_dp)
+        per_class = None if n_train is None else n_train / max(int(n_classes), 1)
+        kw["latent"] = resolve_latent(kw.get("latent", "auto"), dim, private=not self.no_dp,
+                                      records_per_class=per_class)
         return ModelConfig(dim=dim, n_classes=n_classes, **kw)
 
     def to_dict(self) -> dict:

@@ -85,7 +85,9 @@ def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_clas
     """
     check_client_sizes(partition, cfg)
     sizes = [c.n_train for c in partition.clients]
-    mcfg = cfg.model_config(dim, n_classes)
+    # the records one model is fitted to: every client's together, or (local-cvae) one client's on average
+    local = cfg.method_spec.federation == "local"
+    mcfg = cfg.model_config(dim, n_classes, n_train=round(sum(sizes) / len(sizes)) if local else sum(sizes))
     if mcfg.latent > dim:  # the linear-Gaussian path has rank ≤ D: a larger latent space adds no direction
         raise ValidationError(f"model.latent (--latent) = {mcfg.latent} exceeds the embeddings' dimension D = {dim}: "
                               f"use at most {dim}, or \"auto\"")

@@ -25,23 +25,47 @@ AUTO_LOCATED_FRACTION = 0.5
 #: the directions a DP release can resolve (digits validation split: benchmarks/results/release_defaults.md,
 #: "no DP: lr_local, latent"; the release resolves 3–55 directions at ε = 1–8: class_covariance.md)
 DP_LATENT = 64
+#: ``ModelConfig.latent = "auto"`` under DP where the training set holds at least
+#: :data:`SCALE_RECORDS_PER_CLASS` records per class: a release over that many records resolves more
+#: directions than L = 64 keeps (benchmarks/results/release_scale.md)
+SCALE_LATENT = 128
+#: training records per class (the public roster's sizes summed, over the number of classes) from which
+#: ``latent = "auto"`` under DP is :data:`SCALE_LATENT`. Validation split, 3 seeds
+#: (benchmarks/results/release_scale.md, "L × synthetic records per class" and "the same setting on the
+#: smaller datasets"): L = 128 with 3,000 synthetic per class and the latent residual gave ours +0.001 /
+#: +0.007 / +0.009 at ε = 1 / 4 / 8 on Fashion-MNIST's 10,000 images (600 records per class) and the
+#: release alone +0.005 / +0.004 / +0.004 on all 70,000 (4,200 per class), but ours −0.011 / −0.008 /
+#: +0.005 on the bundled digits (about 410 per class). Only those two sizes bracket the threshold.
+SCALE_RECORDS_PER_CLASS = 500
 
 
-def resolve_latent(latent: int | str, dim: int, private: bool) -> int:
-    """The latent size L of ``model.latent``: an integer as given; ``"auto"`` = :data:`DP_LATENT` (at most
-    ``dim``) for a run with DP, ``dim`` (D: a full-rank linear-Gaussian path) without DP.
+def resolve_latent(latent: int | str, dim: int, private: bool, records_per_class: float | None = None) -> int:
+    """The latent size L of ``model.latent``: an integer as given; ``"auto"`` = ``dim`` (D: a full-rank
+    linear-Gaussian path) without DP; under DP :data:`SCALE_LATENT` = 128 where the training set holds at
+    least :data:`SCALE_RECORDS_PER_CLASS` = 500 records per class, else :data:`DP_LATENT` = 64 (at most ``dim``).
 
     Without DP the full-rank model with 3,000 synthetic embeddings per class (``synthesis.per_class =
     "auto"``) scores validation TSTR 0.884 / 0.839 against 0.864 / 0.814 at L = 64 with 300 per class
-    (digits / Fashion-MNIST, ours, 3 seeds: benchmarks/results/no_dp_rank.md); under DP the release
-    resolves too few directions for more than 64 (benchmarks/results/class_covariance.md).
+    (digits / Fashion-MNIST, ours, 3 seeds: benchmarks/results/no_dp_rank.md). Under DP the release
+    resolves too few directions for more than 64 on the bundled digits (benchmarks/results/
+    class_covariance.md); from 500 records per class L = 128 with 3,000 synthetic per class (the same
+    ``"auto"`` of :func:`fedhype.synthesis.auto_per_class`) scores higher on the validation split
+    (benchmarks/results/release_scale.md; the figures are at :data:`SCALE_RECORDS_PER_CLASS`).
+
+    Args:
+        latent: ``"auto"`` or an integer ≥ 1. dim: D, the embeddings' dimension. private: a DP run.
+        records_per_class: n / K, the public training-set size over the number of classes; ``None``
+            (not known: a model built for validation only) counts as below the threshold.
 
     Raises:
         ValidationError: ``latent`` is neither ``"auto"`` nor an integer ≥ 1. (A ``latent`` above the
             embeddings' D is refused where the store is known: :func:`fedhype.federated.run_plan.check_plan`.)
     """
     if latent == "auto":
-        return min(DP_LATENT, int(dim)) if private else int(dim)
+        if not private:
+            return int(dim)
+        scale = records_per_class is not None and records_per_class >= SCALE_RECORDS_PER_CLASS
+        return min(SCALE_LATENT if scale else DP_LATENT, int(dim))
     if isinstance(latent, bool) or not isinstance(latent, int) or latent < 1:
         raise ValidationError(f"model.latent must be \"auto\" or an integer ≥ 1, got {latent!r}")
     return latent
@@ -56,14 +80,16 @@ class ModelConfig:
     et al. 2025: 3 hidden layers of width 256, latent 100): width 128, whose DP-SGD gradients the noise
     swamps less at ε = 1, and latent 64 under DP, which bounds the rank of the decoder's linear-Gaussian
     path (chosen on the digits validation split: benchmarks/results/release_defaults.md, "no DP: lr_local,
-    latent"), D without DP (``latent = "auto"``: :func:`resolve_latent`). β = 0.1 and the rest follow the predecessor where FedHypeVAE (Gupta & Sethi 2026) is silent.
+    latent"), 128 under DP from 500 training records per class, D without DP (``latent = "auto"``:
+    :func:`resolve_latent`). β = 0.1 and the rest follow the predecessor where FedHypeVAE (Gupta & Sethi 2026) is silent.
 
     Attributes:
         dim: D, embedding dimension.
         n_classes: K.
         latent: latent dimension L of z; ``"auto"`` (the job's default) is resolved by
             :func:`resolve_latent` where the run's privacy is known (:meth:`fedhype.federated.config.TrainConfig.model_config`:
-            64 with DP, D without); a ModelConfig built directly resolves it to :data:`DP_LATENT`.
+            64 with DP, 128 with DP from 500 training records per class, D without); a ModelConfig built
+            directly resolves it to :data:`DP_LATENT`.
         hidden: width of the CVAE's hidden layers (encoder and decoder: 3 each).
         code_dim: dimension of each client code c_i.
         hyper_hidden: width of the hypernetwork trunk (2 layers).
@@ -116,8 +142,10 @@ class ModelConfig:
             directions the release resolved: higher precision and coverage, lower recall and TSTR):
             :func:`fedhype.federated.class_stats.covariance_estimate`. ``latent`` and ``isotropic`` are
             identical without DP (every latent direction is located). ``"auto"`` (the default) is
-            ``"latent"`` under DP and ``"located"`` without DP, where only the D − L tail beyond the
-            latent size is unlocated (validation TSTR of ours +0.016 digits / +0.006 Fashion-MNIST).
+            ``"located"`` without DP, where only the D − L tail beyond the latent size is unlocated
+            (validation TSTR of ours +0.016 digits / +0.006 Fashion-MNIST), and under DP ``"located"``
+            where the release resolves at least half of an L ≤ 64 latent, ``"latent"`` otherwise
+            (:func:`fedhype.federated.class_stats.covariance_estimate`).
         located_share: where ``residual`` is (or ``"auto"`` resolves to) ``"latent"``, the share s ∈ [0, 1]
             of the unlocated variance first put on the located spikes (0: none, the default; 1 is
             ``"located"``). For users who need samples on the data's manifold: s = 0.95 lifts precision

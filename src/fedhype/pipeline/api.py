@@ -250,8 +250,8 @@ class FedHypeVAE:
 
         Args:
             per_class: this many of each class, or ``"auto"`` (when ``n`` is not given either: the
-                configuration's ``[synthesis] per_class``, ``"auto"`` by default = 300 from a DP model,
-                3,000 from one trained without DP; :func:`fedhype.synthesis.auto_per_class`).
+                configuration's ``[synthesis] per_class``, ``"auto"`` by default = 300 from a DP model of
+                latent 64, 3,000 from a larger one; :func:`fedhype.synthesis.auto_per_class`).
             n: this many in all, classes in proportion to the DP class counts.
             code: ``mixture`` (default: every client's model in proportion to its size), ``neutral``
                 (the domain-neutral meta-code), ``client:<id>``, ``mix:<id>=<w>,…``

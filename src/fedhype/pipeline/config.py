@@ -55,7 +55,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # train and model: the dataclasses' own defaults (TrainConfig and ModelConfig say why each was chosen)
     "train": {k: _TRAIN_DEFAULTS[k] for k in JOB_TRAIN_KEYS},
     "model": {k: _MODEL_DEFAULTS[k] for k in JOB_MODEL_KEYS},
-    # per_class "auto": 300 from a DP model, 3,000 from one trained without DP (fedhype.synthesis.auto_per_class)
+    # per_class "auto": 300 from a DP model of latent 64, 3,000 from a larger one (trained without DP, or with
+    # DP on ≥ 500 records per class: fedhype.synthesis.auto_per_class, fedhype.models.config.resolve_latent)
     "synthesis": {"code": "mixture", "per_class": "auto", "seed": 0, "temperature": 1.0},
     # downstream: the per-client table of fedhype.eval.client_downstream (local-only, synthetic-only, local +
     # synthetic, λ-interpolation on each client's test split and their union); the prototype-anchor rows of

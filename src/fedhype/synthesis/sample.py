@@ -17,6 +17,7 @@ from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ValidationError
 from fedhype.federated.baselines import is_local
 from fedhype.federated.rundir import load_model
+from fedhype.models.config import DP_LATENT
 from fedhype.models.cvae import sample
 from fedhype.privacy.randomness import entropy_seed, noise_generator
 from fedhype.synthesis.codes import parse_code_spec
@@ -51,17 +52,27 @@ def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None 
     return labels[torch.randperm(labels.numel(), generator=generator)]
 
 
-#: ``per_class = "auto"``: samples per class from a model trained with DP / without DP. A DP model
-#: (latent 64) gains nothing from more than 300 (benchmarks/results/synthetic_size.md); the full-rank
-#: model trained without DP (``model.latent = "auto"``) needs more to show its covariance to a linear
-#: probe: validation TSTR 0.884 / 0.839 at 3,000 against 0.850 / 0.799 at 300 (digits / Fashion-MNIST,
-#: ours, 3 seeds; benchmarks/results/no_dp_rank.md)
+#: ``per_class = "auto"``: samples per class from a DP model of latent L ≤ 64 / from a larger model (trained
+#: without DP, or with DP on a large training set). A DP model of latent 64 gains nothing from more than 300
+#: (benchmarks/results/synthetic_size.md); the full-rank model trained without DP (``model.latent =
+#: "auto"``) needs more to show its covariance to a linear probe: validation TSTR 0.884 / 0.839 at 3,000
+#: against 0.850 / 0.799 at 300 (digits / Fashion-MNIST, ours, 3 seeds; benchmarks/results/no_dp_rank.md),
+#: and so does the L = 128 DP model of a large training set: the release alone 0.801 / 0.803 at 3,000
+#: against 0.778 / 0.779 at 300 (all 70,000 Fashion-MNIST images, ε = 4 / 8, validation;
+#: benchmarks/results/release_scale.md)
 AUTO_PER_CLASS = {"dp": 300, "no_dp": 3000}
 
 
-def auto_per_class(meta: dict) -> int:
-    """Samples per class for ``per_class = "auto"``: :data:`AUTO_PER_CLASS` by the run's ``private`` flag."""
-    return AUTO_PER_CLASS["dp" if meta.get("private", True) else "no_dp"]
+def auto_per_class(meta: dict, latent: int | None = None) -> int:
+    """Samples per class for ``per_class = "auto"``: :data:`AUTO_PER_CLASS` ``"no_dp"`` (3,000) for a model
+    trained without DP or of latent size above :data:`fedhype.models.config.DP_LATENT` = 64 (``latent``,
+    the model's L), ``"dp"`` (300) otherwise.
+
+    Args:
+        meta: the model file's metadata (its ``private`` flag). latent: the model's L (``None``: unknown,
+            counted as ≤ 64)."""
+    large = latent is not None and int(latent) > DP_LATENT
+    return AUTO_PER_CLASS["no_dp" if large or not meta.get("private", True) else "dp"]
 
 
 def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str | None = None, n: int | None = None,
@@ -73,7 +84,7 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
         model: run directory or its ``model.safetensors``.
         code: code spec (see :mod:`fedhype.synthesis.codes`).
         per_class / n / label_weights: how many of each class (see :func:`class_labels`);
-            ``per_class = "auto"``: :func:`auto_per_class` (300 from a DP model, 3,000 without DP).
+            ``per_class = "auto"``: :func:`auto_per_class` (300 from a DP model of latent ≤ 64, 3,000 otherwise).
         seed: sampling seed (None = OS entropy); sampling randomness is not a privacy parameter.
         batch_size: decoder batch size.
         temperature: scale of the prior's standard deviation (1 = the model's distribution).
@@ -96,7 +107,7 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
                               "mixture:<id>=<w>,... or client:<id>")
     # the one generator rule (OS entropy unless seeded); the seed drawn is kept in the provenance
     if per_class == "auto":
-        per_class = auto_per_class(meta)
+        per_class = auto_per_class(meta, cfg.latent)
     elif per_class is not None and (isinstance(per_class, bool) or not isinstance(per_class, int)):
         raise ValidationError(f"per_class must be \"auto\" or an integer ≥ 1, got {per_class!r}")
     seed_used = seed if seed is not None else entropy_seed(62)
