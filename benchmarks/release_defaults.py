@@ -60,7 +60,12 @@ _U = {"centre_share": 0.0}
 #: the grids measured before client centres existed clipped around the pooled centre
 _P = {"release_centre": "pooled"}
 CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml",
-           "fashion-full": ROOT / "configs" / "fashion-mnist-full.toml"}
+           "fashion-full": ROOT / "configs" / "fashion-mnist-full.toml",
+           "fashion-full-100": ROOT / "configs" / "fashion-mnist-full-100.toml"}
+#: the latent size every row of these grids (and of benchmarks/release_scale.py) ran with unless it sets
+#: ``latent``: the rows were measured before ``model.latent = "auto"`` gave large training sets L = 128
+#: (docs/method.md, decision 17), so L is pinned to keep them reproducible
+PINNED_LATENT = 64
 GRID: list[tuple[str, str, dict]] = (
     [("second_moment_share", e, {"method": "dp-gaussian", "second_moment_share": s, **_U})
      for e in ("1", "4", "8") for s in (0.1, 0.3, 0.5)]
@@ -112,8 +117,8 @@ GRID: list[tuple[str, str, dict]] = (
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
-    """Validation-split TSTR of one training run (300 per class unless ``per_class`` is overridden; the neutral
-    code unless ``code`` is)."""
+    """Validation-split TSTR of one training run (300 per class unless ``per_class`` is overridden, L =
+    :data:`PINNED_LATENT` unless ``latent`` is; the neutral code unless ``code`` is)."""
     import numpy as np
 
     from fedhype.eval.inputs import as_matrix
@@ -129,6 +134,7 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> 
     overrides.pop("dataset", None)
     code = overrides.pop("code", "neutral")
     per_class = int(overrides.pop("per_class", 300))
+    overrides.setdefault("latent", PINNED_LATENT)
     t = overrides.pop("within_class_min_snr", 0.9)
     class_stats.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
@@ -156,7 +162,7 @@ def data(name: str):
     # its config's (dtype auto: the bfloat16 embeddings utility.py --dataset fashion-full caches)
     store = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
                          image_size=d["image_size"] or None, progress=False,
-                         **({"dtype": d["dtype"]} if name == "fashion-full" else {}))
+                         **({"dtype": d["dtype"]} if name.startswith("fashion-full") else {}))
     return store, lambda seed: make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],
                                               splits=tuple(p["fractions"]), min_train_per_client=p["min_records"], seed=seed)
 

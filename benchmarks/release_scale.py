@@ -64,6 +64,11 @@ GRIDS: dict[str, list[tuple[str, str, dict]]] = {
     # where the release resolves 3–13 directions: does a rule keyed on scale need to leave them alone?
     "small": [(d, e, {"method": "dp-gaussian", **st_, **sa}) for d in ("digits", "fashion") for e in ("1", "4", "8")
               for sa in _SA for st_ in ({}, {"latent": 128, "per_class": 3000, "residual": "latent"})],
+    # 100 clients of ~420 training records each (configs/fashion-mnist-full-100.toml): the same 4,200 records per
+    # class as 10 clients, so the scale rule of model.latent = "auto" (docs/method.md, decision 17) gives them
+    # L = 128 too, but each per-client release adds its own noise: does L = 128 still pay?
+    "clients": [("fashion-full-100", e, {"method": "dp-gaussian", **st_, **sa}) for e in ("1", "4", "8")
+                for sa in _SA for st_ in ({}, {"latent": 128, "per_class": 3000, "residual": "latent"})],
     # and for ours (fedhypevae with the job's mixture code: DP-SGD trains a model of twice the latent size)
     "ours": [(d, e, {"code": "mixture", **st_}) for d in ("digits", "fashion") for e in ("1", "4", "8")
              for st_ in ({}, {"latent": 128, "per_class": 3000, "residual": "latent"})],
@@ -83,14 +88,14 @@ def table(rows: list[dict], grid: str, seeds: list[int]) -> list[str]:
         keys = [f"{lat}/{pc}" for lat, pc in RANKS]
     elif grid == "residual":
         cols, keys = [f"residual {r}" + (" (default)" if r == "auto" else "") for r in RESIDUALS], list(RESIDUALS)
-    else:  # "small", "ours"
+    else:  # "small", "ours", "clients"
         cols, keys = ["defaults (L = 64, 300/class, residual auto)", "L = 128, 3,000/class, residual latent"], \
             ["default", "l128"]
     groups: dict = {}
     for r in rows:
         o = r["overrides"]
         k = o["second_moment_share"] if grid == "c2" else o["residual"] if grid == "residual" else \
-            ("l128" if "latent" in o else "default") if grid in ("small", "ours") else f"{o['latent']}/{o['per_class']}"
+            ("l128" if "latent" in o else "default") if grid in ("small", "ours", "clients") else f"{o['latent']}/{o['per_class']}"
         groups.setdefault((r["dataset"], int(r["eps"]), bool(o.get("secure_aggregation"))), {}).setdefault(k, []).append(r["val_tstr"])
     out = ["| dataset | ε | release | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
     for (name, eps, sa), by in sorted(groups.items()):
@@ -143,20 +148,25 @@ def main() -> None:
     lines = ["# The release's settings at realistic scale (validation split)", "",
              f"_{datetime.date.today()}, {platform.machine()} CPU, one thread; `benchmarks/release_scale.py` "
              f"({ran} rows run now, {time.perf_counter() - t0:.0f} s); seeds {a.seeds} (partition seed = noise seed); "
-             "`dp-gaussian` (the release alone, neutral code, every other default of the dataset's job); TSTR of a "
+             "`dp-gaussian` (the release alone, neutral code, every other default of the dataset's job, L = 64 unless a "
+             "column sets it: the rows predate the scale rule of `model.latent = \"auto\"`); TSTR of a "
              "linear probe on the synthetic embeddings, scored on the **validation** split (the test split is not "
              "read); mean ± std over 3 seeds unless (n) says; the best of each row in bold_", "",
              "**c²**, the second moment's share of the release's sensitivity (300 synthetic per class):", "",
              *table(rows, "c2", a.seeds), "",
              "**Latent size L × synthetic records per class** (c² = 0.3, `model.residual = \"auto\"`):", "",
              *table(rows, "rank", a.seeds), "",
-             "**Where the unlocated variance goes at L = 128, 3,000 per class** (`model.residual`; `auto` is `located` "
-             "where the release resolves at least half of L, else `latent`):", "", *table(rows, "residual", a.seeds), "",
+             "**Where the unlocated variance goes at L = 128, 3,000 per class** (`model.residual`; when these rows ran, "
+             "`auto` was `located` where the release resolves at least half of L, else `latent`; from these rows it is "
+             "`latent` at every L above 64):", "", *table(rows, "residual", a.seeds), "",
              "**The same setting on the smaller datasets** (digits: the bundled job; fashion: 10,000 images):", "",
              *table(rows, "small", a.seeds), "",
              "**Ours** (`fedhypevae`, the job's mixture code, per-client releases; the rows of 2026-12-04 ran on a "
              "16-core machine, one process per job, with this script's TSTR-val function — a digits row rerun here "
-             "gave the same figure to the last digit):", "", *table(rows, "ours", a.seeds)]
+             "gave the same figure to the last digit):", "", *table(rows, "ours", a.seeds), "",
+             "**100 clients** (`configs/fashion-mnist-full-100.toml`: the same 70,000 images, about 420 training records "
+             "per client; the release alone; \"defaults\" here is the rule before the scale rule — L = 64, 300 per "
+             "class — which the rows of the other tables call defaults):", "", *table(rows, "clients", a.seeds)]
     md = "\n".join(lines) + "\n"
     out = Path(a.results)
     (out / "release_scale.md").write_text(md)
