@@ -21,7 +21,8 @@ def _run(tmp_path, *extra):
 
 
 def test_the_job_reports_the_per_client_table(tmp_path):
-    rep, ev, _ = _run(tmp_path)
+    rep, ev, lines = _run(tmp_path)
+    assert any(x.startswith("train: ") and x.endswith("(latent size L = 8)") for x in lines)  # the model's L, said
     d = ev["downstream"]
     names = rep["clients"]
     assert list(d["clients"]) == names and "interpolation" not in d

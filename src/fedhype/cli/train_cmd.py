@@ -193,8 +193,8 @@ def register(app: typer.Typer) -> None:
         hidden: Optional[int] = _opt("hidden", "--hidden", section="model",
                                      help="Width of the CVAE's hidden layers (model size)."),
         latent: Optional[str] = _opt("latent", "--latent", section="model", callback=auto_or_count, metavar="auto|INTEGER",
-                                     help="Latent dimension L of z (model size; auto: 64 with DP, the embedding "
-                                          "dimension D without DP)."),
+                                     help="Latent dimension L of z (model size; auto: 64 with DP, 128 with DP from 500 "
+                                          "training records per class, the embedding dimension D without DP)."),
         method: str = _opt("method", "--method", help=_METHOD_HELP, click_type=choice(METHODS)),
         seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run: the noise is seeded too (recorded as noise_seeded: true; whoever knows the seed can remove it)."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),

@@ -302,7 +302,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     # max_epsilon) happens here, before the job writes anything: a refused job leaves its folder as it was
     _check_evaluation(conf, part, store)  # what evaluation needs of the data, before any ε is spent
     log.stage("train", "train: checking the privacy plan (σ calibrated for the target ε)")
-    check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)
+    mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)[0]
     out.mkdir(parents=True, exist_ok=True)
     if stale:
         for name in _STAGE_FILES:
@@ -324,8 +324,9 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
             "was committed; " + ("with train.seed the same noise is replayed and nothing is charged twice)"
                                  if tcfg.seed is not None else
                                  "a release or round that was interrupted is charged again: its noise is fresh)"))
-    log(f"train: {len(part.clients)} clients release their DP class statistics, then {tcfg.rounds} DP-SGD rounds"
-        if tcfg.method not in STATISTICS_ONLY else f"train: {len(part.clients)} clients release their DP class statistics")
+    log((f"train: {len(part.clients)} clients release their DP class statistics, then {tcfg.rounds} DP-SGD rounds"
+         if tcfg.method not in STATISTICS_ONLY else f"train: {len(part.clients)} clients release their DP class statistics")
+        + f" (latent size L = {mcfg.latent})")
     trained = train(store, part, tcfg, run_dir, resume=resume, progress=on_round)
     timings["train_s"] = time.perf_counter() - t
 
