@@ -102,6 +102,30 @@ def test_resume_is_identical_and_counts_each_step_once(real_store, part, tmp_pat
     assert done["epsilon"] == pytest.approx(full["epsilon"])
 
 
+def test_a_run_resumes_at_the_latent_size_it_started_with_when_the_auto_rule_changed(real_store, part, tmp_path,
+                                                                                       monkeypatch):
+    """A run started with ``model.latent = "auto"`` under one rule must resume under a release of fedhype whose
+    rule resolves ``"auto"`` otherwise (here: the scale threshold lowered so that 48 records per class would get
+    L = 128): it keeps its L, charges nothing twice, and finishes; a new run gets the new rule's L."""
+    import fedhype.models.config as mc
+
+    small = {k: v for k, v in SMALL.items() if k != "latent"}  # latent left at "auto"
+    cfg = _cfg(rounds=2, model=small)
+    first = train(real_store, part, cfg, tmp_path / "b", diagnostics=False, stop_after=1)
+    assert load_model(tmp_path / "b")[0].cfg.latent == mc.DP_LATENT == 64 and first["rounds"] == 1
+    events = len(json.loads((tmp_path / "b" / "ledger.json").read_text())["events"])
+    monkeypatch.setattr(mc, "SCALE_RECORDS_PER_CLASS", 10)
+    done = train(real_store, part, cfg, tmp_path / "b", resume=True, diagnostics=False)
+    assert done["complete"] and load_model(tmp_path / "b")[0].cfg.latent == 64
+    assert len(json.loads((tmp_path / "b" / "ledger.json").read_text())["events"]) == events + len(part.clients)
+    train(real_store, part, cfg, tmp_path / "c", diagnostics=False, stop_after=1)
+    assert load_model(tmp_path / "c")[0].cfg.latent == mc.SCALE_LATENT == 128  # a new run: the rule of now
+    # a size the user gives on resume is still compared with the run's own settings
+    with pytest.raises(ValidationError, match="--resume: the configuration differs"):
+        train(real_store, part, _cfg(rounds=2, model={**small, "latent": 128}), tmp_path / "c", resume=True,
+              diagnostics=False)
+
+
 def test_an_interrupted_non_private_run_resumes_identically(real_store, part, tmp_path):
     cfg = dict(rounds=2, no_dp=True, epsilon=None)
     train(real_store, part, _cfg(**cfg), tmp_path / "a", diagnostics=False)

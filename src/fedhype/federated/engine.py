@@ -54,7 +54,7 @@ from fedhype.federated.result import TrainResult
 from fedhype.federated.rundir import RunDir, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
 from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan,  # noqa: F401
-                                        committed_rounds, plan_privacy, resolve_plan)
+                                        committed_rounds, plan_privacy, recorded_config, resolve_plan)
 from fedhype.federated.server import ServerStrategy
 from fedhype.federated.transport import ClientHandle, ClientTransport, InProcessTransport, RoundTask, SupportsPreflight
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
@@ -444,7 +444,8 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
     if run.root.exists() and not run.root.is_dir():
         raise ValidationError(f"--out {run.root} is a file; give a folder for the run")
     with run.writer_lock():  # one training process per run folder
-        plan = resolve_plan(partition, cfg, store_info=store_info, n_classes=n_classes)
+        plan = resolve_plan(partition, cfg, store_info=store_info, n_classes=n_classes,
+                            recorded=recorded_config(run, resume))
         state = open_run(run, plan, committed_rounds(run, plan, resume), connect)
         release_statistics(state)
         for ran, r in enumerate(range(state.done, cfg.rounds_run())):

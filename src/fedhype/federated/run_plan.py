@@ -9,7 +9,7 @@ run against it (:func:`committed_rounds`). Nothing here reads a record or writes
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedhype.data.partition import Partition
@@ -141,7 +141,8 @@ class RunPlan:
         return DPConfig(self.privacy["class_stats_noise_multiplier"], RELEASE_SENSITIVITY, enabled=not self.cfg.no_dp)
 
 
-def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info: dict[str, Any], n_classes: int) -> RunPlan:
+def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info: dict[str, Any], n_classes: int,
+                 recorded: dict | None = None) -> RunPlan:
     """Step 1: the run's :class:`RunPlan`, from public values only (nothing is written).
 
     Args:
@@ -150,12 +151,16 @@ def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info:
         cfg: the training configuration.
         store_info: :func:`describe_store` of the clients' store (digest, n, dim, encoder).
         n_classes: K.
+        recorded: the ``config.json`` of the run being resumed, if any: where both it and ``cfg`` leave
+            ``model.latent`` at ``"auto"``, the run keeps the latent size it was started with (a release of
+            fedhype whose rule resolves ``"auto"`` otherwise must not stop a paid-for run from resuming).
 
     Raises:
         as :func:`check_plan`.
     """
     roster = as_roster(partition)
     mcfg, distributed, privacy = check_plan(roster, cfg, store_info["dim"], n_classes)
+    mcfg = keep_recorded_latent(cfg, mcfg, recorded)
     sizes = [c.n_train for c in roster.clients]
     resolved = {"train": cfg.to_dict(), "model": mcfg.to_dict(), "privacy_plan": privacy,
                 "store": dict(store_info),
@@ -164,6 +169,30 @@ def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info:
                 "class_names": list(roster.class_names),
                 "seed_note": "not secure: reproducible noise" if cfg.seed is not None else "noise seeded from OS entropy"}
     return RunPlan(roster, cfg, mcfg, distributed, privacy, sizes, resolved)
+
+
+def _auto_latent(model: dict) -> bool:
+    return model.get("latent", "auto") == "auto"
+
+
+def keep_recorded_latent(cfg: TrainConfig, mcfg: ModelConfig, recorded: dict | None) -> ModelConfig:
+    """``mcfg`` with the latent size of the run being resumed (``recorded``, its ``config.json``) where both
+    that run and ``cfg`` leave ``model.latent`` at ``"auto"``; ``mcfg`` unchanged otherwise (a new run, or a
+    size either of them gives, which the resume check then compares)."""
+    if recorded is None or not _auto_latent(cfg.model) or not _auto_latent(recorded.get("train", {}).get("model") or {}):
+        return mcfg
+    kept = (recorded.get("model") or {}).get("latent")
+    if isinstance(kept, int) and not isinstance(kept, bool) and 1 <= kept <= mcfg.dim:
+        return replace(mcfg, latent=kept)
+    return mcfg
+
+
+def recorded_config(run: RunDir, resume: bool) -> dict | None:
+    """The ``config.json`` of the run ``resume`` continues (``None`` for a new run or where there is none yet).
+
+    Raises:
+        ArtifactError: an unreadable run config."""
+    return read_json(run.config, "run config") if resume and run.config.exists() else None
 
 
 def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:

@@ -297,12 +297,15 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     from fedhype.federated.baselines import training_partition
     from fedhype.federated.config import STATISTICS_ONLY
     from fedhype.federated.engine import check_plan
+    from fedhype.federated.run_plan import keep_recorded_latent, recorded_config
+    from fedhype.federated.rundir import RunDir
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
     # max_epsilon) happens here, before the job writes anything: a refused job leaves its folder as it was
     _check_evaluation(conf, part, store)  # what evaluation needs of the data, before any ε is spent
     log.stage("train", "train: checking the privacy plan (σ calibrated for the target ε)")
     mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)[0]
+    mcfg = keep_recorded_latent(tcfg, mcfg, recorded_config(RunDir(out / "run"), True))  # a resumed run keeps its L
     out.mkdir(parents=True, exist_ok=True)
     if stale:
         for name in _STAGE_FILES:
