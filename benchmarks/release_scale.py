@@ -29,6 +29,10 @@ plus the row's overrides) and scoring a linear probe trained on the synthetic em
   rule's setting on ``fashion-full``, ε = 1 / 4 / 8: at L = 128 the DP-SGD stage adds something (test split,
   +0.005 to +0.014 over the release alone); would a larger share of ε add more? (seed 0 so far: no at
   ε = 1 / 4, +0.003 at ε = 8, within a seed's noise; the default stays)
+* ``radius`` — the clip radius κ of the centred release (``train.release_radius``) ∈ {0.6, 0.8 (default), 1.0,
+  1.2} for ``dp-gaussian`` at the scale rule's setting on ``fashion-full``, ε = 1 / 4 / 8 (κ was chosen on digits;
+  seeds 0 and 1: 0.8 is best at ε = 1 / 4, κ = 1.0 gains +0.006 at ε = 8 only; the default stays, one radius for
+  every ε);
 
 Each finished row is appended to ``runs/bench-release-scale/rows.jsonl``; a rerun skips the rows
 already there. Writes ``benchmarks/results/release_scale.{json,md}`` (mean ± std over seeds).
@@ -55,6 +59,7 @@ SHARES = (0.3, 0.5, 0.7)
 RANKS = ((64, 300), (64, 3000), (128, 300), (128, 3000), (192, 3000))
 RESIDUALS = ("auto", "latent", "located")
 SHARES_SGD = (0.95, 0.85, 0.7)
+RADII = (0.6, 0.8, 1.0, 1.2)
 _SA = ({}, {"secure_aggregation": True})
 GRIDS: dict[str, list[tuple[str, str, dict]]] = {
     "c2": [(d, e, {"method": "dp-gaussian", "second_moment_share": s, **sa})
@@ -80,6 +85,11 @@ GRIDS: dict[str, list[tuple[str, str, dict]]] = {
     # the DP-SGD stage's share of ε at scale: train.class_stats_share = 0.95 was chosen on digits and Fashion-MNIST
     # 10,000 at L = 64, where DP-SGD added nothing measurable; at L = 128 on 42,000 records it adds +0.005 to +0.014
     # (test split): would it add more with more of ε?
+    # the clip radius κ of the centred release (train.release_radius, docs/method.md decision 12) was chosen on digits
+    # (~410 records per class): with ten times the records per class the noise is smaller against the signal, so
+    # less clipping (a larger κ) may pay at scale
+    "radius": [("fashion-full", e, {"method": "dp-gaussian", "latent": 128, "per_class": 3000, "residual": "latent",
+                                    "release_radius": k}) for e in ("1", "4", "8") for k in RADII],
     "share": [("fashion-full", e, {"code": "mixture", "latent": 128, "per_class": 3000, "residual": "latent",
                                    "class_stats_share": s}) for e in ("1", "4", "8") for s in SHARES_SGD],
 }
@@ -96,6 +106,8 @@ def table(rows: list[dict], grid: str, seeds: list[int]) -> list[str]:
     elif grid == "rank":
         cols = [f"L = {lat}, {pc:,}/class" + (" (default)" if (lat, pc) == (64, 300) else "") for lat, pc in RANKS]
         keys = [f"{lat}/{pc}" for lat, pc in RANKS]
+    elif grid == "radius":
+        cols, keys = [f"κ = {v}" + (" (default)" if v == 0.8 else "") for v in RADII], list(RADII)
     elif grid == "share":
         cols = [f"class_stats_share = {v}" + (" (default)" if v == 0.95 else "") for v in SHARES_SGD]
         keys = list(SHARES_SGD)
@@ -107,7 +119,7 @@ def table(rows: list[dict], grid: str, seeds: list[int]) -> list[str]:
     groups: dict = {}
     for r in rows:
         o = r["overrides"]
-        k = o["second_moment_share"] if grid == "c2" else o["class_stats_share"] if grid == "share" else o["residual"] if grid == "residual" else \
+        k = o["second_moment_share"] if grid == "c2" else o["class_stats_share"] if grid == "share" else o["release_radius"] if grid == "radius" else o["residual"] if grid == "residual" else \
             ("l128" if "latent" in o else "default") if grid in ("small", "ours", "clients") else f"{o['latent']}/{o['per_class']}"
         groups.setdefault((r["dataset"], int(r["eps"]), bool(o.get("secure_aggregation"))), {}).setdefault(k, []).append(r["val_tstr"])
     out = ["| dataset | ε | release | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
@@ -182,7 +194,9 @@ def main() -> None:
              "class — which the rows of the other tables call defaults):", "", *table(rows, "clients", a.seeds), "",
              "**The DP-SGD stage's share of ε at scale** (ours, mixture code, per-client releases, L = 128, 3,000 per "
              "class, residual latent — the scale rule's setting; `train.class_stats_share` is the release's share, "
-             "DP-SGD gets the rest):", "", *table(rows, "share", a.seeds)]
+             "DP-SGD gets the rest):", "", *table(rows, "share", a.seeds), "",
+             "**The clip radius κ at scale** (`train.release_radius`, the release alone, per-client releases, L = 128, "
+             "3,000 per class, residual latent):", "", *table(rows, "radius", a.seeds)]
     md = "\n".join(lines) + "\n"
     out = Path(a.results)
     (out / "release_scale.md").write_text(md)
