@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -169,10 +170,13 @@ def not_safetensors(path: Path) -> str | None:
     else None. A safetensors file starts with an 8-byte little-endian header length."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(8)
+            start = fh.read(512)
     except OSError:
         return None
-    text = head.lstrip()
+    head, text = start[:8], start.lstrip()
+    first = text.split(b"\n", 1)[0].strip()
+    if re.fullmatch(rb"\[\[?[A-Za-z0-9_.\"' -]+\]\]?(\s*#.*)?", first):  # a TOML table header, e.g. [train]
+        return "it is a TOML file (a config?), not a safetensors file"
     if text[:1] in (b"{", b"["):
         return "it is a JSON file (a partition, card, config or report?), not a safetensors file"
     if len(head) == 8 and int.from_bytes(head, "little") > (1 << 32) and all(32 <= b < 127 or b in (9, 10, 13) for b in head):

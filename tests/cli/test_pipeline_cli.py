@@ -132,6 +132,7 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert f"scores {rep['tstr_accuracy']:.3f} on held-out real data" in glance and "constant guess scores 0.100" in glance
     # progress: one plain line per stage and per round on a non-terminal stderr
     assert "run: embed → partition → train (2 rounds)" in r.stderr and "train: round 2/2" in r.stderr
+    assert "train: 4 clients release their DP class statistics, then 2 DP-SGD rounds (latent size L = " in r.stderr
     job = tmp_path / "job"
     for f in ("report.md", "report.json", "plots/projection.png", "plots/training.png", "synthetic.safetensors",
               "evaluation.json", "partition.json", "config.toml", "run/ledger.json"):
@@ -145,6 +146,9 @@ def test_run_end_to_end_and_resume(tmp_path):
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert (job / "run" / "ledger.json").read_bytes() == ledger
+    # and says so: a resumed job said "4 clients release their DP class statistics" although it released nothing
+    assert "train: resuming after round 2 of 2 (the class statistics were released before and are not released again" \
+        in r.stderr and "train: nothing left to train" in r.stderr and "clients release" not in r.stderr
     assert _json(r)["epsilon"] == pytest.approx(rep["epsilon"])
     # a different configuration into the same folder is refused
     r = runner.invoke(app, args + ["--set", "train.epsilon=4"])

@@ -293,3 +293,30 @@ def test_class_folder_names_are_read_in_nfc_and_look_alike_site_classes_are_refu
     with pytest.raises(ValidationError, match="look the same but are spelled with different Unicode forms"):
         Roster.from_cards(cards)
     assert Roster.from_cards([cards[0], SiteCard("b", "1" * 32, 10, 8, enc, ["0", nfc])]).class_names == ["0", nfc]
+
+
+def test_site_class_names_that_differ_in_case_spaces_or_punctuation_are_refused():
+    """`hospital_d/"T-shirt "/` and `hospital_a/tshirt/` trained as two classes with no word (a new user's probe):
+    each site then "lacked" the other's t-shirts. Such names are refused, naming the sites; distinct names pass."""
+    from fedhype.data.roster import Roster
+    from fedhype.data.sites import SiteCard
+
+    enc = {"encoder": "dinov2-vits14"}
+    a = SiteCard("hospital_a", "0" * 32, 10, 8, enc, ["dress", "tshirt"])
+    for other in ("T-shirt ", "TSHIRT", "t_shirt", "t shirt"):
+        d = SiteCard("hospital_d", "1" * 32, 10, 8, enc, ["dress", other])
+        with pytest.raises(ValidationError, match=r"differ only in case, spaces or punctuation .*hospital_d"):
+            Roster.from_cards([a, d])
+    ok = SiteCard("hospital_d", "1" * 32, 10, 8, enc, ["dress", "shirt"])
+    assert Roster.from_cards([a, ok]).class_names == ["dress", "shirt", "tshirt"]
+
+
+def test_class_folders_that_differ_in_case_spaces_or_punctuation_are_refused(tmp_path):
+    """The same near-duplicate names inside one image tree (two domains) are refused too, naming the folders."""
+    for dom, cls in (("a", "T-shirt "), ("a", "dress"), ("b", "tshirt"), ("b", "dress")):
+        (tmp_path / "t" / dom / cls).mkdir(parents=True)
+        Image.fromarray(digit(0), "L").save(tmp_path / "t" / dom / cls / "x.png")
+    with pytest.raises(ValidationError, match=r"class folders \['a/T-shirt ', 'b/tshirt'\] .* differ only in case"):
+        scan_image_folder(tmp_path / "t", layout="domain/class")
+    (tmp_path / "t" / "b" / "tshirt").rename(tmp_path / "t" / "b" / "T-shirt ")
+    assert scan_image_folder(tmp_path / "t", layout="domain/class").class_names == ["T-shirt ", "dress"]

@@ -72,7 +72,10 @@ def test_a_json_or_text_file_given_as_a_store_is_named_as_such(real_store, tmp_p
 
     (tmp_path / "part.json").write_text('{"format": "fedhype-partition/1"}')
     (tmp_path / "notes.txt").write_text("these are not embeddings, just some notes\n")
-    for name, what in (("part.json", "it is a JSON file"), ("notes.txt", "it is a text file")):
+    (tmp_path / "job.toml").write_text('[train]\nepsilon = 1\n')  # was called "a JSON file" (a probe)
+    (tmp_path / "list.json").write_text('[1, 2]')
+    for name, what in (("part.json", "it is a JSON file"), ("notes.txt", "it is a text file"),
+                       ("job.toml", "it is a TOML file"), ("list.json", "it is a JSON file")):
         with pytest.raises(ArtifactError, match=what):
             EmbeddingStore.load(tmp_path / name)
         with pytest.raises(ArtifactError, match=what):

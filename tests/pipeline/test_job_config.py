@@ -138,3 +138,46 @@ def test_a_job_folder_written_with_the_old_partition_keys_resumes(tmp_path):
     with pytest.raises(ValidationError, match=r"train\.epsilon: 1 → 4") as err:  # a real difference is still named
         run_job(resolve(None, ["train.epsilon=4"]), out, log=lambda s: None)
     assert "partition" not in str(err.value)  # and the renamed keys are not differences
+
+
+@pytest.mark.parametrize("sets, msg", [
+    (["partition.scheme='iid'", "partition.clients=-3"], r"\[partition\] \(scheme = 'iid', clients = -3\): scheme 'iid' "
+                                                          r"needs the number of clients"),
+    (["partition.scheme='dirichlet'", "partition.clients=4", "partition.alpha=0"], "alpha"),
+    (["partition.fractions=[0.5, 0.5, 0.5]"], "fractions"),
+    (["partition.scheme='bogus'"], "unknown scheme 'bogus'"),
+])
+def test_bad_partition_settings_are_refused_before_the_embedding(tmp_path, monkeypatch, sets, msg):
+    """`fedhype run --set partition.clients=-3 …` embedded 6,797 images for 6 minutes and then refused the partition
+    (a new user's probe); the [partition] section is now checked with the others, before anything runs."""
+    import fedhype.pipeline.job as job
+
+    def no_embedding(*a, **k):
+        raise AssertionError("embedded before the partition settings were checked")
+
+    monkeypatch.setattr(job, "_embed_store", no_embedding)
+    with pytest.raises(ValidationError, match=msg):
+        run_job(resolve(None, sets), tmp_path / "job", log=lambda s: None)
+    assert not (tmp_path / "job").exists()  # nothing written either
+
+
+def test_a_class_with_few_training_records_is_named_before_training(real_store):
+    """A class of one image trained without a word (a new user's probe, TSTR 0.250 against chance 0.200)."""
+    import torch
+
+    from fedhype.data.partition import make_partition
+    from fedhype.data.store import EmbeddingStore
+    from fedhype.pipeline.job import thin_classes
+
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    assert thin_classes(part, real_store) is None  # every class of the test store has dozens
+    keep = (real_store.labels != 3) | (torch.arange(len(real_store)) < 0)
+    first3 = [i for i in range(len(real_store)) if int(real_store.labels[i]) == 3][:4]  # 4 records of class 3 left
+    idx = [i for i in range(len(real_store)) if bool(keep[i]) or i in first3]
+    small = EmbeddingStore(real_store.embeddings[idx], real_store.labels[idx], real_store.domains[idx],
+                           [real_store.sample_ids[i] for i in idx], real_store.class_names, real_store.domain_names,
+                           real_store.meta)
+    part = make_partition(small, scheme="iid", n_clients=2, min_train_per_client=0, seed=0)
+    w = thin_classes(part, small)
+    n3 = int((part.split_store(small, "train").labels == 3).sum())
+    assert n3 < 4 and w is not None and f"{real_store.class_names[3]!r} ({n3})" in w and "fewer than 10" in w

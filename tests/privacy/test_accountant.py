@@ -102,6 +102,19 @@ def test_check_delta_refuses_delta_at_or_above_one_over_n():
         check_delta(0.5, 0, "client 0")
 
 
+def test_delta_advice_is_silent_where_the_plan_is_refused():
+    """δ = 0.05 with sites of 72 and 54 records printed "below 1/n for every client but n·delta reaches 3.6" and
+    then the refusal "not below 1/n" (a new user's probe): the advice is for plans check_delta lets through."""
+    from fedhype.privacy.accountant import delta_advice
+
+    assert delta_advice(0.05, {"hospital_a": 72, "clinic_c": 54}) is None  # 72·0.05 = 3.6 ≥ 1: refused, no advice
+    with pytest.raises(ValidationError, match="not below 1/n"):
+        check_delta(0.05, 72, "client 'hospital_a'")
+    w = delta_advice(0.005, {"hospital_a": 72, "clinic_c": 54})  # 0.36: passes the check, far from δ ≪ 1/n
+    assert w is not None and "reaches 0.36 ('hospital_a', n = 72)" in w
+    assert delta_advice(0.001, {"hospital_a": 72}) is None  # 0.072 ≤ 0.1
+
+
 def test_sigma_epsilon_sigma_round_trip():
     eps = epsilon(MNIST, 1e-5)
     sigma = calibrate_noise(eps, 1e-5, 256 / 60000, 10_000)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import unicodedata
 from pathlib import Path
 
@@ -273,6 +274,15 @@ def scan_image_folder(
         )
     found.sort(key=lambda t: t[0])
     class_names = sorted({c for _, _, c, _ in found})
+    folded: dict[str, list[str]] = {}
+    for c in class_names:  # e.g. mnist/"T-shirt "/ and optdigits/tshirt/: two classes, each missing from a domain
+        folded.setdefault(re.sub(r"[\s\-_.]+", "", c.casefold()), []).append(c)
+    clash = [v for v in folded.values() if len(v) > 1]
+    if clash:
+        where = sorted({cf.path.relative_to(root).as_posix() for cf in plan.folders
+                        if unicodedata.normalize("NFC", cf.class_name) in clash[0]})
+        raise ValidationError(f"class folders {where} under {root} differ only in case, spaces or punctuation: they would "
+                              "be separate classes; rename them to one spelling")
     domain_names = sorted({d for _, d, _, _ in found})
     cindex = {c: i for i, c in enumerate(class_names)}
     dindex = {d: i for i, d in enumerate(domain_names)}

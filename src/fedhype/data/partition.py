@@ -321,7 +321,15 @@ def _domain_clients(domains: np.ndarray, names: list[str], n_clients: int | None
     return count.tolist(), cnames
 
 
-def _check_args(scheme: str, n_clients, alpha, quantity_skew, splits, min_train) -> np.ndarray:
+def check_partition_args(scheme: str, n_clients, alpha, quantity_skew, splits, min_train) -> np.ndarray:
+    """Check a partition's settings, loading nothing; returns the train/val/test fractions [3] float64, normalised.
+
+    ``fedhype run`` calls it before it embeds (a bad ``partition.*`` setting was refused only after the embedding).
+
+    Raises:
+        ValidationError: an unknown scheme, fewer than one client, α ≤ 0, a bad quantity skew, fractions that are
+            not three numbers ≥ 0 summing to 1 with train > 0, or a negative minimum training set.
+    """
     if scheme not in SCHEMES:
         raise ValidationError(f"unknown scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
     if scheme != "domain" and (n_clients is None or n_clients < 1):
@@ -377,7 +385,7 @@ def make_partition(
         MinRecordsError: clients below ``min_train_per_client`` (a ValidationError; every one of them in
             its ``clients`` field, the first five in the message with their sizes and a suggested fix).
     """
-    s = _check_args(scheme, n_clients, alpha, quantity_skew, splits, min_train_per_client)
+    s = check_partition_args(scheme, n_clients, alpha, quantity_skew, splits, min_train_per_client)
     rng = np.random.default_rng(seed)
     labels, domains = store.labels.numpy(), store.domains.numpy()
     n = len(store)

@@ -15,6 +15,7 @@ a function of a site's records except its training-set size).
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -176,12 +177,14 @@ class Roster:
             raise ValidationError(f"class(es) {unheld} of --classes are held by no site (sites' classes: {union}); "
                                   "their synthetic embeddings would be DP noise alone: drop them")
         folded: dict[str, list[str]] = {}
-        for k in vocab:
-            folded.setdefault(k.casefold(), []).append(k)
+        for k in vocab:  # "T-shirt " at one site and "tshirt" at another became two classes, silently (a probe)
+            folded.setdefault(re.sub(r"[\s\-_.]+", "", k.casefold()), []).append(k)
         clash = [v for v in folded.values() if len(v) > 1]
         if clash:
-            raise ValidationError(f"class names {clash} differ only in case: the sites name the same class differently; "
-                                  "rename the class folders (and embed again) so that every site uses one name")
+            held = {k: [c.name for c in cards if k in c.class_names] for k in clash[0]}
+            raise ValidationError(f"class names {clash} differ only in case, spaces or punctuation (held by sites "
+                                  f"{held}): the sites name the same class differently; rename the class folders "
+                                  "(and embed again) so that every site uses one name")
         for c in cards:
             extra = [k for k in c.class_names if k not in vocab]
             if extra:

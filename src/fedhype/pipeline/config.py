@@ -216,6 +216,23 @@ def check_data(conf: dict) -> None:
                                   f"{', '.join(BUILTIN_DATASETS)} (or set data.images to a folder, data.store to a store)")
 
 
+def check_partition(conf: dict) -> None:
+    """Check the ``[partition]`` section of a resolved configuration, loading nothing
+    (:func:`fedhype.data.partition.check_partition_args`); ``fedhype run`` calls it before it embeds.
+
+    Raises:
+        ValidationError: naming the ``partition.*`` settings and what is wrong with them.
+    """
+    from fedhype.data.partition import check_partition_args
+
+    p = conf["partition"]
+    try:
+        check_partition_args(p["scheme"], p["clients"] or None, p["alpha"], None, p["fractions"], p["min_records"])
+    except ValidationError as exc:
+        raise ValidationError(f"[partition] (scheme = {p['scheme']!r}, clients = {p['clients']!r}): {exc}; "
+                              "nothing was embedded") from None
+
+
 def _layer(label: str) -> int:
     """The layer a setting came from: 0 a config file, 1 ``--set``, 2 the Python API's values."""
     return 0 if label.startswith("--config") else 1 if label.startswith("--set") else 2

@@ -143,13 +143,14 @@ def delta_advice(delta: float, sizes: "dict[str, int]") -> str | None:
         sizes: client name → training-set size n_i.
 
     Returns:
-        None when n_i·δ ≤ :data:`DELTA_ADVICE` for every client, else one sentence naming the largest n_i·δ,
-        its client and the δ that would meet the advice.
+        None when n_i·δ ≤ :data:`DELTA_ADVICE` for every client, or when some n_i·δ ≥ 1 (:func:`check_delta`
+        refuses that plan, and its error is the message: a warning saying "below 1/n" would contradict it);
+        else one sentence naming the largest n_i·δ, its client and the δ that would meet the advice.
     """
     if not sizes:
         return None
     name, n = max(sizes.items(), key=lambda kv: kv[1])
-    if n * delta <= DELTA_ADVICE:
+    if n * delta <= DELTA_ADVICE or n * delta >= 1.0:
         return None
     return (f"delta = {delta:g} is below 1/n for every client but n·delta reaches {n * delta:.3g} ({name!r}, "
             f"n = {n}); the usual advice is delta well below 1/n, e.g. ≤ {DELTA_ADVICE / n:.2g} here "
