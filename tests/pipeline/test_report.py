@@ -138,3 +138,20 @@ def test_report_downstream_section(skewed_federation):
     assert "not covered by DP" in md and "benchmarks/downstream.py" in md
     line = next(x for x in glance({"private": False, "n_classes": 10, "downstream": s}) if "For each client" in x)
     assert f"by {d['gain_union_accuracy']:+.3f} on average ({s['clients_gaining_union']} of {len(clients)}" in line
+
+
+def test_held_out_figures_that_rise_over_the_rounds_are_said_in_the_report():
+    """A new user's probe saw held-out −ELBO 84274 → 86659 and MMD² 0.0618 → 0.0633 over 8 rounds, with no word."""
+    from fedhype.pipeline.report import _trend_sentence, held_out_trend
+
+    def row(r, e, m):
+        return {"round": r, "epsilon": 0.9, "diagnostics_not_dp": {"val_neg_elbo": e, "val_mmd2": m}}
+
+    worse = held_out_trend([row(0, 84274.0, 0.0618), row(1, 85000.0, 0.0620), row(7, 86659.0, 0.0633)])
+    assert worse == {"rounds": [1, 8], "val_neg_elbo": [84274.0, 86659.0], "val_mmd2": [0.0618, 0.0633], "worse": True}
+    s = _trend_sentence(worse)
+    assert "round 1 to round 8" in s and "84274 → 86659" in s and "made the held-out fit worse" in s
+    better = held_out_trend([row(0, 90.0, 0.05), row(3, 80.0, 0.04)])
+    assert better["worse"] is False and "worse" not in _trend_sentence(better)
+    assert held_out_trend([row(0, 1.0, 0.1)]) is None and _trend_sentence(None) == ""
+    assert held_out_trend([{"round": 0}, {"round": 1}]) is None  # runs without diagnostics
