@@ -341,6 +341,10 @@ def test_embed_and_train_print_progress_lines_to_a_non_tty_stderr(files, tmp_pat
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("train: ")]
     assert lines[0].startswith("train: 2 rounds over 2 clients (fedhypevae, σ = 1")
     assert [ln.split("  ")[0] for ln in lines[1:]] == ["train: round 1/2", "train: round 2/2"]
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
+                "--out", tmp_path / "run-g", "--method", "dp-gaussian", "--noise-multiplier", 1, "--seed", 0, "--json")
+    assert r.exit_code == 0, r.output  # it said "train: 8 rounds over …" and ran none (a probe)
+    assert "train: the statistics release alone (no DP-SGD round) over 2 clients (dp-gaussian" in r.stderr
 
 
 # ----------------------------------------------------------------------------- 10: train defaults = run defaults
@@ -690,3 +694,36 @@ def test_the_same_thing_has_the_same_option_name_in_every_command():
     assert {"--out", "--audit-out"} <= opts
     out = next(p for p in audit.params if "--out" in getattr(p, "opts", []))
     assert out.name == "audit_out" and "--audit-out" in out.opts
+
+
+@pytest.mark.parametrize("tol", ["5", "-1", "nan", "0.011"])
+def test_audit_tolerance_is_for_rounding_only(tmp_path, tol):
+    """`audit --run rel --tolerance 5` called a privacy.json edited from ε 2.005 to 1.0 consistent (a probe)."""
+    (tmp_path / "ledger.json").write_text("{}")  # a run folder in name; the tolerance is refused before it is read
+    r = CliRunner().invoke(app, ["audit", "--run", str(tmp_path), "--tolerance", tol, "--json"])
+    assert r.exit_code == 2, r.output
+    assert "--tolerance must be a number in [0, 0.01]" in json.loads(r.stdout.strip().splitlines()[-1])["error"]
+
+
+def test_evaluate_names_an_empty_held_out_split(files, tmp_path):
+    """`partition --fractions 0.8,0.2,0.0` then `evaluate` said "MMD² needs at least 2 samples, got 0" (a probe)."""
+    r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--fractions", "0.8,0.2,0.0",
+                "--out", tmp_path / "p.json", "--json")
+    assert r.exit_code == 0, r.output
+    r = _invoke("evaluate", "--store", files / "digits.safetensors", "--synthetic", files / "digits.safetensors",
+                "--partition", tmp_path / "p.json", "--permutations", 0, "--json")
+    assert r.exit_code == 2, r.output
+    err = _one_json(r)["error"]
+    assert "has no test records" in err and "[0.8, 0.2, 0.0]" in err and "--fractions" in err
+
+
+def test_partition_overwrite_says_a_run_bound_to_the_old_key_needs_the_old_file(files, tmp_path):
+    """Rerunning `partition … --overwrite` draws a new key: a finished run's `evaluate` then fails on the new file.
+    A probe orphaned a run that way with no word; the replacement is now said."""
+    args = ["partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--out", tmp_path / "p.json"]
+    assert _invoke(*args, "--json").exit_code == 0
+    old = json.loads((tmp_path / "p.json").read_text())["key"]
+    r = _invoke(*args, "--overwrite", "--json")
+    assert r.exit_code == 0, r.output
+    new = json.loads((tmp_path / "p.json").read_text())["key"]
+    assert new != old and f"warning: --overwrite replaced the partition" in r.stderr and old[:8] in r.stderr

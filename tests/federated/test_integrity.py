@@ -111,6 +111,24 @@ def test_an_unseeded_run_interrupted_after_the_release_is_not_charged_for_it_aga
     assert torch.equal(theta0["hnet.space_mean"], load_model(run)[0].space_mean)  # the same release was used
 
 
+def test_max_epsilon_refuses_a_resume_that_would_release_again_before_charging_it(real_store, part, tmp_path):
+    """A run interrupted during its release (charged, its outputs never saved) is released again on an unseeded
+    resume, with fresh noise, and charged again. A new user's probe saw `--resume --max-epsilon 2.1` spend that
+    second release and only then stop at round 1, saying "stopped before spending". It is now refused before."""
+    from fedhype.errors import BudgetExceededError
+
+    cfg = TrainConfig(**{**CFG, "seed": None, "epsilon": 2.0, "noise_multiplier": None})
+    run = tmp_path / "run"
+    train(real_store, part, cfg, run, diagnostics=False, stop_after=0)
+    (run / "ckpt" / "release-state.safetensors").unlink()  # as if interrupted after the charge, before the save
+    before = (run / "ledger.json").read_bytes()
+    spent = max(PrivacyLedger.load(run / "ledger.json").epsilons().values())
+    with pytest.raises(BudgetExceededError, match=r"the statistics release \(interrupted before, charged again"):
+        train(real_store, part, TrainConfig(**{**cfg.__dict__, "max_epsilon": 2.1}), run, resume=True, diagnostics=False)
+    assert (run / "ledger.json").read_bytes() == before  # nothing charged by the refused resume
+    assert spent < 2.1  # what was spent before fits the limit: only the re-release would break it
+
+
 def test_a_partition_whose_class_names_were_edited_is_refused(real_store, part, tmp_path):
     import dataclasses
 

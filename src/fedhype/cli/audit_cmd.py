@@ -21,6 +21,7 @@ synthetic.safetensors).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +33,8 @@ from fedhype.cli.choices import CANARIES, choice
 from fedhype.cli.common import JsonOpt, LineProgress, console, existing, kv_table, round_printer, run_command
 from fedhype.errors import ValidationError
 
+#: the largest --tolerance: it absorbs rounding of recorded ε figures (a claim is consistent within it), nothing more
+MAX_TOLERANCE = 0.01
 _CANARY_KEYS = ("claimed_epsilon", "empirical_epsilon_lower_bound", "exceeds_claim", "n_canaries", "guesses", "correct")
 
 
@@ -205,7 +208,7 @@ def register(app: typer.Typer) -> None:
                                                              kind="dir")),
         synthetic: Optional[list[Path]] = typer.Option(None, "--synthetic", help="Synthetic store drawn from the run (repeatable): its ε is checked; --mia attacks it.",
                                                       callback=existing("synthetic embeddings store", "create it with `fedhype synthesize`")),
-        tolerance: float = typer.Option(1e-6, "--tolerance", help="Allowed |claimed − recomputed| ε."),
+        tolerance: float = typer.Option(1e-6, "--tolerance", help="Allowed |claimed − recomputed| ε, in [0, 0.01] (rounding only)."),
         mia: bool = typer.Option(False, "--mia", help="Membership inference (needs --store and --partition)."),
         store: Optional[Path] = typer.Option(None, "--store", help="The run's real embeddings store.",
                                              callback=existing("embeddings store", "create it with `fedhype embed`")),
@@ -248,6 +251,10 @@ def register(app: typer.Typer) -> None:
                                                                         "ledger.json", "run")):
                 raise ValidationError(f"--run {run} is not a run directory (no model.safetensors, config.json or "
                                       "ledger.json, no run/ folder): give the --out of `fedhype train` or `fedhype run`")
+            if not (math.isfinite(tolerance) and 0.0 <= tolerance <= MAX_TOLERANCE):
+                # `--tolerance 5` passed a privacy.json edited from ε 2.005 to 1.0 as consistent (a probe)
+                raise ValidationError(f"--tolerance must be a number in [0, {MAX_TOLERANCE:g}] (it absorbs the rounding of "
+                                      f"recorded ε figures, not a difference in budget), got {tolerance!r}")
             if canaries not in (None, "white-box", "black-box"):
                 raise ValidationError(f"--canaries must be white-box or black-box, got {canaries!r}")
             if breakage is not None and canaries != "white-box":

@@ -102,7 +102,10 @@ def run_command(
         _fail(_with_flags(str(exc)), exc.exit_code, json_mode, extra=_error_extra(exc))
     except KeyboardInterrupt:
         _fail("interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command: `fedhype run` and `fedhype train "
-              "--resume` continue from the last completed round, other commands start again", 130, json_mode)
+              "--resume` continue from the last completed round (the ledger already holds what the interrupted release or round "
+              "was charged; without a seed, its rerun draws fresh noise and is charged again — `fedhype audit --run` shows the "
+              "ledger; --max-epsilon refuses a rerun that would exceed it), other commands start again (remove a finished "
+              "--out they refuse to overwrite)", 130, json_mode)
     except OSError as exc:  # a path the user gave that cannot be read or written: say which, without a traceback
         if os.environ.get("FEDHYPE_DEBUG"):
             raise

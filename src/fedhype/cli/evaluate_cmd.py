@@ -175,6 +175,11 @@ def evaluate(
             check_provenance(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}",
                              partition=part)
             test_store = _by_client(part, real_store, split)
+            if len(test_store) == 0:  # said "MMD² needs at least 2 samples, got 0" without naming the split (a probe)
+                raise ValidationError(f"the partition {partition} has no {split} records (its train/val/test fractions: "
+                                      f"{part.params.get('fractions', part.params.get('splits', '?'))}): evaluation needs "
+                                      f"held-out real records; give another --split or a partition with a {split} "
+                                      "share (`fedhype partition --fractions`)")
             if train_store is None and split != "train":
                 train_store = _by_client(part, real_store, "train")
         warnings: list[str] = []

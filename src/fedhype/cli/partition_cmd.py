@@ -13,7 +13,7 @@ from rich.table import Table
 from fedhype.cli.choices import SCHEMES, choice
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_file, config_default, console, existing,
                                 renamed_option, run_command)
-from fedhype.errors import MinRecordsError, ValidationError
+from fedhype.errors import FedhypeError, MinRecordsError, ValidationError
 
 #: Clients named in a "too few train records" refusal; the rest are counted.
 SHOWN = 5
@@ -138,7 +138,20 @@ def partition(
         given = part.params.get("given_splits")
         if given:
             console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)
+        replaced = None
+        if overwrite and out.exists():  # each partition draws a new random key, and a run is bound to its partition's key
+            from fedhype.data.partition import Partition
+
+            try:
+                replaced = Partition.load(out).data_key
+            except FedhypeError:
+                replaced = None
         part.save(out)
+        if replaced is not None and replaced != part.data_key:  # a probe orphaned a finished run this way, silently
+            console.print(f"warning: --overwrite replaced the partition {out} (key {replaced[:8]}…) with a new one (key "
+                          f"{part.data_key[:8]}…): a run trained on the old one is bound to its key, so `evaluate` and "
+                          "`audit --mia` of that run now need the old file — write a new partition to another --out "
+                          "instead if a run used this one", highlight=False)
         labels = emb.labels.numpy()
         rows = []
         for c, size in zip(part.clients, part.sizes()):

@@ -242,7 +242,9 @@ def register(app: typer.Typer) -> None:
             privacy = ("NON-PRIVATE" if cfg.no_dp else f"σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
                        else f"target ε = {cfg.epsilon:g}")
             m = len(sites) if sites is not None else len(p.clients)
-            log_line(f"train: {cfg.rounds} round{'s' if cfg.rounds != 1 else ''} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''} ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
+            what = ("the statistics release alone (no DP-SGD round)" if cfg.statistics_only else
+                    f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''}")  # dp-gaussian said "8 rounds", ran 0 (a probe)
+            log_line(f"train: {what} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''} ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
             if not cfg.no_dp:  # δ < 1/n is refused by the plan; δ ≪ 1/n is advised (as `fedhype budget` warns)
                 from fedhype.privacy.accountant import delta_advice
 

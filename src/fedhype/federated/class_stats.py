@@ -22,6 +22,8 @@ steps by the accountant.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import math
 
 import torch
@@ -741,7 +743,8 @@ def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | N
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
                           weights=None, distributed: DistributedNoise | None = None, centre_share: float = 0.0,
-                          radius: float | None = None, release_centre: str = "pooled"):
+                          radius: float | None = None, release_centre: str = "pooled",
+                          budget_check: "Callable[[list], None] | None" = None):
     """Release every client's class statistics (write-ahead ledger first) and set the model(s).
 
     A federated server pools all clients (:func:`aggregate_class_stats`); a ``local-cvae`` server
@@ -763,6 +766,10 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     (:func:`~fedhype.privacy.centring.centring_from`), ``"auto"`` client centres except under secure
     aggregation, where the server sees only the sum of the centre releases. A ``local-cvae`` server
     centres each client on its own centre release and radius (each client is a model of its own).
+
+    ``budget_check``: called with the release's pending ledger events (what this call would charge) before
+    anything is charged; it raises :class:`~fedhype.errors.BudgetExceededError` to refuse (``train.max_epsilon``
+    on a resume that re-releases: :func:`fedhype.federated.engine.release_statistics`).
 
     Returns the clients' DP class counts ``[m][K]`` (floored at 0; public DP outputs, used to weight
     a mixture per class), or None under secure aggregation (the server sees only their sum).
@@ -795,7 +802,10 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         events = release_events([c.id for c in clients], steps if centred else [(float(dp.noise_multiplier), 1.0, 1)],
                                 [centring_mod.MECHANISM, MECHANISM] if centred else [MECHANISM], RELEASE_SENSITIVITY,
                                 [centre_note, stats_note] if centred else [stats_note])
-        charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
+        pending = pending_charges(ledger, events, replays=lambda e: seeded)
+        if budget_check is not None:
+            budget_check(pending)
+        charge(ledger, pending, ledger_path)
     rank_cap, residual, share = server.cfg.latent, server.cfg.residual, server.cfg.located_share
     parts = getattr(server, "servers", None)
     if distributed is not None:

@@ -282,7 +282,8 @@ def release_statistics(state: RunState) -> None:
                                            seeded=all(state.transport.replays_noise(i) for i in range(len(clients))),
                                            weights=cfg.release_weights(mcfg),
                                            distributed=plan.distributed, centre_share=cfg.centre_share,
-                                           radius=cfg.release_radius, release_centre=cfg.centre_mode())
+                                           radius=cfg.release_radius, release_centre=cfg.centre_mode(),
+                                           budget_check=functools.partial(_release_budget, state))
             # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
             atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts})
             saved.parent.mkdir(parents=True, exist_ok=True)
@@ -293,6 +294,35 @@ def release_statistics(state: RunState) -> None:
         atomic_write_json(run.metrics, [])
         _write_model(state, rounds_done=0)
         run.commit(0, {"statistics_released": True})
+
+
+def _release_budget(state: RunState, pending: list) -> None:
+    """Refuse a release that would take a client past ``train.max_epsilon`` (nothing charged).
+
+    The plan's check (:func:`fedhype.federated.run_plan.check_plan`) prices a run from scratch; a resume of a run
+    interrupted during its release re-releases with fresh noise (unseeded) and is charged again on top of the
+    ledger. A new user's probe saw such a resume spend the release again and then stop at round 1 with "stopped
+    before spending". So the pending release is priced with the ledger and, at full participation, every DP-SGD
+    round still to run (with partial participation, which clients a round samples is not known: the release alone).
+    """
+    cfg = state.plan.cfg
+    if cfg.max_epsilon is None or not pending:
+        return
+    future: list = []
+    if cfg.participation >= 1 and not cfg.statistics_only and state.plan.noise_multiplier:
+        every = [(c.id, cfg.sample_rate(c.n), cfg.steps_per_round(c.n)) for c in state.clients]
+        for r in range(state.done, cfg.rounds):
+            future += dp_sgd_events(r, every, state.plan.noise_multiplier, cfg.clip_norm, mechanism=MECHANISM)
+    over = state.ledger.would_exceed(list(pending) + future, cfg.max_epsilon)
+    if over:
+        worst = max(over.values())
+        again = any(e.client == pending[0].client and e.mechanism == pending[0].mechanism
+                    for e in state.ledger.events)
+        raise BudgetExceededError(
+            ("the statistics release (interrupted before, charged again with fresh noise on this resume) " if again else
+             "the statistics release ") + (f"and the {cfg.rounds - state.done} DP-SGD rounds after it " if future else "")
+            + f"would take client(s) {sorted(over)} to ε = {worst:.4g} > --max-epsilon {cfg.max_epsilon}; stopped before "
+            "spending (nothing was charged by this call)", epsilon=worst, limit=cfg.max_epsilon)
 
 
 # ------------------------------------------------------------------------------------------------ step 3: a round
