@@ -115,3 +115,23 @@ def test_artifact_errors_exit_4_and_mismatch_exit_2(files):
     assert r.exit_code == 4, r.output
     r = _run("train", "--data", files["root"] / "nope.safetensors", "--out", files["root"] / "y", "--json")
     assert r.exit_code == 2 and "--data" in json.loads(r.stdout)["error"]
+
+
+def test_evaluate_refuses_a_partition_other_than_the_synthetic_runs(files, real_store):
+    """`prototypes evaluate --partition other.json` scored a model trained on a run's synthetic store on another
+    partition's test split (which may hold that run's training records) with no word; `evaluate` refuses it."""
+    from fedhype.data.partition import Partition
+
+    part = Partition.load(files["part"])
+    syn = EmbeddingStore.load(files["syn"])
+    keyed = EmbeddingStore(syn.embeddings, syn.labels, syn.domains, syn.sample_ids, syn.class_names, syn.domain_names,
+                           {**syn.meta, "data_keys": [part.data_key]})
+    keyed.save(files["root"] / "keyed.safetensors")
+    out = files["root"] / "keyed-model"
+    r = _run("train", "--data", files["root"] / "keyed.safetensors", "--epochs", 1, "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    r = _run("evaluate", "--model", out, "--store", files["real"], "--partition", files["part"], "--json")
+    assert r.exit_code == 0, r.output  # the run's own partition
+    make_partition(real_store, scheme="iid", n_clients=2, seed=0).save(files["root"] / "other.json")
+    r = _run("evaluate", "--model", out, "--store", files["real"], "--partition", files["root"] / "other.json", "--json")
+    assert r.exit_code == 4 and "is not among the data keys" in json.loads(r.stdout)["error"]

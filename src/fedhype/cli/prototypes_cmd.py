@@ -149,7 +149,9 @@ def train(
         meta = {"class_names": store.class_names, "data": str(data), "data_kind": store.kind, "trained_on": trained_on,
                 "data_epsilon": store.meta.get("epsilon"), "data_private": store.meta.get("private"),
                 "encoder": store.meta.get("encoder"), "partition": None if partition is None else str(partition),
-                "split": split, "federated": federated, "private": private}
+                "split": split, "federated": federated, "private": private,
+                # a synthetic store's run's partition keys: evaluate refuses another partition's held-out split
+                "data_keys": list(store.meta.get("data_keys") or []) if store.kind == "synthetic" else []}
         clf.save(out, meta)
         composed = ledger is not None and matching == "dp"
         # the model's ε: the DP matching's (composed with the run's ledger or alone); without it the data's —
@@ -231,6 +233,14 @@ def evaluate(
         if partition is not None:
             part = Partition.load(partition)
             part.check_store(store)
+            keys = (clf.meta_ or {}).get("data_keys") or []
+            if keys and part.key and part.data_key not in keys:  # as `fedhype evaluate` (a probe: it scored silently)
+                from fedhype.errors import ArtifactError
+
+                raise ArtifactError(f"the partition's key ({part.data_key[:8]}…) is not among the data keys of the run "
+                                    f"whose synthetic store trained --model {model} "
+                                    f"({', '.join(sorted({k[:8] + '…' for k in keys}))}): its {split} split may hold "
+                                    "that run's training records; pass the partition the run trained on")
             test = part.split_store(store, split)
         else:
             test = store
