@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import unicodedata
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from fedhype.data.roster import look_alike_names
 from fedhype.data.sources import ImageRecord, ImageSource
 from fedhype.errors import ValidationError
 
@@ -274,10 +274,7 @@ def scan_image_folder(
         )
     found.sort(key=lambda t: t[0])
     class_names = sorted({c for _, _, c, _ in found})
-    folded: dict[str, list[str]] = {}
-    for c in class_names:  # e.g. mnist/"T-shirt "/ and optdigits/tshirt/: two classes, each missing from a domain
-        folded.setdefault(re.sub(r"[\s\-_.]+", "", c.casefold()), []).append(c)
-    clash = [v for v in folded.values() if len(v) > 1]
+    clash = look_alike_names(class_names)  # e.g. mnist/"T-shirt "/ and optdigits/tshirt/: two classes
     if clash:
         where = sorted({cf.path.relative_to(root).as_posix() for cf in plan.folders
                         if unicodedata.normalize("NFC", cf.class_name) in clash[0]})

@@ -176,10 +176,7 @@ class Roster:
         if unheld:
             raise ValidationError(f"class(es) {unheld} of --classes are held by no site (sites' classes: {union}); "
                                   "their synthetic embeddings would be DP noise alone: drop them")
-        folded: dict[str, list[str]] = {}
-        for k in vocab:  # "T-shirt " at one site and "tshirt" at another became two classes, silently (a probe)
-            folded.setdefault(re.sub(r"[\s\-_.]+", "", k.casefold()), []).append(k)
-        clash = [v for v in folded.values() if len(v) > 1]
+        clash = look_alike_names(vocab)  # "T-shirt " at one site and "tshirt" at another were two classes (a probe)
         if clash:
             held = {k: [c.name for c in cards if k in c.class_names] for k in clash[0]}
             raise ValidationError(f"class names {clash} differ only in case, spaces or punctuation (held by sites "
@@ -192,6 +189,15 @@ class Roster:
                                       f"classes {vocab}; add them to --classes")
         clients = [RosterClient(i, c.name, c.n_train, c.key) for i, c in enumerate(cards)]
         return cls("site", vocab, clients, cards[0].encoder, dims[0])
+
+
+def look_alike_names(names: Sequence[str]) -> list[list[str]]:
+    """Groups of ``names`` that differ only in case, whitespace, ``-``, ``_`` or ``.`` (e.g. ``"T-shirt "`` and
+    ``"tshirt"``): the same class spelled two ways, which would train as two classes. Each group in input order."""
+    folded: dict[str, list[str]] = {}
+    for k in names:
+        folded.setdefault(re.sub(r"[\s\-_.]+", "", k.casefold()), []).append(k)
+    return [v for v in folded.values() if len(v) > 1]
 
 
 def as_roster(clients: Any) -> Roster:
