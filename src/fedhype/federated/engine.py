@@ -270,7 +270,7 @@ def release_statistics(state: RunState) -> None:
     """
     run, plan, server, clients = state.run, state.plan, state.server, state.clients
     cfg, mcfg = plan.cfg, plan.model
-    released = run.checkpoint.exists() and bool(read_json(run.checkpoint, "checkpoint").get("statistics_released"))
+    released = run.statistics_released()
     if mcfg.class_bias and not (cfg.statistics_only and released):
         # DP statistics → model space, class bias and covariance (fedhype.federated.class_stats)
         saved = run.root / "ckpt" / RELEASE_STATE

@@ -99,6 +99,11 @@ class RunDir:
             return 0
         return int(read_json(self.checkpoint, "checkpoint")["rounds_done"])
 
+    def statistics_released(self) -> bool:
+        """Whether the checkpoint records the statistics release of a statistics-only run (``dp-gaussian``) as
+        committed; a committed DP-SGD round (:meth:`committed_round` > 0) also implies the release ran."""
+        return self.checkpoint.exists() and bool(read_json(self.checkpoint, "checkpoint").get("statistics_released"))
+
     def commit(self, rounds_done: int, extra: dict | None = None) -> None:
         atomic_write_json(self.checkpoint, {"rounds_done": rounds_done, **(extra or {})})
         for p in (self.root / "ckpt").glob("server-r*.safetensors"):

@@ -352,8 +352,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     if resume:
         rd = RunDir(run_dir)
         done = rd.committed_round()
-        released = done > 0 or (rd.checkpoint.exists()  # a committed round comes after the release
-                                and bool(read_json(rd.checkpoint, "checkpoint").get("statistics_released")))
+        released = done > 0 or rd.statistics_released()  # a committed round comes after the release
         log(f"train: resuming after round {done} of {tcfg.rounds}" + (
             " (the class statistics were released before and are not released again; " if released else
             " (the statistics release before round 0 did not complete; ")
