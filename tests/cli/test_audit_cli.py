@@ -122,10 +122,15 @@ def test_white_box_from_flags_without_a_run(app, shared):
     (["--canaries", "black-box", "--break", "noise"], "--break applies"),
     (["--canaries", "grey-box"], "is not one of"),  # the parser's refusal (in a rich box here: no root --json group)
     (["--canaries", "white-box", "--noise-multiplier", "1.0"], "missing"),
+    # a probe: --delta and --n-canaries without --canaries were ignored without a word
+    (["RUN", "--delta", "1e-6", "--n-canaries", "50"], "--n-canaries, --delta: these apply to a canary audit only"),
+    (["RUN", "--confidence", "0.9"], "--confidence: this applies to a canary audit only"),
 ])
 def test_usage_errors_exit_2(app, shared, args, message):
     if args and args[0] == "--canaries" and "--noise-multiplier" in args:
         args = [*args, "--store", str(shared["store"])]
+    if args and args[0] == "RUN":
+        args = ["--run", str(shared["run"]), *args[1:]]
     result, out = _run(app, *args, "--json")
     assert result.exit_code == 2 and message in (out["error"] if out else result.output)
 

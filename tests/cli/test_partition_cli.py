@@ -77,6 +77,9 @@ def test_table_output_domain_scheme(store_file, tmp_path):
     [
         (["--scheme", "random", "--clients", "3"], "'random' is not one of 'domain', 'dirichlet', 'iid'"),
         (["--scheme", "dirichlet", "--clients", "3", "--alpha", "-1"], "alpha"),
+        # a probe: --scheme domain --alpha was accepted and ignored
+        (["--scheme", "domain", "--alpha", "0.1"], "--alpha applies to --scheme dirichlet only"),
+        (["--scheme", "iid", "--clients", "3", "--alpha", "0.1"], "--quantity-skew sets unequal client sizes"),
         (["--scheme", "iid", "--clients", "3", "--fractions", "0.6,0.4"], "--fractions"),
         (["--scheme", "iid", "--clients", "200"], "--clients 200 is too many"),
         (["--scheme", "iid", "--clients", "56"], "fewer than 20 train records (--min-records)"),

@@ -82,5 +82,5 @@ def test_k_not_below_n_is_an_error():
     x = _digits()
     with pytest.raises(ValidationError, match="k=5"):
         prdc(x[:100], x[:5], k=5)
-    with pytest.raises(ValidationError, match="k must be"):
+    with pytest.raises(ValidationError, match=r"k must be ≥ 1 \(--k, evaluate.k in a job\)"):
         prdc(x[:100], x[:50], k=0)

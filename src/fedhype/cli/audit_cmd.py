@@ -255,6 +255,18 @@ def register(app: typer.Typer) -> None:
                 # `--tolerance 5` passed a privacy.json edited from ε 2.005 to 1.0 as consistent (a probe)
                 raise ValidationError(f"--tolerance must be a number in [0, {MAX_TOLERANCE:g}] (it absorbs the rounding of "
                                       f"recorded ε figures, not a difference in budget), got {tolerance!r}")
+            if canaries is None:  # a probe's --delta / --n-canaries without --canaries were ignored without a word
+                stray = [name for name, v in (("--n-canaries", n_canaries), ("--noise-multiplier", noise_multiplier),
+                                              ("--sample-rate", sample_rate), ("--steps", steps), ("--clip-norm", clip_norm),
+                                              ("--delta", delta), ("--client", client), ("--out", audit_out))
+                         if v is not None]
+                stray += [name for name, v, default in (("--guess-in", guess_in, 0.1), ("--guess-out", guess_out, 0.0),
+                                                        ("--confidence", confidence, 0.95)) if v != default]
+                if stray:
+                    raise ValidationError(f"{', '.join(stray)}: {'these apply' if len(stray) > 1 else 'this applies'} to a "
+                                          "canary audit only; add --canaries white-box or --canaries black-box, or leave "
+                                          f"{'them' if len(stray) > 1 else 'it'} out (the ledger check and --mia use the "
+                                          "run's own δ)")
             if canaries not in (None, "white-box", "black-box"):
                 raise ValidationError(f"--canaries must be white-box or black-box, got {canaries!r}")
             if breakage is not None and canaries != "white-box":

@@ -14,6 +14,7 @@ from fedhype.cli.choices import SCHEMES, choice
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_file, config_default, console, existing,
                                 renamed_option, run_command)
 from fedhype.errors import FedhypeError, MinRecordsError, ValidationError
+from fedhype.pipeline.config import DEFAULTS
 
 #: Clients named in a "too few train records" refusal; the rest are counted.
 SHOWN = 5
@@ -95,7 +96,8 @@ def partition(
                                callback=existing("embeddings store", "create it with `fedhype embed`")),
     scheme: str = typer.Option(..., "--scheme", help="domain | dirichlet | iid", click_type=choice(SCHEMES)),
     clients: int | None = typer.Option(None, "--clients", help="Number of clients (dirichlet/iid: required; domain: ≥ #domains)."),
-    alpha: float = typer.Option(0.3, "--alpha", help="Dirichlet concentration α (dirichlet scheme; smaller = more label skew)."),
+    alpha: float | None = typer.Option(None, "--alpha", help="Dirichlet concentration α (dirichlet scheme only; default "
+                                       f"{DEFAULTS['partition']['alpha']:g}; smaller = more label skew)."),
     quantity_skew: float | None = typer.Option(None, "--quantity-skew", help="iid only: client sizes ~ Dirichlet(S)."),
     split: str = renamed_option("0.6,0.2,0.2", "--fractions", "--split", help="train,val,test fractions of each client's records."),
     min_train: int = renamed_option(..., "--min-records", "--min-train", help="Refuse a partition in which a client has fewer "
@@ -118,6 +120,10 @@ def partition(
         from fedhype.data.store import EmbeddingStore
 
         check_out_file(out, overwrite, writes=FORMAT, command="partition")
+        if alpha is not None and scheme != "dirichlet":  # a probe's --scheme domain --alpha 0.1 was taken silently
+            raise ValidationError(f"--alpha applies to --scheme dirichlet only (the label skew of a Dirichlet partition); "
+                                  f"--scheme {scheme} does not use it: leave it out"
+                                  + (" (--quantity-skew sets unequal client sizes)" if scheme == "iid" else ""))
         splits = _parse_split(split)
         emb = EmbeddingStore.load(store)
         if emb.kind != "real":  # as `fedhype site` and `fedhype train`: a partition splits real records
@@ -129,7 +135,8 @@ def partition(
         if valid and min_train >= 0 and scheme in ("domain", "dirichlet", "iid"):
             _precheck(len(emb), clients, fraction, min_train)
         try:
-            part = make_partition(emb, scheme=scheme, n_clients=clients, alpha=alpha, quantity_skew=quantity_skew,
+            part = make_partition(emb, scheme=scheme, n_clients=clients,
+                                  alpha=DEFAULTS["partition"]["alpha"] if alpha is None else alpha, quantity_skew=quantity_skew,
                                   splits=splits, min_train_per_client=min_train, seed=seed,
                                   use_given_splits=not draw_splits)
         except ValidationError as exc:

@@ -41,7 +41,7 @@ def knn_radii(x: torch.Tensor, k: int, chunk_size: int | None = None) -> torch.T
     """
     n = x.shape[0]
     if k < 1:
-        raise ValidationError(f"PRDC: k must be ≥ 1, got {k}")
+        raise ValidationError(f"PRDC: k must be ≥ 1 (--k, evaluate.k in a job), got {k}")
     if k >= n:
         raise ValidationError(
             f"PRDC: k={k} nearest neighbours need more than k samples per set, got N={n}; lower k (--k, evaluate.k in a job) or add samples"
