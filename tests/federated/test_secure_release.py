@@ -27,7 +27,7 @@ def part(real_store):
     return make_partition(real_store, scheme="iid", n_clients=3, seed=0)
 
 
-def _run(real_store, part, cfg, out, drop=()):
+def _run(real_store, part, cfg, out, drop=(), **kw):
     def connect(run):
         clients, _ = _build_clients(real_store, part, run, cfg)
         attach_local_session(clients, cfg.distributed_noise(len(clients)), cfg.delta,
@@ -35,7 +35,7 @@ def _run(real_store, part, cfg, out, drop=()):
         return InProcessTransport(clients, None)
 
     return run_federation(part, cfg, out, store_info=describe_store(real_store), n_classes=real_store.n_classes,
-                          connect=connect)
+                          connect=connect, **kw)
 
 
 @pytest.mark.parametrize("method", ["dp-gaussian", "fedhypevae"])
@@ -86,3 +86,21 @@ def test_a_dropout_beyond_t_stops_with_nothing_charged_or_committed(real_store, 
     led = json.loads((tmp_path / "run" / "ledger.json").read_text())["events"] if (tmp_path / "run" / "ledger.json").exists() else []
     assert led == []
     assert not (tmp_path / "run" / "checkpoint.json").exists() and not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_max_epsilon_refuses_a_resume_that_would_release_again_through_the_integer_path(real_store, part, tmp_path):
+    """As in process (tests/federated/test_integrity.py): a run interrupted after its release was charged and before
+    its outputs were saved releases again on an unseeded resume; with --max-epsilon that would be exceeded, the
+    integer (Flower SecAgg+) path refuses too, before anything is charged."""
+    from fedhype.errors import BudgetExceededError
+
+    cfg = TrainConfig(method="fedhypevae", rounds=2, local_steps=1, batch_size=32, epsilon=2.0, delta=1e-4, seed=None,
+                      model=SMALL, secure_aggregation=True, dropout_tolerance=1)
+    run = tmp_path / "run"
+    _run(real_store, part, cfg, run, stop_after=0)
+    (run / "ckpt" / "release-state.safetensors").unlink()  # as if interrupted after the charge, before the save
+    before = (run / "ledger.json").read_bytes()
+    spent = PrivacyLedger.load(run / "ledger.json").worst()[1]
+    with pytest.raises(BudgetExceededError, match=r"the statistics release \(interrupted before, charged again"):
+        _run(real_store, part, TrainConfig(**{**cfg.__dict__, "max_epsilon": 2.1}), run, resume=True)
+    assert (run / "ledger.json").read_bytes() == before and spent < 2.1

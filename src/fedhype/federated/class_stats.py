@@ -608,6 +608,8 @@ def apply_class_stats(hnet, stats: dict[str, torch.Tensor]) -> None:
             for k in ("mu_w", "mu_b", "lv_w", "lv_b"):
                 if k in hnet.heads:
                     hnet.heads[k].zero_()
+            if hasattr(hnet, "anchor_cb"):  # the untrained model's class means, kept for synthesis
+                hnet.anchor_cb.copy_(hnet.base["cb"])
 
 
 def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate], dp, weights,
@@ -682,6 +684,8 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         hnet.heads["cs_wl_w"].copy_(w[n_cb:n_cb + n_wl].to(torch.float32))
         if base_lsx is not None:
             hnet.heads["cs_lsx_w"].copy_(w[n_cb + n_wl:].to(torch.float32))
+        if hasattr(hnet, "anchor_cs_cb_w"):
+            hnet.anchor_cs_cb_w.copy_(hnet.heads["cs_cb_w"])
     return {"clients": len(updates), "exact": int(torch.linalg.matrix_rank(c)) == len(updates)}
 
 
@@ -786,7 +790,8 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
 
         return run_integer_release(session(), clients, server, n_classes, dp, ledger, ledger_path, seeded=seeded,
                                    weights=weights, distributed=distributed, centre_share=centre_share,
-                                   radius=centring_mod.DEFAULT_RADIUS if radius is None else float(radius))
+                                   radius=centring_mod.DEFAULT_RADIUS if radius is None else float(radius),
+                                   budget_check=budget_check)
     what = "class sums, counts and second moments" if weights.second_moment > 0 else "class sums and counts"
     centred = bool(dp.enabled and centre_share > 0)
     radius = centring_mod.DEFAULT_RADIUS if radius is None else float(radius)

@@ -66,10 +66,14 @@ def release_plans(noise: DistributedNoise, steps: Sequence[tuple[float, float, i
 
 def run_integer_release(session: SecureSession, clients, server, n_classes: int, dp, ledger, ledger_path: Path | None, *,
                         seeded: bool, weights, distributed: DistributedNoise, centre_share: float,
-                        radius: float) -> None:
+                        radius: float, budget_check=None) -> None:
     """The release before round 0 over ``session`` (module docstring); sets ``server.hnet`` from the aggregate.
 
     Returns None (the server sees no client's own counts), as the in-process secure path does.
+
+    ``budget_check`` (``train.max_epsilon`` on a resume that releases again): called once, before anything is
+    charged, with the pending events of every step for every client (those who drop out at a step are not
+    charged for it, so the check may price more than is spent, never less); it raises to refuse.
 
     Raises:
         ValidationError: a local-cvae server or a non-private release. Whatever ``session`` raises
@@ -98,6 +102,10 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
             "statistics": "class sums, counts" + (" and second moments" if layouts[-1].second_moment else "")
             + f"; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
             + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "")}
+    if budget_check is not None:
+        every = [e for layout, plan, mechanism in zip(layouts, plans, mechanisms)
+                 for e in skellam_release_events([c.id for c in clients], plan, mechanism, what[layout.kind])]
+        budget_check(pending_charges(ledger, every, replays=lambda e: seeded))
     cen, agg = None, None
     for layout, plan, mechanism in zip(layouts, plans, mechanisms):
         live = session.open(layout.kind)  # no record touched yet: a failure here charges nothing
