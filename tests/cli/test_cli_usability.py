@@ -680,6 +680,9 @@ def test_a_resume_with_another_method_names_the_method_first(files, tmp_path):
     assert r.exit_code == 2, r.output
     err = _one_json(r)["error"]
     assert err.index("train.method: 'fedhypevae' → 'dp-gaussian'") < err.index("model.")
+    # nor does it first announce the refused settings as what runs (a probe saw "(dp-gaussian, target ε = 4 …)")
+    said = r.stderr if getattr(r, "stderr_bytes", None) is not None else r.output
+    assert "resuming the run in" in said and "(dp-gaussian, target" not in said, said
 
 
 def test_the_same_thing_has_the_same_option_name_in_every_command():

@@ -244,7 +244,12 @@ def register(app: typer.Typer) -> None:
             m = len(sites) if sites is not None else len(p.clients)
             what = ("the statistics release alone (no DP-SGD round)" if cfg.statistics_only else
                     f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''}")  # dp-gaussian said "8 rounds", ran 0 (a probe)
-            log_line(f"train: {what} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''} ({cfg.method}, {privacy}, δ = {cfg.delta:g})")
+            if resume and (out / "config.json").exists():  # a refused resume printed the new settings first (a probe)
+                log_line(f"train: resuming the run in {out} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''}; "
+                         "only its recorded settings may resume it (a different one is refused before anything runs)")
+            else:
+                log_line(f"train: {what} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''} ({cfg.method}, "
+                         f"{privacy}, δ = {cfg.delta:g})")
             if not cfg.no_dp:  # δ < 1/n is refused by the plan; δ ≪ 1/n is advised (as `fedhype budget` warns)
                 from fedhype.privacy.accountant import delta_advice
 
