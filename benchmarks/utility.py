@@ -27,6 +27,8 @@ benchmark continues where it stopped. ``--fresh`` ignores the recorded rows.
     .venv/bin/python benchmarks/utility.py --dataset fashion-full --methods scale --jobs 2 --readme  # 70,000 images
     .venv/bin/python benchmarks/utility.py --dataset fashion-full-100 --methods scale --jobs 2 --readme   # 100 clients
     .venv/bin/python benchmarks/utility.py --methods fedhypevae dp-cvae --epsilons 1 --seeds 0   # a slice
+    .venv/bin/python benchmarks/utility.py --dataset fashion --methods core --resynthesize fedhypevae --readme
+        # ours' recorded jobs synthesized and evaluated again from their trained models (a synthesis change)
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ def scale_set(dataset: str | None) -> tuple[str, ...]:
     return SCALE_MANY if dataset == "fashion-full-100" else SCALE
 #: a method name with this suffix runs the method with ``train.secure_aggregation = true`` (t = 0)
 SECAGG = "+secagg"
+
+
+#: a row's cost figures, which ``--resynthesize`` keeps from the run that trained the model
+COST_KEYS = ("wall_s", "peak_rss_mb", "train_s", "machine")
 
 
 def code_for(method: str) -> str:
@@ -305,6 +311,10 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="extra job settings (key=value), as fedhype run --set")
     ap.add_argument("--out", default=None, help="job folder (default runs/bench-utility[-dataset])")
     ap.add_argument("--fresh", action="store_true", help="ignore the rows recorded in <out>/rows.jsonl")
+    ap.add_argument("--resynthesize", nargs="*", default=[], metavar="METHOD",
+                    help="rerun these methods' recorded jobs from their trained models (the job resumes with nothing "
+                         "left to train: synthesis and evaluation again, e.g. after a synthesis default changed); the "
+                         "rows keep the training run's cost figures (wall time, peak RSS, machine)")
     ap.add_argument("--readme", action="store_true", help="update the README tables")
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes (one torch thread each); 1 = in this process")
     ap.add_argument("--results", default=None,
@@ -352,12 +362,21 @@ def main() -> None:
     # the pair), so the +secagg rows have no "no DP" cell
     grid = [(config, m, e, s, out, a.extra) for e in a.epsilons for m in methods for s in a.seeds
             if not (e == "none" and m.endswith(SECAGG))]
+    trained: dict[str, dict] = {}  # --resynthesize: the recorded rows whose jobs run again from their models
+    today = time.strftime("%Y-%m-%d")
+    for g in grid:
+        key = job_key(*g[1:4], g[5])
+        r = done.get(key)
+        if g[1] in a.resynthesize and r is not None and r.get("resynthesized") != today:
+            trained[key] = done.pop(key)
     todo = [g for g in grid if job_key(*g[1:4], g[5]) not in done]
     print(f"{len(grid)} jobs, {len(grid) - len(todo)} already in {log}, {len(todo)} to run", flush=True)
     t0 = time.perf_counter()
     errors = []
 
     def record(r: dict) -> None:
+        if r["key"] in trained and "error" not in r:  # the training run's cost, today's synthesis and evaluation
+            r = {**r, **{k: trained[r["key"]].get(k) for k in COST_KEYS}, "resynthesized": today}
         with log.open("a") as f:
             f.write(json.dumps(r) + "\n")
         if "error" in r:
@@ -384,6 +403,11 @@ def main() -> None:
     cmd = "benchmarks/utility.py" + (f" --dataset {dataset}" if dataset not in (None, "digits") else "") + (
         f" --methods {a.methods[0]}" if a.methods in (["core"], ["scale"]) else "") + ("" if full else " " + " ".join(sys.argv[1:]))
     where = machines_note(rows, threads)
+    again = sorted({r["method"] for r in rows if r.get("resynthesized")})
+    if again:
+        where += (f"; the rows of {', '.join(again)} synthesized and evaluated again on "
+                  f"{max(r['resynthesized'] for r in rows if r.get('resynthesized'))} from their trained models "
+                  "(`--resynthesize`: cost columns from the training run)")
     head = (f"_{time.strftime('%Y-%m-%d')}, {where}; "
             f"{DESCRIPTION.get(dataset, f'config {config}')}; `{cmd}`; {len(rows)} jobs; "
             + (f"methods: the core set ({', '.join(CORE)}; the other ablations are in the digits grid); "

@@ -48,6 +48,20 @@ def test_synthesize_beyond_available_memory(run_dir, tmp_path, monkeypatch):
     assert r.exit_code == 0 and obj["n"] == 20
 
 
+def test_synthesize_beyond_free_disk_space_names_the_folder(run_dir, tmp_path, monkeypatch):
+    """A probe started a multi-GB store without a look at the disk; the release folder holds a second copy."""
+    free = 1000 * (4 * 384 + 40) * 3 // 2  # room for one copy of 1,000 embeddings, not two
+    monkeypatch.setattr(synthesize_cmd, "free_disk", lambda path: free)
+    out = tmp_path / "s.safetensors"
+    r, obj = _invoke("synthesize", "--run", run_dir, "--n", 1000, "--out", out, "--release", tmp_path / "rel", "--json")
+    assert r.exit_code == 2, r.output
+    assert obj["error"].startswith("--n 1000: the store and its release copy need about 0.00 GiB on disk where --out")
+    assert str(out) in obj["error"] and not out.exists() and not (tmp_path / "rel").exists()
+    r, obj = _invoke("synthesize", "--run", run_dir, "--n", 1000, "--seed", 0, "--out", out, "--json")  # one copy fits
+    assert r.exit_code == 0 and obj["n"] == 1000
+    assert synthesize_cmd.free_disk(tmp_path / "no" / "such" / "folder" / "s.safetensors") > 0  # nearest existing folder
+
+
 def test_a_store_too_large_for_its_header_is_refused_before_writing(tmp_path, monkeypatch):
     import torch
 

@@ -183,3 +183,24 @@ def test_train_and_run_out_pointing_at_a_file_is_a_usage_error(files, copy):
     r, obj = _invoke("prototypes", "train", "--data", files["dir"] / "syn.safetensors", "--out", out, "--overwrite", "--json")
     assert r.exit_code == 2 and obj["error"].startswith(f"--out {out} is a file, not a folder: `fedhype prototypes train`")
     assert out.read_text() == "my notes\n"
+
+
+def test_an_interrupted_synthesize_release_leaves_nothing_and_the_same_command_runs_again(files, tmp_path, monkeypatch):
+    """A probe interrupted `synthesize --release`: the store was written, the release folder not, and running the
+    same command again was refused (--out exists). Now the store goes with the release: both or neither."""
+    import fedhype.pipeline.release as rel_mod
+
+    out, rel = tmp_path / "syn.safetensors", tmp_path / "release"
+    args = ("synthesize", "--run", files["run"], "--out", out, "--per-class", 2, "--seed", 0, "--release", rel, "--json")
+    real = rel_mod.write_release
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rel_mod, "write_release", interrupted)
+    r, _ = _invoke(*args)
+    assert r.exit_code != 0 and not out.exists() and not rel.exists()
+    monkeypatch.setattr(rel_mod, "write_release", real)
+    r, obj = _invoke(*args)
+    assert r.exit_code == 0, r.output
+    assert out.exists() and (rel / "synthetic.safetensors").read_bytes() == out.read_bytes()

@@ -16,6 +16,7 @@ from fedhype.pipeline.config import DEFAULTS
 #: job's ``[synthesis]`` defaults (:data:`fedhype.pipeline.config.DEFAULTS`, their one source).
 DEFAULT_PER_CLASS = DEFAULTS["synthesis"]["per_class"]
 DEFAULT_CODE = DEFAULTS["synthesis"]["code"]
+DEFAULT_ANCHOR = DEFAULTS["synthesis"]["anchor"]
 
 #: Most embeddings one synthetic store holds: their sample ids ("syn/<i>") must fit the header that
 #: safetensors allows (:data:`fedhype.data.store.MAX_HEADER_BYTES`, 100 MB; 5 million ids take ~75 MB).
@@ -44,14 +45,33 @@ def available_memory() -> int | None:
         return None
 
 
-def check_size(total: int, dim: int, flag: str) -> None:
-    """Refuse a draw of ``total`` embeddings of dimension ``dim`` above :data:`MAX_SYNTHETIC` or beyond memory.
+def bytes_on_disk(dim: int) -> int:
+    """Size of one embedding in a written store, in bytes: 4·D (float32) plus label, domain and sample id (~40)."""
+    return 4 * int(dim) + 40
+
+
+def free_disk(path: Path) -> int | None:
+    """Free bytes on the file system that would hold ``path`` (its nearest existing folder); None if unknown."""
+    import shutil
+
+    p = Path(path).absolute().parent
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def check_size(total: int, dim: int, flag: str, out: Path | None = None, copies: int = 1) -> None:
+    """Refuse a draw of ``total`` embeddings of dimension ``dim`` above :data:`MAX_SYNTHETIC`, beyond memory, or
+    beyond the free disk space where ``out`` (and ``copies − 1`` more copies, e.g. a release folder's) is written.
 
     Args:
         flag: how the user asked for ``total`` (e.g. ``"--n 10^12"``), named in the message.
 
     Raises:
-        ValidationError: (exit 2) with the limit or the memory needed and available.
+        ValidationError: (exit 2) with the limit, or the memory or disk space needed and available.
     """
     from fedhype.errors import ValidationError
 
@@ -64,6 +84,12 @@ def check_size(total: int, dim: int, flag: str) -> None:
         raise ValidationError(
             f"{flag} asks for {total:,} synthetic embeddings of dimension {dim}, which need about {need / 2**30:.1f} GiB "
             f"of memory; {avail / 2**30:.1f} GiB is available: draw fewer, or several stores with different --seed")
+    free = free_disk(out) if out is not None else None
+    need = total * bytes_on_disk(dim) * copies
+    if free is not None and need > free:  # a probe: a multi-GB store was started without a look at the disk
+        raise ValidationError(
+            f"{flag}: the store{' and its release copy' if copies > 1 else ''} need about {need / 2**30:.2f} GiB on disk "
+            f"where --out {out} goes; {free / 2**30:.2f} GiB is free there: free space, write elsewhere, or draw fewer")
 
 
 def _auto_or_int(value: Optional[str]) -> Optional[int | str]:
@@ -145,6 +171,8 @@ def register(app: typer.Typer) -> None:
         n: Optional[int] = typer.Option(None, "--n", help="Total samples (split by --label-weights; uniform by default)."),
         label_weights: Optional[str] = typer.Option(None, "--label-weights", help="Comma-separated class weights for --n."),
         temperature: float = typer.Option(1.0, "--temperature", help="Scale of the prior's std, > 0 (1 = model distribution)."),
+        anchor: bool = typer.Option(DEFAULT_ANCHOR, "--anchor/--no-anchor", help="Put each code's class means back on "
+                                    "the statistics release's (post-processing, no ε; docs/method.md decision 18)."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: OS entropy)."),
         release: Optional[Path] = typer.Option(None, "--release", help="Also write a release folder here: what may be "
                                                "shared (the DP model, ledger, public config, this synthetic store, "
@@ -184,9 +212,11 @@ def register(app: typer.Typer) -> None:
                 k = auto_per_class(meta, hnet.cfg.latent)
             n_classes = hnet.cfg.n_classes
             check_size(total if total is not None else k * n_classes, hnet.cfg.dim,
-                       f"--n {total}" if total is not None else f"--per-class {k} × {n_classes} classes")
+                       f"--n {total}" if total is not None else f"--per-class {k} × {n_classes} classes",
+                       out=out, copies=2 if release else 1)
             t0 = time.perf_counter()
-            store = synthesize(src, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature)
+            store = synthesize(src, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature,
+                               anchor=anchor)
             secs = time.perf_counter() - t0
             store.save(out)
             if release is not None:
@@ -209,7 +239,13 @@ def register(app: typer.Typer) -> None:
                     console.print(f"[yellow]warning[/]: the run has {done} of its {planned} rounds: this release holds "
                                   "a partly trained model (resume the run with `fedhype train --resume` first for the "
                                   "full one)", highlight=False)
-                write_release(run_dir, release, synthetic=out)
+                try:
+                    write_release(run_dir, release, synthetic=out)
+                except BaseException:
+                    # the release folder appears whole or not at all; without it the store is removed too, so that
+                    # the same command can be run again (a probe's interrupted run left --out and refused the rerun)
+                    out.unlink(missing_ok=True)
+                    raise
                 console.print(f"wrote the release folder {release} (what may be shared)", highlight=False)
             m = store.meta
             if not m["private"]:

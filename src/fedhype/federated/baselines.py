@@ -125,8 +125,12 @@ class LocalModels(nn.Module):
                               "--code client:<id>, or mixture (all clients in proportion to their public sizes) "
                               "or mixture:<id>=<w>,...")
 
-    def forward(self, code: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.models[self.index_of(code)](code)
+    def forward(self, code: torch.Tensor, *, client_stats: bool = True) -> dict[str, torch.Tensor]:
+        return self.models[self.index_of(code)](code, client_stats=client_stats)
+
+    def release_class_means(self, code: torch.Tensor, *, client_stats: bool = True) -> "torch.Tensor | None":
+        """The release's class means of the client whose code is ``code`` (its own model's)."""
+        return self.models[self.index_of(code)].release_class_means(code, client_stats=client_stats)
 
     def space_for(self, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The model space (m, s) of the client whose code is ``code`` (each client has its own)."""

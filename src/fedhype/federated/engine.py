@@ -51,7 +51,7 @@ from fedhype.federated.class_stats import run_class_stats_stage
 from fedhype.federated.client import Client
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.result import TrainResult
-from fedhype.federated.rundir import RunDir, save_model
+from fedhype.federated.rundir import RunDir, backfill_release_means, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
 from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan,  # noqa: F401
                                         committed_rounds, plan_privacy, recorded_config, resolve_plan)
@@ -255,9 +255,15 @@ def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], 
     ledger = open_ledger(run, cfg, done)
     metrics: list[dict] = read_json(run.metrics, "metrics") if (done > 0 and run.metrics.exists()) else []
     metrics = [m for m in metrics if m["round"] < done]
+    filled = False
     if done > 0:
         server.load_state_tensors(load_tensors(run.server_ckpt(done), what="server checkpoint"))
-    return RunState(run, plan, transport, server, gen, ledger, metrics, done, plan.dp_sgd())
+        if hasattr(server, "hnet"):  # a run trained before the model kept the release's class means
+            filled = backfill_release_means(server.hnet, run.root / "ckpt" / RELEASE_STATE)
+    state = RunState(run, plan, transport, server, gen, ledger, metrics, done, plan.dp_sgd())
+    if filled and run.model.exists():  # its model file gets them too, also when no round is left to run
+        _write_model(state, rounds_done=0 if plan.cfg.statistics_only else None)
+    return state
 
 
 def release_statistics(state: RunState) -> None:

@@ -32,7 +32,7 @@ from fedhype.errors import ArtifactError, ValidationError
 from fedhype.federated.baselines import is_local, load_local_models
 from fedhype.io import atomic_save_tensors, atomic_write_json, load_tensors, read_json
 from fedhype.models.config import ModelConfig
-from fedhype.models.hypernet import HyperNetwork
+from fedhype.models.hypernet import HyperNetwork, fill_missing_anchors
 
 MODEL_FORMAT = "fedhype-model/1"
 
@@ -118,6 +118,40 @@ def save_model(path: Path, hnet: HyperNetwork, codes: torch.Tensor, meta: dict) 
     atomic_save_tensors(path, t, {"fedhype": json.dumps({"format": MODEL_FORMAT, **meta})})
 
 
+def backfill_release_means(hnet, release_state: str | Path) -> bool:
+    """Give a model trained before the release's class means were kept (NaN ``anchor_cb``) those of its run's
+    release checkpoint (``run/ckpt/release-state.safetensors``: the model as the statistics release set it, public
+    DP outputs, no ε). Returns True when it filled them.
+
+    ``hnet``: a :class:`HyperNetwork`, or ``local-cvae``'s :class:`~fedhype.federated.baselines.LocalModels` (each
+    client's model from its own part of the checkpoint). Only when that checkpoint shows the linear-Gaussian start
+    (MLP output layer zero), the state whose class means :func:`fedhype.federated.class_stats.apply_class_stats`
+    records; a model that has them is left alone.
+
+    Raises:
+        ArtifactError: the checkpoint exists but cannot be read.
+    """
+    release_state = Path(release_state)
+    models = list(hnet.models) if hasattr(hnet, "models") else [hnet]
+    prefixes = [f"local.{i}.hnet." for i in range(len(models))] if hasattr(hnet, "models") else ["hnet."]
+    todo = [(m, p) for m, p in zip(models, prefixes)
+            if getattr(m, "anchor_cb", None) is not None and not bool(torch.isfinite(m.anchor_cb).all())]
+    if not todo or not release_state.exists():
+        return False
+    t = load_tensors(release_state, what="released statistics")
+    filled = False
+    for m, p in todo:
+        cb, wo = t.get(p + "base.cb"), t.get(p + "base.wo")
+        if cb is None or wo is None or bool(wo.any()):
+            continue
+        with torch.no_grad():
+            m.anchor_cb.copy_(cb)
+            if hasattr(m, "anchor_cs_cb_w") and p + "heads.cs_cb_w" in t:
+                m.anchor_cs_cb_w.copy_(t[p + "heads.cs_cb_w"])
+        filled = True
+    return filled
+
+
 def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
     """Read a trained model: (h_Φ, codes float32 [n_clients, code_dim], metadata).
 
@@ -152,6 +186,7 @@ def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
     for k, v in hnet.state_dict().items():
         if k.endswith(("space_mean", "space_scale")) and k not in state:
             state[k] = v
+    state = fill_missing_anchors(hnet, state)  # written before the release means were kept: none
     try:
         hnet.load_state_dict(state)
     except RuntimeError as exc:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from fedhype.models.config import ModelConfig
-from fedhype.models.hypernet import HyperNetwork
+from fedhype.models.hypernet import HyperNetwork, fill_missing_anchors
 from fedhype.models.losses import lipschitz_penalty_backward
 from fedhype.privacy.dp_step import PrivatizedUpdate
 
@@ -162,7 +162,7 @@ class Server:
         return t
 
     def load_state_tensors(self, t: dict[str, torch.Tensor]) -> None:
-        self.hnet.load_state_dict({k[5:]: v for k, v in t.items() if k.startswith("hnet.")})
+        self.hnet.load_state_dict(fill_missing_anchors(self.hnet, {k[5:]: v for k, v in t.items() if k.startswith("hnet.")}))
         with torch.no_grad():
             self.codes.copy_(t["codes"])
         self.generator.set_state(t["gen.server"])

@@ -34,6 +34,24 @@ from torch import nn
 from fedhype.models.config import ModelConfig
 
 
+#: Buffers a model written before they were kept lacks (:meth:`HyperNetwork.release_class_means`): loading
+#: leaves them NaN (no release means).
+ANCHOR_BUFFERS = ("anchor_cb", "anchor_cs_cb_w")
+
+
+def fill_missing_anchors(module: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` plus ``module``'s own (NaN) values of every :data:`ANCHOR_BUFFERS` entry it lacks.
+
+    So a model or checkpoint written before the release means were kept loads with ``load_state_dict``
+    (strict) and synthesis draws it unanchored. Returns a new dict; ``state`` is not changed.
+    """
+    out = dict(state)
+    for k, v in module.state_dict().items():
+        if k.rsplit(".", 1)[-1] in ANCHOR_BUFFERS and k not in out:
+            out[k] = v
+    return out
+
+
 def _linear_init(out_f: int, in_f: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Kaiming-uniform weight [out, in] and uniform bias [out] as in ``torch.nn.Linear``."""
     bound = 1.0 / math.sqrt(in_f)
@@ -74,6 +92,13 @@ class HyperNetwork(nn.Module):
         # defaults m = 0, s = 1/√D give the fixed transform √D·x/‖x‖.
         self.register_buffer("space_mean", torch.zeros(D))
         self.register_buffer("space_scale", torch.tensor(1.0 / math.sqrt(D)))
+        # the release's class means (model space; buffers: DP outputs saved with the model): ``cb`` and the
+        # client-statistics heads as the release set them before round 0, NaN until then (and in a model
+        # whose untrained state is not the DP Gaussian). Synthesis anchors each code's class means to them.
+        if cfg.class_bias:
+            self.register_buffer("anchor_cb", torch.full((K, D), float("nan")))
+        if cfg.client_heads:
+            self.register_buffer("anchor_cs_cb_w", torch.full((K * D, cfg.code_dim), float("nan")))
         # per-dimension log std of the Gaussian likelihood p(x|z,y) = N(dec(z,y), diag σ_x²)
         if cfg.likelihood == "learned":
             self.base["logsx"] = nn.Parameter(torch.full((D,), -0.5))
@@ -99,6 +124,23 @@ class HyperNetwork(nn.Module):
             self.heads["mu_b"] = nn.Parameter(torch.randn(K * L, generator=generator) * 0.5)
             self.heads["lv_w"] = nn.Parameter(torch.zeros(K * L, hh))
             self.heads["lv_b"] = nn.Parameter(torch.zeros(K * L))
+
+    def release_class_means(self, code: torch.Tensor, *, client_stats: bool = True) -> "torch.Tensor | None":
+        """The class means ``[K, D]`` (float32, model space) that the statistics release gave the model of ``code``.
+
+        Before round 0 the model is the DP class-conditional Gaussian (:func:`fedhype.federated.class_stats.apply_class_stats`):
+        its class-y mean is ``cb[y]`` plus, with client statistics, the code's offset ``(W_cs·c)[y]``. Those values
+        are kept (buffers ``anchor_cb``, ``anchor_cs_cb_w``) while DP-SGD moves ``cb``, the heads, the prior and the
+        MLP. ``client_stats=False``: the pooled means (the neutral model). ``None`` when the model holds no
+        release means (a model written before they were kept, an ablation without the linear-Gaussian start).
+        """
+        cb = getattr(self, "anchor_cb", None)
+        if cb is None or not bool(torch.isfinite(cb).all()):
+            return None
+        w = getattr(self, "anchor_cs_cb_w", None)
+        if client_stats and w is not None and bool(torch.isfinite(w).all()):
+            return cb + nn.functional.linear(code, w).reshape(cb.shape)
+        return cb.clone()
 
     def space(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(m float32 [D], s float32 []) of the model space x̃ = (x/‖x‖ − m)/s (public DP outputs)."""

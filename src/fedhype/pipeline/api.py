@@ -245,7 +245,7 @@ class FedHypeVAE:
 
     # ------------------------------------------------------------------ synthesis
     def sample(self, per_class: int | str | None = None, *, n: int | None = None, code: str | None = None,
-               seed: int | None = None, temperature: float | None = None) -> EmbeddingStore:
+               seed: int | None = None, temperature: float | None = None, anchor: bool | None = None) -> EmbeddingStore:
         """Synthetic embeddings (post-processing of the DP model: no further privacy cost).
 
         Args:
@@ -258,6 +258,8 @@ class FedHypeVAE:
                 (:mod:`fedhype.synthesis.codes`).
             seed: sampling seed (None: the configuration's ``[synthesis] seed``).
             temperature: scale of the prior's standard deviation (1: the model's distribution).
+            anchor: put each code's class means back on the statistics release's (None: the configuration's
+                ``[synthesis] anchor``; :mod:`fedhype.synthesis.anchor`).
 
         Returns:
             An EmbeddingStore of unit-norm float32 ``[N, D]`` embeddings with labels; its ``meta``
@@ -273,7 +275,8 @@ class FedHypeVAE:
             per_class = s["per_class"]
         return synthesize(self._model_dir(), s["code"] if code is None else code, per_class=per_class, n=n,
                           seed=s["seed"] if seed is None else seed,
-                          temperature=s["temperature"] if temperature is None else temperature)
+                          temperature=s["temperature"] if temperature is None else temperature,
+                          anchor=s.get("anchor", DEFAULTS["synthesis"]["anchor"]) if anchor is None else anchor)
 
     # ------------------------------------------------------------------ privacy
     def privacy_spent(self) -> PrivacySpent:

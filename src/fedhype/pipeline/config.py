@@ -19,6 +19,7 @@ from typing import Any
 from fedhype.errors import ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.models.config import ModelConfig
+from fedhype.synthesis.defaults import DEFAULT_ANCHOR
 
 #: the ``[train]`` keys a job configuration lists (and writes into config.toml); the other
 #: :class:`TrainConfig` fields (local_steps, lr_server, lr_hyper, lr_code, class_stats_noise_multiplier,
@@ -57,7 +58,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {k: _MODEL_DEFAULTS[k] for k in JOB_MODEL_KEYS},
     # per_class "auto": 300 from a DP model of latent 64, 3,000 from a larger one (trained without DP, or with
     # DP on ≥ 500 records per class: fedhype.synthesis.auto_per_class, fedhype.models.config.resolve_latent)
-    "synthesis": {"code": "mixture", "per_class": "auto", "seed": 0, "temperature": 1.0},
+    # anchor: each code's class means put back on the statistics release's (fedhype.synthesis.anchor; no ε)
+    "synthesis": {"code": "mixture", "per_class": "auto", "seed": 0, "temperature": 1.0, "anchor": DEFAULT_ANCHOR},
     # downstream: the per-client table of fedhype.eval.client_downstream (local-only, synthetic-only, local +
     # synthetic, λ-interpolation on each client's test split and their union); the prototype-anchor rows of
     # fedhype.prototypes.anchored train a network per client and are left to benchmarks/downstream.py
@@ -245,6 +247,8 @@ def upgrade_keys(conf: dict) -> dict:
         part = conf.get(section)
         if isinstance(part, dict) and old in part and new not in part:
             part[new] = part.pop(old)
+    if isinstance(conf.get("synthesis"), dict):  # written before synthesis.anchor: it synthesizes with the default
+        conf["synthesis"].setdefault("anchor", DEFAULT_ANCHOR)
     return conf
 
 

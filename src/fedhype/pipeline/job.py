@@ -372,7 +372,8 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     t = time.perf_counter()
     s = conf["synthesis"]
     log.stage("synthesize")
-    syn = synthesize(run_dir, s["code"], per_class=s["per_class"], seed=s["seed"], temperature=s["temperature"])
+    syn = synthesize(run_dir, s["code"], per_class=s["per_class"], seed=s["seed"], temperature=s["temperature"],
+                     anchor=s["anchor"])
     syn.save(out / "synthetic.safetensors")
     timings["synthesize_s"] = time.perf_counter() - t
     log(f"synthesize: {len(syn)} embeddings from code {s['code']!r}")

@@ -20,7 +20,9 @@ from fedhype.federated.rundir import load_model
 from fedhype.models.config import DP_LATENT
 from fedhype.models.cvae import sample
 from fedhype.privacy.randomness import entropy_seed, noise_generator
+from fedhype.synthesis.anchor import anchored
 from fedhype.synthesis.codes import parse_code_spec
+from fedhype.synthesis.defaults import DEFAULT_ANCHOR
 
 
 def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None = None,
@@ -77,7 +79,7 @@ def auto_per_class(meta: dict, latent: int | None = None) -> int:
 
 def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str | None = None, n: int | None = None,
                label_weights: list[float] | None = None, seed: int | None = None, batch_size: int = 8192,
-               temperature: float = 1.0, device: str = "cpu") -> EmbeddingStore:
+               temperature: float = 1.0, anchor: bool = DEFAULT_ANCHOR, device: str = "cpu") -> EmbeddingStore:
     """Synthetic embeddings from a run's model.
 
     Args:
@@ -88,6 +90,9 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
         seed: sampling seed (None = OS entropy); sampling randomness is not a privacy parameter.
         batch_size: decoder batch size.
         temperature: scale of the prior's standard deviation (1 = the model's distribution).
+        anchor: put each code's class means back on the statistics release's (:mod:`fedhype.synthesis.anchor`;
+            post-processing, no ε). A model without release means (written before they were kept, an ablation
+            without the linear-Gaussian start) is drawn unanchored; the provenance says so.
 
     Returns:
         EmbeddingStore with float32 [N, D] unit-norm embeddings; ``domains`` = source client for
@@ -116,6 +121,16 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
     hnet = hnet.to(device).eval()
     out = torch.empty(labels.numel(), cfg.dim)
     domains = torch.zeros(labels.numel(), dtype=torch.int64)
+    anchors: list[bool] = []
+
+    def params(code_vec: torch.Tensor, client_stats: bool = True) -> dict:
+        """θ of a code, anchored to the release's class means when asked and available."""
+        theta = hnet(code_vec, client_stats=client_stats)
+        target = hnet.release_class_means(code_vec, client_stats=client_stats) \
+            if anchor and hasattr(hnet, "release_class_means") else None
+        anchors.append(target is not None)
+        return anchored(theta, target, cfg.n_classes, cfg.latent, temperature=temperature) if target is not None else theta
+
     with torch.no_grad():
         if spec.kind == "mixture":
             probs = mixture_source_probs(spec.weights, spec.indices, meta.get("client_class_counts"), cfg.n_classes)
@@ -125,14 +140,13 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
             for j, ci in enumerate(spec.indices):
                 rows = (src == j).nonzero().flatten()
                 if rows.numel():
-                    theta = hnet(codes[ci])
+                    theta = params(codes[ci])
                     out[rows] = _decode(theta, labels[rows], cfg, gen, batch_size, temperature, _space(hnet, codes[ci]))
                     domains[rows] = j
         else:
             code_vec = spec.code(codes, meta["client_sizes"])
             # neutral: the pooled statistics without any client's offsets (the domain-neutral model)
-            theta = hnet(code_vec, client_stats=False) if spec.kind == "neutral" and getattr(hnet.cfg, "client_heads", False) \
-                else hnet(code_vec)
+            theta = params(code_vec, client_stats=not (spec.kind == "neutral" and getattr(hnet.cfg, "client_heads", False)))
             out = _decode(theta, labels, cfg, gen, batch_size, temperature, _space(hnet, code_vec))
             domain_names = [spec.text]
     note = codes_note(hnet, meta, spec.kind)
@@ -144,6 +158,7 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
         "epsilon": meta.get("epsilon"), "delta": meta.get("delta"), "private": bool(meta.get("private")),
         "privacy": "DP (post-processing of the run's DP outputs)" if meta.get("private") else "NON-PRIVATE (trained with --no-dp)",
         "code": spec.text, "seed": seed_used, "seed_given": seed is not None, "temperature": temperature,
+        "anchor": anchor_note(anchor, anchors),
         "counts": torch.bincount(labels, minlength=cfg.n_classes).tolist(), "fedhype_version": __version__,
         # provenance (public): the run's clients, their random data keys, how their data was embedded
         "client_names": list(meta.get("client_names") or []), "data_keys": meta.get("data_keys"),
@@ -152,6 +167,16 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
     return EmbeddingStore(embeddings=out, labels=labels, domains=domains,
                           sample_ids=[f"syn/{i}" for i in range(labels.numel())],
                           class_names=list(meta["class_names"]), domain_names=domain_names, meta=provenance)
+
+
+def anchor_note(asked: bool, anchored_codes: list[bool]) -> str:
+    """Provenance ``anchor``: ``"release class means"``, ``"off"``, or why a model was drawn unanchored."""
+    if not asked:
+        return "off"
+    if anchored_codes and all(anchored_codes):
+        return "release class means"
+    return ("none: the model holds no release class means (written before fedhype kept them, or an ablation "
+            "without the linear-Gaussian start)")
 
 
 def codes_note(hnet, meta: dict, kind: str) -> str | None:

@@ -1,0 +1,7 @@
+"""Synthesis defaults that the configuration and the CLI read without importing torch (their one source)."""
+
+#: Whether synthesis anchors each code's class means to the statistics release's (:mod:`fedhype.synthesis.anchor`).
+#: Off: on the validation split it halves the class-mean error and brings MMD² below the release alone's, but costs
+#: TSTR (ours, all 70,000 Fashion-MNIST images, ε = 4: −0.003 in each of 3 seeds); an option, as
+#: ``model.located_share`` is (benchmarks/results/class_anchor.md, docs/method.md decision 18)
+DEFAULT_ANCHOR = False
