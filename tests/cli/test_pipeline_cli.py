@@ -147,7 +147,8 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert r.exit_code == 0, r.output
     assert (job / "run" / "ledger.json").read_bytes() == ledger
     # and says so: a resumed job said "4 clients release their DP class statistics" although it released nothing
-    assert "train: resuming after round 2 of 2 (the class statistics were released before and are not released again" \
+    assert "train: resuming after round 2 of 2 (the class statistics were released before; their saved outputs are " \
+        "reused and not charged again" \
         in r.stderr and "train: nothing left to train" in r.stderr and "clients release" not in r.stderr
     assert _json(r)["epsilon"] == pytest.approx(rep["epsilon"])
     # a different configuration into the same folder is refused

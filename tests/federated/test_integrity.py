@@ -129,6 +129,28 @@ def test_max_epsilon_refuses_a_resume_that_would_release_again_before_charging_i
     assert spent < 2.1  # what was spent before fits the limit: only the re-release would break it
 
 
+def test_a_resume_says_where_the_release_stands(real_store, part, tmp_path):
+    """A probe interrupted a job during its release: the resume said "the release did not complete" while its charge
+    stood in the ledger, and then spent it again without saying the run would end above its target."""
+    from fedhype.federated.rundir import RunDir
+    from fedhype.pipeline.job import release_resume_note
+
+    run = RunDir(tmp_path / "run")
+    assert run.release_stage() == "not started"
+    cfg = TrainConfig(**{**CFG, "seed": None})
+    train(real_store, part, cfg, run.root, diagnostics=False, stop_after=0)
+    assert run.release_stage() == "saved"
+    (run.root / "ckpt" / "release-state.safetensors").unlink()  # interrupted after the charge, before the save
+    assert run.release_stage() == "interrupted"
+    note = release_resume_note("interrupted", seeded=False)
+    assert "interrupted after it was charged (write-ahead) and before its outputs were saved" in note
+    assert "charged again" in note and "above its target ε" in note and "--max-epsilon" in note
+    assert "nothing is charged twice" in release_resume_note("interrupted", seeded=True)
+    train(real_store, part, cfg, run.root, resume=True, diagnostics=False)
+    assert run.release_stage() == "committed"
+    assert "not charged again" in release_resume_note("committed", seeded=False)
+
+
 def test_a_partition_whose_class_names_were_edited_is_refused(real_store, part, tmp_path):
     import dataclasses
 

@@ -245,8 +245,12 @@ def register(app: typer.Typer) -> None:
             what = ("the statistics release alone (no DP-SGD round)" if cfg.statistics_only else
                     f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''}")  # dp-gaussian said "8 rounds", ran 0 (a probe)
             if resume and (out / "config.json").exists():  # a refused resume printed the new settings first (a probe)
+                from fedhype.federated.rundir import RunDir
+                from fedhype.pipeline.job import release_resume_note
+
                 log_line(f"train: resuming the run in {out} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''}; "
-                         "only its recorded settings may resume it (a different one is refused before anything runs)")
+                         "only its recorded settings may resume it (a different one is refused before anything runs); "
+                         + release_resume_note(RunDir(out).release_stage(), cfg.seed is not None))
             else:
                 log_line(f"train: {what} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''} ({cfg.method}, "
                          f"{privacy}, δ = {cfg.delta:g})")

@@ -51,7 +51,7 @@ from fedhype.federated.class_stats import run_class_stats_stage
 from fedhype.federated.client import Client
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.result import TrainResult
-from fedhype.federated.rundir import RunDir, backfill_release_means, save_model
+from fedhype.federated.rundir import RELEASE_STATE, RunDir, backfill_release_means, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
 from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan,  # noqa: F401
                                         committed_rounds, plan_privacy, recorded_config, resolve_plan)
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
 RELEASE_FILE = "release.json"
 #: the server state right after the release (under ckpt/): a run interrupted before its first commit
 #: resumes from it instead of releasing — and being charged for — the statistics again
-RELEASE_STATE = "release-state.safetensors"
 
 
 def build_client(store: EmbeddingStore, partition: Partition, index: int, state_dir: str | Path,

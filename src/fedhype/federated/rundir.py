@@ -37,6 +37,11 @@ from fedhype.models.hypernet import HyperNetwork, fill_missing_anchors
 MODEL_FORMAT = "fedhype-model/1"
 
 
+#: The model as the statistics release set it (public DP outputs), under ``ckpt/``: a run interrupted after it was
+#: saved reuses it instead of releasing (and being charged) again.
+RELEASE_STATE = "release-state.safetensors"
+
+
 class RunDir:
     """Paths and (de)serialisation of one run directory."""
 
@@ -103,6 +108,19 @@ class RunDir:
         """Whether the checkpoint records the statistics release of a statistics-only run (``dp-gaussian``) as
         committed; a committed DP-SGD round (:meth:`committed_round` > 0) also implies the release ran."""
         return self.checkpoint.exists() and bool(read_json(self.checkpoint, "checkpoint").get("statistics_released"))
+
+    def release_stage(self) -> str:
+        """Where the statistics release of a run to resume stands: ``"committed"`` (a round or a statistics-only
+        commit came after it), ``"saved"`` (it ran and its outputs were saved: a resume reuses them, no charge),
+        ``"interrupted"`` (charged write-ahead in the ledger, its outputs never saved: a resume releases again) or
+        ``"not started"``."""
+        if self.committed_round() > 0 or self.statistics_released():
+            return "committed"
+        if (self.root / "ckpt" / RELEASE_STATE).exists():
+            return "saved"
+        if self.ledger.exists() and read_json(self.ledger, "privacy ledger").get("events"):
+            return "interrupted"
+        return "not started"
 
     def commit(self, rounds_done: int, extra: dict | None = None) -> None:
         atomic_write_json(self.checkpoint, {"rounds_done": rounds_done, **(extra or {})})

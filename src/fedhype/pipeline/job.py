@@ -257,6 +257,19 @@ def dp_linear_config(conf: dict):
                           no_dp=bool(t["no_dp"]), max_epsilon=t["max_epsilon"], seed=t["seed"])
 
 
+def release_resume_note(stage: str, seeded: bool) -> str:
+    """What a resume does about the statistics release (:meth:`fedhype.federated.rundir.RunDir.release_stage`)."""
+    if stage in ("committed", "saved"):
+        note = "the class statistics were released before; their saved outputs are reused and not charged again"
+    elif stage == "interrupted":  # a probe read "did not complete" while the charge stood in the ledger
+        note = "the statistics release was interrupted after it was charged (write-ahead) and before its outputs were saved: it runs again"
+    else:
+        note = "the statistics release has not started"
+    return note + ("; with train.seed the same noise is replayed and nothing is charged twice" if seeded else
+                   "; a release or round that was interrupted is charged again (its noise is fresh), so the run can end "
+                   "above its target ε: train.max_epsilon (--max-epsilon) refuses before spending instead")
+
+
 def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable[[dict], None] | None = None,
             quiet: float = 3.0) -> dict[str, Any]:
     """Run (or resume) the whole job into ``out``; returns the report dict.
@@ -352,12 +365,10 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     if resume:
         rd = RunDir(run_dir)
         done = rd.committed_round()
-        released = done > 0 or rd.statistics_released()  # a committed round comes after the release
-        log(f"train: resuming after round {done} of {tcfg.rounds}" + (
-            " (the class statistics were released before and are not released again; " if released else
-            " (the statistics release before round 0 did not complete; ")
-            + ("with train.seed the same noise is replayed and nothing is charged twice)" if tcfg.seed is not None else
-               "a release or round that was interrupted is charged again: its noise is fresh)"))
+        stage = rd.release_stage()
+        released = stage in ("committed", "saved")
+        log(f"train: resuming after round {done} of {tcfg.rounds} ("
+            + release_resume_note(stage, tcfg.seed is not None) + ")")
     # what is still to run (a resumed job said "4 clients release their DP class statistics" although it did not)
     left = [] if released else [f"{len(part.clients)} clients release their DP class statistics"]
     if tcfg.method not in STATISTICS_ONLY and tcfg.rounds > done:
