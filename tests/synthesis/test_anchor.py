@@ -198,3 +198,30 @@ def test_local_cvae_anchors_each_client_to_its_own_release(real_store, tmp_path)
         m.anchor_cb.fill_(float("nan"))
     assert backfill_release_means(hnet, run / "ckpt" / "release-state.safetensors")
     assert all(torch.equal(hnet.release_class_means(c), m) for c, m in zip(codes, means))
+
+
+def test_the_cli_reports_the_anchor_and_says_when_a_model_has_no_release_means(ours_run, tmp_path):
+    """A probe: `--anchor` on a model without release means did nothing, silently, and `--json` did not say."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    from typer.testing import CliRunner
+
+    from fedhype.cli.main import app
+    from fedhype.io import DIGEST_KEY, tensor_digest
+
+    run, _ = ours_run
+    runner = CliRunner()
+    r = runner.invoke(app, ["synthesize", "--run", str(run), "--anchor", "--per-class", "5", "--seed", "0",
+                            "--out", str(tmp_path / "a.safetensors"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["anchor"] == "release class means"
+    with safe_open(str(run / "model.safetensors"), framework="pt") as fh:
+        meta = fh.metadata()
+    t = {k: v for k, v in load_file(run / "model.safetensors").items() if "anchor_" not in k}
+    save_file(t, tmp_path / "old.safetensors", metadata={**meta, DIGEST_KEY: tensor_digest(t)})
+    r = runner.invoke(app, ["synthesize", "--run", str(tmp_path / "old.safetensors"), "--anchor", "--per-class", "5",
+                            "--out", str(tmp_path / "b.safetensors"), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["anchor"].startswith("none")
+    assert "--anchor: none: the model holds no release class means" in r.stderr

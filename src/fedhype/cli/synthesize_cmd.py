@@ -88,7 +88,7 @@ def check_size(total: int, dim: int, flag: str, out: Path | None = None, copies:
     need = total * bytes_on_disk(dim) * copies
     if free is not None and need > free:  # a probe: a multi-GB store was started without a look at the disk
         raise ValidationError(
-            f"{flag}: the store{' and its release copy' if copies > 1 else ''} need about {need / 2**30:.2f} GiB on disk "
+            f"{flag}: the store{' and its release copy need' if copies > 1 else ' needs'} about {need / 2**30:.2f} GiB on disk "
             f"where --out {out} goes; {free / 2**30:.2f} GiB is free there: free space, write elsewhere, or draw fewer")
 
 
@@ -252,7 +252,10 @@ def register(app: typer.Typer) -> None:
                 console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
             if store.meta.get("codes_note"):
                 console.print(f"[yellow]note[/]: {store.meta['codes_note']}", highlight=False)
-            return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "epsilon": m["epsilon"],
+            if anchor and str(m.get("anchor", "")).startswith("none"):  # a probe: --anchor did nothing, silently
+                console.print(f"[yellow]note[/]: --anchor: {m['anchor']}; the store is drawn unanchored", highlight=False)
+            return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "anchor": m.get("anchor"),
+                    "epsilon": m["epsilon"],
                     "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": store.class_counts(),
                     "embeddings_per_s": len(store) / max(secs, 1e-9), "release": None if release is None else str(release)}
 

@@ -97,6 +97,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "method": conf["train"].get("method"),
         "n_real": len(store), "n_test": ev.get("n_real"), "dim": store.dim, "encoder": store.meta.get("encoder"),
         "n_synthetic": len(syn), "code": syn.meta.get("code"), "codes_note": syn.meta.get("codes_note"),
+        "anchor": syn.meta.get("anchor", "off"),
         "timings_s": timings, "traffic": trained.get("traffic"),
         "held_out_not_dp": held_out_trend(metrics),
         "report": str(out / "report.md"), "plots": [str(plots / "projection.png"), str(plots / "training.png")],
@@ -376,7 +377,8 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         "", f"Privacy: {priv}.", "",
         *([f"Secure aggregation: {r['secure_aggregation']['trust']}.", ""] if r.get("secure_aggregation") else []),
         f"Synthetic: {r['n_synthetic']} embeddings from code `{r['code']}`"
-        + (f" ({r['codes_note']})" if r.get("codes_note") else "") + ".", "",
+        + (f" ({r['codes_note']})" if r.get("codes_note") else "")
+        + (f"; class means anchored: {r['anchor']}" if r.get("anchor", "off") != "off" else "") + ".", "",
         *(["| client | ledger id | ε (at δ) |", "|---|---|---|", *eps_rows, ""] if r["private"] and eps_rows else []),
         "## Fidelity (synthetic vs held-out real test embeddings, L2-normalised)", "",
         "| MMD² | p-value | FD | precision | recall | density | coverage |", "|---|---|---|---|---|---|---|",
