@@ -92,6 +92,30 @@ def test_edited_metrics_and_synthetic_epsilon_exit_4_with_differences(app, run_c
     assert human.exit_code == 4 and "MISMATCHES" in human.stdout and "metrics.json: round 1" in human.stdout
 
 
+def test_a_synthetic_store_of_another_model_with_the_same_epsilon_exits_4(app, run_copy, shared, tmp_path):
+    """A probe audited run A with a store drawn from run B (same settings, so the same ε and δ): it passed. The
+    store's provenance now names the model file it was drawn from (its content digest), and the audit compares."""
+    import shutil
+
+    from fedhype.federated.rundir import load_model, model_digest, save_model
+    from fedhype.synthesis.sample import synthesize
+
+    ok = synthesize(run_copy, "neutral", per_class=3, seed=0)
+    assert ok.meta["model_digest"] == model_digest(run_copy) is not None
+    other = tmp_path / "other"
+    shutil.copytree(run_copy, other)
+    hnet, codes, meta = load_model(other)
+    save_model(other / "model.safetensors", hnet, codes + 0.01, meta)  # another model, the same claims
+    synthesize(other, "neutral", per_class=3, seed=0).save(tmp_path / "b.safetensors")
+    ok.save(tmp_path / "a.safetensors")
+    result, out = _run(app, "--run", str(run_copy), "--synthetic", str(tmp_path / "a.safetensors"), "--json")
+    assert result.exit_code == 0, result.output
+    result, out = _run(app, "--run", str(run_copy), "--synthetic", str(tmp_path / "b.safetensors"), "--json")
+    assert result.exit_code == 4, result.output
+    assert [m["name"] for m in out["mismatches"]] == \
+        [f"synthetic {tmp_path / 'b.safetensors'}: meta.model_digest (the model it was drawn from)"]
+
+
 def test_mia_and_white_box_canaries_in_one_call(app, shared):
     result, out = _run(app, "--run", str(shared["run"]), "--mia", "--store", str(shared["store"]),
                        "--partition", str(shared["partition"]), "--canaries", "white-box", "--break", "clipping",

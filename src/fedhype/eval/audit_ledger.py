@@ -32,7 +32,7 @@ from typing import Any
 
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, ValidationError
-from fedhype.federated.rundir import RunDir, load_model
+from fedhype.federated.rundir import RunDir, load_model, model_digest
 from fedhype.io import read_json
 from fedhype.privacy.ledger import PrivacyLedger, audit_consistency
 from fedhype.privacy.plan import above_target
@@ -256,6 +256,9 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         for path, s in stores:
             rows.append(_check(ledger, f"synthetic {path}: meta.epsilon", "worst", s.meta.get("epsilon"), tol))
             rows.append(_equal(f"synthetic {path}: meta.delta", s.meta.get("delta"), ledger.delta))
+            if s.meta.get("model_digest") is not None:  # a probe: a store of another run with the same ε passed
+                rows.append(_equal(f"synthetic {path}: meta.model_digest (the model it was drawn from)",
+                                   s.meta["model_digest"], model_digest(run.model)))
     return _finish(res, rows)
 
 

@@ -170,6 +170,20 @@ def backfill_release_means(hnet, release_state: str | Path) -> bool:
     return filled
 
 
+def model_digest(path: str | Path) -> str | None:
+    """The content digest recorded in a model file (``run/model.safetensors`` or a run directory): what a synthetic
+    store's provenance names as the model it was drawn from (``fedhype audit --synthetic`` compares them). None for a
+    file written without one."""
+    from safetensors import safe_open
+
+    from fedhype.io import DIGEST_KEY
+
+    path = Path(path)
+    path = path / "model.safetensors" if path.is_dir() else path
+    with safe_open(str(path), framework="pt") as fh:
+        return (fh.metadata() or {}).get(DIGEST_KEY)
+
+
 def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
     """Read a trained model: (h_Φ, codes float32 [n_clients, code_dim], metadata).
 

@@ -16,7 +16,7 @@ from fedhype import __version__
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ValidationError
 from fedhype.federated.baselines import is_local
-from fedhype.federated.rundir import load_model
+from fedhype.federated.rundir import load_model, model_digest
 from fedhype.models.config import DP_LATENT
 from fedhype.models.cvae import sample
 from fedhype.privacy.randomness import entropy_seed, noise_generator
@@ -158,7 +158,7 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
         "epsilon": meta.get("epsilon"), "delta": meta.get("delta"), "private": bool(meta.get("private")),
         "privacy": "DP (post-processing of the run's DP outputs)" if meta.get("private") else "NON-PRIVATE (trained with --no-dp)",
         "code": spec.text, "seed": seed_used, "seed_given": seed is not None, "temperature": temperature,
-        "anchor": anchor_note(anchor, anchors),
+        "anchor": anchor_note(anchor, anchors), "model_digest": model_digest(model),
         "counts": torch.bincount(labels, minlength=cfg.n_classes).tolist(), "fedhype_version": __version__,
         # provenance (public): the run's clients, their random data keys, how their data was embedded
         "client_names": list(meta.get("client_names") or []), "data_keys": meta.get("data_keys"),
