@@ -282,7 +282,11 @@ def test_train_warns_when_delta_is_not_well_below_1_over_n(files, tmp_path):
     assert r.exit_code == 2 and "n·delta reaches 0.5" in r.stderr, r.stderr  # printed before the run's own refusal
     r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
                 "--out", tmp_path / "run", "--min-records", 100000, "--delta", 0.05 / n_max, "--rounds", 1, "--json")
-    assert r.exit_code == 2 and "n·delta" not in r.stderr
+    assert r.exit_code == 2 and "n·delta" not in r.stderr and "q = 1" not in r.stderr
+    # and a batch of all of a client's records (q = 1), as `budget` says (a probe: train said nothing)
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
+                "--out", tmp_path / "run", "--min-records", 100000, "--batch-size", n_max, "--rounds", 1, "--json")
+    assert r.exit_code == 2 and f"--batch-size {n_max} is at least the training-set size of" in r.stderr, r.stderr
 
 
 # ----------------------------------------------------------------------------- 8: embed checks cheap options first

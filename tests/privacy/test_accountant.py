@@ -269,3 +269,14 @@ def test_an_unreachable_target_names_the_users_epsilon_and_delta():
     assert "--delta if it is far below 1/n" in str(e.value)
     with pytest.raises(ValidationError, match=r"target ε = 1e-06 \(--epsilon\).*needs σ > 1e6"):
         release_noise_multiplier(0.95, 1e-4, [(0.1, 10)], target_epsilon=1e-6)
+
+
+def test_subsampling_advice_names_the_clients_whose_batch_is_all_their_records():
+    """q = min(1, B/n) = 1 gets no amplification by subsampling: `budget` said so, `train` and `run` did not (a probe)."""
+    from fedhype.privacy.accountant import subsampling_advice
+
+    assert subsampling_advice(64, {"a": 65, "b": 1000}) is None
+    msg = subsampling_advice(256, {"a": 90, "b": 1000, "c": 256})
+    assert msg.startswith("--batch-size 256 is at least the training-set size of a (90), c (256): q = 1")
+    assert "no privacy amplification by subsampling" in msg
+    assert subsampling_advice(256, {"a": 90}, "train.batch_size").startswith("train.batch_size 256")

@@ -97,7 +97,7 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     Args:
         clients: ``[(id, name, n_train), ...]``.
     """
-    from fedhype.privacy.accountant import check_delta, delta_advice, epsilon_report, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps  # torch: imported on use, not for --help
+    from fedhype.privacy.accountant import check_delta, delta_advice, epsilon_report, subsampling_advice, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps  # torch: imported on use, not for --help
     from fedhype.privacy.plan import plan_noise
 
     delta = validate_delta(delta, "--delta")
@@ -150,11 +150,9 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     advice = delta_advice(delta, {r["name"]: r["n"] for r in rows})
     if advice:
         warnings.append(advice)
-    full = [f"{r['name']} ({r['n']})" for r in rows if r["sample_rate"] >= 1.0]
+    full = subsampling_advice(batch_size, {r["name"]: r["n"] for r in rows})
     if full:  # q = min(1, B/n) = 1: no subsampling, so no amplification (a new user's probe: no word of it)
-        warnings.append(f"--batch-size {batch_size} is at least the training-set size of {', '.join(full)}: q = 1, every "
-                        "step uses every record and gets no privacy amplification by subsampling; a batch well below "
-                        "n costs far less ε per step")
+        warnings.append(full)
     for r in rows:
         rep = epsilon_report(prefix + [(sigma, r["sample_rate"], r["steps"])], delta)
         r.update({k: rep[k] for k in ("epsilon", "accountant", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "warnings")})

@@ -342,6 +342,12 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     thin = thin_classes(part, store)
     if thin:
         log(f"train: warning: {thin}")
+    if not tcfg.no_dp:  # q = 1, as `fedhype train` and `fedhype budget` warn (a probe: `fedhype run` said nothing)
+        from fedhype.privacy.accountant import subsampling_advice
+
+        full = subsampling_advice(tcfg.batch_size, {c.name: len(c.train) for c in part.clients}, "train.batch_size")
+        if full:
+            log(f"train: warning: {full}")
     log.stage("train", "train: checking the privacy plan (σ calibrated for the target ε)")
     mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)[0]
     mcfg = keep_recorded_latent(tcfg, mcfg, recorded_config(RunDir(out / "run"), True))  # a resumed run keeps its L

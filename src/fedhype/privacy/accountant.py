@@ -157,6 +157,21 @@ def delta_advice(delta: float, sizes: "dict[str, int]") -> str | None:
             f"(n·delta ≤ {DELTA_ADVICE:g})")
 
 
+def subsampling_advice(batch_size: int, sizes: "dict[str, int]", flag: str = "--batch-size") -> str | None:
+    """A warning when the batch size B is at least some client's training-set size n_i: q_i = min(1, B/n_i) = 1,
+    so every step uses every record and gets no amplification by subsampling (Abadi et al. 2016, Sec. 3.1: the
+    privacy of a step is amplified by q). None when q_i < 1 for every client.
+
+    Args:
+        batch_size: B (expected Poisson batch size). sizes: client name → n_i. flag: how the user set B.
+    """
+    full = [f"{name} ({n})" for name, n in sizes.items() if n <= batch_size]
+    if not full:
+        return None
+    return (f"{flag} {batch_size} is at least the training-set size of {', '.join(full)}: q = 1, every step uses every "
+            "record and gets no privacy amplification by subsampling; a batch well below n costs far less ε per step")
+
+
 def canonical_history(history: History) -> tuple[tuple[float, float, int], ...]:
     """Validate ``history`` and return it canonical: costless events dropped, equal (σ, q) merged, sorted.
 
