@@ -173,6 +173,8 @@ def test_budget_refusals(real_store, part, tmp_path):
     with pytest.raises(BudgetExceededError) as up_front:
         train(real_store, part, _cfg(noise_multiplier=0.6, epsilon=None, max_epsilon=1.0), tmp_path / "x")
     assert up_front.value.epsilon > 1.0 and not (tmp_path / "x" / "ledger.json").exists()
+    # it says what this call did, which is also true of a resume (a probe read "nothing was trained" after spending)
+    assert str(up_front.value).endswith("stopped before spending (nothing was charged by this call)")
     smallest = min(len(c.train) for c in part.clients)
     with pytest.raises(ValidationError, match="δ|delta"):
         train(real_store, part, _cfg(delta=1.0 / smallest), tmp_path / "y")

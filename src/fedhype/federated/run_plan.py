@@ -97,8 +97,9 @@ def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_clas
                               "(model.class_bias = false)")
     privacy = plan_privacy(cfg, sizes)
     if not cfg.no_dp:
+        # "nothing was trained" was wrong on a resume, whose earlier rounds had spent ε (a probe)
         check_max_epsilon(privacy["plan"], cfg.delta, privacy["noise_multiplier"], cfg.max_epsilon,
-                          prefix=privacy["prefix"])
+                          prefix=privacy["prefix"], after="stopped before spending (nothing was charged by this call)")
     return mcfg, distributed, privacy
 
 
