@@ -204,3 +204,12 @@ def test_an_interrupted_synthesize_release_leaves_nothing_and_the_same_command_r
     r, obj = _invoke(*args)
     assert r.exit_code == 0, r.output
     assert out.exists() and (rel / "synthetic.safetensors").read_bytes() == out.read_bytes()
+
+
+def test_an_out_file_under_a_file_is_refused_naming_it(files, tmp_path):
+    """A probe wrote --out emb.safetensors/s.safetensors and read "File exists: emb.safetensors"."""
+    r, obj = _invoke("synthesize", "--run", files["run"], "--out", files["dir"] / "real.safetensors" / "s.safetensors",
+                     "--per-class", 2, "--json")
+    assert r.exit_code == 2 and obj["error"] == (f"--out {files['dir'] / 'real.safetensors' / 's.safetensors'}: "
+                                                 f"{files['dir'] / 'real.safetensors'} is a file, not a folder; give a "
+                                                 "path in a folder")

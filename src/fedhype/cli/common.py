@@ -409,6 +409,9 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
                               f"--out {out} is a folder; give a file name such as {out / 'partition.json'}")
     from fedhype.pipeline.release import is_release, release_holding
 
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():  # a probe got "File exists: emb.safetensors"
+        raise ValidationError(f"--out {out}: {above} is a file, not a folder; give a path in a folder")
     if not out.exists():
         if is_release(out.parent):  # a file added to a release folder is outside its claim (audit --release fails)
             raise ValidationError(f"--out {out} is inside the release folder {out.parent}, which holds only what its "
