@@ -173,6 +173,11 @@ def not_safetensors(path: Path) -> str | None:
             start = fh.read(512)
     except OSError:
         return None
+    # image signatures read as header lengths far above 2⁶⁰: never a safetensors file (a probe's PNG was "corrupt or
+    # truncated (header too large)")
+    for magic, kind in ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image")):
+        if start.startswith(magic):
+            return f"it is {kind}, not a safetensors file (images are embedded into a store with `fedhype embed`)"
     head, text = start[:8], start.lstrip()
     first = text.split(b"\n", 1)[0].strip()
     if re.fullmatch(rb"\[\[?[A-Za-z0-9_.\"' -]+\]\]?(\s*#.*)?", first):  # a TOML table header, e.g. [train]

@@ -108,6 +108,10 @@ def test_partition_gives_per_client_results(stores, tmp_path):
     # a partition made from another store is refused as a mismatched artifact
     r = _run("--store", stores["real"], "--synthetic", stores["syn"], "--partition", part_path, *FAST, "--json")
     assert r.exit_code == 4
+    # a synthetic store as --store is named as such, not as a digest mismatch (a probe)
+    r = _run("--store", stores["syn"], "--synthetic", stores["syn"], "--partition", part_path, *FAST, "--json")
+    assert r.exit_code == 2 and json.loads(r.stdout)["error"].startswith(
+        f"--store {stores['syn']} is a 'synthetic' store; with --partition it must be the real embeddings store")
 
 
 def test_downstream_table_per_client_and_its_human_output(stores, tmp_path):

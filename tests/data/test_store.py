@@ -74,8 +74,14 @@ def test_a_json_or_text_file_given_as_a_store_is_named_as_such(real_store, tmp_p
     (tmp_path / "notes.txt").write_text("these are not embeddings, just some notes\n")
     (tmp_path / "job.toml").write_text('[train]\nepsilon = 1\n')  # was called "a JSON file" (a probe)
     (tmp_path / "list.json").write_text('[1, 2]')
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "digit.png")  # was "header too large" (a probe)
+    Image.new("RGB", (8, 8)).save(tmp_path / "digit.jpg")
     for name, what in (("part.json", "it is a JSON file"), ("notes.txt", "it is a text file"),
-                       ("job.toml", "it is a TOML file"), ("list.json", "it is a JSON file")):
+                       ("job.toml", "it is a TOML file"), ("list.json", "it is a JSON file"),
+                       ("digit.png", "it is a PNG image, not a safetensors file \\(images are embedded into a store "
+                                     "with `fedhype embed`\\)"), ("digit.jpg", "it is a JPEG image")):
         with pytest.raises(ArtifactError, match=what):
             EmbeddingStore.load(tmp_path / name)
         with pytest.raises(ArtifactError, match=what):

@@ -171,6 +171,10 @@ def evaluate(
             from fedhype.data.partition import Partition
 
             part = Partition.load(partition)
+            if real_store.kind != "real":  # a probe read a digest mismatch: a partition splits the real store only
+                raise ValidationError(f"--store {real} is a {real_store.kind!r} store; with --partition it must be the "
+                                      "real embeddings store the partition was made from (`fedhype embed`), and "
+                                      "the synthetic one goes to --synthetic")
             part.check_store(real_store)
             check_provenance(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}",
                              partition=part)
