@@ -120,7 +120,8 @@ def test_max_epsilon_refuses_a_resume_that_would_release_again_before_charging_i
     cfg = TrainConfig(**{**CFG, "seed": None, "epsilon": 2.0, "noise_multiplier": None})
     run = tmp_path / "run"
     train(real_store, part, cfg, run, diagnostics=False, stop_after=0)
-    (run / "ckpt" / "release-state.safetensors").unlink()  # as if interrupted after the charge, before the save
+    for f in ("release-state", "release-outputs"):  # as if interrupted after the charge, before any output was saved
+        (run / "ckpt" / f"{f}.safetensors").unlink()
     before = (run / "ledger.json").read_bytes()
     spent = max(PrivacyLedger.load(run / "ledger.json").epsilons().values())
     with pytest.raises(BudgetExceededError, match=r"the statistics release \(interrupted before, charged again"):
@@ -140,7 +141,9 @@ def test_a_resume_says_where_the_release_stands(real_store, part, tmp_path):
     cfg = TrainConfig(**{**CFG, "seed": None})
     train(real_store, part, cfg, run.root, diagnostics=False, stop_after=0)
     assert run.release_stage() == "saved"
-    (run.root / "ckpt" / "release-state.safetensors").unlink()  # interrupted after the charge, before the save
+    (run.root / "ckpt" / "release-state.safetensors").unlink()  # interrupted in the server's post-processing:
+    assert run.release_stage() == "saved"  # the clients' updates were saved, a resume reuses them
+    (run.root / "ckpt" / "release-outputs.safetensors").unlink()  # interrupted after the charge, before any save
     assert run.release_stage() == "interrupted"
     note = release_resume_note("interrupted", seeded=False)
     assert "interrupted after it was charged (write-ahead) and before its outputs were saved" in note
@@ -149,6 +152,33 @@ def test_a_resume_says_where_the_release_stands(real_store, part, tmp_path):
     train(real_store, part, cfg, run.root, resume=True, diagnostics=False)
     assert run.release_stage() == "committed"
     assert "not charged again" in release_resume_note("committed", seeded=False)
+
+
+def test_a_release_interrupted_in_the_servers_post_processing_is_reused_not_charged_again(real_store, part, tmp_path):
+    """A probe's Ctrl-C landed after the release was charged and before the model it sets was saved: the resume
+    released (and charged) it again. The clients' updates are now saved the moment they arrive; a resume that finds
+    them redoes only the server's post-processing: nothing charged again, and the same model as without the stop."""
+    from fedhype.federated.class_stats import MECHANISM
+
+    cfg = TrainConfig(**{**CFG, "seed": None})  # unseeded: a re-release would be charged again
+    run = tmp_path / "run"
+    train(real_store, part, cfg, run, diagnostics=False, stop_after=0)
+    whole = load_tensors(run / "ckpt" / "release-state.safetensors")
+    (run / "ckpt" / "release-state.safetensors").unlink()  # stopped after the updates were saved
+    before = (run / "ledger.json").read_bytes()
+    train(real_store, part, cfg, run, resume=True, diagnostics=False, stop_after=0)
+    assert (run / "ledger.json").read_bytes() == before  # nothing charged again
+    again = load_tensors(run / "ckpt" / "release-state.safetensors")
+    for k in ("hnet.space_mean", "hnet.base.cb", "hnet.base.wl", "hnet.heads.cs_cb_w"):
+        assert torch.equal(again[k], whole[k]), k  # the same release, post-processed again
+    # a file of other clients' updates is not reused: the release runs (and is charged) again
+    from fedhype.federated.class_stats import load_release_outputs
+
+    class Other:
+        id = "nobody"
+
+    assert load_release_outputs(run / "ckpt" / "release-outputs.safetensors", [Other()] * len(part.clients)) is None
+    assert sum(e.mechanism == MECHANISM for e in PrivacyLedger.load(run / "ledger.json").events) == len(part.clients)
 
 
 def test_a_partition_whose_class_names_were_edited_is_refused(real_store, part, tmp_path):

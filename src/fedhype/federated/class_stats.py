@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import math
+from pathlib import Path
 
 import torch
 
@@ -748,7 +749,8 @@ def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | N
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
                           weights=None, distributed: DistributedNoise | None = None, centre_share: float = 0.0,
                           radius: float | None = None, release_centre: str = "pooled",
-                          budget_check: "Callable[[list], None] | None" = None):
+                          budget_check: "Callable[[list], None] | None" = None, outputs: "Path | None" = None,
+                          reuse_outputs: bool = False):
     """Release every client's class statistics (write-ahead ledger first) and set the model(s).
 
     A federated server pools all clients (:func:`aggregate_class_stats`); a ``local-cvae`` server
@@ -775,6 +777,12 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     anything is charged; it raises :class:`~fedhype.errors.BudgetExceededError` to refuse (``train.max_epsilon``
     on a resume that re-releases: :func:`fedhype.federated.engine.release_statistics`).
 
+    ``outputs``: where the clients' released updates (centres and statistics: public DP outputs) are saved the
+    moment they arrive, before the server's post-processing (:func:`save_release_outputs`); with
+    ``reuse_outputs`` (the engine's resume of a run whose release was charged) a file already there is read back
+    instead of asking the clients again — nothing is charged or released a second time. Not on the secure
+    aggregation paths (they keep no client's own update).
+
     Returns the clients' DP class counts ``[m][K]`` (floored at 0; public DP outputs, used to weight
     a mixture per class), or None under secure aggregation (the server sees only their sum).
     """
@@ -800,7 +808,9 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         sigma_a, sigma_b = steps[0][0], steps[1][0]
         dp = DPConfig(sigma_b, dp.clip_norm, enabled=True)
     split = f"; {distributed.describe()}" if distributed is not None else ""
-    if dp.enabled:
+    kept = load_release_outputs(outputs, clients) if (reuse_outputs and outputs is not None and distributed is None
+                                                       and dp.enabled) else None
+    if dp.enabled and kept is None:
         stats_note = (f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
                       + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split)
         centre_note = f"sum and count of the unit records (the release's centre){split}"
@@ -824,8 +834,12 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
                           for c in clients], distributed)
         apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap, cen, residual, share))  # the server sees the sum only
         return None
+    if kept is not None:  # a resume: the updates the clients released before the interruption (charged then)
+        centres, updates = kept
+    else:
+        centres = [c.release_centre(sigma_a) for c in clients] if centred else []
+        updates = None
     if centred:
-        centres = [c.release_centre(sigma_a) for c in clients]
         if parts is not None:
             cens = [centring_mod.centring_from([u], radius) for u in centres]
         elif release_centre == "pooled":
@@ -834,7 +848,10 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
             cens = centring_mod.client_centrings(centres, radius, sigma_a)
     else:
         cens = [None] * len(clients)
-    updates = release_all_class_stats(clients, n_classes, dp, weights, cens)
+    if updates is None:
+        updates = release_all_class_stats(clients, n_classes, dp, weights, cens)
+        if outputs is not None and dp.enabled:  # saved before the (slower) post-processing: a resume reuses them
+            save_release_outputs(outputs, centres, updates)
     counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
         for s, u, cen in zip(parts, updates, cens):
@@ -844,6 +861,55 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         if server.hnet.cfg.client_heads:  # h(c_i) = client i's own DP Gaussian
             apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens)
     return counts
+
+
+def save_release_outputs(path: Path, centres: list[PrivatizedUpdate], updates: list[PrivatizedUpdate]) -> None:
+    """Write the clients' released updates (their tensors and public metadata; atomic safetensors)."""
+    import json
+
+    from fedhype.io import atomic_save_tensors
+
+    tensors, meta = {}, []
+    for kind, us in (("centre", centres), ("stats", updates)):
+        for i, u in enumerate(us):
+            tensors.update({f"{kind}.{i}.{k}": v for k, v in u.tensors.items()})
+            meta.append({"kind": kind, "index": i, "client": u.client, "steps": u.steps,
+                         "noise_multiplier": u.noise_multiplier, "clip_norm": u.clip_norm,
+                         "sample_rate": u.sample_rate, "private": u.private})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save_tensors(path, tensors, {"fedhype_release_outputs": json.dumps(meta)})
+
+
+def load_release_outputs(path: Path, clients) -> "tuple[list[PrivatizedUpdate], list[PrivatizedUpdate]] | None":
+    """The ``(centres, updates)`` :func:`save_release_outputs` wrote, or None when there is no such file or it is
+    not these clients' (then the release runs again). Each update is re-typed with
+    :meth:`~fedhype.privacy.dp_step.PrivatizedUpdate.from_wire` (names, shapes, finiteness and metadata checked).
+
+    Raises:
+        ArtifactError: the file exists but is unreadable or was modified after it was written.
+    """
+    import json
+
+    from safetensors import safe_open
+
+    from fedhype.io import load_tensors
+
+    if path is None or not Path(path).exists():
+        return None
+    t = load_tensors(path, what="released statistics (the clients' updates)")
+    with safe_open(str(path), framework="pt") as fh:
+        meta = json.loads((fh.metadata() or {}).get("fedhype_release_outputs", "[]"))
+    out: dict[str, list] = {"centre": [], "stats": []}
+    for m in sorted(meta, key=lambda m: (m["kind"], m["index"])):
+        p = f"{m['kind']}.{m['index']}."
+        tensors = {k[len(p):]: v for k, v in t.items() if k.startswith(p)}
+        out[m["kind"]].append(PrivatizedUpdate.from_wire(
+            client=m["client"], tensors=tensors, like=tensors, steps=m["steps"], noise_multiplier=m["noise_multiplier"],
+            clip_norm=m["clip_norm"], sample_rate=m["sample_rate"], private=m["private"]))
+    ids = [str(c.id) for c in clients]
+    if [u.client for u in out["stats"]] != ids or (out["centre"] and [u.client for u in out["centre"]] != ids):
+        return None
+    return out["centre"], out["stats"]
 
 
 def release_all_class_stats(clients, n_classes: int, dp, weights, centrings) -> list[PrivatizedUpdate]:

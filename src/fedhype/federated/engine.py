@@ -51,7 +51,7 @@ from fedhype.federated.class_stats import run_class_stats_stage
 from fedhype.federated.client import Client
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.result import TrainResult
-from fedhype.federated.rundir import RELEASE_STATE, RunDir, backfill_release_means, save_model
+from fedhype.federated.rundir import RELEASE_OUTPUTS, RELEASE_STATE, RunDir, backfill_release_means, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
 from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan,  # noqa: F401
                                         committed_rounds, plan_privacy, recorded_config, resolve_plan)
@@ -269,7 +269,8 @@ def release_statistics(state: RunState) -> None:
     """The DP statistics before round 0 (:func:`fedhype.federated.class_stats.run_class_stats_stage`,
     charged write-ahead there), and each client's model space from them.
 
-    A run interrupted after the release reuses its public outputs (``ckpt/release-state.safetensors``)
+    A run interrupted after the release reuses its public outputs (``ckpt/release-state.safetensors``, or the
+    clients' updates in ``ckpt/release-outputs.safetensors`` when it stopped during the server's post-processing)
     instead of releasing — and being charged — again; a resumed run takes the server's checkpoint.
     A statistics-only method (``dp-gaussian``) writes its model and commits round 0 here.
     """
@@ -283,12 +284,16 @@ def release_statistics(state: RunState) -> None:
             # interrupted after the release: its public outputs are reused, not released (and charged) again
             server.load_state_tensors(load_tensors(saved, what="released statistics"))
         elif state.done == 0:
+            # the clients' updates are saved as they arrive: interrupted during the server's post-processing, a
+            # resume reuses them (charged once) instead of releasing again (a probe's Ctrl-C paid the release twice)
             counts = run_class_stats_stage(clients, server, mcfg.n_classes, plan.release_dp(), state.ledger, run.ledger,
                                            seeded=all(state.transport.replays_noise(i) for i in range(len(clients))),
                                            weights=cfg.release_weights(mcfg),
                                            distributed=plan.distributed, centre_share=cfg.centre_share,
                                            radius=cfg.release_radius, release_centre=cfg.centre_mode(),
-                                           budget_check=functools.partial(_release_budget, state))
+                                           budget_check=functools.partial(_release_budget, state),
+                                           outputs=run.root / "ckpt" / RELEASE_OUTPUTS,
+                                           reuse_outputs=_release_charged(state.ledger, clients, cfg))
             # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
             atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts})
             saved.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,9 @@ MODEL_FORMAT = "fedhype-model/1"
 #: The model as the statistics release set it (public DP outputs), under ``ckpt/``: a run interrupted after it was
 #: saved reuses it instead of releasing (and being charged) again.
 RELEASE_STATE = "release-state.safetensors"
+#: The clients' released updates (public DP outputs), under ``ckpt/``, saved the moment they arrive: a run
+#: interrupted during the server's post-processing reuses them (charged once).
+RELEASE_OUTPUTS = "release-outputs.safetensors"
 
 
 class RunDir:
@@ -111,12 +114,13 @@ class RunDir:
 
     def release_stage(self) -> str:
         """Where the statistics release of a run to resume stands: ``"committed"`` (a round or a statistics-only
-        commit came after it), ``"saved"`` (it ran and its outputs were saved: a resume reuses them, no charge),
+        commit came after it), ``"saved"`` (it ran and its outputs — the model it set, or the clients' updates — were saved: a resume
+        reuses them, no charge),
         ``"interrupted"`` (charged write-ahead in the ledger, its outputs never saved: a resume releases again) or
         ``"not started"``."""
         if self.committed_round() > 0 or self.statistics_released():
             return "committed"
-        if (self.root / "ckpt" / RELEASE_STATE).exists():
+        if (self.root / "ckpt" / RELEASE_STATE).exists() or (self.root / "ckpt" / RELEASE_OUTPUTS).exists():
             return "saved"
         if self.ledger.exists() and read_json(self.ledger, "privacy ledger").get("events"):
             return "interrupted"
