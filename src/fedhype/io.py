@@ -83,10 +83,7 @@ def artifact_format(path: str | os.PathLike) -> str | None:
     path = Path(path)
     header: Any = None
     try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as st:
-            raw = (st.metadata() or {}).get("fedhype")
+        raw = tensor_metadata(path).get("fedhype")
         header = json.loads(raw) if raw else None
     except Exception:  # noqa: BLE001 - not a (readable) safetensors file: perhaps JSON
         try:
@@ -189,6 +186,18 @@ def not_safetensors(path: Path) -> str | None:
     return None
 
 
+def tensor_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata of a safetensors file (``{}`` when it has none); the tensors are not read.
+
+    Raises:
+        whatever safetensors raises for a file that is not one (callers read it after :func:`load_tensors`).
+    """
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        return dict(fh.metadata() or {})
+
+
 def load_tensors(path: str | os.PathLike, what: str = "tensor file") -> dict[str, torch.Tensor]:
     """Load a safetensors file and verify its content digest (:data:`DIGEST_KEY`, when recorded).
 
@@ -196,14 +205,11 @@ def load_tensors(path: str | os.PathLike, what: str = "tensor file") -> dict[str
         ArtifactError: unreadable, truncated, or its tensors differ from the digest recorded when it
             was written (naming ``path``; exit code 4).
     """
-    from safetensors import safe_open
-
     path = Path(path)
     require_file(path, what)
     try:
         tensors = load_file(str(path))
-        with safe_open(str(path), framework="pt") as fh:
-            recorded = (fh.metadata() or {}).get(DIGEST_KEY)
+        recorded = tensor_metadata(path).get(DIGEST_KEY)
     except Exception as exc:  # safetensors raises its own error types
         why = not_safetensors(path)
         raise ArtifactError(f"{what} {path}: {why}" if why else

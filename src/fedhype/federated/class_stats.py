@@ -890,15 +890,12 @@ def load_release_outputs(path: Path, clients) -> "tuple[list[PrivatizedUpdate], 
     """
     import json
 
-    from safetensors import safe_open
-
-    from fedhype.io import load_tensors
+    from fedhype.io import load_tensors, tensor_metadata
 
     if path is None or not Path(path).exists():
         return None
     t = load_tensors(path, what="released statistics (the clients' updates)")
-    with safe_open(str(path), framework="pt") as fh:
-        meta = json.loads((fh.metadata() or {}).get("fedhype_release_outputs", "[]"))
+    meta = json.loads(tensor_metadata(path).get("fedhype_release_outputs", "[]"))
     out: dict[str, list] = {"centre": [], "stats": []}
     for m in sorted(meta, key=lambda m: (m["kind"], m["index"])):
         p = f"{m['kind']}.{m['index']}."

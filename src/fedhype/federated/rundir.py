@@ -30,7 +30,7 @@ import torch
 
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.federated.baselines import is_local, load_local_models
-from fedhype.io import atomic_save_tensors, atomic_write_json, load_tensors, read_json
+from fedhype.io import DIGEST_KEY, atomic_save_tensors, atomic_write_json, load_tensors, read_json, tensor_metadata
 from fedhype.models.config import ModelConfig
 from fedhype.models.hypernet import HyperNetwork, fill_missing_anchors
 
@@ -178,14 +178,8 @@ def model_digest(path: str | Path) -> str | None:
     """The content digest recorded in a model file (``run/model.safetensors`` or a run directory): what a synthetic
     store's provenance names as the model it was drawn from (``fedhype audit --synthetic`` compares them). None for a
     file written without one."""
-    from safetensors import safe_open
-
-    from fedhype.io import DIGEST_KEY
-
     path = Path(path)
-    path = path / "model.safetensors" if path.is_dir() else path
-    with safe_open(str(path), framework="pt") as fh:
-        return (fh.metadata() or {}).get(DIGEST_KEY)
+    return tensor_metadata(path / "model.safetensors" if path.is_dir() else path).get(DIGEST_KEY)
 
 
 def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
@@ -197,14 +191,11 @@ def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
     Raises:
         ArtifactError: missing/corrupt file or wrong format.
     """
-    from safetensors import safe_open
-
     path = Path(path)
     if path.is_dir():
         path = path / "model.safetensors"
     t = load_tensors(path, what="model")
-    with safe_open(str(path), framework="pt") as fh:
-        raw = (fh.metadata() or {}).get("fedhype")
+    raw = tensor_metadata(path).get("fedhype")
     try:
         meta = json.loads(raw or "{}")
     except json.JSONDecodeError:
