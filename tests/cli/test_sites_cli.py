@@ -343,3 +343,43 @@ def test_a_card_can_announce_the_agreed_classes_instead_of_the_sites_own(consort
     assert site.public_card() == site.card()  # the checked card is the announced one
     train = site.records("train", list(CLASSES))
     assert set(train.labels.tolist()) == {0, 1}  # its records keep their own classes
+
+
+def test_each_sites_ledger_across_runs_records_the_run_and_its_cap_refuses_the_next(consortium, tmp_path):
+    import shutil
+
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    root = consortium["root"]
+    run_ledger = PrivacyLedger.load(root / "run" / "ledger.json")
+    reps = {}
+    for i, name in enumerate(SITES):  # the fixture's run is on each site's ledger, with the run ledger's ε
+        reps[name] = rep = _json(runner.invoke(app, ["budget", "--site", str(root / name / "site"), "--json"]))
+        assert rep["site"] == name and rep["max_epsilon"] is None and rep["left"] is None
+        assert [r["run"].split("-")[0] for r in rep["runs"]] == ["run"] and rep["runs"][0]["events"] == 4
+        assert rep["epsilon"] == pytest.approx(run_ledger.epsilon(str(i)), rel=1e-9) and 0 < rep["epsilon"] <= 4 + 1e-6
+    sites = []
+    for name in SITES:  # copies: the other tests keep the fixture's sites uncapped
+        shutil.copytree(root / name / "site", tmp_path / name)
+        sites.append(tmp_path / name)
+    spent = reps["clinic_c"]["epsilon"]
+    r = runner.invoke(app, ["budget", "--site", str(sites[2]), "--max-epsilon", f"{spent / 2}", "--json"])
+    assert r.exit_code == 2 and "already spent" in r.output
+    got = _json(runner.invoke(app, ["budget", "--site", str(sites[2]), "--max-epsilon", f"{spent * 1.2}", "--json"]))
+    assert got["max_epsilon"] == pytest.approx(spent * 1.2) and got["left"] == pytest.approx(spent * 0.2)
+    before = (sites[2] / "site-ledger.json").read_text()
+    r = runner.invoke(app, ["train", *[f"--site={s}" for s in sites], "--out", str(tmp_path / "run2"), "--epsilon", "4",
+                            "--rounds", "2", "--local-steps", "2", "--batch-size", "8", "--min-records", "5",
+                            "--hidden", "16", "--latent", "4", "--seed", "0", "--json"])
+    assert r.exit_code == 3 and "site 'clinic_c': this run's plan" in r.output and "past the site's cap" in r.output
+    assert (sites[2] / "site-ledger.json").read_text() == before and not (tmp_path / "run2" / "config.json").exists()
+    assert len(_json(runner.invoke(app, ["budget", "--site", str(sites[0]), "--json"]))["runs"]) == 1  # nor another site
+    # splitting again keeps the records' ledger; its cap can be set there too
+    got = _json(runner.invoke(app, ["site", "--store", str(root / "clinic_c" / "embeddings.safetensors"), "--name",
+                                    "clinic_c", "--min-records", "5", "--out", str(sites[2]), "--overwrite",
+                                    "--max-epsilon", f"{spent * 3}", "--json"]))
+    assert got["max_epsilon"] == pytest.approx(spent * 3) and got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
+    for args, msg in ((["budget", "--site", str(sites[0]), "--epsilon", "1"], "describe a plan"),
+                      (["budget", "--epsilon", "1", "--client-sizes", "100", "--max-epsilon", "3"], "with --site DIR")):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and msg in r.output, r.output

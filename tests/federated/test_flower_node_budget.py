@@ -162,3 +162,27 @@ def test_request_digest_covers_every_value_and_array_byte():
     assert request_digest(msg(1, [0.0, 1.0000001])) != base
     assert request_digest(msg(1, [[0.0, 1.0]])) != base  # the shape counts
     json.dumps(base)
+
+
+def test_a_site_node_charges_its_site_ledger_across_runs_and_refuses_past_its_cap(real_store, part, tmp_path):
+    from fedhype.data.sites import make_site
+    from fedhype.privacy.site_ledger import by_run, load_site_ledger, set_cap, spent
+
+    cfg, reqs, priv, node, (limit, delta) = _site(real_store, part, tmp_path)
+    sub = part.client_store(real_store, part.clients[1].id, "train")
+    sub.save(tmp_path / "s1.safetensors")
+    make_site(sub, tmp_path / "s1.safetensors", "hospital_b", min_train=5).save(tmp_path / "site")
+    node = NodeSettings(**{**node.__dict__, "site": tmp_path / "site"})
+    for run in ("first-000000000001", "second-000000000002"):  # two runs the SuperNode served with this site
+        for k, ev in enumerate(reqs):
+            charge_request(node, tmp_path / "state" / run / "client-1", ev, f"{k:064x}")
+    led = load_site_ledger(tmp_path / "site")
+    hist = [(e.noise_multiplier, e.sample_rate, e.steps) for e in PrivacyLedger.load(
+        tmp_path / "state" / "first-000000000001" / "client-1" / LEDGER).events]
+    assert by_run(led) == pytest.approx({"first-000000000001": limit, "second-000000000002": limit}, rel=1e-9)
+    assert spent(led) == pytest.approx(epsilon(hist + hist, delta), rel=1e-9) and spent(led) > limit
+    set_cap(tmp_path / "site", "hospital_b", spent(led) * 1.01)
+    third = tmp_path / "state" / "third-000000000003" / "client-1"
+    with pytest.raises(NodeRefusal, match="this site's ledger across runs: site 'hospital_b'.*past the site's cap"):
+        charge_request(node, third, reqs[1], f"{1:064x}")  # its statistics release: within its run's cap, not the site's
+    assert not (third / LEDGER).exists() and len(load_site_ledger(tmp_path / "site")) == 2 * len(reqs)

@@ -189,6 +189,23 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     return _mark(out, sigma)
 
 
+def budget_site(folder: Path, max_epsilon: float | None, delta: float) -> dict[str, Any]:
+    """A site's ledger across runs (:func:`fedhype.privacy.site_ledger.report`); with ``max_epsilon``, set its cap
+    first (at ``delta`` for a site with no ledger yet; an existing ledger keeps its δ).
+
+    Raises:
+        ArtifactError: no site there, or a corrupt site ledger. ValidationError: a cap below what was spent.
+    """
+    from fedhype.data.sites import Site
+    from fedhype.privacy.site_ledger import load_site_ledger, report, set_cap
+
+    s = Site.load(folder)
+    led = load_site_ledger(s.folder)
+    if max_epsilon is not None:
+        led = set_cap(s.folder, s.name, float(max_epsilon), None if led is not None else delta)
+    return {"mode": "site", **report(led, s.folder, s.name)}
+
+
 def parse_client_sizes(text: str) -> list[tuple[str, str, int]]:
     """``"600,480"`` → ``[("0", "client 0", 600), ("1", "client 1", 480)]``."""
     out = []
@@ -214,8 +231,26 @@ def _fmt(v: Any) -> str:
     return "—" if v is None else ("∞" if _infinite(v) else f"{v:.4g}")
 
 
+def _render_site(result: dict[str, Any], out: Console) -> None:
+    cap = result["max_epsilon"]
+    table = Table(title=f"site {result['site']}: its records' ledger across runs", caption=result["ledger"])
+    for col in ("run", "events", "ε alone"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for r in result["runs"]:
+        table.add_row(r["run"], str(r["events"]), _fmt(r["epsilon"]))
+    out.print(table)
+    delta = "—" if result["delta"] is None else f"{result['delta']:g}"
+    out.print(f"spent over all runs: ε = {_fmt(result['epsilon'])} at δ = {delta} (composed by the accountant, "
+              f"not the sum of the runs' ε); cap: {'none (recorded only)' if cap is None else f'{cap:g}'}"
+              + ("" if cap is None else f"; left: {_fmt(result['left'])} (a guide: a next run is checked by composing its "
+                                   "plan with this ledger)"), highlight=False)
+
+
 def _render(result: dict[str, Any]) -> None:
     out = Console()
+    if result["mode"] == "site":
+        _render_site(result, out)
+        return
     if result["mode"] == "single":
         keys = ("epsilon", "accountant", "target_epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "delta",
                 "noise_multiplier", "sample_rate", "steps")
@@ -292,9 +327,17 @@ def budget(
                                                  "distributed noise (as `fedhype train --secure-aggregation`)."),
     dropout_tolerance: int = typer.Option(..., "--dropout-tolerance", default_factory=config_default("train", "dropout_tolerance"),
                                           help="Plan, with --secure-aggregation: t, clients that may drop out or collude."),
+    site: Optional[Path] = typer.Option(None, "--site", help="A site folder (from `fedhype site`): what its records "
+                                        "have spent over every run (its ledger across runs, site-ledger.json) and "
+                                        "its cap; with --max-epsilon, set the cap.",
+                                        callback=existing("site folder", "write it with `fedhype site`", kind="any")),
+    max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="With --site: the site's lifetime ε cap "
+                                                "over all its runs, at its δ (--delta when the site has no ledger yet); "
+                                                "`train --site` and the site's SuperNode refuse what would pass it."),
     json_mode: bool = JsonOpt,
 ) -> None:
-    """ε (the smaller of PRV and RDP; PLD cross-check) for a DP-SGD mechanism or federated plan, or σ for a target ε.
+    """ε (the smaller of PRV and RDP; PLD cross-check) for a DP-SGD mechanism or federated plan, or σ for a target ε;
+    with --site, what a site's records have spent over all its runs.
 
     Accountants that disagree beyond their tolerances (e.g. PRV above RDP) are listed as warnings.
 
@@ -305,6 +348,19 @@ def budget(
     def body() -> dict[str, Any]:
         from fedhype.privacy.accountant import validate_target_epsilon  # torch: imported on use, not for --help
 
+        if site is not None:
+            given = [name for name, v in (("--noise-multiplier", noise_multiplier), ("--epsilon", epsilon),
+                                          ("--sample-rate", sample_rate), ("--steps", steps), ("--rounds", rounds),
+                                          ("--local-epochs", local_epochs), ("--local-steps", local_steps),
+                                          ("--batch-size", batch_size), ("--client-sizes", client_sizes),
+                                          ("--partition", partition), ("--card", card or None)) if v is not None]
+            if given:
+                raise ValidationError(f"--site reports a site's ledger across runs (and --max-epsilon sets its cap); "
+                                      f"{', '.join(given)} describe a plan: run them without --site")
+            return budget_site(site, max_epsilon, delta)
+        if max_epsilon is not None:
+            raise ValidationError("--max-epsilon sets a site's lifetime cap: give it with --site DIR (a run's own "
+                                  "limit is `fedhype train --max-epsilon`)")
         if (noise_multiplier is None) == (epsilon is None):
             raise ValidationError("give exactly one of --noise-multiplier or --epsilon (a target)")
         if epsilon is not None:

@@ -9,7 +9,7 @@ in one process (a simulation), or on Flower with one SuperNode per site (docs/fl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -22,7 +22,9 @@ def _render(res: dict[str, Any]) -> None:
     Console().print(kv_table(f"fedhype site {res['name']}", {
         "site folder": res["site"], "private (keep at the site)": res["private"], "public card (send it)": res["card"],
         "train / val / test": f"{res['splits']['train']} / {res['splits']['val']} / {res['splits']['test']}",
-        "classes": ", ".join(res["class_names"])}))
+        "classes": ", ".join(res["class_names"]),
+        "ledger across runs (private)": f"{res['site_ledger']}: spent ε = {res['spent_epsilon']:.4g}, cap "
+                                        + ("none (recorded only)" if res["max_epsilon"] is None else f"{res['max_epsilon']:g}")}))
 
 
 def site(
@@ -44,6 +46,12 @@ def site(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing site folder (a new split and a new "
                                    "site key: runs trained on the old one no longer accept it; the old site.json is "
                                    "kept as site.<old key>.json for evaluating them)."),
+    max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="The site's lifetime ε cap over all the "
+                                                "runs its records take part in (its ledger across runs, "
+                                                "site-ledger.json); `train --site` and the site's SuperNode refuse "
+                                                "what would pass it. Change it later with `fedhype budget --site`."),
+    delta: float = typer.Option(..., "--delta", default_factory=config_default("train", "delta"),
+                                help="δ at which the site's ledger composes its runs (default: train's)."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """Split this site's records into train/val/test locally; write its private split and its public card."""
@@ -83,12 +91,33 @@ def site(
             os.replace(out / SITE_FILE, kept)
             console.print(f"kept the previous split as {kept} (evaluate runs trained on it with --site {kept})",
                           highlight=False)
+        if max_epsilon is not None:  # checked before anything is written
+            from fedhype.privacy.accountant import validate_target_epsilon
+
+            validate_target_epsilon(max_epsilon, "--max-epsilon")
+        if not 0 < delta < 1:
+            raise ValidationError(f"--delta must be in (0, 1), got {delta!r}")
         s.save(out)
         console.print(f"wrote {out / SITE_FILE} (private) and {out / CARD_FILE} (public)", highlight=False)
+        ledger = _site_ledger(out, name, max_epsilon, delta)
         return {"site": str(out), "name": name, "private": str(out / SITE_FILE), "card": str(out / CARD_FILE),
-                "splits": site_splits(s), "class_names": list(emb.class_names), "given_splits": given}
+                "splits": site_splits(s), "class_names": list(emb.class_names), "given_splits": given, **ledger}
 
     run_command(body, json_mode, _render)
+
+
+def _site_ledger(out: Path, name: str, max_epsilon: float | None, delta: float) -> dict[str, Any]:
+    """The site's ledger across runs: kept through --overwrite (a new split of the same records has their
+    spending behind it); with --max-epsilon its cap is set (a new ledger at ``delta``)."""
+    from fedhype.privacy.site_ledger import cap_of, ledger_path, load_site_ledger, set_cap, spent
+
+    led = load_site_ledger(out)
+    if led is not None:
+        console.print(f"kept the site's ledger across runs, {ledger_path(out)}: its records have spent ε = "
+                      f"{spent(led):.4g} at δ = {led.delta:g} over earlier runs", highlight=False)
+    if max_epsilon is not None:
+        led = set_cap(out, name, float(max_epsilon), None if led is not None else delta)
+    return {"site_ledger": str(ledger_path(out)), "max_epsilon": cap_of(led), "spent_epsilon": spent(led)}
 
 
 def register(app: typer.Typer) -> None:

@@ -35,6 +35,7 @@ which partition: :mod:`fedhype.federated.baselines`) and whether it trains any r
 from __future__ import annotations
 
 import functools
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,8 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
     stores = [s.store() for s in sites]
     roster = Roster.from_cards([s.public_card(st) for s, st in zip(sites, stores)], classes)
 
+    folders, names = [s.folder for s in sites], [s.name for s in sites]  # each site's ledger across runs
+
     def connect(run: RunDir) -> InProcessTransport:
         check_client_sizes(roster, cfg)
         clients, val = [], []
@@ -165,7 +168,10 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
         return InProcessTransport(clients, val if diagnostics else None)
 
     return run_federation(roster, cfg, out, store_info=describe_roster(roster), n_classes=len(roster.class_names),
-                          connect=connect, resume=resume, progress=progress, stop_after=stop_after)
+                          connect=connect, resume=resume, progress=progress, stop_after=stop_after,
+                          on_plan=lambda run, plan: None if run.ledger.exists() else refuse_site_plans(
+                              plan.cfg, [c.n_train for c in roster.clients], folders, names),
+                          on_open=lambda state: attach_site_ledgers(state, folders, names))
 
 
 def describe_roster(roster: "Roster") -> dict[str, Any]:
@@ -233,7 +239,50 @@ def open_ledger(run: RunDir, cfg: TrainConfig, done: int) -> PrivacyLedger:
     if (done > 0 and not cfg.no_dp) or run.ledger.exists():
         return PrivacyLedger.load(run.ledger)
     # the run's folder name only: the ledger is shared in a release, and a path can name a user or a study
-    return PrivacyLedger(cfg.delta, meta={"run": run.root.name, "method": cfg.method})
+    # "key": a random id of this run, named in the sites' ledgers across runs (fedhype.privacy.site_ledger)
+    return PrivacyLedger(cfg.delta, meta={"run": run.root.name, "method": cfg.method, "key": secrets.token_hex(6)})
+
+
+def run_key(run: RunDir, ledger: PrivacyLedger) -> str:
+    """The run's key in the sites' ledgers: its folder name and the random key its ledger was created with
+    (a run written before the key: the folder name and its ledger's genesis digest)."""
+    return f"{run.root.name[:60]}-{ledger.meta.get('key') or ledger.genesis[:12]}"
+
+
+def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], folders: "Sequence[Path | None]",
+                      names: Sequence[str]) -> None:
+    """Refuse a fresh run whose whole plan — the statistics release and every planned round — would take a
+    site past the cap of its ledger across runs (client i is site i; a site made in memory, folder None,
+    has no ledger). Nothing is written or charged.
+
+    Raises:
+        BudgetExceededError: naming the site, what it already spent, the plan's ε and the cap.
+        ArtifactError: a site's ledger is corrupt or another site's.
+    """
+    from fedhype.federated.run_plan import plan_privacy
+    from fedhype.federated.secure_release import planned_tails
+    from fedhype.privacy.site_ledger import SiteCharger, refuse_plan
+
+    if cfg.no_dp:
+        return
+    prefix, tails = list(plan_privacy(cfg, list(sizes))["prefix"]), planned_tails(cfg, list(sizes))
+    for i, (f, n) in enumerate(zip(folders, names)):
+        if f is not None:
+            refuse_plan(SiteCharger(Path(f), str(n), "planned", float(cfg.delta)), prefix + tails[i])
+
+
+def attach_site_ledgers(state: "RunState", folders: "Sequence[Path | None]", names: Sequence[str]) -> None:
+    """Charge each site's ledger across runs with its client's events, write-ahead (client i is site i):
+    :func:`fedhype.privacy.ledger.charge` then asks every site first and refuses past a site's cap. Not for a
+    ``--no-dp`` run (nothing is charged) or a site made in memory (folder None)."""
+    from fedhype.privacy.site_ledger import SiteCharger
+
+    cfg = state.plan.cfg
+    if cfg.no_dp:
+        return
+    key = run_key(state.run, state.ledger)
+    state.ledger.mirrors.update({c.id: SiteCharger(Path(f), str(n), key, float(cfg.delta))
+                                 for c, f, n in zip(state.clients, folders, names) if f is not None})
 
 
 def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], ClientTransport]) -> RunState:
@@ -462,7 +511,9 @@ def result_of(state: RunState) -> TrainResult:
 # ------------------------------------------------------------------------------------------------ the loop
 def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str | Path, *, store_info: dict[str, Any],
                    n_classes: int, connect: Callable[[RunDir], ClientTransport], resume: bool = False,
-                   progress: Callable[[dict], None] | None = None, stop_after: int | None = None) -> TrainResult:
+                   progress: Callable[[dict], None] | None = None, stop_after: int | None = None,
+                   on_plan: Callable[[RunDir, RunPlan], None] | None = None,
+                   on_open: Callable[["RunState"], None] | None = None) -> TrainResult:
     """The round logic of every deployment (:func:`train` in process, the Flower ServerApp across machines).
 
     Resolves and checks the run's plan (:func:`resolve_plan`), writes its configuration, then asks
@@ -476,6 +527,9 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
         store_info: :func:`describe_store` of the clients' store (public: digest, n, dim, encoder).
         n_classes: K.
         connect: ``connect(run) -> ClientTransport``, called once the run's config is written.
+        on_plan: called with the run folder and its checked plan before anything is written
+            (:func:`refuse_site_plans`).
+        on_open: called with the opened run before anything is charged (:func:`attach_site_ledgers`).
 
     Returns and raises as :func:`train` (and whatever the transport raises when a client fails:
     the round is then not aggregated and nothing of it is committed).
@@ -486,7 +540,12 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
     with run.writer_lock():  # one training process per run folder
         plan = resolve_plan(partition, cfg, store_info=store_info, n_classes=n_classes,
                             recorded=recorded_config(run, resume))
-        state = open_run(run, plan, committed_rounds(run, plan, resume), connect)
+        done = committed_rounds(run, plan, resume)
+        if on_plan is not None:
+            on_plan(run, plan)
+        state = open_run(run, plan, done, connect)
+        if on_open is not None:
+            on_open(state)
         release_statistics(state)
         for ran, r in enumerate(range(state.done, cfg.rounds_run())):
             if stop_after is not None and ran >= stop_after:

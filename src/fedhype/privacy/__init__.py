@@ -9,7 +9,8 @@
   (:class:`Centring`, :func:`privatize_centre`, :func:`release_steps`);
 * :mod:`.accountant` — ε for a history of subsampled Gaussian steps (Opacus PRV and RDP,
   dp-accounting PLD cross-check) and σ calibration;
-* :mod:`.ledger` — the hash-chained, append-only record of every mechanism run (:class:`PrivacyLedger`).
+* :mod:`.ledger` — the hash-chained, append-only record of every mechanism run (:class:`PrivacyLedger`);
+* :mod:`.site_ledger` — a site's ledger across runs and its lifetime cap (:class:`SiteCharger`).
 
 Everything is loaded on first use (torch, Opacus): ``import fedhype.privacy`` is cheap.
 """
@@ -18,11 +19,11 @@ _LAZY = {"DPConfig": "dp_step", "LocalDPSession": "dp_step", "PrivatizedUpdate":
          "privatize_class_sums": "dp_step", "DistributedNoise": "secure_agg", "PrivatizedAggregate": "secure_agg",
          "SecureShare": "secure_agg", "secure_sum": "secure_agg", "Centring": "centring", "privatize_centre": "centring",
          "release_steps": "centring", "calibrate_noise": "accountant", "epsilon": "accountant",
-         "LedgerEvent": "ledger", "PrivacyLedger": "ledger"}
+         "LedgerEvent": "ledger", "PrivacyLedger": "ledger", "SiteCharger": "site_ledger"}
 
 __all__ = ["DPConfig", "DistributedNoise", "LedgerEvent", "LocalDPSession", "PrivacyLedger", "PrivatizedAggregate",
            "PrivatizedUpdate", "ReleaseWeights", "SecureShare", "calibrate_noise", "epsilon", "privatize_class_sums",
-           "secure_sum", "Centring", "privatize_centre", "release_steps"]
+           "secure_sum", "Centring", "privatize_centre", "release_steps", "SiteCharger"]
 
 
 def __getattr__(name: str):  # torch- and Opacus-backed pieces on first use (`--help` reads defaults without them)

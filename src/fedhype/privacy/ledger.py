@@ -205,6 +205,9 @@ class PrivacyLedger:
         self._genesis = _sha256(header)
         self._events: list[LedgerEvent] = []
         self._chain: list[str] = []
+        #: client id → a site's ledger across runs (:class:`fedhype.privacy.site_ledger.SiteCharger`) that
+        #: :func:`charge` charges with that client's events first, or is refused by; not saved
+        self.mirrors: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ recording
     def record(self, event: LedgerEvent) -> None:
@@ -214,6 +217,11 @@ class PrivacyLedger:
         prev = self._chain[-1] if self._chain else self._genesis
         self._chain.append(_sha256(prev + _canonical(event.to_dict())))
         self._events.append(event)
+
+    @property
+    def genesis(self) -> str:
+        """SHA-256 of the ledger's header (format, δ, meta): the first link of its hash chain, fixed at creation."""
+        return self._genesis
 
     @property
     def events(self) -> tuple[LedgerEvent, ...]:
@@ -474,7 +482,21 @@ def pending_charges(ledger: PrivacyLedger, events: Iterable[LedgerEvent], replay
 
 def charge(ledger: PrivacyLedger, events: Iterable[LedgerEvent], path: str | Path | None = None) -> None:
     """Write-ahead: record ``events`` (from :func:`pending_charges`) and save the ledger atomically to
-    ``path`` — call it *before* the mechanisms touch the records."""
+    ``path`` — call it *before* the mechanisms touch the records.
+
+    A client with a site ledger in :attr:`PrivacyLedger.mirrors` has its events charged there first
+    (:mod:`fedhype.privacy.site_ledger`); every site is asked before any is charged.
+
+    Raises:
+        BudgetExceededError: a site's composed ε over its runs would pass its cap (nothing is recorded).
+    """
+    events = list(events)
+    mirrored = [(m, mine) for c, m in ledger.mirrors.items() if (mine := [e for e in events if e.client == c])]
+    for m, mine in mirrored:
+        if (err := m.refusal(mine)) is not None:
+            raise err
+    for m, mine in mirrored:
+        m.charge(mine)
     for e in events:
         ledger.record(e)
     if path is not None:

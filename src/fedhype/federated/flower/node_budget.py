@@ -25,6 +25,11 @@ again. That is free only for the same request: the node keeps the digest of each
 the event's note, and refuses another request for a round (or release) it has already answered with
 seeded noise — two answers with the same noise would release their difference without any.
 
+A site node also charges its site folder's ledger across runs (``site-ledger.json``,
+:mod:`fedhype.privacy.site_ledger`) with the same events, under the run's key, and refuses a request that
+would take the site's records past that ledger's lifetime cap: every run this SuperNode serves with the
+same site folder composes there.
+
 Pooled-partition nodes (a simulation on one data holder's store) hold no federation file and keep no
 ledger of their own; the data holder runs the server too.
 """
@@ -143,4 +148,14 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
                           f"its federation file gives it (rounds, steps, q, σ and the release as published); nothing "
                           f"was run. A rerun of an unseeded round is a new release: allow it with train.max_epsilon "
                           f"in the federation file")
+    if node.site is not None:  # the site's own ledger across runs (fedhype.privacy.site_ledger), first
+        from fedhype.data.sites import Site
+        from fedhype.errors import BudgetExceededError
+        from fedhype.privacy.site_ledger import SiteCharger
+
+        site = Site.load(node.site)
+        try:  # the run key is the name of this run's folder under the state dir
+            SiteCharger(Path(site.folder), site.name, Path(state_dir).parent.name, delta).charge(pending)
+        except BudgetExceededError as err:
+            raise NodeRefusal(f"this site's ledger across runs: {err}") from None
     charge(ledger, pending, path)

@@ -1,0 +1,125 @@
+"""A site's ledger across runs (fedhype.privacy.site_ledger): what its records paid over every run,
+composed by the accountant, and its lifetime cap enforced before anything is charged or run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedhype.errors import ArtifactError, BudgetExceededError, ValidationError
+from fedhype.federated.config import TrainConfig
+from fedhype.privacy.accountant import epsilon
+from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge
+from fedhype.privacy.site_ledger import (SiteCharger, by_run, cap_of, ledger_path, load_site_ledger, set_cap,
+                                         spent)
+
+DELTA = 1e-5
+
+
+def _events(client: str, rounds: int, sigma: float = 1.0, q: float = 0.05, steps: int = 20) -> list[LedgerEvent]:
+    return [LedgerEvent(client, r, "dp-sgd", sigma, q, steps, 1.0) for r in range(rounds)]
+
+
+def test_the_site_ledger_composes_every_run_with_the_accountant(tmp_path):
+    a, b = SiteCharger(tmp_path, "hospital_a", "run-1", DELTA), SiteCharger(tmp_path, "hospital_a", "run-2", DELTA)
+    a.charge(_events("0", 3))
+    b.charge(_events("2", 2, sigma=0.8))  # another run, where the site was client 2, with less noise
+    led = load_site_ledger(tmp_path)
+    assert {e.client for e in led.events} == {"hospital_a"} and len(led) == 5
+    both = epsilon([(1.0, 0.05, 60), (0.8, 0.05, 40)], DELTA)
+    alone = [epsilon([(1.0, 0.05, 60)], DELTA), epsilon([(0.8, 0.05, 40)], DELTA)]
+    assert spent(led) == pytest.approx(both, rel=1e-9)
+    assert list(by_run(led)) == ["run-1", "run-2"] and list(by_run(led).values()) == pytest.approx(alone, rel=1e-9)
+    assert both > max(alone) and both < sum(alone)  # composed, tighter than adding the ε's up
+    assert cap_of(led) is None and led.delta == DELTA
+
+
+def test_the_cap_refuses_before_anything_is_recorded_and_names_the_site(tmp_path):
+    ch = SiteCharger(tmp_path, "clinic_c", "run-1", DELTA)
+    ch.charge(_events("0", 2))
+    first = spent(load_site_ledger(tmp_path))
+    with pytest.raises(ValidationError, match="already spent"):
+        set_cap(tmp_path, "clinic_c", first / 2)
+    set_cap(tmp_path, "clinic_c", first * 1.2)
+    before = ledger_path(tmp_path).read_text()
+    run_ledger = PrivacyLedger(DELTA)
+    run_ledger.mirrors["0"] = SiteCharger(tmp_path, "clinic_c", "run-2", DELTA)
+    with pytest.raises(BudgetExceededError, match="clinic_c.*past the site's cap") as err:
+        charge(run_ledger, _events("0", 2) + _events("1", 2), tmp_path / "ledger.json")
+    assert err.value.limit == pytest.approx(first * 1.2) and err.value.epsilon > first * 1.2
+    assert ledger_path(tmp_path).read_text() == before and len(run_ledger) == 0  # nothing charged anywhere
+    assert not (tmp_path / "ledger.json").exists()
+    charge(run_ledger, _events("0", 1, steps=1, sigma=20.0) + _events("1", 2), tmp_path / "ledger.json")
+    led = load_site_ledger(tmp_path)  # only client 0's events reach its site; the cap and events are kept
+    assert len(led) == 3 and cap_of(led) == pytest.approx(first * 1.2) and len(run_ledger) == 3
+
+
+def test_a_site_ledger_edited_by_hand_or_another_sites_is_refused(tmp_path):
+    SiteCharger(tmp_path, "hospital_a", "run-1", DELTA).charge(_events("0", 2))
+    with pytest.raises(ArtifactError, match="ledger of site 'hospital_a'"):
+        SiteCharger(tmp_path, "hospital_b", "run-2", DELTA).charge(_events("0", 1))
+    raw = json.loads(ledger_path(tmp_path).read_text())
+    raw["events"][1]["noise_multiplier"] = 50.0  # a cheaper past, written by hand
+    ledger_path(tmp_path).write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match="tampered"):
+        SiteCharger(tmp_path, "hospital_a", "run-2", DELTA).charge(_events("0", 1))
+
+
+@pytest.fixture()
+def sites(real_store, tmp_path):
+    from fedhype.data.sites import Site, make_site
+
+    out = []
+    for d in range(2):  # the first two digits domains, one site each
+        sub = real_store.subset((real_store.domains == d).nonzero().flatten())
+        sub.save(tmp_path / f"s{d}.safetensors")
+        make_site(sub, tmp_path / f"s{d}.safetensors", f"site-{d}").save(tmp_path / f"site{d}")
+        out.append(Site.load(tmp_path / f"site{d}"))
+    return out
+
+
+CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=2.0, seed=0,
+           model={"hidden": 16, "latent": 4})
+
+
+def _client_eps(run, client: str, delta: float) -> list[tuple[float, float, int]]:
+    led = PrivacyLedger.load(run / "ledger.json")
+    return [(e.noise_multiplier, e.sample_rate, e.steps) for e in led.events if e.client == client]
+
+
+def test_train_over_sites_charges_each_sites_ledger_across_runs_and_a_seeded_resume_charges_it_once(sites, tmp_path):
+    from fedhype.federated.engine import train_sites
+
+    cfg = TrainConfig(**CFG)
+    train_sites(sites, cfg, tmp_path / "run1", stop_after=1)  # interrupted after round 1
+    train_sites(sites, cfg, tmp_path / "run1", resume=True)   # a seeded resume: replays, charges nothing twice
+    train_sites(sites, TrainConfig(**{**CFG, "rounds": 1}), tmp_path / "run2")
+    for i, s in enumerate(sites):
+        led = load_site_ledger(s.folder)
+        runs = by_run(led)
+        assert len(runs) == 2 and all(k.startswith(("run1-", "run2-")) for k in runs)
+        hist = [_client_eps(tmp_path / r, str(i), cfg.delta) for r in ("run1", "run2")]
+        assert [len(h) for h in hist] == [4, 3]  # the centre, the statistics and 2 rounds; … and 1 round
+        assert [(e.noise_multiplier, e.sample_rate, e.steps) for e in led.events] == hist[0] + hist[1]
+        assert list(runs.values()) == pytest.approx([PrivacyLedger.load(tmp_path / r / "ledger.json").epsilon(str(i))
+                                                     for r in ("run1", "run2")], rel=1e-9)
+        assert spent(led) == pytest.approx(epsilon(hist[0] + hist[1], cfg.delta), rel=1e-9)
+        assert spent(led) > max(runs.values())
+
+
+def test_a_run_whose_plan_passes_a_sites_cap_is_refused_before_anything(sites, tmp_path):
+    from fedhype.federated.engine import train_sites
+
+    cfg = TrainConfig(**CFG)
+    train_sites(sites, cfg, tmp_path / "run1")
+    first = spent(load_site_ledger(sites[1].folder))
+    set_cap(sites[1].folder, "site-1", first * 1.2)
+    before = [ledger_path(s.folder).read_text() for s in sites]
+    with pytest.raises(BudgetExceededError, match="site 'site-1': this run's plan .* past the site's cap"):
+        train_sites(sites, cfg, tmp_path / "run2")  # the same plan again: about √2 × the first ε
+    assert [ledger_path(s.folder).read_text() for s in sites] == before  # no site was charged
+    assert not (tmp_path / "run2" / "ledger.json").exists() and not (tmp_path / "run2" / "config.json").exists()
+    small = TrainConfig(**{**CFG, "rounds": 1, "noise_multiplier": 40.0})
+    train_sites(sites, small, tmp_path / "run2")  # within the cap, in the same folder: runs and is charged
+    assert first < spent(load_site_ledger(sites[1].folder)) <= first * 1.2
