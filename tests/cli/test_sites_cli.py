@@ -379,7 +379,43 @@ def test_each_sites_ledger_across_runs_records_the_run_and_its_cap_refuses_the_n
                                     "clinic_c", "--min-records", "5", "--out", str(sites[2]), "--overwrite",
                                     "--max-epsilon", f"{spent * 3}", "--json"]))
     assert got["max_epsilon"] == pytest.approx(spent * 3) and got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
-    for args, msg in ((["budget", "--site", str(sites[0]), "--epsilon", "1"], "describe a plan"),
+    for args, msg in ((["budget", "--site", str(sites[0]), "--epsilon", "1"], "--epsilon describes a plan"),
                       (["budget", "--epsilon", "1", "--client-sizes", "100", "--max-epsilon", "3"], "with --site DIR")):
         r = runner.invoke(app, args)
         assert r.exit_code == 2 and msg in r.output, r.output
+
+
+def test_the_site_ledger_refuses_what_would_reset_or_orphan_it(consortium, tmp_path):
+    import shutil
+
+    root = consortium["root"]
+    store = str(root / "hospital_b" / "embeddings.safetensors")
+    site = tmp_path / "hb"
+    shutil.copytree(root / "hospital_b" / "site", site)
+    spent = _json(runner.invoke(app, ["budget", "--site", str(site), "--json"]))["epsilon"]
+    before = {p.name: p.read_text() for p in site.iterdir()}
+    base = ["site", "--store", store, "--min-records", "5", "--out", str(site), "--overwrite", "--json"]
+    for extra, msg in (([ "--name", "hospital_b", "--max-epsilon", f"{spent / 2}"], "already spent"),
+                       (["--name", "renamed"], "ledger across runs is site 'hospital_b'"),
+                       (["--name", "hospital_b", "--delta", "0.5"], "not below 1/n")):
+        r = runner.invoke(app, [*base, *extra])
+        assert r.exit_code == 2 and msg in r.output, r.output
+        assert {p.name: p.read_text() for p in site.iterdir()} == before  # nothing written: no new split, no key
+    # a new site starts its ledger at its own δ; deleting it later is refused, not a fresh start
+    got = _json(runner.invoke(app, ["site", "--store", store, "--name", "hospital_b", "--min-records", "5", "--out",
+                                    str(tmp_path / "new"), "--delta", "1e-6", "--json"]))
+    assert got["delta"] == 1e-6 and got["max_epsilon"] is None and got["spent_epsilon"] == 0.0
+    assert json.loads((tmp_path / "new" / "site.json").read_text())["site_ledger"] == "site-ledger.json"
+    (tmp_path / "new" / "site-ledger.json").unlink()
+    r = runner.invoke(app, ["train", f"--site={tmp_path / 'new'}", f"--site={root / 'clinic_c' / 'site'}", "--out",
+                            str(tmp_path / "run"), "--epsilon", "4", "--rounds", "1", "--local-steps", "1",
+                            "--batch-size", "8", "--min-records", "5", "--hidden", "16", "--latent", "4", "--json"])
+    assert r.exit_code == 4 and "is missing" in r.output and "restore it from a backup" in r.output
+    assert not (tmp_path / "run" / "config.json").exists()
+    # budget --site: not a site (exit 2), two sites at once, a cap lifted
+    r = runner.invoke(app, ["budget", "--site", str(tmp_path), "--json"])
+    assert r.exit_code == 2 and "no site.json there" in r.output
+    both = _json(runner.invoke(app, ["budget", "--site", str(site), "--site", str(root / "clinic_c" / "site"), "--json"]))
+    assert [s["site"] for s in both["sites"]] == ["hospital_b", "clinic_c"]
+    assert _json(runner.invoke(app, ["budget", "--site", str(site), "--max-epsilon", "9", "--json"]))["max_epsilon"] == 9
+    assert _json(runner.invoke(app, ["budget", "--site", str(site), "--no-cap", "--json"]))["max_epsilon"] is None

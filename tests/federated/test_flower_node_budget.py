@@ -166,7 +166,7 @@ def test_request_digest_covers_every_value_and_array_byte():
 
 def test_a_site_node_charges_its_site_ledger_across_runs_and_refuses_past_its_cap(real_store, part, tmp_path):
     from fedhype.data.sites import make_site
-    from fedhype.privacy.site_ledger import by_run, load_site_ledger, set_cap, spent
+    from fedhype.privacy.site_ledger import by_run, load_site_ledger, set_site_ledger, spent
 
     cfg, reqs, priv, node, (limit, delta) = _site(real_store, part, tmp_path)
     sub = part.client_store(real_store, part.clients[1].id, "train")
@@ -181,8 +181,30 @@ def test_a_site_node_charges_its_site_ledger_across_runs_and_refuses_past_its_ca
         tmp_path / "state" / "first-000000000001" / "client-1" / LEDGER).events]
     assert by_run(led) == pytest.approx({"first-000000000001": limit, "second-000000000002": limit}, rel=1e-9)
     assert spent(led) == pytest.approx(epsilon(hist + hist, delta), rel=1e-9) and spent(led) > limit
-    set_cap(tmp_path / "site", "hospital_b", spent(led) * 1.01)
+    set_site_ledger(tmp_path / "site", "hospital_b", max_epsilon=spent(led) * 1.01)
     third = tmp_path / "state" / "third-000000000003" / "client-1"
     with pytest.raises(NodeRefusal, match="this site's ledger across runs: site 'hospital_b'.*past the site's cap"):
         charge_request(node, third, reqs[1], f"{1:064x}")  # its statistics release: within its run's cap, not the site's
     assert not (third / LEDGER).exists() and len(load_site_ledger(tmp_path / "site")) == 2 * len(reqs)
+
+
+def test_a_site_node_records_a_task_without_dp_as_infinite_once_per_run_or_refuses_it_under_a_cap(real_store, part,
+                                                                                               tmp_path):
+    from fedhype.data.sites import make_site
+    from fedhype.federated.flower.node_budget import charge_no_dp
+    from fedhype.privacy.site_ledger import load_site_ledger, set_site_ledger, spent
+
+    sub = part.client_store(real_store, part.clients[1].id, "train")
+    sub.save(tmp_path / "s1.safetensors")
+    make_site(sub, tmp_path / "s1.safetensors", "hospital_b", min_train=5).save(tmp_path / "site")
+    node = NodeSettings(client="", embeddings=None, partition=None, state_dir=tmp_path / "state", allow_no_dp=True,
+                        site=tmp_path / "site", federation=None)
+    set_site_ledger(tmp_path / "site", "hospital_b", max_epsilon=8.0, delta=1e-4)
+    with pytest.raises(NodeRefusal, match="a run without DP gives its records no guarantee"):
+        charge_no_dp(node, tmp_path / "state" / "r-000000000001" / "client-1")
+    assert len(load_site_ledger(tmp_path / "site")) == 0
+    set_site_ledger(tmp_path / "site", "hospital_b", max_epsilon=None)
+    for _ in range(3):  # the release and two rounds of one run: recorded once
+        charge_no_dp(node, tmp_path / "state" / "r-000000000001" / "client-1")
+    led = load_site_ledger(tmp_path / "site")
+    assert len(led) == 1 and spent(led) == float("inf")

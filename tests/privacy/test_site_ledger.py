@@ -3,6 +3,7 @@ composed by the accountant, and its lifetime cap enforced before anything is cha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,8 +12,8 @@ from fedhype.errors import ArtifactError, BudgetExceededError, ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.privacy.accountant import epsilon
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge
-from fedhype.privacy.site_ledger import (SiteCharger, by_run, cap_of, ledger_path, load_site_ledger, set_cap,
-                                         spent)
+from fedhype.privacy.site_ledger import (SiteCharger, by_run, cap_of, composed, ledger_path, load_site_ledger,
+                                         set_site_ledger, spent)
 
 DELTA = 1e-5
 
@@ -40,8 +41,8 @@ def test_the_cap_refuses_before_anything_is_recorded_and_names_the_site(tmp_path
     ch.charge(_events("0", 2))
     first = spent(load_site_ledger(tmp_path))
     with pytest.raises(ValidationError, match="already spent"):
-        set_cap(tmp_path, "clinic_c", first / 2)
-    set_cap(tmp_path, "clinic_c", first * 1.2)
+        set_site_ledger(tmp_path, "clinic_c", max_epsilon=first / 2)
+    set_site_ledger(tmp_path, "clinic_c", max_epsilon=first * 1.2)
     before = ledger_path(tmp_path).read_text()
     run_ledger = PrivacyLedger(DELTA)
     run_ledger.mirrors["0"] = SiteCharger(tmp_path, "clinic_c", "run-2", DELTA)
@@ -57,7 +58,7 @@ def test_the_cap_refuses_before_anything_is_recorded_and_names_the_site(tmp_path
 
 def test_a_site_ledger_edited_by_hand_or_another_sites_is_refused(tmp_path):
     SiteCharger(tmp_path, "hospital_a", "run-1", DELTA).charge(_events("0", 2))
-    with pytest.raises(ArtifactError, match="ledger of site 'hospital_a'"):
+    with pytest.raises(ArtifactError, match="is the ledger of site 'hospital_a', not 'hospital_b'"):
         SiteCharger(tmp_path, "hospital_b", "run-2", DELTA).charge(_events("0", 1))
     raw = json.loads(ledger_path(tmp_path).read_text())
     raw["events"][1]["noise_multiplier"] = 50.0  # a cheaper past, written by hand
@@ -114,7 +115,7 @@ def test_a_run_whose_plan_passes_a_sites_cap_is_refused_before_anything(sites, t
     cfg = TrainConfig(**CFG)
     train_sites(sites, cfg, tmp_path / "run1")
     first = spent(load_site_ledger(sites[1].folder))
-    set_cap(sites[1].folder, "site-1", first * 1.2)
+    set_site_ledger(sites[1].folder, "site-1", max_epsilon=first * 1.2)
     before = [ledger_path(s.folder).read_text() for s in sites]
     with pytest.raises(BudgetExceededError, match="site 'site-1': this run's plan .* past the site's cap"):
         train_sites(sites, cfg, tmp_path / "run2")  # the same plan again: about √2 × the first ε
@@ -123,3 +124,60 @@ def test_a_run_whose_plan_passes_a_sites_cap_is_refused_before_anything(sites, t
     small = TrainConfig(**{**CFG, "rounds": 1, "noise_multiplier": 40.0})
     train_sites(sites, small, tmp_path / "run2")  # within the cap, in the same folder: runs and is charged
     assert first < spent(load_site_ledger(sites[1].folder)) <= first * 1.2
+
+
+def test_a_seeded_event_the_site_already_holds_is_not_charged_again_an_unseeded_one_is(tmp_path):
+    # a stop between the site's write and the run's: the resume charges the run's ledger again, the site once
+    seeded = [dataclasses.replace(e, seeded=True) for e in _events("0", 1)]
+    ch = SiteCharger(tmp_path, "hospital_a", "run-1", DELTA)
+    ch.charge(seeded)
+    ch.charge(seeded)
+    assert len(load_site_ledger(tmp_path)) == 1
+    SiteCharger(tmp_path, "hospital_a", "run-2", DELTA).charge(seeded)  # another run's round 0: its own release
+    ch.charge(_events("0", 1))  # unseeded: fresh noise, a new release, charged
+    ch.charge(_events("0", 1))
+    assert len(load_site_ledger(tmp_path)) == 4
+
+
+def test_grouping_equal_mechanisms_leaves_the_composed_epsilon_unchanged(tmp_path):
+    # the same mechanisms interleaved across runs: pooling equal (σ, q) first is exact (composition is order-free)
+    evs = _events("s", 3, sigma=1.0) + _events("s", 2, sigma=0.8) + _events("s", 3, sigma=1.0)
+    led = PrivacyLedger(DELTA)
+    for e in evs:
+        led.record(e)
+    assert composed(evs, DELTA) == pytest.approx(led.epsilon("s"), rel=1e-6)
+    assert composed(evs + [LedgerEvent("s", -1, "no-dp-training", 0.0, 1.0, 1, 0.0)], DELTA) == float("inf")
+
+
+def test_a_missing_ledger_that_the_site_started_is_an_error_not_a_fresh_start(tmp_path):
+    set_site_ledger(tmp_path, "hospital_a", max_epsilon=5.0, delta=DELTA)
+    ledger_path(tmp_path).unlink()
+    with pytest.raises(ArtifactError, match="is missing.*restore it from a backup"):
+        SiteCharger(tmp_path, "hospital_a", "run-1", DELTA, expected=True).charge(_events("0", 1))
+    assert not ledger_path(tmp_path).exists()
+
+
+def test_a_run_without_dp_is_recorded_as_infinite_and_refused_on_a_capped_site(sites, tmp_path):
+    from fedhype.federated.engine import train_sites
+
+    nodp = TrainConfig(**{**CFG, "no_dp": True, "noise_multiplier": None, "rounds": 1})
+    set_site_ledger(sites[0].folder, "site-0", max_epsilon=5.0, delta=1e-4)
+    with pytest.raises(BudgetExceededError, match="site 'site-0': a run without DP gives its records no guarantee"):
+        train_sites(sites, nodp, tmp_path / "nodp")
+    assert not (tmp_path / "nodp" / "config.json").exists() and load_site_ledger(sites[1].folder) is None
+    set_site_ledger(sites[0].folder, "site-0", max_epsilon=None)
+    train_sites(sites, nodp, tmp_path / "nodp")
+    for s in sites:
+        led = load_site_ledger(s.folder)
+        assert [e.mechanism for e in led.events] == ["no-dp-training"] and spent(led) == float("inf")
+    with pytest.raises(ValidationError, match="already spent ε = inf"):
+        set_site_ledger(sites[0].folder, "site-0", max_epsilon=100.0)
+
+
+def test_two_sites_holding_the_same_records_are_refused(sites, tmp_path):
+    from fedhype.data.sites import Site, make_site
+    from fedhype.federated.engine import train_sites
+
+    make_site(sites[0].store(), sites[0].store_path, "site-0-again").save(tmp_path / "again")
+    with pytest.raises(ValidationError, match="'site-0' and 'site-0-again' hold the same records"):
+        train_sites([sites[0], Site.load(tmp_path / "again")], TrainConfig(**CFG), tmp_path / "run")

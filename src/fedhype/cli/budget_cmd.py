@@ -189,20 +189,32 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     return _mark(out, sigma)
 
 
-def budget_site(folder: Path, max_epsilon: float | None, delta: float) -> dict[str, Any]:
-    """A site's ledger across runs (:func:`fedhype.privacy.site_ledger.report`); with ``max_epsilon``, set its cap
-    first (at ``delta`` for a site with no ledger yet; an existing ledger keeps its δ).
+def budget_site(folder: Path, max_epsilon: float | None = None, delta: float | None = None,
+                no_cap: bool = False) -> dict[str, Any]:
+    """A site's ledger across runs (:func:`fedhype.privacy.site_ledger.report`); with ``max_epsilon`` (or
+    ``no_cap``) its cap is set (lifted) first, with ``delta`` its δ (below 1/n of its training records).
 
     Raises:
-        ArtifactError: no site there, or a corrupt site ledger. ValidationError: a cap below what was spent.
+        ValidationError: no site there; a cap below what was spent; a δ not below 1/n.
+        ArtifactError: a site ledger that is missing though started, corrupt, or another site's.
     """
-    from fedhype.data.sites import Site
-    from fedhype.privacy.site_ledger import load_site_ledger, report, set_cap
+    from fedhype.data.sites import SITE_FILE, Site
+    from fedhype.privacy.site_ledger import KEEP, check_delta, load_site_ledger, report, set_site_ledger
 
+    if not (folder / SITE_FILE).is_file() and not (folder.is_file() and folder.suffix == ".json"):
+        raise ValidationError(f"--site {folder}: no {SITE_FILE} there; give a site folder written by `fedhype site`")
     s = Site.load(folder)
-    led = load_site_ledger(s.folder)
-    if max_epsilon is not None:
-        led = set_cap(s.folder, s.name, float(max_epsilon), None if led is not None else delta)
+    led = load_site_ledger(s.folder, expected=s.ledger, site=s.name)
+    if max_epsilon is not None or no_cap or delta is not None:
+        if delta is not None:
+            check_delta(delta, len(s.split.train))
+        if led is None and delta is None:
+            from fedhype.pipeline.config import DEFAULTS
+
+            delta = check_delta(float(DEFAULTS["train"]["delta"]), len(s.split.train))
+        led = set_site_ledger(s.folder, s.name, max_epsilon=None if no_cap else (KEEP if max_epsilon is None else
+                                                                                 float(max_epsilon)),
+                              delta=delta, expected=s.ledger)
     return {"mode": "site", **report(led, s.folder, s.name)}
 
 
@@ -237,10 +249,11 @@ def _render_site(result: dict[str, Any], out: Console) -> None:
     for col in ("run", "events", "ε alone"):
         table.add_column(col, justify="left" if col == "run" else "right")
     for r in result["runs"]:
-        table.add_row(r["run"], str(r["events"]), _fmt(r["epsilon"]))
+        table.add_row(r["run"], str(r["events"]), "∞ (no DP)" if r["epsilon_infinite"] else _fmt(r["epsilon"]))
     out.print(table)
     delta = "—" if result["delta"] is None else f"{result['delta']:g}"
-    out.print(f"spent over all runs: ε = {_fmt(result['epsilon'])} at δ = {delta} (composed by the accountant, "
+    spent = math.inf if result["epsilon_infinite"] else result["epsilon"]
+    out.print(f"spent over all runs: ε = {_fmt(spent)} at δ = {delta} (composed by the accountant, "
               f"not the sum of the runs' ε); cap: {'none (recorded only)' if cap is None else f'{cap:g}'}"
               + ("" if cap is None else f"; left: {_fmt(result['left'])} (a guide: a next run is checked by composing its "
                                    "plan with this ledger)"), highlight=False)
@@ -248,8 +261,9 @@ def _render_site(result: dict[str, Any], out: Console) -> None:
 
 def _render(result: dict[str, Any]) -> None:
     out = Console()
-    if result["mode"] == "site":
-        _render_site(result, out)
+    if result["mode"] in ("site", "sites"):
+        for r in result.get("sites", [result]):
+            _render_site(r, out)
         return
     if result["mode"] == "single":
         keys = ("epsilon", "accountant", "target_epsilon", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "delta",
@@ -327,13 +341,16 @@ def budget(
                                                  "distributed noise (as `fedhype train --secure-aggregation`)."),
     dropout_tolerance: int = typer.Option(..., "--dropout-tolerance", default_factory=config_default("train", "dropout_tolerance"),
                                           help="Plan, with --secure-aggregation: t, clients that may drop out or collude."),
-    site: Optional[Path] = typer.Option(None, "--site", help="A site folder (from `fedhype site`): what its records "
-                                        "have spent over every run (its ledger across runs, site-ledger.json) and "
-                                        "its cap; with --max-epsilon, set the cap.",
-                                        callback=existing("site folder", "write it with `fedhype site`", kind="any")),
-    max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="With --site: the site's lifetime ε cap "
-                                                "over all its runs, at its δ (--delta when the site has no ledger yet); "
-                                                "`train --site` and the site's SuperNode refuse what would pass it."),
+    site: Optional[list[Path]] = typer.Option(None, "--site", help="A site folder (from `fedhype site`), once per "
+                                              "site: what its records have spent over every run (its ledger across "
+                                              "runs, site-ledger.json) and its cap; with --max-epsilon, set the cap.",
+                                              callback=existing("site folder", "write it with `fedhype site`",
+                                                                kind="any")),
+    max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="With one --site: the site's lifetime ε "
+                                                "cap over all its runs, at its δ; `train --site` and the site's "
+                                                "SuperNode refuse what would pass it."),
+    no_cap: bool = typer.Option(False, "--no-cap", help="With one --site: lift the site's cap (its ledger keeps "
+                                "recording every run)."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """ε (the smaller of PRV and RDP; PLD cross-check) for a DP-SGD mechanism or federated plan, or σ for a target ε;
@@ -356,11 +373,25 @@ def budget(
                                           ("--partition", partition), ("--card", card or None)) if v is not None]
             if given:
                 raise ValidationError(f"--site reports a site's ledger across runs (and --max-epsilon sets its cap); "
-                                      f"{', '.join(given)} describe a plan: run them without --site")
-            return budget_site(site, max_epsilon, delta)
-        if max_epsilon is not None:
-            raise ValidationError("--max-epsilon sets a site's lifetime cap: give it with --site DIR (a run's own "
-                                  "limit is `fedhype train --max-epsilon`)")
+                                      f"{', '.join(given)} {'describe' if len(given) > 1 else 'describes'} a plan: "
+                                      "run the plan without --site")
+            if max_epsilon is not None and no_cap:
+                raise ValidationError("give --max-epsilon (set the site's cap) or --no-cap (lift it), not both")
+            import click
+
+            explicit = click.get_current_context().get_parameter_source("delta") in (
+                click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+            if len(site) > 1:
+                if max_epsilon is not None or no_cap or explicit:
+                    raise ValidationError("--max-epsilon, --no-cap and --delta change one site's ledger: give one --site")
+                if len({p.resolve() for p in site}) < len(site):
+                    raise ValidationError("--site: the same site folder is given more than once")
+                return {"mode": "sites", "sites": [budget_site(p) for p in site]}
+            return budget_site(site[0], max_epsilon, delta if explicit else None, no_cap)
+        if max_epsilon is not None or no_cap:
+            raise ValidationError(f"{'--max-epsilon' if max_epsilon is not None else '--no-cap'} changes a site's "
+                                  "lifetime cap: give it with --site DIR (a run's own limit is "
+                                  "`fedhype train --max-epsilon`)")
         if (noise_multiplier is None) == (epsilon is None):
             raise ValidationError("give exactly one of --noise-multiplier or --epsilon (a target)")
         if epsilon is not None:

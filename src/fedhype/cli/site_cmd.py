@@ -8,6 +8,7 @@ in one process (a simulation), or on Flower with one SuperNode per site (docs/fl
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,7 +24,9 @@ def _render(res: dict[str, Any]) -> None:
         "site folder": res["site"], "private (keep at the site)": res["private"], "public card (send it)": res["card"],
         "train / val / test": f"{res['splits']['train']} / {res['splits']['val']} / {res['splits']['test']}",
         "classes": ", ".join(res["class_names"]),
-        "ledger across runs (private)": f"{res['site_ledger']}: spent ε = {res['spent_epsilon']:.4g}, cap "
+        "ledger across runs (private)": f"{res['site_ledger']}: spent ε = "
+                                        f"{'∞' if res['spent_epsilon_infinite'] else format(res['spent_epsilon'], '.4g')} at δ = "
+                                        f"{res['delta']:g}, cap "
                                         + ("none (recorded only)" if res["max_epsilon"] is None else f"{res['max_epsilon']:g}")}))
 
 
@@ -78,6 +81,8 @@ def site(
         given = s.partition.params.get("given_splits")
         if given:
             console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)
+        ledger_args = _ledger_args(out, name, max_epsilon, delta, len(s.split.train))  # checked before anything is written
+        s.ledger = True
         kept = None
         if (out / SITE_FILE).exists():  # --overwrite: keep the previous split (runs trained on it evaluate with it)
             import json
@@ -91,33 +96,71 @@ def site(
             os.replace(out / SITE_FILE, kept)
             console.print(f"kept the previous split as {kept} (evaluate runs trained on it with --site {kept})",
                           highlight=False)
-        if max_epsilon is not None:  # checked before anything is written
-            from fedhype.privacy.accountant import validate_target_epsilon
-
-            validate_target_epsilon(max_epsilon, "--max-epsilon")
-        if not 0 < delta < 1:
-            raise ValidationError(f"--delta must be in (0, 1), got {delta!r}")
         s.save(out)
         console.print(f"wrote {out / SITE_FILE} (private) and {out / CARD_FILE} (public)", highlight=False)
-        ledger = _site_ledger(out, name, max_epsilon, delta)
+        ledger = _site_ledger(out, name, *ledger_args)
         return {"site": str(out), "name": name, "private": str(out / SITE_FILE), "card": str(out / CARD_FILE),
                 "splits": site_splits(s), "class_names": list(emb.class_names), "given_splits": given, **ledger}
 
     run_command(body, json_mode, _render)
 
 
-def _site_ledger(out: Path, name: str, max_epsilon: float | None, delta: float) -> dict[str, Any]:
-    """The site's ledger across runs: kept through --overwrite (a new split of the same records has their
-    spending behind it); with --max-epsilon its cap is set (a new ledger at ``delta``)."""
-    from fedhype.privacy.site_ledger import cap_of, ledger_path, load_site_ledger, set_cap, spent
+def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, n_train: int) -> tuple:
+    """Check the site ledger's settings before anything is written: ``(max_epsilon or KEEP, δ or None, expected)``.
 
-    led = load_site_ledger(out)
-    if led is not None:
-        console.print(f"kept the site's ledger across runs, {ledger_path(out)}: its records have spent ε = "
-                      f"{spent(led):.4g} at δ = {led.delta:g} over earlier runs", highlight=False)
+    A new site starts its ledger at ``delta``; a site split again (--overwrite) keeps its ledger, its δ unless
+    --delta is given, and its cap unless --max-epsilon is; its name cannot change (the ledger is the records').
+
+    Raises:
+        ValidationError: a bad cap or δ, a cap below what was spent, a new name for a site with a ledger.
+        ArtifactError: the old site's ledger is missing though started, corrupt, or another site's.
+    """
+    import json
+
+    import click
+
+    from fedhype.data.sites import SITE_FILE
+    from fedhype.privacy.accountant import validate_target_epsilon
+    from fedhype.privacy.site_ledger import KEEP, check_delta, composed, load_site_ledger, site_of
+
     if max_epsilon is not None:
-        led = set_cap(out, name, float(max_epsilon), None if led is not None else delta)
-    return {"site_ledger": str(ledger_path(out)), "max_epsilon": cap_of(led), "spent_epsilon": spent(led)}
+        validate_target_epsilon(max_epsilon, "--max-epsilon")
+    explicit = click.get_current_context().get_parameter_source("delta") in (
+        click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    check_delta(delta, n_train)
+    expected = False
+    if (out / SITE_FILE).exists():
+        try:
+            expected = bool(json.loads((out / SITE_FILE).read_text(encoding="utf-8")).get("site_ledger"))
+        except (OSError, ValueError, AttributeError):
+            expected = False
+    old = load_site_ledger(out, expected=expected)
+    if old is not None and site_of(old) != name:
+        raise ValidationError(f"--name {name}: this site folder's ledger across runs is site {site_of(old)!r}'s (the "
+                              f"spending of these records); keep --name {site_of(old)}, or give another --out for a new "
+                              "site")
+    if old is not None and max_epsilon is not None:
+        now = composed(old.events, delta if explicit else old.delta)
+        if now > max_epsilon:
+            raise ValidationError(f"--max-epsilon {max_epsilon:g}: site {name!r} has already spent ε = {now:.4f} over its "
+                                  f"runs ({out / 'site-ledger.json'}); give a larger cap (nothing was written)")
+    return (KEEP if max_epsilon is None else float(max_epsilon),
+            delta if (old is None or explicit) else None, expected)
+
+
+def _site_ledger(out: Path, name: str, max_epsilon, delta: float | None, expected: bool) -> dict[str, Any]:
+    """Start the site's ledger across runs, or keep it through --overwrite (a new split of the same records has
+    their spending behind it) with the cap and δ :func:`_ledger_args` checked."""
+    from fedhype.privacy.site_ledger import cap_of, ledger_path, load_site_ledger, set_site_ledger, spent
+
+    old = load_site_ledger(out, expected=expected)
+    if old is not None:
+        console.print(f"kept the site's ledger across runs, {ledger_path(out)}: its records have spent ε = "
+                      f"{spent(old):.4g} at δ = {old.delta:g} over earlier runs", highlight=False)
+    led = set_site_ledger(out, name, max_epsilon=max_epsilon, delta=delta, expected=expected)
+    eps = spent(led)
+    return {"site_ledger": str(ledger_path(out)), "max_epsilon": cap_of(led), "delta": led.delta,
+            "spent_epsilon": None if math.isinf(eps) else eps, "spent_epsilon_infinite": math.isinf(eps)}
 
 
 def register(app: typer.Typer) -> None:

@@ -38,6 +38,8 @@ from fedhype.io import atomic_write_json, read_json
 SITE_FORMAT = "fedhype-site/1"
 CARD_FORMAT = "fedhype-site-card/1"
 SITE_FILE, CARD_FILE = "site.json", "card.json"
+#: the site's ledger across runs (:mod:`fedhype.privacy.site_ledger`), private to the site like ``site.json``
+SITE_LEDGER_FILE = "site-ledger.json"
 #: store metadata that must agree across the sites of one federation (same encoder, same preprocessing)
 ENCODER_KEYS = ("encoder", "weights_hash", "pooling", "preprocess", "dim")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -137,6 +139,9 @@ class Site:
     #: the class list its card announces: the consortium's agreed list (``fedhype site --classes``), or None
     #: for the store's own class names
     classes: list[str] | None = None
+    #: whether ``fedhype site`` started the site's ledger across runs (``site.json``'s ``"site_ledger"``): then a
+    #: missing ``site-ledger.json`` is an error, not a fresh start (a site folder of an earlier version: False)
+    ledger: bool = False
 
     def public_card(self, store: EmbeddingStore | None = None) -> SiteCard:
         """The card the coordinator receives: ``card.json`` of the site folder, checked against the site.
@@ -217,7 +222,7 @@ class Site:
         atomic_write_json(folder / SITE_FILE, {
             "format": SITE_FORMAT, "private": "PRIVATE to this site: lists its record ids per split; never send it",
             "name": self.name, "key": self.key, "store": str(self.store_path), "classes": self.classes,
-            "partition": _partition_dict(self.partition)})
+            **({"site_ledger": SITE_LEDGER_FILE} if self.ledger else {}), "partition": _partition_dict(self.partition)})
         card.save(folder / CARD_FILE)
         return folder
 
@@ -233,7 +238,7 @@ class Site:
             part = Partition.from_dict(raw["partition"], where=str(path))
             classes = raw.get("classes")
             site = cls(str(raw["name"]), str(raw["key"]), Path(str(raw["store"])), part, path.parent,
-                       None if classes is None else [str(k) for k in classes])
+                       None if classes is None else [str(k) for k in classes], ledger=bool(raw.get("site_ledger")))
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"site file {path}: missing or bad field ({exc!r}); write it again with `fedhype site`") from None
         if len(part.clients) != 1:

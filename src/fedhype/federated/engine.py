@@ -153,9 +153,13 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
         raise ValidationError(f"method {cfg.method!r} pools every record on one machine; sites keep their records "
                               "(use a pooled store and `fedhype partition` to simulate it)")
     stores = [s.store() for s in sites]
+    seen: dict[str, str] = {}
+    for s, st in zip(sites, stores):  # one client per set of records: each site's ledger counts its records once
+        if (other := seen.setdefault(st.digest(), s.name)) != s.name:
+            raise ValidationError(f"sites {other!r} and {s.name!r} hold the same records (the same store): their "
+                                  "privacy loss would compose across the two clients, which neither site's ledger "
+                                  "sees; give each set of records once")
     roster = Roster.from_cards([s.public_card(st) for s, st in zip(sites, stores)], classes)
-
-    folders, names = [s.folder for s in sites], [s.name for s in sites]  # each site's ledger across runs
 
     def connect(run: RunDir) -> InProcessTransport:
         check_client_sizes(roster, cfg)
@@ -170,8 +174,8 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
     return run_federation(roster, cfg, out, store_info=describe_roster(roster), n_classes=len(roster.class_names),
                           connect=connect, resume=resume, progress=progress, stop_after=stop_after,
                           on_plan=lambda run, plan: None if run.ledger.exists() else refuse_site_plans(
-                              plan.cfg, [c.n_train for c in roster.clients], folders, names),
-                          on_open=lambda state: attach_site_ledgers(state, folders, names))
+                              plan.cfg, [c.n_train for c in roster.clients], sites),
+                          on_open=lambda state: attach_site_ledgers(state, sites))
 
 
 def describe_roster(roster: "Roster") -> dict[str, Any]:
@@ -249,40 +253,49 @@ def run_key(run: RunDir, ledger: PrivacyLedger) -> str:
     return f"{run.root.name[:60]}-{ledger.meta.get('key') or ledger.genesis[:12]}"
 
 
-def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], folders: "Sequence[Path | None]",
-                      names: Sequence[str]) -> None:
+def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Site]) -> None:
     """Refuse a fresh run whose whole plan — the statistics release and every planned round — would take a
-    site past the cap of its ledger across runs (client i is site i; a site made in memory, folder None,
-    has no ledger). Nothing is written or charged.
+    site past the cap of its ledger across runs (client i is site i; a site made in memory, without a folder,
+    has no ledger); a run without DP is refused on any site with a cap. Nothing is written or charged.
 
     Raises:
         BudgetExceededError: naming the site, what it already spent, the plan's ε and the cap.
-        ArtifactError: a site's ledger is corrupt or another site's.
+        ArtifactError: a site's ledger is missing though started, corrupt or another site's.
     """
     from fedhype.federated.run_plan import plan_privacy
     from fedhype.federated.secure_release import planned_tails
-    from fedhype.privacy.site_ledger import SiteCharger, refuse_plan
+    from fedhype.privacy.ledger import LedgerEvent
+    from fedhype.privacy.site_ledger import NO_DP, refuse_plan
 
+    chargers = _site_chargers(sites, "planned", cfg)
     if cfg.no_dp:
+        for ch in chargers.values():
+            if (err := ch.refusal([LedgerEvent(ch.site, -1, NO_DP, 0.0, 1.0, 1, 0.0)])) is not None:
+                raise err
         return
     prefix, tails = list(plan_privacy(cfg, list(sizes))["prefix"]), planned_tails(cfg, list(sizes))
-    for i, (f, n) in enumerate(zip(folders, names)):
-        if f is not None:
-            refuse_plan(SiteCharger(Path(f), str(n), "planned", float(cfg.delta)), prefix + tails[i])
+    for i, ch in chargers.items():
+        refuse_plan(ch, prefix + tails[i])
 
 
-def attach_site_ledgers(state: "RunState", folders: "Sequence[Path | None]", names: Sequence[str]) -> None:
-    """Charge each site's ledger across runs with its client's events, write-ahead (client i is site i):
-    :func:`fedhype.privacy.ledger.charge` then asks every site first and refuses past a site's cap. Not for a
-    ``--no-dp`` run (nothing is charged) or a site made in memory (folder None)."""
+def _site_chargers(sites: Sequence[Site], key: str, cfg: TrainConfig) -> dict:
     from fedhype.privacy.site_ledger import SiteCharger
 
-    cfg = state.plan.cfg
-    if cfg.no_dp:
+    return {i: SiteCharger(Path(s.folder), s.name, key, float(cfg.delta), expected=s.ledger)
+            for i, s in enumerate(sites) if s.folder is not None}
+
+
+def attach_site_ledgers(state: "RunState", sites: Sequence[Site]) -> None:
+    """Charge each site's ledger across runs with its client's events, write-ahead (client i is site i):
+    :func:`fedhype.privacy.ledger.charge` then asks every site first and refuses past a site's cap. A run
+    without DP is recorded on each site's ledger now, as ε = ∞ (once per run). Not for a site made in memory.
+    """
+    chargers = _site_chargers(sites, run_key(state.run, state.ledger), state.plan.cfg)
+    if state.plan.cfg.no_dp:
+        for ch in chargers.values():
+            ch.charge_no_dp()
         return
-    key = run_key(state.run, state.ledger)
-    state.ledger.mirrors.update({c.id: SiteCharger(Path(f), str(n), key, float(cfg.delta))
-                                 for c, f, n in zip(state.clients, folders, names) if f is not None})
+    state.ledger.mirrors.update({state.clients[i].id: ch for i, ch in chargers.items()})
 
 
 def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], ClientTransport]) -> RunState:

@@ -7,8 +7,10 @@ mechanisms: Dwork & Roth 2014, Theorem 3.16; the PRV accountant composes the het
 steps) of every event exactly as within one run, Gopi et al. 2021). So a site folder written by
 ``fedhype site`` keeps ``site-ledger.json``: a :class:`~fedhype.privacy.ledger.PrivacyLedger` (hash-chained,
 tamper-evident) whose events are every event any run charged to this site's client, renamed to the
-site and noted with the run's key (``run <key>``). Its ε at its own δ is the site's lifetime spend,
-over every run on this machine that was given the site folder.
+site and noted with the run's key (``run <key>``). Its ε at the site's δ (set by ``fedhype site --delta``)
+is the site's lifetime spend over every run given this site folder; composition does not depend on the
+order of the mechanisms, so events of equal (σ, q) are pooled before the accountant runs (exact, and
+the cost stays flat in the number of runs). A run without DP (``--no-dp``) is recorded as ε = ∞.
 
 The cap (``max_epsilon`` in the ledger's meta, set by ``fedhype site --max-epsilon`` or
 ``fedhype budget --site DIR --max-epsilon``) is enforced write-ahead: a charge that would take the
@@ -17,12 +19,17 @@ site's composed ε past it raises before anything is recorded or run (:class:`Si
 cap the site ledger still records every charge: a site always knows what its records have paid.
 
 Where it is charged: in one process (``fedhype train --site``), the run's ledger mirrors each client's
-charges to its site's ledger (:attr:`PrivacyLedger.mirrors`); on Flower, a site's SuperNode charges its
-site folder's ledger beside its per-run node ledger (:mod:`fedhype.federated.flower.node_budget`). Only
-events the run's rerun rule charges are mirrored (:func:`fedhype.privacy.ledger.pending_charges`): a seeded
-resume that replays its noise costs the site nothing again, an unseeded rerun is charged again.
+charges to its site's ledger (:attr:`PrivacyLedger.mirrors`), the site's first; on Flower, a site's
+SuperNode charges its site folder's ledger before its per-run node ledger
+(:mod:`fedhype.federated.flower.node_budget`). Only events the run's rerun rule charges are mirrored
+(:func:`fedhype.privacy.ledger.pending_charges`), and a seeded event the site already holds for the same
+run, round and mechanism is not recorded twice (a stop between the two ledgers' writes, then a seeded
+resume, replays the same noise): a seeded resume costs the site nothing again, an unseeded rerun is
+charged again.
 
-Concurrent runs on one machine serialise on ``site-ledger.json.lock`` (an advisory ``fcntl`` lock).
+A site folder started by ``fedhype site`` says so in ``site.json`` (``"site_ledger"``): its ledger missing is
+then an error (a deleted ledger would reset the site's spend), not a fresh start. Concurrent runs on one
+machine serialise on ``site-ledger.json.lock`` (an advisory ``fcntl`` lock).
 """
 
 from __future__ import annotations
@@ -34,19 +41,22 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from fedhype.data.sites import SITE_LEDGER_FILE
 from fedhype.errors import ArtifactError, BudgetExceededError, ValidationError
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge
 
-#: the site's ledger across runs, in the site folder beside ``site.json`` (private to the site)
-SITE_LEDGER = "site-ledger.json"
 _WHAT = "every charge against this site's records, across runs"
 _RUN = "run "
+#: the mechanism recorded for a run without DP on the site's records (σ = 0: ε = ∞)
+NO_DP = "no-dp-training"
+#: ``set_site_ledger``'s default: leave the cap as it is
+KEEP = object()
 
 
 def ledger_path(folder: str | os.PathLike) -> Path:
     """``<folder>/site-ledger.json`` (``folder``: a site folder, or its ``site.json``)."""
     folder = Path(folder)
-    return (folder.parent if folder.suffix == ".json" else folder) / SITE_LEDGER
+    return (folder.parent if folder.suffix == ".json" else folder) / SITE_LEDGER_FILE
 
 
 @contextlib.contextmanager
@@ -65,14 +75,31 @@ def _locked(folder: str | os.PathLike) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def load_site_ledger(folder: str | os.PathLike) -> PrivacyLedger | None:
+def load_site_ledger(folder: str | os.PathLike, *, expected: bool = False, site: str | None = None) -> PrivacyLedger | None:
     """The site's ledger, or None where none was written yet.
 
+    Args:
+        expected: the site's ``site.json`` says ``fedhype site`` started one (a missing file is then an error).
+        site: the site's name, checked against the ledger's.
     Raises:
-        ArtifactError: the file is corrupt, truncated or edited (its hash chain names the first bad event).
+        ArtifactError: the file is missing though expected, corrupt, truncated, edited (its hash chain names the
+            first bad event) or another site's.
     """
     path = ledger_path(folder)
-    return PrivacyLedger.load(path) if path.exists() else None
+    keep = ("restore it from a backup: it is the only record of what the site's records have spent, and "
+            "deleting or re-creating it would reset that spend")
+    if not path.exists():
+        if expected:
+            raise ArtifactError(f"{path} is missing, though the site's site.json says `fedhype site` started it; {keep}")
+        return None
+    try:
+        led = PrivacyLedger.load(path)
+    except ArtifactError as exc:
+        raise ArtifactError(f"the site's ledger across runs: {str(exc).split('; re-create it')[0]}; {keep}") from None
+    if site is not None and site_of(led) != site:
+        raise ArtifactError(f"{path} is the ledger of site {site_of(led)!r}, not {site!r} (copied from another site "
+                            "folder?); put this site's own ledger back")
+    return led
 
 
 def cap_of(ledger: PrivacyLedger | None) -> float | None:
@@ -92,21 +119,43 @@ def run_of(event: LedgerEvent) -> str:
     return head[len(_RUN):] if head.startswith(_RUN) else "?"
 
 
+def composed(events: Iterable[LedgerEvent], delta: float) -> float:
+    """ε at ``delta`` of every event together, those of equal (σ, q) pooled first (composition is order-free).
+
+    The reported accountant of :meth:`PrivacyLedger.epsilon` (min of PRV and RDP; RDP alone with Skellam
+    releases); ∞ with an event without noise.
+    """
+    from fedhype.privacy.accountant import epsilon, epsilon_discrete
+
+    steps: dict[tuple[float, float], int] = {}
+    terms = []
+    for e in events:
+        if e.discrete:
+            if e.steps and e.sample_rate:
+                terms.append((e.noise_multiplier, e.scale, e.record_dim, e.steps))
+        elif e.steps and e.sample_rate:
+            if e.noise_multiplier == 0:
+                return math.inf
+            steps[(e.noise_multiplier, e.sample_rate)] = steps.get((e.noise_multiplier, e.sample_rate), 0) + e.steps
+    history = [(s, q, n) for (s, q), n in sorted(steps.items())]
+    if terms:
+        return epsilon_discrete(history, terms, delta)
+    return epsilon(history, delta) if history else 0.0
+
+
 def spent(ledger: PrivacyLedger | None) -> float:
-    """The site's composed ε over every run at the ledger's δ (0 without a ledger)."""
-    return 0.0 if ledger is None else ledger.epsilon(site_of(ledger))
+    """The site's composed ε over every run at the ledger's δ (0 without a ledger; ∞ after a run without DP)."""
+    return 0.0 if ledger is None else composed(ledger.events, ledger.delta)
 
 
 def by_run(ledger: PrivacyLedger) -> dict[str, float]:
     """ε of each run's events alone at the site ledger's δ, in the order the runs first charged."""
-    site, out = site_of(ledger), {}
-    for key in dict.fromkeys(run_of(e) for e in ledger.events):
-        alone = PrivacyLedger(ledger.delta)
-        for e in ledger.events:
-            if run_of(e) == key:
-                alone.record(e)
-        out[key] = alone.epsilon(site)
-    return out
+    keys = list(dict.fromkeys(run_of(e) for e in ledger.events))
+    return {k: composed((e for e in ledger.events if run_of(e) == k), ledger.delta) for k in keys}
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or math.isinf(v) else v
 
 
 def report(ledger: PrivacyLedger | None, folder: str | os.PathLike, site: str) -> dict:
@@ -114,67 +163,87 @@ def report(ledger: PrivacyLedger | None, folder: str | os.PathLike, site: str) -
 
     ``left`` (cap − spent) is a guide only: ε does not add up across runs (the accountant composes their events,
     and at one δ a run's ε alone can fit under it or not); :func:`refuse_plan` composes a next run's plan exactly.
+    An infinite ε (a run without DP) is ``null`` with ``"epsilon_infinite": true`` (strict JSON has no ∞).
     """
     cap = cap_of(ledger)
     eps = spent(ledger)
     runs = by_run(ledger) if ledger is not None else {}
     counts = {k: sum(1 for e in ledger.events if run_of(e) == k) for k in runs} if ledger is not None else {}
     return {"site": site, "ledger": str(ledger_path(folder)), "delta": None if ledger is None else ledger.delta,
-            "max_epsilon": cap, "epsilon": eps, "left": None if cap is None else max(cap - eps, 0.0),
-            "runs": [{"run": k, "epsilon": v, "events": counts[k]} for k, v in runs.items()]}
+            "max_epsilon": cap, "epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps),
+            "left": None if cap is None else max(cap - eps, 0.0),
+            "runs": [{"run": k, "epsilon": _finite(v), "epsilon_infinite": math.isinf(v), "events": counts[k]}
+                     for k, v in runs.items()]}
 
 
-def set_cap(folder: str | os.PathLike, site: str, max_epsilon: float | None, delta: float | None = None) -> PrivacyLedger:
-    """Set (or lift, with None) the site's lifetime ε cap; create the ledger if there is none.
+def check_delta(delta: float, n_train: int | None, flag: str = "--delta") -> float:
+    """δ of a site's ledger: in (0, 1) and below 1/n of the site's training records (as a run's δ).
 
-    The events are kept (re-recorded under the new header: the chain is rebuilt, each event unchanged).
+    Raises:
+        ValidationError: naming ``flag``.
+    """
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValidationError(f"{flag} must be a number in (0, 1), got {delta!r}")
+    if n_train and delta * n_train >= 1:
+        raise ValidationError(f"{flag} {delta:g} is not below 1/n = {1 / n_train:.3g} for the site's {n_train} training "
+                              "records: a δ that large allows releasing a record outright; give a smaller one (δ ≪ 1/n)")
+    return float(delta)
+
+
+def set_site_ledger(folder: str | os.PathLike, site: str, *, max_epsilon=KEEP, delta: float | None = None,
+                    expected: bool = False) -> PrivacyLedger:
+    """Start the site's ledger, or change its cap (a number, or None to lift it) or δ; the events are kept
+    (re-recorded under the new header: the chain is rebuilt, each event unchanged).
 
     Args:
-        folder: the site folder. site: its name. max_epsilon: the cap (> 0) or None.
-        delta: the site's δ (default: the ledger's, or 1e-5 for a new one); ε is recomputed at it.
+        folder: the site folder. site: its name. max_epsilon: the cap (> 0), None (no cap) or :data:`KEEP`.
+        delta: the site's δ (default: the ledger's; a new ledger needs it); ε is recomputed at it.
+        expected: ``site.json`` says a ledger was started (see :func:`load_site_ledger`).
     Raises:
-        ValidationError: a cap ≤ 0 or a δ outside (0, 1); a cap below what the site already spent.
+        ValidationError: a cap ≤ 0 or not finite; a cap below what the site already spent; a new ledger without δ.
         ArtifactError: an existing ledger that is corrupt, or kept by another site.
     """
-    if max_epsilon is not None and not (isinstance(max_epsilon, (int, float)) and math.isfinite(max_epsilon)
-                                        and max_epsilon > 0):
+    if max_epsilon is not KEEP and max_epsilon is not None and not (
+            isinstance(max_epsilon, (int, float)) and math.isfinite(max_epsilon) and max_epsilon > 0):
         raise ValidationError(f"--max-epsilon must be a finite number > 0, got {max_epsilon!r}")
     with _locked(folder):
-        old = load_site_ledger(folder)
-        if old is not None and site_of(old) != site:
-            raise ArtifactError(f"{ledger_path(folder)} is the ledger of site {site_of(old)!r}, not {site!r}")
-        new = PrivacyLedger(delta if delta is not None else (old.delta if old else 1e-5),
-                            {"site": site, "max_epsilon": max_epsilon, "what": _WHAT})
+        old = load_site_ledger(folder, expected=expected, site=site)
+        if old is None and delta is None:
+            raise ValidationError(f"site {site!r} has no ledger yet: give its δ")
+        cap = cap_of(old) if max_epsilon is KEEP else max_epsilon
+        new = PrivacyLedger(delta if delta is not None else old.delta, {"site": site, "max_epsilon": cap, "what": _WHAT})
         for e in (old.events if old else ()):
             new.record(e)
         now = spent(new)
-        if max_epsilon is not None and now > max_epsilon:
+        if cap is not None and now > cap:
             raise ValidationError(f"site {site!r} has already spent ε = {now:.4f} at δ = {new.delta:g} over its runs "
-                                  f"({ledger_path(folder)}): a cap of {max_epsilon:g} is below it; give a larger one")
+                                  f"({ledger_path(folder)}): a cap of {cap:g} is below it; give a larger one")
         new.save(ledger_path(folder))
         return new
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class SiteCharger:
     """What a run holds for one site: charge its ledger across runs, write-ahead, or refuse.
 
     Args:
         folder: the site folder. site: the site's name. run_key: this run's key (kept in each event's note).
-        delta: δ of a ledger created by the first charge (the run's; a cap set earlier fixed the site's own).
+        delta: δ of a ledger created by the first charge (a site folder of an earlier version; ``fedhype site``
+            starts it at the site's own δ).
+        expected: the site's ``site.json`` says its ledger was started (a missing one is an error).
     """
 
     folder: Path
     site: str
     run_key: str
     delta: float
+    expected: bool = False
+    _memo: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def _open(self) -> PrivacyLedger:
-        led = load_site_ledger(self.folder)
+        led = load_site_ledger(self.folder, expected=self.expected, site=self.site)
         if led is None:
             return PrivacyLedger(self.delta, {"site": self.site, "max_epsilon": None, "what": _WHAT})
-        if site_of(led) != self.site:
-            raise ArtifactError(f"{ledger_path(self.folder)} is the ledger of site {site_of(led)!r}, not {self.site!r}")
         return led
 
     def mirrored(self, events: Iterable[LedgerEvent]) -> list[LedgerEvent]:
@@ -182,19 +251,36 @@ class SiteCharger:
         note = f"{_RUN}{self.run_key}"
         return [dataclasses.replace(e, client=self.site, note=f"{note}; {e.note}" if e.note else note) for e in events]
 
+    def _new(self, led: PrivacyLedger, events: Sequence[LedgerEvent]) -> list[LedgerEvent]:
+        """The mirrored events not already in the site's ledger: a seeded event of the same run, round and
+        mechanism as a recorded seeded one replays it (a stop between the site's write and the run's)."""
+        held = {(e.round, e.mechanism) for e in led.events if e.seeded and run_of(e) == self.run_key}
+        held |= {(e.round, e.mechanism) for e in led.events if e.mechanism == NO_DP and run_of(e) == self.run_key}
+        return [e for e in self.mirrored(events)
+                if not ((e.seeded or e.mechanism == NO_DP) and (e.round, e.mechanism) in held)]
+
     def refusal(self, events: Sequence[LedgerEvent]) -> BudgetExceededError | None:
         """The error a charge of ``events`` would raise, or None where it fits under the site's cap."""
         led = self._open()
         cap = cap_of(led)
-        if cap is None or not events:
+        mine = self._new(led, events)
+        if cap is None or not mine:
             return None
-        mine = self.mirrored(events)
-        over = led.would_exceed(mine, cap * (1 + 1e-9))
-        if not over:
+        key = (len(led), led.state_dict()["checksum"] if len(led) else "", tuple(e.to_dict().__repr__() for e in mine), cap)
+        if self._memo is not None and self._memo[0] == key:  # the pre-check, then the charge: one accountant run
+            eps = self._memo[1]
+        else:
+            eps = composed([*led.events, *mine], led.delta)
+            self._memo = (key, eps)
+        if eps <= cap * (1 + 1e-9):
             return None
-        eps = over[self.site]
-        e = events[0]
+        e = mine[0]
         what = "the statistics release" if e.round < 0 else f"round {e.round + 1}"
+        if e.mechanism == NO_DP:
+            return BudgetExceededError(
+                f"site {self.site!r}: a run without DP gives its records no guarantee (ε = ∞), and the site has a cap "
+                f"of {cap:g} ({ledger_path(self.folder)}); nothing was run. Train with DP, or the site's operator lifts "
+                f"the cap with `fedhype budget --site {self.folder} --no-cap`", epsilon=eps, limit=cap)
         return BudgetExceededError(
             f"site {self.site!r}: {e.mechanism} ({what}) would take its records to ε = {eps:.4f} at δ = {led.delta:g} "
             f"over all its runs, past the site's cap of {cap:g} (already spent: {spent(led):.4f}; "
@@ -202,11 +288,11 @@ class SiteCharger:
             f"`fedhype budget --site {self.folder} --max-epsilon E`", epsilon=eps, limit=cap)
 
     def charge(self, events: Sequence[LedgerEvent]) -> None:
-        """Record ``events`` (already charged to the run's ledger by its rerun rule) in the site's ledger.
+        """Record ``events`` (charged to the run's ledger by its rerun rule) in the site's ledger, first.
 
         Raises:
             BudgetExceededError: the site's composed ε would pass its cap (nothing is recorded).
-            ArtifactError: the site's ledger is corrupt or another site's.
+            ArtifactError: the site's ledger is missing though started, corrupt, or another site's.
         """
         if not events:
             return
@@ -214,7 +300,17 @@ class SiteCharger:
             if (err := self.refusal(events)) is not None:
                 raise err
             led = self._open()
-            charge(led, self.mirrored(events), ledger_path(self.folder))
+            mine = self._new(led, events)
+            if mine:
+                charge(led, mine, ledger_path(self.folder))
+
+    def charge_no_dp(self) -> None:
+        """Record that this run trains on the site's records without DP (ε = ∞), once per run, or refuse under a cap.
+
+        Raises:
+            BudgetExceededError: the site has a cap (nothing is recorded or run).
+        """
+        self.charge([LedgerEvent(self.site, -1, NO_DP, 0.0, 1.0, 1, 0.0, note="trained without differential privacy")])
 
 
 def refuse_plan(charger: SiteCharger, planned: Sequence[tuple[float, float, int]], clip_norm: float = 1.0) -> None:
@@ -228,11 +324,8 @@ def refuse_plan(charger: SiteCharger, planned: Sequence[tuple[float, float, int]
     err = charger.refusal(events)
     if err is not None:
         led = charger._open()
-        alone = PrivacyLedger(led.delta)
-        for e in charger.mirrored(events):
-            alone.record(e)
         raise BudgetExceededError(
-            f"site {charger.site!r}: this run's plan (ε = {alone.epsilon(charger.site):.4f} alone) would take its "
+            f"site {charger.site!r}: this run's plan (ε = {composed(events, led.delta):.4f} alone) would take its "
             f"records to ε = {err.epsilon:.4f} at δ = {led.delta:g} over all its runs, past the site's cap of "
             f"{err.limit:g} (already spent: {spent(led):.4f}; {ledger_path(charger.folder)}); nothing was run. "
             f"Lower the run's --epsilon, or the site's operator raises the cap with "

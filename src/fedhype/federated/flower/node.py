@@ -24,7 +24,7 @@ from fedhype.federated.client import Client
 from fedhype.federated.engine import build_client
 from fedhype.federated.flower import wire
 from fedhype.federated.flower.handshake import NodeMismatch, NodeSettings, check_federation
-from fedhype.federated.flower.node_budget import charge_request, request_digest
+from fedhype.federated.flower.node_budget import charge_no_dp, charge_request, request_digest
 from fedhype.io import atomic_save_tensors, load_tensors
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY
 from fedhype.privacy.events import RELEASE, RELEASE_CENTRE, dp_sgd_events, release_events
@@ -119,6 +119,8 @@ def run_train(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
         charge_request(node, client.state_dir, dp_sgd_events(task.round, [(task.client, q, task.steps)],
                                                              task.dp.noise_multiplier, task.dp.clip_norm),
                        request_digest(content))
+    else:  # allowed by the node's allow-no-dp: a site node records it on its ledger across runs (ε = ∞)
+        charge_no_dp(node, client.state_dir)
     prepare_state(client.state_dir, task.round)
     update = client.run_round(task.round, task.theta_tensors(), task.model, task.dp, batch_size=task.batch_size,
                               steps=task.steps, lr=task.lr)
@@ -135,6 +137,8 @@ def run_class_stats(nc: Mapping[str, Any], content: RecordDict) -> RecordDict:
         mechanism = RELEASE_CENTRE if req["stage"] == "centre" else RELEASE
         charge_request(node, client.state_dir, release_events([req["client"]], [(req["dp"].noise_multiplier, 1.0, 1)],
                                                               [mechanism], RELEASE_SENSITIVITY), request_digest(content))
+    else:
+        charge_no_dp(node, client.state_dir)
     if req["stage"] == "centre":  # the centred release's first step (fedhype.privacy.centring)
         return wire.encode_update(client.release_centre(req["dp"].noise_multiplier if req["dp"].enabled else None), -1)
     return wire.encode_update(client.release_class_stats(req["n-classes"], req["dp"], req["weights"],

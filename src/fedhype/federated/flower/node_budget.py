@@ -148,14 +148,31 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
                           f"its federation file gives it (rounds, steps, q, σ and the release as published); nothing "
                           f"was run. A rerun of an unseeded round is a new release: allow it with train.max_epsilon "
                           f"in the federation file")
-    if node.site is not None:  # the site's own ledger across runs (fedhype.privacy.site_ledger), first
-        from fedhype.data.sites import Site
-        from fedhype.errors import BudgetExceededError
-        from fedhype.privacy.site_ledger import SiteCharger
-
-        site = Site.load(node.site)
-        try:  # the run key is the name of this run's folder under the state dir
-            SiteCharger(Path(site.folder), site.name, Path(state_dir).parent.name, delta).charge(pending)
-        except BudgetExceededError as err:
-            raise NodeRefusal(f"this site's ledger across runs: {err}") from None
+    charge_site(node, state_dir, delta, lambda ch: ch.charge(pending))  # the site's ledger across runs, first
     charge(ledger, pending, path)
+
+
+def charge_site(node: NodeSettings, state_dir: Path, delta: float, how) -> None:
+    """``how(charger)`` on the site folder's ledger across runs (:class:`~fedhype.privacy.site_ledger.SiteCharger`,
+    this run's key: the name of its folder under the state dir); nothing for a node without a site folder.
+
+    Raises:
+        NodeRefusal: the site's cap would be passed (nothing is charged or run).
+    """
+    if node.site is None:
+        return
+    from fedhype.data.sites import Site
+    from fedhype.errors import BudgetExceededError
+    from fedhype.privacy.site_ledger import SiteCharger
+
+    site = Site.load(node.site)
+    try:
+        how(SiteCharger(Path(site.folder), site.name, Path(state_dir).parent.name, float(delta), expected=site.ledger))
+    except BudgetExceededError as err:
+        raise NodeRefusal(f"this site's ledger across runs: {err}") from None
+
+
+def charge_no_dp(node: NodeSettings, state_dir: Path) -> None:
+    """A site node about to run a task without DP (``allow-no-dp``) records it on its site's ledger across runs as
+    ε = ∞, once per run, or refuses where the site has a cap (:meth:`SiteCharger.charge_no_dp`)."""
+    charge_site(node, state_dir, 1e-5, lambda ch: ch.charge_no_dp())
