@@ -119,11 +119,12 @@ def run_of(event: LedgerEvent) -> str:
     return head[len(_RUN):] if head.startswith(_RUN) else "?"
 
 
-def composed(events: Iterable[LedgerEvent], delta: float) -> float:
+def composed(events: Iterable[LedgerEvent], delta: float, accountant: str | None = None) -> float:
     """ε at ``delta`` of every event together, those of equal (σ, q) pooled first (composition is order-free).
 
     The reported accountant of :meth:`PrivacyLedger.epsilon` (min of PRV and RDP; RDP alone with Skellam
-    releases); ∞ with an event without noise.
+    releases), or ``accountant`` (``"rdp"``: the fast upper bound a cap check tries first); ∞ with an event
+    without noise.
     """
     from fedhype.privacy.accountant import epsilon, epsilon_discrete
 
@@ -140,7 +141,9 @@ def composed(events: Iterable[LedgerEvent], delta: float) -> float:
     history = [(s, q, n) for (s, q), n in sorted(steps.items())]
     if terms:
         return epsilon_discrete(history, terms, delta)
-    return epsilon(history, delta) if history else 0.0
+    if not history:
+        return 0.0
+    return epsilon(history, delta) if accountant is None else epsilon(history, delta, accountant)
 
 
 def spent(ledger: PrivacyLedger | None) -> float:
@@ -269,8 +272,10 @@ class SiteCharger:
         key = (len(led), led.state_dict()["checksum"] if len(led) else "", tuple(e.to_dict().__repr__() for e in mine), cap)
         if self._memo is not None and self._memo[0] == key:  # the pre-check, then the charge: one accountant run
             eps = self._memo[1]
-        else:
-            eps = composed([*led.events, *mine], led.delta)
+        else:  # RDP's ε bounds the reported one (the min of PRV and RDP): under the cap, it fits without PRV
+            eps = composed([*led.events, *mine], led.delta, "rdp")
+            if eps > cap * (1 + 1e-9):
+                eps = composed([*led.events, *mine], led.delta)
             self._memo = (key, eps)
         if eps <= cap * (1 + 1e-9):
             return None
