@@ -148,6 +148,7 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
     """
     from fedhype.data.roster import Roster
     from fedhype.federated.baselines import federation
+    from fedhype.federated.site_charges import attach_site_ledgers, refuse_site_plans
 
     if federation(cfg.method) == "pooled":
         raise ValidationError(f"method {cfg.method!r} pools every record on one machine; sites keep their records "
@@ -175,7 +176,7 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
                           connect=connect, resume=resume, progress=progress, stop_after=stop_after,
                           on_plan=lambda run, plan: None if run.ledger.exists() else refuse_site_plans(
                               plan.cfg, [c.n_train for c in roster.clients], sites),
-                          on_open=lambda state: attach_site_ledgers(state, sites))
+                          on_open=lambda state: attach_site_ledgers(state, sites, run_key(state.run, state.ledger)))
 
 
 def describe_roster(roster: "Roster") -> dict[str, Any]:
@@ -251,51 +252,6 @@ def run_key(run: RunDir, ledger: PrivacyLedger) -> str:
     """The run's key in the sites' ledgers: its folder name and the random key its ledger was created with
     (a run written before the key: the folder name and its ledger's genesis digest)."""
     return f"{run.root.name[:60]}-{ledger.meta.get('key') or ledger.genesis[:12]}"
-
-
-def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Site]) -> None:
-    """Refuse a fresh run whose whole plan — the statistics release and every planned round — would take a
-    site past the cap of its ledger across runs (client i is site i; a site made in memory, without a folder,
-    has no ledger); a run without DP is refused on any site with a cap. Nothing is written or charged.
-
-    Raises:
-        BudgetExceededError: naming the site, what it already spent, the plan's ε and the cap.
-        ArtifactError: a site's ledger is missing though started, corrupt or another site's.
-    """
-    from fedhype.federated.run_plan import plan_privacy
-    from fedhype.federated.secure_release import planned_tails
-    from fedhype.privacy.ledger import LedgerEvent
-    from fedhype.privacy.site_ledger import NO_DP, refuse_plan
-
-    chargers = _site_chargers(sites, "planned", cfg)
-    if cfg.no_dp:
-        for ch in chargers.values():
-            if (err := ch.refusal([LedgerEvent(ch.site, -1, NO_DP, 0.0, 1.0, 1, 0.0)])) is not None:
-                raise err
-        return
-    prefix, tails = list(plan_privacy(cfg, list(sizes))["prefix"]), planned_tails(cfg, list(sizes))
-    for i, ch in chargers.items():
-        refuse_plan(ch, prefix + tails[i])
-
-
-def _site_chargers(sites: Sequence[Site], key: str, cfg: TrainConfig) -> dict:
-    from fedhype.privacy.site_ledger import SiteCharger
-
-    return {i: SiteCharger(Path(s.folder), s.name, key, float(cfg.delta), expected=s.ledger)
-            for i, s in enumerate(sites) if s.folder is not None}
-
-
-def attach_site_ledgers(state: "RunState", sites: Sequence[Site]) -> None:
-    """Charge each site's ledger across runs with its client's events, write-ahead (client i is site i):
-    :func:`fedhype.privacy.ledger.charge` then asks every site first and refuses past a site's cap. A run
-    without DP is recorded on each site's ledger now, as ε = ∞ (once per run). Not for a site made in memory.
-    """
-    chargers = _site_chargers(sites, run_key(state.run, state.ledger), state.plan.cfg)
-    if state.plan.cfg.no_dp:
-        for ch in chargers.values():
-            ch.charge_no_dp()
-        return
-    state.ledger.mirrors.update({state.clients[i].id: ch for i, ch in chargers.items()})
 
 
 def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], ClientTransport]) -> RunState:
@@ -541,8 +497,9 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
         n_classes: K.
         connect: ``connect(run) -> ClientTransport``, called once the run's config is written.
         on_plan: called with the run folder and its checked plan before anything is written
-            (:func:`refuse_site_plans`).
-        on_open: called with the opened run before anything is charged (:func:`attach_site_ledgers`).
+            (:func:`fedhype.federated.site_charges.refuse_site_plans`).
+        on_open: called with the opened run before anything is charged
+            (:func:`fedhype.federated.site_charges.attach_site_ledgers`).
 
     Returns and raises as :func:`train` (and whatever the transport raises when a client fails:
     the round is then not aggregated and nothing of it is committed).

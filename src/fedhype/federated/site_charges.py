@@ -1,0 +1,64 @@
+"""What a run over sites charges to each site's ledger across runs (:mod:`fedhype.privacy.site_ledger`).
+
+``fedhype train --site`` (:func:`fedhype.federated.engine.train_sites`) checks a fresh run's whole plan against
+every site's cap before anything is written (:func:`refuse_site_plans`), then mirrors each client's charges to
+its site's ledger (:func:`attach_site_ledgers`). A site's SuperNode charges its own
+(:mod:`fedhype.federated.flower.node_budget`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from fedhype.data.sites import Site
+from fedhype.federated.config import TrainConfig
+
+
+def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Site]) -> None:
+    """Refuse a fresh run whose whole plan — the statistics release and every planned round — would take a
+    site past the cap of its ledger across runs (client i is site i; a site made in memory, without a folder,
+    has no ledger); a run without DP is refused on any site with a cap. Nothing is written or charged.
+
+    Raises:
+        BudgetExceededError: naming the site, what it already spent, the plan's ε and the cap.
+        ArtifactError: a site's ledger is missing though started, corrupt or another site's.
+    """
+    from fedhype.federated.run_plan import plan_privacy
+    from fedhype.federated.secure_release import planned_tails
+    from fedhype.privacy.ledger import LedgerEvent
+    from fedhype.privacy.site_ledger import NO_DP, refuse_plan
+
+    chargers = _site_chargers(sites, "planned", cfg)
+    if cfg.no_dp:
+        for ch in chargers.values():
+            if (err := ch.refusal([LedgerEvent(ch.site, -1, NO_DP, 0.0, 1.0, 1, 0.0)])) is not None:
+                raise err
+        return
+    prefix, tails = list(plan_privacy(cfg, list(sizes))["prefix"]), planned_tails(cfg, list(sizes))
+    for i, ch in chargers.items():
+        refuse_plan(ch, prefix + tails[i])
+
+
+def _site_chargers(sites: Sequence[Site], key: str, cfg: TrainConfig) -> dict:
+    from fedhype.privacy.site_ledger import SiteCharger
+
+    return {i: SiteCharger(Path(s.folder), s.name, key, float(cfg.delta), expected=s.ledger)
+            for i, s in enumerate(sites) if s.folder is not None}
+
+
+def attach_site_ledgers(state, sites: Sequence[Site], key: str) -> None:
+    """Charge each site's ledger across runs with its client's events, write-ahead (client i is site i):
+    :func:`fedhype.privacy.ledger.charge` then asks every site first and refuses past a site's cap. A run
+    without DP is recorded on each site's ledger now, as ε = ∞ (once per run). Not for a site made in memory.
+
+    Args:
+        state: the opened run (:class:`fedhype.federated.engine.RunState`). key: the run's key
+            (:func:`fedhype.federated.engine.run_key`), noted on each site's events.
+    """
+    chargers = _site_chargers(sites, key, state.plan.cfg)
+    if state.plan.cfg.no_dp:
+        for ch in chargers.values():
+            ch.charge_no_dp()
+        return
+    state.ledger.mirrors.update({state.clients[i].id: ch for i, ch in chargers.items()})
