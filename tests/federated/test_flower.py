@@ -239,3 +239,25 @@ def real_dim(scenario) -> int:
 def test_scenario_time(scenario):
     """The whole scenario (two Flower runs, a kill, a resume) stays bounded."""
     assert scenario["seconds"] < SCENARIO_BUDGET_S
+
+
+def test_each_sites_ledger_holds_the_flower_run_once_beside_the_in_process_one(scenario):
+    # real SuperNodes started with site=: each charges its site folder's ledger across runs with exactly its
+    # node ledger's events (the killed node's resume replays seeded noise: charged once), beside the charges of
+    # the in-process reference run on the same site folders; the accountant composes both
+    from fedhype.privacy.ledger import PrivacyLedger
+    from fedhype.privacy.site_ledger import by_run, load_site_ledger, run_of, spent
+
+    root = scenario["root"]
+    for i in range(2):
+        led = load_site_ledger(root / f"site{i}")
+        nodes = list((root / f"node{i}-private").glob("*/client-*/node-ledger.json"))
+        assert len(nodes) == 1
+        key, node = nodes[0].parent.parent.name, PrivacyLedger.load(nodes[0])
+        runs = by_run(led)
+        assert len(runs) == 2 and next(iter(runs)).startswith("in-process-") and key in runs
+        assert [(e.round, e.mechanism, e.noise_multiplier, e.sample_rate, e.steps) for e in led.events
+                if run_of(e) == key] == [(e.round, e.mechanism, e.noise_multiplier, e.sample_rate, e.steps)
+                                         for e in node.events]
+        assert runs[key] == pytest.approx(node.epsilon(str(i)), rel=1e-9)
+        assert spent(led) > max(runs.values())
