@@ -107,6 +107,13 @@ def test_train_over_sites_charges_each_sites_ledger_across_runs_and_a_seeded_res
                                                      for r in ("run1", "run2")], rel=1e-9)
         assert spent(led) == pytest.approx(epsilon(hist[0] + hist[1], cfg.delta), rel=1e-9)
         assert spent(led) > max(runs.values())
+        # a site folder written before site ledgers is marked at its first run: its ledger missing is now an error
+        assert json.loads((s.folder / "site.json").read_text())["site_ledger"] == "site-ledger.json"
+    from fedhype.data.sites import Site
+
+    ledger_path(sites[0].folder).unlink()
+    with pytest.raises(ArtifactError, match="is missing"):
+        train_sites([Site.load(s.folder) for s in sites], cfg, tmp_path / "run3")
 
 
 def test_a_run_whose_plan_passes_a_sites_cap_is_refused_before_anything(sites, tmp_path):
@@ -170,8 +177,10 @@ def test_a_run_without_dp_is_recorded_as_infinite_and_refused_on_a_capped_site(s
     for s in sites:
         led = load_site_ledger(s.folder)
         assert [e.mechanism for e in led.events] == ["no-dp-training"] and spent(led) == float("inf")
-    with pytest.raises(ValidationError, match="already spent ε = inf"):
+    with pytest.raises(ValidationError, match="without DP used its records .* no finite cap can hold"):
         set_site_ledger(sites[0].folder, "site-0", max_epsilon=100.0)
+    train_sites(sites, nodp, tmp_path / "nodp", resume=True)  # the same run: recorded once
+    assert len(by_run(load_site_ledger(sites[0].folder))) == 1
 
 
 def test_two_sites_holding_the_same_records_are_refused(sites, tmp_path):
@@ -181,3 +190,36 @@ def test_two_sites_holding_the_same_records_are_refused(sites, tmp_path):
     make_site(sites[0].store(), sites[0].store_path, "site-0-again").save(tmp_path / "again")
     with pytest.raises(ValidationError, match="'site-0' and 'site-0-again' hold the same records"):
         train_sites([sites[0], Site.load(tmp_path / "again")], TrainConfig(**CFG), tmp_path / "run")
+
+
+def test_a_stop_between_the_sites_charge_and_the_runs_first_save_is_charged_once_on_resume(sites, tmp_path,
+                                                                                           monkeypatch):
+    from fedhype.federated.engine import train_sites
+
+    for s in sites:
+        set_site_ledger(s.folder, s.name, max_epsilon=50.0, delta=1e-4)
+    real_save = PrivacyLedger.save
+
+    def stop(self, path):  # a SIGKILL right after the sites' first charge: the run's ledger never reached disk
+        if str(path).endswith("run1/ledger.json"):
+            raise KeyboardInterrupt
+        return real_save(self, path)
+
+    monkeypatch.setattr(PrivacyLedger, "save", stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_sites(sites, TrainConfig(**CFG), tmp_path / "run1")
+    monkeypatch.setattr(PrivacyLedger, "save", real_save)
+    held = [len(load_site_ledger(s.folder)) for s in sites]
+    assert held == [2, 2] and not (tmp_path / "run1" / "ledger.json").exists()  # the release's two steps, sites only
+    from fedhype.federated.run_plan import plan_privacy
+    from fedhype.federated.secure_release import planned_tails
+
+    cfg, sizes = TrainConfig(**CFG), [len(s.split.train) for s in sites]
+    plan = epsilon(list(plan_privacy(cfg, sizes)["prefix"]) + planned_tails(cfg, sizes)[0], 1e-4)
+    set_site_ledger(sites[0].folder, "site-0", max_epsilon=plan * 1.05)  # room for this plan, not the release twice
+    train_sites(sites, TrainConfig(**CFG), tmp_path / "run1", resume=True)  # seeded: the same noise, charged once
+    for i, s in enumerate(sites):
+        led = load_site_ledger(s.folder)
+        run = [(e.noise_multiplier, e.sample_rate, e.steps) for e in PrivacyLedger.load(tmp_path / "run1" / "ledger.json").events
+               if e.client == str(i)]
+        assert [(e.noise_multiplier, e.sample_rate, e.steps) for e in led.events] == run and len(by_run(led)) == 1

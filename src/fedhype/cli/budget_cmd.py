@@ -212,9 +212,16 @@ def budget_site(folder: Path, max_epsilon: float | None = None, delta: float | N
             from fedhype.pipeline.config import DEFAULTS
 
             delta = check_delta(float(DEFAULTS["train"]["delta"]), len(s.split.train))
+        before = led.delta if led is not None else None
         led = set_site_ledger(s.folder, s.name, max_epsilon=None if no_cap else (KEEP if max_epsilon is None else
                                                                                  float(max_epsilon)),
                               delta=delta, expected=s.ledger)
+        if before is not None and before != led.delta:  # the site's policy changes: say so (ε is recomputed at it)
+            console.print(f"site {s.name!r}: its ledger's δ changed from {before:g} to {led.delta:g}; every run's ε is "
+                          "recomputed at it", highlight=False)
+        from fedhype.federated.site_charges import mark_site_ledger
+
+        mark_site_ledger(s)
     return {"mode": "site", **report(led, s.folder, s.name)}
 
 
@@ -309,7 +316,8 @@ def budget(
                                                      "\"epsilon_infinite\": true."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target ε: print the σ that meets it instead."),
     delta: float = typer.Option(..., "--delta", default_factory=config_default("train", "delta"),
-                                help="δ, in (0, 1) and well below 1/n of the smallest client (default: train's)."),
+                                help="δ, in (0, 1) and well below 1/n of the smallest client (default: train's). "
+                                     "Given with one --site: sets that site's δ (its ledger composes every run at it)."),
     sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="Poisson sampling rate q (single mechanism)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Number of steps (single mechanism)."),
     rounds: Optional[int] = typer.Option(None, "--rounds", help="Federated rounds (plan; default: train's, "

@@ -81,7 +81,7 @@ def site(
         given = s.partition.params.get("given_splits")
         if given:
             console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)
-        ledger_args = _ledger_args(out, name, max_epsilon, delta, len(s.split.train))  # checked before anything is written
+        ledger_args = _ledger_args(out, name, max_epsilon, delta, len(s.split.train), store)  # checked before anything is written
         s.ledger = True
         kept = None
         if (out / SITE_FILE).exists():  # --overwrite: keep the previous split (runs trained on it evaluate with it)
@@ -105,7 +105,7 @@ def site(
     run_command(body, json_mode, _render)
 
 
-def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, n_train: int) -> tuple:
+def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, n_train: int, store: Path) -> tuple:
     """Check the site ledger's settings before anything is written: ``(max_epsilon or KEEP, δ or None, expected)``.
 
     A new site starts its ledger at ``delta``; a site split again (--overwrite) keeps its ledger, its δ unless
@@ -128,6 +128,9 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
     explicit = click.get_current_context().get_parameter_source("delta") in (
         click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
     check_delta(delta, n_train)
+    if delta * n_train > 0.1:  # as `fedhype budget` and `fedhype train` warn
+        console.print(f"[yellow]warning[/]: --delta {delta:g} with {n_train} training records gives n·δ = "
+                      f"{delta * n_train:.2g} > 0.1; the usual advice is δ ≪ 1/n", highlight=False)
     expected = False
     if (out / SITE_FILE).exists():
         try:
@@ -135,6 +138,16 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
         except (OSError, ValueError, AttributeError):
             expected = False
     old = load_site_ledger(out, expected=expected)
+    old_store = None
+    if (out / SITE_FILE).exists():
+        try:
+            old_store = json.loads((out / SITE_FILE).read_text(encoding="utf-8")).get("store")
+        except (OSError, ValueError, AttributeError):
+            old_store = None
+    if old is not None and old_store is not None and Path(str(old_store)).resolve() != Path(store).resolve():
+        console.print(f"note: the site's ledger across runs is kept for these records; --store {store} is not the "
+                      f"store of the previous split ({old_store}): if it holds other records, give another --out",
+                      highlight=False)
     if old is not None and site_of(old) != name:
         raise ValidationError(f"--name {name}: this site folder's ledger across runs is site {site_of(old)!r}'s (the "
                               f"spending of these records); keep --name {site_of(old)}, or give another --out for a new "

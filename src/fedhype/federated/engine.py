@@ -35,7 +35,6 @@ which partition: :mod:`fedhype.federated.baselines`) and whether it trains any r
 from __future__ import annotations
 
 import functools
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,9 +173,9 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
 
     return run_federation(roster, cfg, out, store_info=describe_roster(roster), n_classes=len(roster.class_names),
                           connect=connect, resume=resume, progress=progress, stop_after=stop_after,
-                          on_plan=lambda run, plan: None if run.ledger.exists() else refuse_site_plans(
-                              plan.cfg, [c.n_train for c in roster.clients], sites),
-                          on_open=lambda state: attach_site_ledgers(state, sites, run_key(state.run, state.ledger)))
+                          on_plan=lambda run, plan: refuse_site_plans(plan.cfg, [c.n_train for c in roster.clients],
+                                                                      sites, run.run_key()),
+                          on_open=lambda state: attach_site_ledgers(state, sites, state.run.run_key(create=True)))
 
 
 def describe_roster(roster: "Roster") -> dict[str, Any]:
@@ -244,14 +243,7 @@ def open_ledger(run: RunDir, cfg: TrainConfig, done: int) -> PrivacyLedger:
     if (done > 0 and not cfg.no_dp) or run.ledger.exists():
         return PrivacyLedger.load(run.ledger)
     # the run's folder name only: the ledger is shared in a release, and a path can name a user or a study
-    # "key": a random id of this run, named in the sites' ledgers across runs (fedhype.privacy.site_ledger)
-    return PrivacyLedger(cfg.delta, meta={"run": run.root.name, "method": cfg.method, "key": secrets.token_hex(6)})
-
-
-def run_key(run: RunDir, ledger: PrivacyLedger) -> str:
-    """The run's key in the sites' ledgers: its folder name and the random key its ledger was created with
-    (a run written before the key: the folder name and its ledger's genesis digest)."""
-    return f"{run.root.name[:60]}-{ledger.meta.get('key') or ledger.genesis[:12]}"
+    return PrivacyLedger(cfg.delta, meta={"run": run.root.name, "method": cfg.method})
 
 
 def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], ClientTransport]) -> RunState:

@@ -56,6 +56,31 @@ class RunDir:
     ledger = property(lambda self: self.root / "ledger.json")
     metrics = property(lambda self: self.root / "metrics.json")
     checkpoint = property(lambda self: self.root / "checkpoint.json")
+    #: the run's random key in the sites' ledgers across runs (:mod:`fedhype.privacy.site_ledger`), under ``ckpt/``
+    run_key_file = property(lambda self: self.root / "ckpt" / "run-key.json")
+
+    def run_key(self, create: bool = False) -> str | None:
+        """The run's key in the sites' ledgers: its folder name and a random token drawn once (written before any
+        site is charged, so a resume after any stop is the same run there); None before it exists (``create``
+        False), e.g. before a new run has written anything.
+
+        Raises:
+            ArtifactError: an unreadable key file.
+        """
+        if self.run_key_file.exists():
+            raw = read_json(self.run_key_file, "run key")
+            key = raw.get("key") if isinstance(raw, dict) else None
+            if not isinstance(key, str) or not key:
+                raise ArtifactError(f"{self.run_key_file}: no key; it names this run in its sites' ledgers: restore it")
+            return key
+        if not create:
+            return None
+        import secrets
+
+        key = f"{self.root.name[:60]}-{secrets.token_hex(6)}"
+        self.run_key_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.run_key_file, {"key": key, "what": "this run's name in its sites' ledgers across runs"})
+        return key
 
     @contextlib.contextmanager
     def writer_lock(self):

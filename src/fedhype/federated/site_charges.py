@@ -15,10 +15,12 @@ from fedhype.data.sites import Site
 from fedhype.federated.config import TrainConfig
 
 
-def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Site]) -> None:
+def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Site], key: str | None = None) -> None:
     """Refuse a fresh run whose whole plan — the statistics release and every planned round — would take a
     site past the cap of its ledger across runs (client i is site i; a site made in memory, without a folder,
-    has no ledger); a run without DP is refused on any site with a cap. Nothing is written or charged.
+    has no ledger); a run without DP is refused on any site with a cap. Nothing is written or charged. ``key``: the
+    run's key where it exists (a resume: what the run charged before its stop is part of its plan, composed with
+    the site's other runs only).
 
     Raises:
         BudgetExceededError: naming the site, what it already spent, the plan's ε and the cap.
@@ -29,7 +31,7 @@ def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Si
     from fedhype.privacy.ledger import LedgerEvent
     from fedhype.privacy.site_ledger import NO_DP, refuse_plan
 
-    chargers = _site_chargers(sites, "planned", cfg)
+    chargers = _site_chargers(sites, key or "planned", cfg)
     if cfg.no_dp:
         for ch in chargers.values():
             if (err := ch.refusal([LedgerEvent(ch.site, -1, NO_DP, 0.0, 1.0, 1, 0.0)])) is not None:
@@ -54,11 +56,31 @@ def attach_site_ledgers(state, sites: Sequence[Site], key: str) -> None:
 
     Args:
         state: the opened run (:class:`fedhype.federated.engine.RunState`). key: the run's key
-            (:func:`fedhype.federated.engine.run_key`), noted on each site's events.
+            (:meth:`fedhype.federated.rundir.RunDir.run_key`), noted on each site's events.
     """
+    from fedhype.privacy.site_ledger import load_site_ledger, set_site_ledger
+
+    for s in sites:  # a site folder written before site ledgers: start its ledger now, and mark its site.json
+        if s.folder is not None and not s.ledger:
+            if load_site_ledger(s.folder, site=s.name) is None:
+                set_site_ledger(s.folder, s.name, delta=float(state.plan.cfg.delta))
+            mark_site_ledger(s)
     chargers = _site_chargers(sites, key, state.plan.cfg)
     if state.plan.cfg.no_dp:
         for ch in chargers.values():
             ch.charge_no_dp()
         return
     state.ledger.mirrors.update({state.clients[i].id: ch for i, ch in chargers.items()})
+
+
+def mark_site_ledger(site: Site) -> None:
+    """Record in the site's ``site.json`` (``"site_ledger"``) that its ledger across runs was started, so a missing
+    ledger is an error from now on; only where that file is this split's (its key)."""
+    from fedhype.data.sites import SITE_FILE, SITE_LEDGER_FILE
+    from fedhype.io import atomic_write_json, read_json
+
+    path = Path(site.folder) / SITE_FILE
+    raw = read_json(path, "site file") if path.is_file() else None
+    if isinstance(raw, dict) and raw.get("key") == site.key and not raw.get("site_ledger"):
+        atomic_write_json(path, {**raw, "site_ledger": SITE_LEDGER_FILE})
+    site.ledger = True

@@ -365,7 +365,8 @@ class PrivacyLedger:
                 raise ArtifactError(f"{source}: event {i} is invalid: {exc}") from None
             ledger.record(event)
             if ledger._chain[-1] != link:
-                raise ArtifactError(f"ledger tampered: event {i} hash mismatch ({source})")
+                raise ArtifactError(f"ledger tampered: event {i} hash mismatch ({source})"
+                                    + ("; or its header (δ, meta) was edited" if i == 0 else ""))
         body = {k: state[k] for k in ("format", "delta", "meta", "events", "chain")}
         if _sha256(_canonical(body)) != state["checksum"]:
             raise ArtifactError(f"ledger tampered: checksum mismatch ({source})")

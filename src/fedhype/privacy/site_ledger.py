@@ -218,6 +218,9 @@ def set_site_ledger(folder: str | os.PathLike, site: str, *, max_epsilon=KEEP, d
         for e in (old.events if old else ()):
             new.record(e)
         now = spent(new)
+        if cap is not None and math.isinf(now):
+            raise ValidationError(f"site {site!r}: a run without DP used its records ({ledger_path(folder)}: ε = ∞), so no "
+                                  "finite cap can hold; the site can only record further runs (no cap)")
         if cap is not None and now > cap:
             raise ValidationError(f"site {site!r} has already spent ε = {now:.4f} at δ = {new.delta:g} over its runs "
                                   f"({ledger_path(folder)}): a cap of {cap:g} is below it; give a larger one")
@@ -262,10 +265,20 @@ class SiteCharger:
         return [e for e in self.mirrored(events)
                 if not ((e.seeded or e.mechanism == NO_DP) and (e.round, e.mechanism) in held)]
 
-    def refusal(self, events: Sequence[LedgerEvent]) -> BudgetExceededError | None:
-        """The error a charge of ``events`` would raise, or None where it fits under the site's cap."""
+    def refusal(self, events: Sequence[LedgerEvent], *, instead_of_own: bool = False) -> BudgetExceededError | None:
+        """The error a charge of ``events`` would raise, or None where it fits under the site's cap.
+
+        ``instead_of_own``: ``events`` are this run's whole plan, composed with the other runs' events only (what
+        this run already charged, before a stop, is part of its plan).
+        """
         led = self._open()
         cap = cap_of(led)
+        if instead_of_own:
+            others = PrivacyLedger(led.delta, led.meta)
+            for e in led.events:
+                if run_of(e) != self.run_key:
+                    others.record(e)
+            led = others
         mine = self._new(led, events)
         if cap is None or not mine:
             return None
@@ -290,7 +303,8 @@ class SiteCharger:
             f"site {self.site!r}: {e.mechanism} ({what}) would take its records to ε = {eps:.4f} at δ = {led.delta:g} "
             f"over all its runs, past the site's cap of {cap:g} (already spent: {spent(led):.4f}; "
             f"{ledger_path(self.folder)}); nothing was charged or run. The site's operator raises the cap with "
-            f"`fedhype budget --site {self.folder} --max-epsilon E`", epsilon=eps, limit=cap)
+            f"`fedhype budget --site {self.folder} --max-epsilon E`; then resume this run with --resume (its folder "
+            "is kept), or delete its folder", epsilon=eps, limit=cap)
 
     def charge(self, events: Sequence[LedgerEvent]) -> None:
         """Record ``events`` (charged to the run's ledger by its rerun rule) in the site's ledger, first.
@@ -326,12 +340,14 @@ def refuse_plan(charger: SiteCharger, planned: Sequence[tuple[float, float, int]
         BudgetExceededError: naming the site, its spend, the plan's and the cap.
     """
     events = [LedgerEvent(charger.site, -1, "planned", float(s), float(q), int(n), clip_norm) for s, q, n in planned if n]
-    err = charger.refusal(events)
+    err = charger.refusal(events, instead_of_own=True)
     if err is not None:
         led = charger._open()
+        led_others = [e for e in led.events if run_of(e) != charger.run_key]
         raise BudgetExceededError(
             f"site {charger.site!r}: this run's plan (ε = {composed(events, led.delta):.4f} alone) would take its "
             f"records to ε = {err.epsilon:.4f} at δ = {led.delta:g} over all its runs, past the site's cap of "
-            f"{err.limit:g} (already spent: {spent(led):.4f}; {ledger_path(charger.folder)}); nothing was run. "
+            f"{err.limit:g} (spent by its other runs: {composed(led_others, led.delta):.4f}; "
+            f"{ledger_path(charger.folder)}); nothing was run. "
             f"Lower the run's --epsilon, or the site's operator raises the cap with "
             f"`fedhype budget --site {charger.folder} --max-epsilon E`", epsilon=err.epsilon, limit=err.limit)
