@@ -183,8 +183,10 @@ def test_a_site_node_charges_its_site_ledger_across_runs_and_refuses_past_its_ca
     assert spent(led) == pytest.approx(epsilon(hist + hist, delta), rel=1e-9) and spent(led) > limit
     set_site_ledger(tmp_path / "site", "hospital_b", max_epsilon=spent(led) * 1.01)
     third = tmp_path / "state" / "third-000000000003" / "client-1"
-    with pytest.raises(NodeRefusal, match="this site's ledger across runs: site 'hospital_b'.*past the site's cap"):
+    with pytest.raises(NodeRefusal, match="this site's ledger across runs: the request would pass the site's lifetime") \
+            as refused:
         charge_request(node, third, reqs[1], f"{1:064x}")  # its statistics release: within its run's cap, not the site's
+    assert str(tmp_path) not in str(refused.value)  # the server is not told the site's folder or its figures
     assert not (third / LEDGER).exists() and len(load_site_ledger(tmp_path / "site")) == 2 * len(reqs)
 
 
@@ -200,7 +202,7 @@ def test_a_site_node_records_a_task_without_dp_as_infinite_once_per_run_or_refus
     node = NodeSettings(client="", embeddings=None, partition=None, state_dir=tmp_path / "state", allow_no_dp=True,
                         site=tmp_path / "site", federation=None)
     set_site_ledger(tmp_path / "site", "hospital_b", max_epsilon=8.0, delta=1e-4)
-    with pytest.raises(NodeRefusal, match="a run without DP gives its records no guarantee"):
+    with pytest.raises(NodeRefusal, match="a task without DP .* would pass the site's lifetime ε cap"):
         charge_no_dp(node, tmp_path / "state" / "r-000000000001" / "client-1")
     assert len(load_site_ledger(tmp_path / "site")) == 0
     set_site_ledger(tmp_path / "site", "hospital_b", max_epsilon=None)

@@ -168,8 +168,14 @@ def charge_site(node: NodeSettings, state_dir: Path, delta: float, how) -> None:
     site = Site.load(node.site)
     try:
         how(SiteCharger(Path(site.folder), site.name, Path(state_dir).parent.name, float(delta), expected=site.ledger))
-    except BudgetExceededError as err:
-        raise NodeRefusal(f"this site's ledger across runs: {err}") from None
+    except BudgetExceededError as err:  # the server gets the refusal, not the site's folder or its other runs' figures
+        import logging
+
+        logging.getLogger(__name__).warning("refused the server's request: %s", err)
+        what = "a task without DP (ε = ∞)" if "without DP" in str(err) else "the request"
+        raise NodeRefusal(f"this site's ledger across runs: {what} would pass the site's lifetime ε cap; nothing was "
+                          "run (the figures stay at the site: its operator sees them in the node's log and with "
+                          "`fedhype budget --site`)") from None
 
 
 def charge_no_dp(node: NodeSettings, state_dir: Path) -> None:
