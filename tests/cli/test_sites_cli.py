@@ -368,6 +368,15 @@ def test_each_sites_ledger_across_runs_records_the_run_and_its_cap_refuses_the_n
     got = _json(runner.invoke(app, ["budget", "--site", str(sites[2]), "--max-epsilon", f"{spent * 1.2}", "--json"]))
     assert got["max_epsilon"] == pytest.approx(spent * 1.2) and got["left"] == pytest.approx(spent * 0.2)
     before = (sites[2] / "site-ledger.json").read_text()
+    # the site checks the coordinator's plan (from the cards) against its ledger before joining
+    plan = _json(runner.invoke(app, ["budget", "--epsilon", "4", "--rounds", "2", "--local-steps", "2", "--batch-size",
+                                     "8", *[f"--card={s / 'card.json'}" for s in sites], "--site", str(sites[2]),
+                                     "--site", str(sites[0]), "--json"]))
+    mine, other = plan["sites"]
+    assert mine["site"] == "clinic_c" and mine["plan_epsilon"] == pytest.approx(spent, rel=1e-6)  # the same plan again
+    assert mine["spent_epsilon"] == pytest.approx(spent, rel=1e-9) and mine["after_epsilon"] > spent * 1.2
+    assert not mine["fits"] and other["fits"] and other["max_epsilon"] is None
+    assert any("site 'clinic_c': this plan would take its records" in w for w in plan["warnings"])
     r = runner.invoke(app, ["train", *[f"--site={s}" for s in sites], "--out", str(tmp_path / "run2"), "--epsilon", "4",
                             "--rounds", "2", "--local-steps", "2", "--batch-size", "8", "--min-records", "5",
                             "--hidden", "16", "--latent", "4", "--seed", "0", "--json"])
@@ -379,7 +388,7 @@ def test_each_sites_ledger_across_runs_records_the_run_and_its_cap_refuses_the_n
                                     "clinic_c", "--min-records", "5", "--out", str(sites[2]), "--overwrite",
                                     "--max-epsilon", f"{spent * 3}", "--json"]))
     assert got["max_epsilon"] == pytest.approx(spent * 3) and got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
-    for args, msg in ((["budget", "--site", str(sites[0]), "--epsilon", "1"], "--epsilon describes a plan"),
+    for args, msg in ((["budget", "--site", str(sites[0]), "--epsilon", "1"], "--epsilon describes no such plan"),
                       (["budget", "--epsilon", "1", "--client-sizes", "100", "--max-epsilon", "3"], "with --site DIR")):
         r = runner.invoke(app, args)
         assert r.exit_code == 2 and msg in r.output, r.output

@@ -225,6 +225,36 @@ def budget_site(folder: Path, max_epsilon: float | None = None, delta: float | N
     return {"mode": "site", **report(led, s.folder, s.name)}
 
 
+def _with_sites(plan: dict[str, Any], folders: list[Path]) -> dict[str, Any]:
+    """``plan`` (from cards) with, per ``--site``, its ledger across runs composed with its share of the plan (the
+    release and its planned rounds) at the site's δ: what the site would have spent, and whether its cap holds
+    (what `train --site` and the site's SuperNode would refuse)."""
+    from fedhype.data.sites import Site
+    from fedhype.privacy.ledger import LedgerEvent
+    from fedhype.privacy.site_ledger import cap_of, composed, load_site_ledger
+
+    rows, out = {r["name"]: r for r in plan["clients"]}, []
+    for folder in folders:
+        s = Site.load(folder)
+        if s.name not in rows:
+            raise ValidationError(f"--site {folder}: site {s.name!r} is not in this plan's cards ({', '.join(rows)})")
+        led = load_site_ledger(s.folder, expected=s.ledger, site=s.name)
+        r, delta = rows[s.name], (led.delta if led is not None else plan["delta"])
+        planned = [LedgerEvent(s.name, -1, "planned", float(sg), float(q), int(n), 1.0)
+                   for sg, q, n in [*plan["release_steps"], (plan["noise_multiplier"], r["sample_rate"], r["steps"])] if n]
+        before = composed(led.events, delta) if led is not None else 0.0
+        after = composed([*(led.events if led is not None else ()), *planned], delta)
+        cap = cap_of(led)
+        out.append({"site": s.name, "delta": delta, "spent_epsilon": before, "plan_epsilon": composed(planned, delta),
+                    "after_epsilon": after, "max_epsilon": cap, "fits": cap is None or after <= cap * (1 + 1e-9)})
+        if cap is not None and not out[-1]["fits"]:
+            plan["warnings"].append(f"site {s.name!r}: this plan would take its records to ε = {after:.4f} at δ = "
+                                    f"{delta:g} over all its runs, past its cap of {cap:g}: `train --site` and its "
+                                    "SuperNode would refuse it")
+    plan["sites"] = out
+    return plan
+
+
 def parse_client_sizes(text: str) -> list[tuple[str, str, int]]:
     """``"600,480"`` → ``[("0", "client 0", 600), ("1", "client 1", 480)]``."""
     out = []
@@ -301,6 +331,11 @@ def _render(result: dict[str, Any]) -> None:
             out.print(f"secure aggregation: each of the {sa['clients']} clients adds σ₀/√(m − t) = "
                       f"{_fmt(sa['client_noise_multiplier'])} to its release; the server learns only the sum, which "
                       f"carries σ₀ while at most t = {sa['dropout_tolerance']} clients drop out or collude", highlight=False)
+    for r in result.get("sites") or []:
+        out.print(f"site {r['site']}: spent ε = {_fmt(r['spent_epsilon'])}, this plan alone {_fmt(r['plan_epsilon'])}, "
+                  f"after it {_fmt(r['after_epsilon'])} at δ = {r['delta']:g} (composed over all its runs); cap "
+                  + ("none" if r["max_epsilon"] is None else f"{r['max_epsilon']:g}: "
+                     + ("fits" if r["fits"] else "[bold red]would be passed[/]")), highlight=False)
     if result.get("note"):
         out.print(result["note"], style="bold red", highlight=False)
     for w in result.get("warnings") or []:
@@ -373,22 +408,31 @@ def budget(
     def body() -> dict[str, Any]:
         from fedhype.privacy.accountant import validate_target_epsilon  # torch: imported on use, not for --help
 
+        nonlocal site
         if site is not None:
             given = [name for name, v in (("--noise-multiplier", noise_multiplier), ("--epsilon", epsilon),
                                           ("--sample-rate", sample_rate), ("--steps", steps), ("--rounds", rounds),
                                           ("--local-epochs", local_epochs), ("--local-steps", local_steps),
                                           ("--batch-size", batch_size), ("--client-sizes", client_sizes),
                                           ("--partition", partition), ("--card", card or None)) if v is not None]
-            if given:
-                raise ValidationError(f"--site reports a site's ledger across runs (and --max-epsilon sets its cap); "
-                                      f"{', '.join(given)} {'describe' if len(given) > 1 else 'describes'} a plan: "
-                                      "run the plan without --site")
+            plan_given = bool(given) and card is not None and sample_rate is None and steps is None
+            if given and not plan_given:
+                raise ValidationError(f"--site reports a site's ledger across runs (and --max-epsilon sets its cap), or "
+                                      f"composes it with a consortium's plan given by --card; {', '.join(given)} "
+                                      f"{'describe' if len(given) > 1 else 'describes'} no such plan: give the cards "
+                                      "(--card, once per site) or run the plan without --site")
+            if plan_given and (max_epsilon is not None or no_cap):
+                raise ValidationError("--max-epsilon and --no-cap change a site's cap: give them without a plan")
             if max_epsilon is not None and no_cap:
                 raise ValidationError("give --max-epsilon (set the site's cap) or --no-cap (lift it), not both")
             import click
 
             explicit = click.get_current_context().get_parameter_source("delta") in (
                 click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+            if plan_given:
+                sites_ = list(site)
+                site = None  # the plan below, then each site's ledger composed with its share of it
+                return _with_sites(body(), sites_)
             if len(site) > 1:
                 if max_epsilon is not None or no_cap or explicit:
                     raise ValidationError("--max-epsilon, --no-cap and --delta change one site's ledger: give one --site")
