@@ -66,17 +66,15 @@ def release_sigma(name: str, eps: str, sizes: list[int]) -> tuple[float, tuple[f
     return (0.0 if sigma is None else float(sigma)), weights
 
 
-def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
-    import numpy as np
+def emulation_data(store, part):
+    """What the emulated release reads: the validation split ``(x [n, D] float32 numpy, y [n])`` and the clients'
+    training records on the unit sphere ``X [N, D]`` float64 with labels ``Y [N]``, owners ``cl [N]`` (client index)
+    and the clip radius R = κ × their root-mean-square distance from the pooled mean."""
     import torch
 
     from fedhype.eval.inputs import as_matrix
-    from fedhype.eval.utility import Probe
-    from fedhype.federated.class_stats import covariance_estimate
 
-    K = store.n_classes
     val = part.split_store(store, "val")
-    xv, yv = as_matrix(val).numpy(), val.labels.numpy()
     xs, ys, owner = [], [], []
     for i, c in enumerate(part.clients):
         cs = part.client_store(store, c.id, "train")
@@ -85,16 +83,33 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
         owner.append(torch.full((len(cs.labels),), i))
     X = torch.cat(xs)
     X = X / X.norm(dim=1, keepdim=True)
-    Y, cl = torch.cat(ys), torch.cat(owner)
-    n_clients, dim = len(part.clients), X.shape[1]
     radius = KAPPA * math.sqrt(float(((X - X.mean(0)) ** 2).sum(1).mean()))
+    return as_matrix(val).numpy(), val.labels.numpy(), X, torch.cat(ys), torch.cat(owner), radius
+
+
+def symmetric_noise(gen, std_entry: float, size: int):
+    """Noise of m(M) (the diagonal and √2 × the upper off-diagonal entries) of std s per entry, as a symmetric
+    [size, size] float64 matrix: s on the diagonal, s/√2 off it."""
+    import torch
+
+    a = torch.triu(torch.randn(size, size, generator=gen, dtype=torch.float64) * std_entry / math.sqrt(2), 1)
+    return a + a.T + torch.diag(torch.randn(size, generator=gen, dtype=torch.float64) * std_entry)
+
+
+def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from fedhype.eval.utility import Probe
+    from fedhype.federated.class_stats import covariance_estimate
+
+    K = store.n_classes
+    xv, yv, X, Y, cl, radius = emulation_data(store, part)
+    n_clients, dim = len(part.clients), X.shape[1]
     gen = torch.Generator().manual_seed(seed)
 
     def sym_noise(std_entry: float, size: int | None = None) -> "torch.Tensor":
-        # noise of m(M) (diagonal and √2 × upper off-diagonal entries) of std s: s on the diagonal, s/√2 off it
-        size = dim if size is None else size
-        a = torch.triu(torch.randn(size, size, generator=gen, dtype=torch.float64) * std_entry / math.sqrt(2), 1)
-        return a + a.T + torch.diag(torch.randn(size, generator=gen, dtype=torch.float64) * std_entry)
+        return symmetric_noise(gen, std_entry, dim if size is None else size)
 
     def probe(mus, covs, n: int) -> float:
         g = torch.Generator().manual_seed(seed + 1)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from class_covariance import KAPPA, release_sigma  # noqa: E402  (the same emulated release)
+from class_covariance import emulation_data, release_sigma, symmetric_noise  # noqa: E402  (the same emulated release)
 from release_defaults import data  # noqa: E402
 
 #: dataset → (public set, latent L, synthetic per class): the jobs' sizes (docs/method.md, decision 17)
@@ -69,30 +69,19 @@ def one(store, part, name: str, seed: int, eps_list: list[str], pub) -> list[dic
     import numpy as np
     import torch
 
-    from fedhype.eval.inputs import as_matrix
     from fedhype.eval.utility import Probe
     from fedhype.federated.class_stats import covariance_estimate
 
     _, latent, per_class = SETUP[name]
     pub_cov, pub_vec = pub
     K = store.n_classes
-    val = part.split_store(store, "val")
-    xv, yv = as_matrix(val).numpy(), val.labels.numpy()
-    xs, ys, owner = [], [], []
-    for i, c in enumerate(part.clients):
-        cs = part.client_store(store, c.id, "train")
-        xs.append(as_matrix(cs).to(torch.float64))
-        ys.append(cs.labels)
-        owner.append(torch.full((len(cs.labels),), i))
-    X, Y, cl = unit(torch.cat(xs)), torch.cat(ys), torch.cat(owner)
+    xv, yv, X, Y, cl, radius = emulation_data(store, part)
     m, dim = len(part.clients), X.shape[1]
     eye = torch.eye(dim, dtype=torch.float64)
-    radius = KAPPA * math.sqrt(float(((X - X.mean(0)) ** 2).sum(1).mean()))
     gen = torch.Generator().manual_seed(seed)
 
     def sym_noise(s: float, size: int):
-        a = torch.triu(torch.randn(size, size, generator=gen, dtype=torch.float64) * s / math.sqrt(2), 1)
-        return a + a.T + torch.diag(torch.randn(size, generator=gen, dtype=torch.float64) * s)
+        return symmetric_noise(gen, s, size)
 
     def probe(mus, cov) -> float:
         g = torch.Generator().manual_seed(seed + 1)
