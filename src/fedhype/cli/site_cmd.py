@@ -131,19 +131,14 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
     if delta * n_train > 0.1:  # as `fedhype budget` and `fedhype train` warn
         console.print(f"[yellow]warning[/]: --delta {delta:g} with {n_train} training records gives n·δ = "
                       f"{delta * n_train:.2g} > 0.1; the usual advice is δ ≪ 1/n", highlight=False)
-    expected = False
+    previous: dict = {}  # the split --overwrite replaces: did it start a ledger, which store did it name
     if (out / SITE_FILE).exists():
         try:
-            expected = bool(json.loads((out / SITE_FILE).read_text(encoding="utf-8")).get("site_ledger"))
-        except (OSError, ValueError, AttributeError):
-            expected = False
+            previous = dict(json.loads((out / SITE_FILE).read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            previous = {}
+    expected, old_store = bool(previous.get("site_ledger")), previous.get("store")
     old = load_site_ledger(out, expected=expected)
-    old_store = None
-    if (out / SITE_FILE).exists():
-        try:
-            old_store = json.loads((out / SITE_FILE).read_text(encoding="utf-8")).get("store")
-        except (OSError, ValueError, AttributeError):
-            old_store = None
     if old is not None and old_store is not None and Path(str(old_store)).resolve() != Path(store).resolve():
         console.print(f"note: the site's ledger across runs is kept for these records; --store {store} is not the "
                       f"store of the previous split ({old_store}): if it holds other records, give another --out",
