@@ -33,12 +33,17 @@ The test split is not read. Grids:
 * ours (mixture code, every default) on the three datasets after the clip-shift discount and the
   within-class target of the clients' statistics (:class:`fedhype.federated.class_stats.ClipShift`);
 
+* undoing the clip's shrink (``model.clip_rescale``, :func:`fedhype.federated.class_stats.clip_rescale_factor`):
+  off vs on for ``dp-gaussian`` per client and under secure aggregation on the three datasets at ε = 1 / 4 / 8,
+  and for ours on digits and (secure aggregation, ε = 8) on all 70,000 images.
+
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
-already there. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
+already there or in the committed ``benchmarks/results/release_defaults.json``. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
 and prints the table.
 
     .venv/bin/python benchmarks/release_defaults.py              # 3 seeds (~20 min on 2 cores, one process)
     .venv/bin/python benchmarks/release_defaults.py --seeds 0    # a quick look
+    .venv/bin/python benchmarks/release_defaults.py --grids "clip rescale"   # one grid's missing rows only
 """
 
 from __future__ import annotations
@@ -66,6 +71,10 @@ CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml",
 #: ``latent``: the rows were measured before ``model.latent = "auto"`` gave large training sets L = 128
 #: (docs/method.md, decision 17), so L is pinned to keep them reproducible
 PINNED_LATENT = 64
+#: a job's own latent size and synthetic records per class under DP (model.latent = "auto" and
+#: synthesis.per_class = "auto": L = 128 and 3,000 per class from 500 training records per class)
+_JOB_SIZE = {"digits": {"latent": 64, "per_class": 300}, "fashion": {"latent": 128, "per_class": 3000},
+             "fashion-full": {"latent": 128, "per_class": 3000}}
 GRID: list[tuple[str, str, dict]] = (
     [("second_moment_share", e, {"method": "dp-gaussian", "second_moment_share": s, **_U})
      for e in ("1", "4", "8") for s in (0.1, 0.3, 0.5)]
@@ -113,6 +122,18 @@ GRID: list[tuple[str, str, dict]] = (
     # clip shift" with dataset = fashion-full)
     + [("DP-SGD share, scale", e, {"dataset": "fashion-full", "code": "mixture", "class_stats_share": 0.999})
        for e in ("1", "4", "8")]
+    # undoing the clip's shrink (model.clip_rescale, fedhype.federated.class_stats.clip_rescale_factor): the
+    # release alone per client and under secure aggregation on the three datasets, at each job's latent size
+    # and sample count (model.latent = "auto", synthesis.per_class = "auto"), and ours on digits (its job
+    # code: mixture per client, neutral under secure aggregation) and on all 70,000 images at ε = 8
+    + [("clip rescale", e, {"dataset": d, "method": "dp-gaussian", **_JOB_SIZE[d], "secure_aggregation": sa,
+                            "clip_rescale": cr})
+       for d in ("digits", "fashion", "fashion-full") for sa in (False, True) for e in ("1", "4", "8") for cr in (False, True)]
+    + [("clip rescale", e, {"dataset": "digits", **_JOB_SIZE["digits"], "secure_aggregation": sa,
+                            "code": "neutral" if sa else "mixture", "clip_rescale": cr})
+       for sa in (False, True) for e in ("1", "4", "8") for cr in (False, True)]
+    + [("clip rescale", "8", {"dataset": "fashion-full", **_JOB_SIZE["fashion-full"], "secure_aggregation": True,
+                              "clip_rescale": cr}) for cr in (False, True)]
 )
 
 
@@ -139,7 +160,7 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> 
     class_stats.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
         v = str(v).lower() if isinstance(v, bool) else v
-        section = "model" if k in ("latent", "residual") else "train"
+        section = "model" if k in ("latent", "residual", "clip_rescale") else "train"
         sets.append(f'{section}.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"{section}.{k}={v}")
     cfg = train_config(resolve(config, sets))
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,7 +196,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--grids", nargs="+", default=None, metavar="NAME",
+                    help="measure only these grids' missing rows (e.g. \"clip rescale\"); the table keeps every row measured")
     a = ap.parse_args()
+    names = {g for g, _, _ in GRID}
+    if a.grids is not None and not set(a.grids) <= names:
+        ap.error(f"unknown grid(s) {sorted(set(a.grids) - names)}; the grids are {sorted(names)}")
 
     import torch
 
@@ -184,13 +210,18 @@ def main() -> None:
     t0 = time.perf_counter()
     log = ROOT / "runs" / "bench-release-defaults" / "rows.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
-    done = {json.dumps([r["grid"], r["eps"], r["overrides"], r["seed"]]): r
-            for r in map(json.loads, log.read_text().splitlines() if log.exists() else []) }
+    # rows already measured: the committed results (a fresh checkout), then this machine's log
+    committed = Path(a.results) / "release_defaults.json"
+    known = json.loads(committed.read_text())["rows"] if committed.exists() else []
+    known += list(map(json.loads, log.read_text().splitlines() if log.exists() else []))
+    done = {json.dumps([r["grid"], r["eps"], r["overrides"], r["seed"]]): r for r in known}
     rows, ran = [], 0
     for seed in a.seeds:
         parts: dict = {}
         for grid, eps, ov in GRID:
             key = json.dumps([grid, eps, ov, seed])
+            if key not in done and a.grids is not None and grid not in a.grids:
+                continue  # not measured, and not asked for
             if key not in done:
                 name = ov.get("dataset", "digits")
                 if name not in loaded:
@@ -221,6 +252,7 @@ def main() -> None:
         shown = f"**{lab}**" if lab.replace(", centre_share = 0.0", "") in defaults or "second_moment_share = 0.3" in lab \
             or lab.endswith("release_centre = client, residual = isotropic") or lab.endswith("residual = latent") \
             or (grid == "DP-SGD share" and lab.endswith("class_stats_share = 0.95")) \
+            or lab.endswith("clip_rescale = False") \
             else lab
         lines.append(f"| {grid} | {'no DP' if eps == 'none' else eps} | {shown} | {cell} | {len(v)} |")
     md = "\n".join(lines) + "\n"

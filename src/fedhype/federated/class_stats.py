@@ -41,7 +41,8 @@ MIN_TOTAL_VARIANCE = 0.05
 
 def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *, sums_std: float | None = None,
                           second_moment_std: float = 0.0, max_rank: int | None = None, centring=None,
-                          residual: str = DEFAULT_RESIDUAL, located_share: float = 0.0) -> dict[str, torch.Tensor]:
+                          residual: str = DEFAULT_RESIDUAL, located_share: float = 0.0,
+                          rescale: float = 1.0) -> dict[str, torch.Tensor]:
     """Pool the clients' privatized statistics into the model space, the class bias and the covariance.
 
     Args:
@@ -62,6 +63,7 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
             one per update): the updates hold statistics of ``y = clip_R(x − c)/R`` and are mapped back
             (:func:`_moments`).
         residual, located_share: where the variance the release cannot locate goes (:func:`covariance_estimate`).
+        rescale: the clip rescale g of a centred release (:func:`clip_rescale_factor`; 1 = none).
 
     Returns:
         float32 tensors in model space: ``space_mean`` [D], ``space_scale`` [] and ``class_bias``
@@ -70,7 +72,8 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
         ``residual_var`` [] and ``rank`` [] (int64): the covariance estimate
         ``cov_factor·cov_factorᵀ + residual_var·I`` (model space) of :func:`covariance_estimate`.
     """
-    mo = _moments(updates, noise_std, sums_std=sums_std, second_moment_std=second_moment_std, centring=centring)
+    mo = _moments(updates, noise_std, sums_std=sums_std, second_moment_std=second_moment_std, centring=centring,
+                  rescale=rescale)
     mean, scale, class_means = mo["mean"], torch.sqrt(mo["var"] / mo["mean"].shape[0]), mo["class_means"]
     out = {"space_mean": mean, "space_scale": scale, "class_bias": (class_means - mean) / scale}
     if mo["cov"] is not None:
@@ -81,13 +84,16 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
 
 
 def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *,
-             sums_std: float | None = None, second_moment_std: float = 0.0, centring=None) -> dict:
+             sums_std: float | None = None, second_moment_std: float = 0.0, centring=None,
+             rescale: float = 1.0) -> dict:
     """The DP first and second moments of a release in unit-sphere units (:func:`aggregate_class_stats`).
 
     ``centring``: None (uncentred release), one :class:`~fedhype.privacy.centring.Centring` for every
     update, or a list of them, one per update (client centres, :func:`fedhype.privacy.centring.client_centrings`).
     Each update's statistics of ``y = clip_R(x − c)/R`` are mapped back to the unit sphere before they
-    are pooled (:func:`_unit_sphere`).
+    are pooled (:func:`_unit_sphere`). ``rescale`` g ≥ 1 (:func:`clip_rescale_factor`, ``model.clip_rescale``)
+    maps them back with the radius g·R instead of R, undoing clipping's shrink toward the centre (the
+    noise levels below scale with it).
 
     Returns ``mean`` [D], ``var`` [] (total variance, clamped), ``class_means`` [K, D] float32;
     ``counts`` [K] (floored at ``counts_floor``, twice the count noise std),
@@ -111,7 +117,7 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     sums = counts = m2_sum = None
     all_m2 = True
     for u, cen in zip(updates, cens):
-        s_i, n_i, m2_i = _unit_sphere(u, cen)
+        s_i, n_i, m2_i = _unit_sphere(u, cen, rescale)
         sums, counts = (s_i.clone(), n_i.clone()) if sums is None else (sums.add_(s_i), counts.add_(n_i))
         all_m2 = all_m2 and m2_i is not None
         if all_m2:
@@ -119,7 +125,7 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
         del s_i, n_i, m2_i
     if sums is None:
         raise ValidationError("no client release to pool: the class statistics need at least one client")
-    radii = [1.0 if cen is None else float(cen.radius) for cen in cens]
+    radii = [1.0 if cen is None else float(cen.radius) * float(rescale) for cen in cens]
     n_noise = noise_factor * len(updates)  # pooled count noise variance in units of one release's
     # noise variance per coordinate of the pooled sums: R_i² × one release's, summed over the releases
     sums_noise_var = noise_factor * sums_std ** 2 * sum(r * r for r in radii)
@@ -143,24 +149,77 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     return out
 
 
-def _unit_sphere(update, centring) -> tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]:
+def _unit_sphere(update, centring, rescale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]:
     """One release's class sums [K, D], counts [K] and second moments [D, D] (or None) of the unit records, float64.
 
     A centred release holds the statistics of ``y = clip_R(x − c)/R``; with x = c + R·y (exact for the
     records inside the radius) they map back as Σx = n·c + R·Σy and Σxxᵀ = n·c cᵀ + R(c Σyᵀ + Σy cᵀ) + R²·Σyyᵀ
-    (n and Σy the noisy totals over the classes). Post-processing (:mod:`fedhype.privacy.centring`).
+    (n and Σy the noisy totals over the classes). ``rescale`` g puts g·R in place of R (x ≈ c + g·R·y:
+    :func:`clip_rescale_factor`). Post-processing (:mod:`fedhype.privacy.centring`).
     """
     s = update.tensors["class_sums"].to(torch.float64)
     n = update.tensors["class_counts"].to(torch.float64)
     m2 = update.tensors["second_moment"].to(torch.float64) if "second_moment" in update.tensors else None
     if centring is None:
         return s, n, m2
-    c, r = centring.centre.to(torch.float64), float(centring.radius)
+    c, r = centring.centre.to(torch.float64), float(centring.radius) * float(rescale)
     sums = n[:, None] * c + r * s
     if m2 is not None:
         sy = s.sum(0)
         m2 = (r * r) * m2 + r * (torch.outer(c, sy) + torch.outer(sy, c)) + float(n.sum()) * torch.outer(c, c)
     return sums, n, m2
+
+
+#: the largest clip rescale g (:func:`clip_rescale_factor`): a noisy trace must not inflate the statistics
+MAX_CLIP_RESCALE = 2.0
+
+
+def clip_rescale_factor(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", centring) -> float:
+    """The factor g ≥ 1 that undoes the clipping of a centred release, from the unit norms (ours).
+
+    A centred release clips each record's deviation from its centre c to the radius R
+    (:mod:`fedhype.privacy.centring`; ``κ = 0.8`` clips most records), so the moments mapped back with
+    x = c + R·y (:func:`_unit_sphere`) describe records pulled toward c: their covariance has a smaller
+    trace than the data's, and the class means lie nearer c. In D = 384 dimensions the deviations'
+    norms concentrate, so clipping is close to one common shrink x − c ↦ f·(x − c). The records are
+    unit vectors, so the mean of ‖x‖² is exactly 1; the g = 1/f that gives the mapped-back second
+    moments that trace solves
+
+        C·g² + 2B·g + (A − 1) = 0,  A = Σᵢ nᵢ‖cᵢ‖²/N,  B = Σᵢ Rᵢ cᵢᵀΣyᵢ/N,  C = Σᵢ Rᵢ² tr(Σyyᵀ)ᵢ/N
+
+    over the releases i (their noisy counts nᵢ, class sums summed over classes Σyᵢ, second-moment
+    traces; N = Σnᵢ). Clipping only shrinks, so g is kept in [1, :data:`MAX_CLIP_RESCALE`]; g = 1
+    where nothing was clipped, without a centred release, or where the noisy C is not positive.
+    Post-processing of DP outputs: no ε. g multiplies the noise on the class means too, which is why
+    ``model.clip_rescale`` is an option (docs/method.md, decision 19).
+
+    Args:
+        updates: the clients' releases (PrivatizedUpdate list) or the secure aggregate.
+        centring: None, one :class:`~fedhype.privacy.centring.Centring` or one per update.
+
+    Returns:
+        g (float).
+    """
+    ups = [updates] if type(updates) is PrivatizedAggregate else list(updates)
+    cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(ups)
+    if not ups or any(c is None for c in cens) or not all("second_moment" in u.tensors for u in ups):
+        return 1.0
+    a = b = c2 = total = 0.0
+    for u, cen in zip(ups, cens):
+        c, r = cen.centre.to(torch.float64), float(cen.radius)
+        n = float(u.tensors["class_counts"].to(torch.float64).sum())
+        sy = u.tensors["class_sums"].to(torch.float64).sum(0)
+        a += n * float(c @ c)
+        b += r * float(c @ sy)
+        c2 += r * r * float(torch.diagonal(u.tensors["second_moment"].to(torch.float64)).sum())
+        total += n
+    if total <= 0 or c2 <= 0:
+        return 1.0
+    a, b, c2 = a / total, b / total, c2 / total
+    disc = b * b - c2 * (a - 1.0)
+    if disc <= 0:
+        return 1.0
+    return float(min(max((-b + math.sqrt(disc)) / c2, 1.0), MAX_CLIP_RESCALE))
 
 
 def _gaussian(mo: dict, max_rank: int | None, residual: str = DEFAULT_RESIDUAL,
@@ -269,9 +328,11 @@ class ClipShift:
         pooled: :func:`_moments` of every client's release (with second moments).
         centrings: each client's :class:`~fedhype.privacy.centring.Centring`, in client order.
         counts: each client's DP class counts, float [K], in client order.
+        rescale: the clip rescale g the moments were mapped back with (:func:`clip_rescale_factor`):
+            a client's class mean is then c_i + g·E[clip_R(x − c_i)].
     """
 
-    def __init__(self, pooled: dict, centrings: list, counts: list[torch.Tensor]):
+    def __init__(self, pooled: dict, centrings: list, counts: list[torch.Tensor], rescale: float = 1.0):
         mu = pooled["class_means"].to(torch.float64)  # [K, D]
         cov, _ = _within_of(pooled)
         lam, vec = torch.linalg.eigh((cov + cov.T) / 2)
@@ -280,6 +341,7 @@ class ClipShift:
         z = torch.randn(CLIP_SHIFT_DRAWS, mu.shape[1], generator=g, dtype=torch.float64) @ root.T  # [S, D]
         self._draws = mu[:, None, :] + z[None]  # [K, S, D]
         self._mu = mu
+        self._rescale = float(rescale)
         total, weight = torch.zeros_like(mu), torch.zeros(mu.shape[0], dtype=torch.float64)
         for cen, n in zip(centrings, counts):
             w = n.to(torch.float64).clamp_min(0)
@@ -292,7 +354,7 @@ class ClipShift:
         c, r = centring.centre.to(torch.float64), float(centring.radius)
         dev = self._draws - c
         scale = torch.clamp(r / dev.norm(dim=2, keepdim=True).clamp_min(1e-300), max=1.0)
-        return (dev * scale).mean(1) + c - self._mu
+        return self._rescale * (dev * scale).mean(1) + c - self._mu
 
     def relative(self, centring) -> torch.Tensor:
         """b_i − b̄ [K, D] float64: what client i's clipping adds to its class means' deviation from the pool's."""
@@ -614,7 +676,7 @@ def apply_class_stats(hnet, stats: dict[str, torch.Tensor]) -> None:
 
 
 def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate], dp, weights,
-                       max_rank: int | None = None, centring=None) -> dict[str, float]:
+                       max_rank: int | None = None, centring=None, rescale: float = 1.0) -> dict[str, float]:
     """Set the client-statistics heads of ``hnet`` so that h(c_i) is client i's own DP Gaussian.
 
     After :func:`apply_class_stats` has set the base to the pooled statistics, client i's own release
@@ -638,6 +700,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         updates: the clients' PrivatizedUpdates of the release, in client order.
         dp, weights: the release settings (for the noise levels); max_rank: latent size L.
         centring: the release's centring: None, one for every client, or a list with each client's own.
+        rescale: the pool's clip rescale g (:func:`clip_rescale_factor`; 1 = none).
 
     Returns:
         ``{"clients": m, "exact": …}``: ``exact`` is True when the codes are linearly independent
@@ -650,12 +713,12 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
     with torch.no_grad():
         base_cb, base_wl = hnet.base["cb"].to(torch.float64), hnet.base["wl"].to(torch.float64)
         base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
-        pooled = release_moments(updates, dp, weights, centring)
+        pooled = release_moments(updates, dp, weights, centring, rescale)
         shrink = shrinkage_mode(getattr(cfg, "client_shrinkage", False))
         cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(updates)
         # client centres (each client clipped around its own): the "client" test discounts the clip shift
         distinct = len({id(cen) for cen in cens}) > 1 and all(cen is not None for cen in cens)
-        shifts = ClipShift(pooled, cens, [u.tensors["class_counts"] for u in updates]) \
+        shifts = ClipShift(pooled, cens, [u.tensors["class_counts"] for u in updates], rescale) \
             if shrink == "client" and distinct and pooled["cov"] is not None and dp.enabled and dp.noise_multiplier else None
         c = codes.detach().to(torch.float64)  # [m, code_dim]
         pinv = torch.linalg.pinv(c)  # [code_dim, m]
@@ -663,7 +726,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         for i, (u, cen) in enumerate(zip(updates, cens)):
             g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual,
                                 clip_shift=None if shifts is None else shifts.relative(cen),
-                                located_share=cfg.located_share)
+                                located_share=cfg.located_share, rescale=rescale)
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
             r = min(f.shape[1], L)
@@ -690,17 +753,17 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
     return {"clients": len(updates), "exact": int(torch.linalg.matrix_rank(c)) == len(updates)}
 
 
-def release_moments(updates, dp, weights, centring=None) -> dict:
+def release_moments(updates, dp, weights, centring=None, rescale: float = 1.0) -> dict:
     """:func:`_moments` of ``updates`` with the noise levels of the release settings (``dp``, ``weights``)."""
     std = release_noise(dp, weights)
     return _moments(updates, std["class_counts"], sums_std=std["class_sums"], second_moment_std=std["second_moment_offdiag"],
-                    centring=centring)
+                    centring=centring, rescale=rescale)
 
 
 def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_rank: int | None = None, *,
                     shrink: bool | str = True, centring=None, residual: str = DEFAULT_RESIDUAL,
                     clip_shift: "torch.Tensor | None" = None,
-                    located_share: float = 0.0) -> dict[str, torch.Tensor]:
+                    located_share: float = 0.0, rescale: float = 1.0) -> dict[str, torch.Tensor]:
     """Client ``update``'s own DP class-conditional Gaussian, unit-sphere units (float64).
 
     ``clip_shift`` (``"client"`` shrinkage only): :meth:`ClipShift.relative` of the client's centring,
@@ -709,13 +772,14 @@ def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_ran
     ``pooled``: :func:`release_moments` of every client's release. ``shrink`` (``model.client_shrinkage``):
     ``"class"`` (or True) first shrinks the client's moments toward the pooled ones class by class
     (:func:`shrink_toward`), ``"client"`` class by class from the client's signal variance (:func:`shrink_client`);
-    ``"none"`` (or False) keeps its own release alone (as :func:`pooled_stats` ``([update])``).
+    ``"none"`` (or False) keeps its own release alone (as :func:`pooled_stats` ``([update])``). ``rescale``:
+    the pool's clip rescale g (:func:`clip_rescale_factor`), applied to this client's release too.
 
     Returns ``class_means`` [K, D], ``cov_factor`` [D, r], ``residual_var`` [] (covariance
     ``cov_factor·cov_factorᵀ + residual_var·I``) and, with ``shrink``, ``mean_shrinkage`` [K] and
     ``cov_shrinkage`` [] (the James–Stein factors, 1 = the client's own estimate).
     """
-    mo = release_moments([update], dp, weights, centring)
+    mo = release_moments([update], dp, weights, centring, rescale)
     mode = shrinkage_mode(shrink)
     if mode not in SHRINKAGE:
         raise ValidationError(f"model.client_shrinkage must be one of {sorted(SHRINKAGE)} (or true/false), got {shrink!r}")
@@ -738,12 +802,13 @@ def release_noise(dp, weights) -> dict[str, float]:
 
 
 def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | None = None,
-                 centring=None, residual: str = DEFAULT_RESIDUAL, located_share: float = 0.0) -> dict[str, torch.Tensor]:
+                 centring=None, residual: str = DEFAULT_RESIDUAL, located_share: float = 0.0,
+                 rescale: float = 1.0) -> dict[str, torch.Tensor]:
     """:func:`aggregate_class_stats` with the noise levels of the release settings (``dp``, ``weights``)."""
     std = release_noise(dp, weights)
     return aggregate_class_stats(updates, std["class_counts"], sums_std=std["class_sums"],
                                  second_moment_std=std["second_moment_offdiag"], max_rank=max_rank, centring=centring,
-                                 residual=residual, located_share=located_share)
+                                 residual=residual, located_share=located_share, rescale=rescale)
 
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
@@ -822,6 +887,7 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
             budget_check(pending)
         charge(ledger, pending, ledger_path)
     rank_cap, residual, share = server.cfg.latent, server.cfg.residual, server.cfg.located_share
+    rescaled = bool(getattr(server.cfg, "clip_rescale", False))
     parts = getattr(server, "servers", None)
     if distributed is not None:
         if parts is not None:
@@ -832,7 +898,8 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
                                                         distributed), radius)
         agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed, centring=cen)
                           for c in clients], distributed)
-        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap, cen, residual, share))  # the server sees the sum only
+        g = clip_rescale_factor(agg, cen) if rescaled else 1.0
+        apply_class_stats(server.hnet, pooled_stats(agg, dp, weights, rank_cap, cen, residual, share, g))  # the sum only
         return None
     if kept is not None:  # a resume: the updates the clients released before the interruption (charged then)
         centres, updates = kept
@@ -855,11 +922,13 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
         for s, u, cen in zip(parts, updates, cens):
-            apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap, cen, residual, share))
+            g = clip_rescale_factor([u], cen) if rescaled else 1.0
+            apply_class_stats(s.hnet, pooled_stats([u], dp, weights, rank_cap, cen, residual, share, g))
     else:
-        apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap, cens, residual, share))
+        g = clip_rescale_factor(updates, cens) if rescaled else 1.0
+        apply_class_stats(server.hnet, pooled_stats(updates, dp, weights, rank_cap, cens, residual, share, g))
         if server.hnet.cfg.client_heads:  # h(c_i) = client i's own DP Gaussian
-            apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens)
+            apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens, g)
     return counts
 
 

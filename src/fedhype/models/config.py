@@ -152,6 +152,14 @@ class ModelConfig:
             and coverage at ε = 4 / 8 from ≈ 0.01 to 0.36–0.65 and 0.50–0.81 on the digits test split, for
             TSTR −0.018 / −0.005 (ours) and −0.050 / −0.004 (the release alone) and recall 0.87–0.91 →
             0.40–0.44 (benchmarks/results/located_share_test.md; validation: residual_tradeoff.md).
+        clip_rescale: with a centred release, map its statistics back as if clipping had shrunk every record's
+            deviation from its centre by one common factor, the one that gives the unit records their exact mean
+            ‖x‖² = 1 (:func:`fedhype.federated.class_stats.clip_rescale_factor`; post-processing, no ε). An
+            option, off by default (docs/method.md, decision 19): with secure aggregation at ε = 8 it lifts
+            validation TSTR of the release alone by +0.022 (digits) and +0.014 (all 70,000 Fashion-MNIST
+            images) and of ours by +0.014 on digits (+0.001 on all 70,000 images), but where the class means
+            are noisy (ε = 1 on the smaller sets) it costs 0.011–0.023, because it scales their noise up with
+            them (benchmarks/results/release_defaults.md, "clip rescale").
     """
 
     dim: int
@@ -174,6 +182,7 @@ class ModelConfig:
     client_shrinkage: bool | str = "client"
     residual: str = DEFAULT_RESIDUAL
     located_share: float = 0.0
+    clip_rescale: bool = False
 
     @property
     def linear_path(self) -> bool:
@@ -208,6 +217,8 @@ class ModelConfig:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= float(share) <= 1.0:
             raise ValidationError(f"model.located_share must be a number in [0, 1], got {share!r}")
         self.located_share = float(share)
+        if not isinstance(self.clip_rescale, bool):
+            raise ValidationError(f"model.clip_rescale must be true or false, got {self.clip_rescale!r}")
         self.mmd_bandwidths = tuple(float(b) for b in self.mmd_bandwidths)
 
     def to_dict(self) -> dict:
