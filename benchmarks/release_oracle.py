@@ -6,9 +6,12 @@ setting (L = 128, 3,000 synthetic per class, residual latent; ``docs/method.md``
 moments (the release at ε), against the same model built from the **exact, unclipped** class means and total
 covariance of the training records (no noise, no clipping: not a private method, a bound). Neutral code (the pooled
 Gaussian), TSTR of a linear probe on the **validation** split. The exact moments replace the pooled ones inside
-:func:`fedhype.federated.class_stats._moments` (a monkeypatch for this diagnostic only).
+:func:`fedhype.federated.class_stats._moments` (a monkeypatch for this diagnostic only). Two more columns: the
+release with ``model.clip_rescale = true`` (``docs/method.md`` decision 19), and the same model built by the job
+without DP (``train.no_dp``: no centring, no clipping, no noise; its ``model.residual = "auto"`` is ``"located"``
+there), the bound a Gaussian of this size reaches from the records' own statistics.
 
-    .venv/bin/python benchmarks/release_oracle.py              # ε = 1 / 4, seeds 0 1 2 (about 6 min alone)
+    .venv/bin/python benchmarks/release_oracle.py              # ε = 1 / 4 / 1000, seeds 0 1 2 (about 5 min alone)
 
 Writes ``benchmarks/results/release_oracle.{json,md}``.
 """
@@ -27,10 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 SETTING = {"method": "dp-gaussian", "latent": 128, "per_class": 3000, "residual": "latent"}
+MODES = ("release", "rescaled", "exact", "no DP")
 
 
 def exact_moments(store, part):
-    """The training records' exact class means [K, D] and total covariance [D, D] on the unit sphere (float64)."""
+    """The training records' exact class means [K, D], mean [D] and total covariance [D, D] on the unit sphere (float64)."""
     import torch
 
     from fedhype.eval.inputs import as_matrix
@@ -39,13 +43,13 @@ def exact_moments(store, part):
     x = as_matrix(tr).to(torch.float64)
     x = x / x.norm(dim=1, keepdim=True)
     means = torch.stack([x[tr.labels == k].mean(0) for k in range(store.n_classes)])
-    return means, x.T @ x / len(x) - torch.outer(x.mean(0), x.mean(0))
+    return means, x.mean(0), x.T @ x / len(x) - torch.outer(x.mean(0), x.mean(0))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--epsilons", nargs="+", default=["1", "4"])
+    ap.add_argument("--epsilons", nargs="+", default=["1", "4", "1000"])  # 1000: the clip alone (noise negligible)
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args()
 
@@ -61,19 +65,24 @@ def main() -> None:
     rows = []
     for seed in a.seeds:
         part = make(seed)
-        means, cov = exact_moments(store, part)
+        means, mean, cov = exact_moments(store, part)
 
         def exact(updates, *args, **kw):  # the pooled moments (every client's release) only
             out = original(updates, *args, **kw)
             if isinstance(updates, list) and len(updates) > 1:
-                out.update(class_means=means.to(torch.float32), sums_noise_var=0.0, cov=cov.clone(), offdiag_var=0.0)
+                # every first and second moment exact (the global mean and total variance too: class means
+                # measured from the release's clipped mean would add a spurious between-class direction)
+                out.update(class_means=means.to(torch.float32), mean=mean.to(torch.float32), sums_noise_var=0.0,
+                           var=torch.trace(cov).to(torch.float32), cov=cov.clone(), offdiag_var=0.0)
             return out
 
         for eps in a.epsilons:
-            for mode in ("release", "exact"):
+            for mode in MODES:
                 class_stats._moments = exact if mode == "exact" else original
+                setting = {**SETTING, **({"clip_rescale": True} if mode == "rescaled" else {})}
                 try:
-                    acc = val_tstr(store, part, dict(SETTING), eps, seed, CONFIGS["fashion-full"])
+                    acc = val_tstr(store, part, setting, "none" if mode == "no DP" else eps, seed,
+                                   CONFIGS["fashion-full"])
                 finally:
                     class_stats._moments = original
                 rows.append({"eps": eps, "mode": mode, "seed": seed, "val_tstr": acc})
@@ -85,10 +94,11 @@ def main() -> None:
              f"(`configs/fashion-mnist-full.toml`); `dp-gaussian` with L = 128, 3,000 synthetic per class, residual "
              f"latent, neutral code, per-client releases; seeds {a.seeds} (partition seed = noise seed); TSTR of a linear "
              "probe scored on the **validation** split_", "",
-             "| ε | release (DP, clipped) | exact unclipped moments, same model (no privacy: a bound) |", "|---|---|---|"]
+             "| ε | release (DP, clipped) | release, `model.clip_rescale` | exact unclipped moments in the DP "
+             "path's model (no privacy) | the job without DP, same L and samples (no privacy: a bound) |", "|---|---|---|---|---|"]
     for eps in a.epsilons:
-        by = {m: [r["val_tstr"] for r in rows if r["eps"] == eps and r["mode"] == m] for m in ("release", "exact")}
-        lines.append(f"| {eps} | {cell(by['release'])} | {cell(by['exact'])} |")
+        by = {m: [r["val_tstr"] for r in rows if r["eps"] == eps and r["mode"] == m] for m in MODES}
+        lines.append(f"| {eps} | " + " | ".join(cell(by[m]) for m in MODES) + " |")
     md = "\n".join(lines) + "\n"
     out = Path(a.results)
     (out / "release_oracle.md").write_text(md)
