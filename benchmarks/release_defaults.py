@@ -35,7 +35,9 @@ The test split is not read. Grids:
 
 * undoing the clip's shrink (``model.clip_rescale``, :func:`fedhype.federated.class_stats.clip_rescale_factor`):
   off vs on for ``dp-gaussian`` per client and under secure aggregation on the three datasets at ε = 1 / 4 / 8,
-  and for ours on digits and (secure aggregation, ε = 8) on all 70,000 images.
+  and for ours on digits and (secure aggregation, ε = 8) on all 70,000 images;
+* per client at ε = 1 on all 70,000 images: ``second_moment_share`` ∈ {0.15, 0.3, 0.45} × κ ∈ {0.5, 0.65, 0.8,
+  1.0, 1.3} for ``dp-gaussian`` at the job's size (both were chosen on the digits job).
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
 already there or in the committed ``benchmarks/results/release_defaults.json``. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
@@ -134,6 +136,11 @@ GRID: list[tuple[str, str, dict]] = (
        for sa in (False, True) for e in ("1", "4", "8") for cr in (False, True)]
     + [("clip rescale", "8", {"dataset": "fashion-full", **_JOB_SIZE["fashion-full"], "secure_aggregation": True,
                               "clip_rescale": cr}) for cr in (False, True)]
+    # per client at ε = 1 on all 70,000 images (issue #19's 0.80): the second moment's share and the clip radius κ
+    # of the release alone at the job's size, the two settings chosen on the digits job
+    + [("share and radius, scale", "1", {"dataset": "fashion-full", "method": "dp-gaussian", **_JOB_SIZE["fashion-full"],
+                                         "second_moment_share": sh, "release_radius": k})
+       for sh in (0.15, 0.3, 0.45) for k in (0.5, 0.65, 0.8, 1.0, 1.3)]
 )
 
 
@@ -249,7 +256,8 @@ def main() -> None:
                 "method = dp-gaussian, centre_share = 0.06, release_radius = 0.8, release_centre = pooled"}
     for (grid, eps, lab), v in groups.items():
         cell = f"{st.fmean(v):.3f} ± {st.stdev(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
-        shown = f"**{lab}**" if lab.replace(", centre_share = 0.0", "") in defaults or "second_moment_share = 0.3" in lab \
+        shown = f"**{lab}**" if lab.replace(", centre_share = 0.0", "") in defaults \
+            or ("second_moment_share = 0.3" in lab and (grid != "share and radius, scale" or "radius = 0.8" in lab)) \
             or lab.endswith("release_centre = client, residual = isotropic") or lab.endswith("residual = latent") \
             or (grid == "DP-SGD share" and lab.endswith("class_stats_share = 0.95")) \
             or lab.endswith("clip_rescale = False") \
