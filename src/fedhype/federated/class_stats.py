@@ -108,9 +108,7 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
             if type(u) is not PrivatizedUpdate:
                 raise TypeError(f"class statistics must arrive as PrivatizedUpdate or PrivatizedAggregate, got {type(u).__name__}")
         noise_factor = 1.0  # independent releases: each adds one release's noise variance to the pooled sums
-    cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(updates)
-    if len(cens) != len(updates):
-        raise ValidationError(f"{len(cens)} centrings for {len(updates)} client releases")
+    cens = _per_release(centring, len(updates))
     sums_std = noise_std if sums_std is None else float(sums_std)
     # running sums over the releases, one client's float64 copy at a time: memory is flat in the number
     # of clients (benchmarks/clients_scaling.py), not one [D, D] float64 matrix per client
@@ -147,6 +145,18 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
         out["cov"] = m2_sum / float(total) - torch.outer(mean, mean)
         out["offdiag_var"] = noise_factor * float(second_moment_std) ** 2 * sum(r ** 4 for r in radii) / float(total) ** 2
     return out
+
+
+def _per_release(centring, n: int) -> list:
+    """The centring of each of ``n`` releases: ``centring`` repeated (None or one Centring) or its list as is.
+
+    Raises:
+        ValidationError: a list whose length is not ``n``.
+    """
+    cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * n
+    if len(cens) != n:
+        raise ValidationError(f"{len(cens)} centrings for {n} client releases")
+    return cens
 
 
 def _unit_sphere(update, centring, rescale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]:
@@ -201,7 +211,7 @@ def clip_rescale_factor(updates: "list[PrivatizedUpdate] | PrivatizedAggregate",
         g (float).
     """
     ups = [updates] if type(updates) is PrivatizedAggregate else list(updates)
-    cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(ups)
+    cens = _per_release(centring, len(ups))
     if not ups or any(c is None for c in cens) or not all("second_moment" in u.tensors for u in ups):
         return 1.0
     a = b = c2 = total = 0.0
@@ -715,7 +725,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
         pooled = release_moments(updates, dp, weights, centring, rescale)
         shrink = shrinkage_mode(getattr(cfg, "client_shrinkage", False))
-        cens = list(centring) if isinstance(centring, (list, tuple)) else [centring] * len(updates)
+        cens = _per_release(centring, len(updates))
         # client centres (each client clipped around its own): the "client" test discounts the clip shift
         distinct = len({id(cen) for cen in cens}) > 1 and all(cen is not None for cen in cens)
         shifts = ClipShift(pooled, cens, [u.tensors["class_counts"] for u in updates], rescale) \
