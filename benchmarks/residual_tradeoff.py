@@ -12,23 +12,38 @@ what lies between, on the **validation** split (the test split is not read):
 * ``0.95 from 6 pooled directions`` (recorded rows only): the rule briefly chosen from the first three
   seeds' rows as ``"auto"``'s and reverted (docs/method.md, decision 16);
 * ``mix f``: a fraction f of the synthetic set drawn from the ``"located"`` model, the rest from the
-  default one (both trained with the same seed, so the same release noise).
+  default one (both trained with the same seed, so the same release noise);
+* ``share s, clip rescale``: as ``share s``, trained with ``model.clip_rescale = true`` (docs/method.md,
+  decision 19), which lowers the unlocated variance itself (chosen only with ``--settings``).
 
 Ours (``fedhypevae``, the job's ``mixture`` code, 300 per class, every other default) on the bundled
 digits job and ``configs/fashion-mnist.toml`` at ε = 1 / 4 / 8, 3 seeds (partition seed = train seed =
 synthesis seed = seed). Scores against the validation split: TSTR (linear probe), precision,
 coverage, recall (PRDC, k = 5) and MMD² (the evaluation's RBF kernel, median bandwidth).
 
-Each finished (dataset, ε, seed) is appended to ``runs/bench-residual-tradeoff/rows.jsonl``; a rerun
-skips those. Writes ``benchmarks/results/residual_tradeoff.{json,md}`` and prints the table.
+Each finished (dataset, ε, seed) is appended to ``runs/bench-residual-tradeoff/rows.jsonl`` (which starts from
+the committed table's rows on a fresh checkout); a rerun skips those, and ``--rerun`` measures the chosen
+settings again with the current code. Each row carries the day it was measured; the table shows it. Writes
+``benchmarks/results/residual_tradeoff.{json,md}`` and prints the table.
 
     .venv/bin/python benchmarks/residual_tradeoff.py     # 2 datasets × 3 ε × 3 seeds × 6 trainings (~60 min on 1 core)
+    .venv/bin/python benchmarks/residual_tradeoff.py --epsilons 4 8 --seeds 0 1 2 3 4 5 --rerun \
+        --settings "share 0" "share 0.8" "share 0, clip rescale" "share 0.8, clip rescale"   # the 2026-12-05 rows
 
 What it showed (docs/method.md, decision 16): on the first three seeds s = 0.95 seemed free for ours
 (mean TSTR at ε ≥ 4 over both sets 0.764, as s = 0) and was briefly the default from 6 pooled directions;
 three more digits seeds (``--seeds 3 4 5``) and the release alone (``--method dp-gaussian``) showed its
 TSTR cost (ours digits ε = 4: −0.009 over six seeds; the release alone −0.038), as did the test split
 (benchmarks/results/located_share_test.md). The default stays s = 0; ``model.located_share`` is an option.
+
+Measured again on 2026-12-05 with the code of that day (6 seeds for ours, 3 for the release alone; the other
+rows are the 2026-12-03 code's): s = 0.8 at ε = 8 gives ours precision / coverage 0.48 / 0.61 (digits) and
+0.36 / 0.38 (Fashion-MNIST) for TSTR +0.005 / +0.001, and the release alone 0.45 / 0.41 and 0.43 / 0.44 for
++0.001 / +0.005; at ε = 4 it stays below 0.3 and costs digits TSTR (ours −0.004, the release −0.017). With
+``model.clip_rescale`` precision and coverage rise further (ours at ε = 8: 0.65 / 0.86 and 0.39 / 0.52,
+TSTR +0.002 / +0.004) but the release alone loses on digits (−0.005 at ε = 8, −0.035 at ε = 4). On the test
+split (benchmarks/results/option-located-share-0.8.md) s = 0.8 is level with the default at ε = 8 and costs
+TSTR at ε = 4 on digits.
 """
 
 from __future__ import annotations
@@ -52,6 +67,11 @@ PER_CLASS = 300
 #: rows recorded while ``"auto"`` had share 0.95 once the pooled release resolved 6 directions (0 below: at
 #: ε = 1 here), reverted to s = 0 (docs/method.md, decision 16); they read as share 0 at ε = 1, 0.95 at ε = 4 / 8
 GATED = "0.95 from 6 pooled directions"
+#: the suffix of a setting trained with ``model.clip_rescale = true`` (docs/method.md, decision 19)
+RESCALE = "clip rescale"
+RESCALE_SHARES = (0.0, 0.5, 0.8)
+#: the day every row recorded without a date was measured
+FIRST_DATE = "2026-12-03"
 
 
 def scores(syn, val, seed: int) -> dict:
@@ -87,13 +107,15 @@ def rows_of(name: str, eps: str, seed: int, store, part, config, settings: list[
     for setting in settings:
         if not setting.startswith("share"):
             continue
-        cfg = train_config(resolve(config, sets + [f"model.located_share={float(setting.split()[1])}"]))
+        share, _, rest = setting.partition(", ")  # "share s" or "share s, clip rescale"
+        extra = ["model.clip_rescale=true"] if rest == RESCALE else []
+        cfg = train_config(resolve(config, sets + [f"model.located_share={float(share.split()[1])}"] + extra))
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             train(store, part, cfg, Path(tmp) / "run", diagnostics=False)
             syns[setting] = synthesize(Path(tmp) / "run", code, per_class=PER_CLASS, seed=seed)
         out.append({"dataset": name, "method": method, "eps": eps, "seed": seed, "setting": setting,
-                    "seconds": time.perf_counter() - t0, **scores(syns[setting], val, seed)})
+                    "date": str(datetime.date.today()), "seconds": time.perf_counter() - t0, **scores(syns[setting], val, seed)})
         print(f"{name} ε={eps} seed {seed} {setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in out[-1].items()
                                                                 if isinstance(v, float)), flush=True)
     if "share 0" in syns and "share 1" in syns:
@@ -104,7 +126,8 @@ def rows_of(name: str, eps: str, seed: int, store, part, config, settings: list[
             emb = torch.where(take_loc[:, None], loc.embeddings, base.embeddings)
             assert torch.equal(base.labels, loc.labels)
             mixed = dataclasses.replace(base, embeddings=emb)
-            out.append({"dataset": name, "method": method, "eps": eps, "seed": seed, "setting": f"mix {f:g}", "seconds": 0.0,
+            out.append({"dataset": name, "method": method, "eps": eps, "seed": seed, "setting": f"mix {f:g}",
+                        "date": str(datetime.date.today()), "seconds": 0.0,
                         **scores(mixed, val, seed)})
     return out
 
@@ -117,6 +140,8 @@ def main() -> None:
     ap.add_argument("--method", default="fedhypevae", choices=["fedhypevae", "dp-gaussian"],
                     help="ours (mixture code) or the release alone (neutral code); rows of both are tabulated")
     ap.add_argument("--settings", nargs="+", default=None, help="a subset of the settings (default: all)")
+    ap.add_argument("--rerun", action="store_true",
+                    help="measure the chosen settings again with the current code, replacing their recorded rows")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args()
 
@@ -127,14 +152,26 @@ def main() -> None:
     torch.set_num_threads(1)
     log = ROOT / "runs" / "bench-residual-tradeoff" / "rows.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
-    recorded = [json.loads(x) for x in (log.read_text().splitlines() if log.exists() else [])]
-    for r in recorded:
+    committed = Path(a.results) / "residual_tradeoff.json"
+    merged: dict = {}  # the committed table's rows, then this machine's log (a row measured again replaces one)
+    for r in ((json.loads(committed.read_text())["rows"] if committed.exists() else [])
+              + [json.loads(x) for x in (log.read_text().splitlines() if log.exists() else [])]):
         r.setdefault("method", "fedhypevae")  # rows recorded before --method existed
+        r.setdefault("date", FIRST_DATE)  # rows recorded before rows carried their date
         if r["setting"] == "auto":  # the rule briefly the default (0.95 from 6 pooled directions), then reverted
             r["setting"] = GATED
+        merged[(r["dataset"], r["method"], r["eps"], r["seed"], r["setting"])] = r
+    recorded = list(merged.values())
+    settings = ([f"share {s:g}" for s in SHARES] + [f"mix {f:g}" for f in MIXES] + [GATED]
+                + [f"share {s:g}, {RESCALE}" for s in RESCALE_SHARES])
+    if a.settings is not None and not set(a.settings) <= set(settings):
+        ap.error(f"unknown setting(s) {sorted(set(a.settings) - set(settings))}; the settings are {settings}")
+    wanted = [x for x in (a.settings or [x for x in settings if RESCALE not in x]) if x != GATED]  # recorded only: the code no longer has that rule
+    if a.rerun:  # drop the chosen rows' records; the loop below measures them again with the current code
+        again = {(d, a.method, e, s, x) for d in a.datasets for e in a.epsilons for s in a.seeds for x in wanted}
+        recorded = [r for r in recorded if (r["dataset"], r["method"], r["eps"], r["seed"], r["setting"]) not in again]
+    log.write_text("".join(json.dumps(r) + "\n" for r in recorded))  # the whole record, so the log alone suffices
     done = {(r["dataset"], r["method"], r["eps"], r["seed"], r["setting"]) for r in recorded}
-    settings = [f"share {s:g}" for s in SHARES] + [f"mix {f:g}" for f in MIXES] + [GATED]
-    wanted = [x for x in (a.settings or settings) if x != GATED]  # recorded only: the code no longer has that rule
     t0, ran = time.perf_counter(), 0
     for name in a.datasets:
         todo = [(e, s, [x for x in wanted if (name, a.method, e, s, x) not in done]) for e in a.epsilons for s in a.seeds]
@@ -150,7 +187,7 @@ def main() -> None:
             with log.open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
             recorded += rows
-    keep = [r for r in recorded if r["dataset"] in a.datasets]  # every recorded ε, seed and method
+    keep = recorded  # every recorded dataset, ε, seed and method (a call on one dataset keeps the others' rows)
     groups: dict = {}
     for r in keep:
         groups.setdefault((r["dataset"], r["method"], r["eps"], r["setting"]), []).append(r)
@@ -166,14 +203,16 @@ def main() -> None:
              f"{sorted({r['seed'] for r in keep})}; scored on the **validation** split (the test split is not "
              "read). `share s`: s of the unlocated variance on the located spikes (0 = the rule before this benchmark, "
              "1 = `model.residual = \"located\"`); `mix f`: a fraction f of the samples from the share-1 model, the rest "
-             "from the share-0 one; `0.95 from 6 pooled directions`: the rule briefly the default, recorded rows only_", "",
-             "| dataset | method | target ε | setting | " + " | ".join(c if c != "mmd2" else "MMD²" for c in cols) + " | seeds |",
-             "|---|---|---|---|" + "---|" * (len(cols) + 1)]
+             "from the share-0 one; `0.95 from 6 pooled directions`: the rule briefly the default, recorded rows only; `, clip rescale`: "
+             "trained with `model.clip_rescale = true`; `measured`: the day(s) the code of that row ran_", "",
+             "| dataset | method | target ε | setting | " + " | ".join(c if c != "mmd2" else "MMD²" for c in cols)
+             + " | seeds | measured |",
+             "|---|---|---|---|" + "---|" * (len(cols) + 2)]
     order = {x: i for i, x in enumerate(settings)}
     for (name, method, eps, setting), rs in sorted(groups.items(), key=lambda kv: (
-            a.datasets.index(kv[0][0]), kv[0][1] != "fedhypevae", float(kv[0][2]), order[kv[0][3]])):
+            ("digits", "fashion").index(kv[0][0]), kv[0][1] != "fedhypevae", float(kv[0][2]), order[kv[0][3]])):
         lines.append(f"| {name} | {method} | {eps} | {setting} | " + " | ".join(cell([r[c] for r in rs]) for c in cols)
-                     + f" | {len(rs)} |")
+                     + f" | {len(rs)} | {' / '.join(sorted({r['date'] for r in rs}))} |")
     md = "\n".join(lines) + "\n"
     out = Path(a.results)
     out.mkdir(parents=True, exist_ok=True)
