@@ -106,3 +106,24 @@ def test_the_header_names_every_machine_the_rows_ran_on():
     other = "x86_64 CPU, 16 cores"
     note = mod.machines_note([{"machine": other}] * 3 + [{}], "2 processes × 1 thread")
     assert note == f"rows from 3 on {other}; 1 on {mod.LEGACY_MACHINE}"
+
+
+def test_option_test_table_regenerates_from_its_pairs_and_pairs_by_cell():
+    """benchmarks/option_test.py: the committed located-share table is its own output from the pairs it keeps;
+    each option row sits beside the grid row of the same (method, ε, seed), and a cell the grid lacks is refused."""
+    mod = _module("option_test")
+    saved = json.loads((RESULTS / "option-located-share-0.8.json").read_text())
+    md = (RESULTS / "option-located-share-0.8.md").read_text()
+    assert mod.table(saved["pairs"], saved["label"]) in md
+    grid = json.loads(mod.grid_file("digits").read_text())["rows"]
+    for p in saved["pairs"]:
+        o, g = p["option"], p["grid"]
+        assert (o["method"], o["eps_target"], o["seed"]) == (g["method"], g["eps_target"], g["seed"])
+        assert o["extra"] == ["model.located_share=0.8"] and not g.get("extra")
+        if p["dataset"] == "digits":  # the kept grid row is the committed grid's row
+            assert g in grid
+    digits8 = [p for p in saved["pairs"] if p["dataset"] == "digits" and p["option"]["method"] == "fedhypevae"
+               and p["option"]["eps_target"] == "8"]
+    assert "| digits | fedhypevae | 8 | 0.776 ± 0.007 | 0.777 ± 0.017 |" in mod.table(digits8, saved["label"])
+    with pytest.raises(SystemExit, match="no row for"):
+        mod.pairs("digits", [{**saved["pairs"][0]["option"], "seed": 99}], grid)
