@@ -151,7 +151,10 @@ class ModelConfig:
             ``"located"``). For users who need samples on the data's manifold: s = 0.95 lifts precision
             and coverage at ε = 4 / 8 from ≈ 0.01 to 0.36–0.65 and 0.50–0.81 on the digits test split, for
             TSTR −0.018 / −0.005 (ours) and −0.050 / −0.004 (the release alone) and recall 0.87–0.91 →
-            0.40–0.44 (benchmarks/results/located_share_test.md; validation: residual_tradeoff.md).
+            0.40–0.44 (benchmarks/results/located_share_test.md; validation: residual_tradeoff.md). s = 0.8
+            is free at ε = 8: precision / coverage 0.48 / 0.61 (digits) and 0.37 / 0.55 (Fashion-MNIST) on the
+            test split for TSTR +0.001 / +0.001 (ours), but it costs digits TSTR at ε = 4 (−0.016;
+            benchmarks/results/option-located-share-0.8.md).
         clip_rescale: with a centred release, map its statistics back as if clipping had shrunk every record's
             deviation from its centre by one common factor, the one that gives the unit records their exact mean
             ‖x‖² = 1 (:func:`fedhype.federated.class_stats.clip_rescale_factor`; post-processing, no ε). An
