@@ -74,6 +74,11 @@ RESCALE_SHARES = (0.0, 0.5, 0.8)
 FIRST_DATE = "2026-12-03"
 
 
+def _key(row: dict) -> tuple:
+    """What identifies a recorded row: (dataset, method, target ε, seed, setting)."""
+    return row["dataset"], row["method"], row["eps"], row["seed"], row["setting"]
+
+
 def scores(syn, val, seed: int) -> dict:
     """TSTR, PRDC and MMD² of a synthetic store against the validation store."""
     import numpy as np
@@ -160,7 +165,7 @@ def main() -> None:
         r.setdefault("date", FIRST_DATE)  # rows recorded before rows carried their date
         if r["setting"] == "auto":  # the rule briefly the default (0.95 from 6 pooled directions), then reverted
             r["setting"] = GATED
-        merged[(r["dataset"], r["method"], r["eps"], r["seed"], r["setting"])] = r
+        merged[_key(r)] = r
     recorded = list(merged.values())
     settings = ([f"share {s:g}" for s in SHARES] + [f"mix {f:g}" for f in MIXES] + [GATED]
                 + [f"share {s:g}, {RESCALE}" for s in RESCALE_SHARES])
@@ -169,9 +174,9 @@ def main() -> None:
     wanted = [x for x in (a.settings or [x for x in settings if RESCALE not in x]) if x != GATED]  # recorded only: the code no longer has that rule
     if a.rerun:  # drop the chosen rows' records; the loop below measures them again with the current code
         again = {(d, a.method, e, s, x) for d in a.datasets for e in a.epsilons for s in a.seeds for x in wanted}
-        recorded = [r for r in recorded if (r["dataset"], r["method"], r["eps"], r["seed"], r["setting"]) not in again]
+        recorded = [r for r in recorded if _key(r) not in again]
     log.write_text("".join(json.dumps(r) + "\n" for r in recorded))  # the whole record, so the log alone suffices
-    done = {(r["dataset"], r["method"], r["eps"], r["seed"], r["setting"]) for r in recorded}
+    done = {_key(r) for r in recorded}
     t0, ran = time.perf_counter(), 0
     for name in a.datasets:
         todo = [(e, s, [x for x in wanted if (name, a.method, e, s, x) not in done]) for e in a.epsilons for s in a.seeds]
