@@ -151,6 +151,8 @@ GRID: list[tuple[str, str, dict]] = (
                                     "located_share": 0.5, "clip_rescale": True}) for e in ("1", "8")]
     + [("located share, scale", e, {"dataset": "fashion-full", **_JOB_SIZE["fashion-full"], "located_share": s})
        for e in ("1", "4", "8") for s in (0.0, 0.5)]
+    + [("located share, scale", "1", {"dataset": "fashion-full", **_JOB_SIZE["fashion-full"], "secure_aggregation": True,
+                                      "located_share": s}) for s in (0.0, 0.5)]
 )
 
 
