@@ -390,9 +390,105 @@ def test_located_share_sets_every_clients_gaussian_and_bad_values_are_refused(re
     f = want["cov_factor"].to(torch.float64) * want["space_scale"].to(torch.float64)
     torch.testing.assert_close(neutral, f @ f.T + float(want["residual_var"]) * float(want["space_scale"]) ** 2 * eye,
                                atol=1e-5, rtol=1e-4)
-    for bad in (-0.1, 1.5, "half", True):
+    assert ModelConfig(dim=8, n_classes=2, latent=4).located_share == "auto"  # the default
+    for bad in (-0.1, 1.5, "half", True, "Auto"):
         with pytest.raises(ValidationError, match="model.located_share"):
             ModelConfig(dim=8, n_classes=2, latent=4, located_share=bad)
+
+
+def _toy_moments(noise_var: float, records: float = 10.0, spikes: int = 5) -> dict:
+    """Two classes at ±e₀ in D = 32 with ``records`` each: B = e₀e₀ᵀ, t² = noise_var/records², F = 1 − 32·t²; a total
+    covariance with ``spikes`` unit eigenvalues on e₁… (far above the noise edge 2√(vD)·1.05 = 0.12) and e₀e₀ᵀ."""
+    dim = 32
+    means = torch.zeros(2, dim, dtype=torch.float64)
+    means[0, 0], means[1, 0] = 1.0, -1.0
+    cov = torch.zeros(dim, dim, dtype=torch.float64)
+    cov[0, 0] = 1.0
+    cov[range(1, spikes + 1), range(1, spikes + 1)] = 1.0
+    return {"mean": torch.zeros(dim), "class_means": means, "counts": torch.full((2,), records),
+            "sums_noise_var": noise_var, "cov": cov, "var": float(torch.trace(cov)), "offdiag_var": 1e-4}
+
+
+def test_auto_located_share_is_0_8_exactly_where_the_class_means_are_precise_and_the_release_is_small():
+    """``model.located_share = "auto"``: F = 1 − D·t²/tr B of the pooled class means (Efron & Morris 1973) against the
+    threshold 0.94, at most 20 located directions, 0 without DP noise and from 2,000 DP records per class; numbers
+    pass through."""
+    from fedhype.federated.class_stats import class_mean_snr, located_rank, resolve_located_share
+    from fedhype.models.config import (AUTO_LOCATED_SHARE, AUTO_SHARE_MAX_LOCATED, AUTO_SHARE_MAX_RECORDS_PER_CLASS,
+                                       AUTO_SHARE_MIN_SNR)
+
+    assert (AUTO_LOCATED_SHARE, AUTO_SHARE_MIN_SNR, AUTO_SHARE_MAX_LOCATED, AUTO_SHARE_MAX_RECORDS_PER_CLASS) == \
+        (0.8, 0.94, 20, 2000)
+    v = lambda f, n=10.0: (1.0 - f) * n * n / 32  # the noise variance of the class sums that gives F = f
+    for f in (0.96, 0.94, 0.92, 0.2):
+        assert class_mean_snr(_toy_moments(v(f))) == pytest.approx(f, abs=1e-12), f
+    assert resolve_located_share("auto", _toy_moments(v(0.96))) == 0.8
+    assert resolve_located_share("auto", _toy_moments(v(0.942))) == 0.8
+    assert resolve_located_share("auto", _toy_moments(v(0.938))) == 0.0
+    assert resolve_located_share("auto", _toy_moments(0.0)) == 0.0  # no DP noise: F = 1, but nothing to share
+    # located directions: e₀'s variance is the (subtracted) between-class part, so r = the spikes
+    for k, want in ((20, 0.8), (21, 0.0)):
+        mo = _toy_moments(v(0.96), spikes=k)
+        assert located_rank(mo["cov"] - 0.96 * torch.diag(torch.eye(32, dtype=torch.float64)[0]), 1e-4) == k
+        assert resolve_located_share("auto", mo) == want, k
+        assert resolve_located_share("auto", mo, max_rank=16) == 0.8  # r is capped at L, as the model's
+    # at scale (2,000 DP records per class and more) none, however precise the means; just below, the share
+    assert resolve_located_share("auto", _toy_moments(v(0.96, 2000.0), records=2000.0)) == 0.0
+    assert resolve_located_share("auto", _toy_moments(v(0.96, 1999.0), records=1999.0)) == 0.8
+    for s in (0.0, 0.5, 1.0):
+        assert resolve_located_share(s, _toy_moments(v(0.96))) == s
+
+
+@pytest.mark.parametrize("sigma, share", [(0.03, 0.8), (0.1, 0.0)])
+def test_auto_located_share_gives_every_client_the_pools_share_and_the_run_records_it(real_store, part, tmp_path,
+                                                                                     sigma, share):
+    """Real releases: at σ = 0.03 the pooled class means are precise (F ≥ 0.94) and every client's Gaussian and the
+    pooled one take s = 0.8 (F = 0.96); at σ = 0.1 they are not (F = 0.69, 4 located spikes) and take 0. The stage
+    records the share and F it chose from."""
+    from fedhype.federated.class_stats import class_mean_snr, client_gaussian, release_moments
+
+    cfg = TrainConfig(model={**SMALL, "latent": 64, "client_shrinkage": "none", "located_share": "auto"}, seed=0)
+    server, clients, dp, weights, _ = _stage(real_store, part, tmp_path, cfg, sigma=sigma)
+    hnet = server.hnet
+    assert hnet.cfg.located_share == "auto"
+    updates = [c.release_class_stats(real_store.n_classes, dp, weights) for c in clients]  # seeded: the same noise
+    pooled = release_moments(updates, dp, weights)
+    f = class_mean_snr(pooled)
+    assert (f >= 0.94) == (share > 0), f
+    assert {k: server.release_notes[k] for k in ("located_share", "class_mean_snr")} == \
+        {"located_share": share, "class_mean_snr": round(f, 6)}
+    assert server.release_notes["located_directions"] == int(pooled_stats(updates, dp, weights, 64)["rank"]) <= 20
+    eye = torch.eye(real_store.dim, dtype=torch.float64)
+    for i, u in enumerate(updates):
+        with torch.no_grad():
+            _, cov = _moments(hnet(server.codes[i]), hnet.space())
+        g = client_gaussian(u, pooled, dp, weights, 64, shrink="none", located_share=share)
+        torch.testing.assert_close(cov, g["cov_factor"] @ g["cov_factor"].T + float(g["residual_var"]) * eye,
+                                   atol=1e-5, rtol=1e-4)
+    with torch.no_grad():
+        _, neutral = _moments(hnet(server.codes[0], client_stats=False), hnet.space())
+    for s in (share, 0.8 - share):  # the pooled Gaussian has this share, not the other
+        want = pooled_stats(updates, dp, weights, 64, located_share=s)
+        fw = want["cov_factor"].to(torch.float64) * want["space_scale"].to(torch.float64)
+        close = torch.allclose(neutral, fw @ fw.T + float(want["residual_var"]) * float(want["space_scale"]) ** 2 * eye,
+                               atol=1e-5, rtol=1e-4)
+        assert close == (s == share), s
+
+
+def test_a_run_records_the_located_share_it_used_in_its_release_and_model(real_store, tmp_path):
+    """``release.json`` and the model's metadata carry the share ``"auto"`` chose and F (public: from DP outputs)."""
+    part = make_partition(real_store, scheme="domain", seed=0)
+    cfg = TrainConfig(method="dp-gaussian", epsilon=8.0, seed=0, model=SMALL)
+    train(real_store, part, cfg, tmp_path / "run", diagnostics=False)
+    import json
+
+    notes = json.loads((tmp_path / "run" / RELEASE_FILE).read_text())
+    _, _, meta = load_model(tmp_path / "run")
+    assert meta["model"]["located_share"] == "auto"
+    assert 0.0 < notes["class_mean_snr"] <= 1.0
+    assert notes["located_share"] == (0.8 if notes["class_mean_snr"] >= 0.94 and notes["located_directions"] <= 20 else 0.0)
+    keys = ("located_share", "class_mean_snr", "located_directions")
+    assert {k: meta[k] for k in keys} == {k: notes[k] for k in keys}
 
 
 def test_paule_mandel_root_is_james_stein_for_equal_noise_and_solves_its_equation():

@@ -155,3 +155,26 @@ def test_held_out_figures_that_rise_over_the_rounds_are_said_in_the_report():
     assert better["worse"] is False and "worse" not in _trend_sentence(better)
     assert held_out_trend([row(0, 1.0, 0.1)]) is None and _trend_sentence(None) == ""
     assert held_out_trend([{"round": 0}, {"round": 1}]) is None  # runs without diagnostics
+
+
+def test_the_report_says_which_located_share_the_release_used(real_store, tmp_path):
+    """``model.located_share = "auto"`` resolves from the release (docs/method.md, decision 16): the run records the share,
+    F and r in release.json, and the report's Synthetic line says them; a run without them says nothing."""
+    from fedhype.data.partition import make_partition
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import train
+    from fedhype.pipeline.report import _release_choices, _share_clause
+
+    part = make_partition(real_store, scheme="domain", seed=0)
+    train(real_store, part, TrainConfig(method="dp-gaussian", epsilon=8.0, seed=0), tmp_path / "run", diagnostics=False)
+    notes = json.loads((tmp_path / "run" / "release.json").read_text())
+    got = _release_choices(tmp_path / "run")
+    assert got == {k: notes[k] for k in ("located_share", "class_mean_snr", "located_directions")}
+    assert got["located_share"] in (0.0, 0.8) and 0 < got["located_directions"] <= 64
+    assert got["located_share"] == (0.8 if got["class_mean_snr"] >= 0.94 and got["located_directions"] <= 20 else 0.0)
+    clause = _share_clause(got)
+    assert clause.startswith(f"; located share s = {got['located_share']:g} of the unlocated variance")
+    assert f"F = {got['class_mean_snr']:.3f}, {got['located_directions']} located directions" in clause
+    (tmp_path / "bare").mkdir()
+    assert _release_choices(tmp_path / "bare") is None and _share_clause(None) == ""
+    assert _share_clause({"located_share": [0.8, 0.0]}) == ""  # local-cvae: one per client, not one line

@@ -305,7 +305,9 @@ def release_statistics(state: RunState) -> None:
                                            outputs=run.root / "ckpt" / RELEASE_OUTPUTS,
                                            reuse_outputs=_release_charged(state.ledger, clients, cfg))
             # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
-            atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts})
+            # and the release's post-processing choices (model.located_share = "auto" resolved, from F)
+            atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts,
+                                                        **getattr(server, "release_notes", {})})
             saved.parent.mkdir(parents=True, exist_ok=True)
             atomic_save_tensors(saved, server.state_tensors())  # the model set from the release (public DP outputs)
         for i, c in enumerate(clients):
@@ -567,7 +569,11 @@ def _write_model(state: RunState, rounds_done: int | None = None) -> None:
             "data_keys": [c.key for c in partition.clients], "embedding": plan.resolved["store"].get("provenance")}
     release = run.root / RELEASE_FILE
     if release.exists():
-        counts = read_json(release, "release outputs").get("client_class_counts")
+        outputs = read_json(release, "release outputs")
+        counts = outputs.get("client_class_counts")
         if counts is not None:
             meta["client_class_counts"] = counts  # DP counts [m][K]: per-class weights of a mixture
+        for k in ("located_share", "class_mean_snr", "located_directions"):  # model.located_share = "auto"'s choice, F, r
+            if k in outputs:
+                meta[k] = outputs[k]
     save_model(run.model, server.hnet, server.codes, meta)

@@ -80,7 +80,7 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
         (a dropout beyond t, a client that refused the protocol): nothing after the failing step is
         charged or released.
     """
-    from fedhype.federated.class_stats import MECHANISM, apply_class_stats, clip_rescale_factor, pooled_stats
+    from fedhype.federated.class_stats import MECHANISM, apply_class_stats, clip_rescale_factor, pooled_stats, release_notes
     from fedhype.privacy import centring as centring_mod
     from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
     from fedhype.privacy.events import skellam_release_events
@@ -117,8 +117,9 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
             cen = centring_mod.centring_from(agg, radius)
     dp_stats = DPConfig(plans[-1].noise_multiplier, RELEASE_SENSITIVITY, enabled=True)
     g = clip_rescale_factor(agg, cen) if getattr(server.cfg, "clip_rescale", False) else 1.0
-    apply_class_stats(server.hnet, pooled_stats(agg, dp_stats, weights, server.cfg.latent, cen, server.cfg.residual,
-                                                server.cfg.located_share, g))
+    stats = pooled_stats(agg, dp_stats, weights, server.cfg.latent, cen, server.cfg.residual, server.cfg.located_share, g)
+    apply_class_stats(server.hnet, stats)
+    server.release_notes = release_notes(stats)
     return None
 
 

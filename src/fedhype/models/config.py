@@ -37,6 +37,31 @@ SCALE_LATENT = 128
 #: release alone +0.005 / +0.004 / +0.004 on all 70,000 (4,200 per class), but ours −0.011 / −0.008 /
 #: +0.005 on the bundled digits (about 410 per class). Only those two sizes bracket the threshold.
 SCALE_RECORDS_PER_CLASS = 500
+#: ``ModelConfig.located_share = "auto"`` (the default): the share s put on the located spikes where the DP class means
+#: are precise (:data:`AUTO_SHARE_MIN_SNR`), the release locates few directions (:data:`AUTO_SHARE_MAX_LOCATED`) and it
+#: is not at scale (:data:`AUTO_SHARE_MAX_RECORDS_PER_CLASS`);
+#: 0 elsewhere and without DP (:func:`fedhype.federated.class_stats.resolve_located_share`, docs/method.md decision 16)
+AUTO_LOCATED_SHARE = 0.8
+#: the pooled class means' James–Stein factor F (:func:`fedhype.federated.class_stats.class_mean_snr`) from which
+#: ``located_share = "auto"`` is :data:`AUTO_LOCATED_SHARE`. Validation splits (benchmarks/results/release_defaults.md,
+#: "located share, auto"; residual_tradeoff.md): s = 0.8 cost TSTR where F ≤ 0.90 (digits ε = 1 / 4 per client), was
+#: level where F ≈ 0.93 (Fashion-MNIST ε = 1 with secure aggregation) and level or better from F ≈ 0.946 (Fashion-MNIST
+#: ε = 4, both sets at ε = 8, digits ε = 4 / 8 with secure aggregation); 0.94 keeps the F ≈ 0.93 cells at 0
+AUTO_SHARE_MIN_SNR = 0.94
+#: the most covariance directions the release may locate (r, :func:`fedhype.federated.class_stats.covariance_estimate`)
+#: for ``located_share = "auto"`` to be :data:`AUTO_LOCATED_SHARE`: the more directions are located, the more signal
+#: the next eigenvectors that take the unlocated variance carry. Validation (same rows): s = 0.8 gained or was level at
+#: r ≤ 17 (digits with secure aggregation at ε = 8: +0.014 for ours; Fashion-MNIST at ε = 4: level) and cost at r = 27
+#: (Fashion-MNIST with secure aggregation at ε = 8: ours −0.005, the release alone −0.007)
+AUTO_SHARE_MAX_LOCATED = 20
+#: the release's DP records per class (pooled counts over the number of classes) from which ``located_share = "auto"``
+#: is 0: on all 70,000 Fashion-MNIST images (about 4,200 per class, F ≥ 0.989) no share helped ours at every ε
+#: (validation: 0.5 gave −0.006 at ε = 4 and −0.004 with secure aggregation at ε = 1; benchmarks/results/
+#: release_defaults.md, "located share, scale"), while Fashion-MNIST's 10,000 images (about 600) gained. Only those
+#: two sizes bracket it.
+AUTO_SHARE_MAX_RECORDS_PER_CLASS = 2000
+#: default ``ModelConfig.located_share``
+DEFAULT_LOCATED_SHARE = "auto"
 
 
 def resolve_latent(latent: int | str, dim: int, private: bool, records_per_class: float | None = None) -> int:
@@ -147,14 +172,16 @@ class ModelConfig:
             where the release resolves at least half of an L ≤ 64 latent, ``"latent"`` otherwise
             (:func:`fedhype.federated.class_stats.covariance_estimate`).
         located_share: where ``residual`` is (or ``"auto"`` resolves to) ``"latent"``, the share s ∈ [0, 1]
-            of the unlocated variance first put on the located spikes (0: none, the default; 1 is
-            ``"located"``). For users who need samples on the data's manifold: s = 0.95 lifts precision
-            and coverage at ε = 4 / 8 from ≈ 0.01 to 0.36–0.65 and 0.50–0.81 on the digits test split, for
-            TSTR −0.018 / −0.005 (ours) and −0.050 / −0.004 (the release alone) and recall 0.87–0.91 →
-            0.40–0.44 (benchmarks/results/located_share_test.md; validation: residual_tradeoff.md). s = 0.8
-            is free at ε = 8: precision / coverage 0.48 / 0.61 (digits) and 0.37 / 0.55 (Fashion-MNIST) on the
-            test split for TSTR +0.001 / +0.001 (ours), but it costs digits TSTR at ε = 4 (−0.016;
-            benchmarks/results/option-located-share-0.8.md).
+            of the unlocated variance first put on the located spikes (0: none; 1 is ``"located"``), or
+            ``"auto"`` (the default): s = :data:`AUTO_LOCATED_SHARE` (0.8) where the release's pooled class means
+            are precise (James–Stein factor F ≥ :data:`AUTO_SHARE_MIN_SNR`, 0.94) and it holds fewer than
+            :data:`AUTO_SHARE_MAX_RECORDS_PER_CLASS` DP records per class and locates at most
+            :data:`AUTO_SHARE_MAX_LOCATED` covariance directions, else 0
+            (:func:`fedhype.federated.class_stats.resolve_located_share`; the share used and F are in the run's
+            ``release.json`` and model metadata). s = 0.8 puts samples on the data's manifold (precision and
+            coverage ≈ 0.01 → 0.3–0.5) at no TSTR cost where F is high, and costs TSTR where the class means are
+            noisy (digits ε = 4, F ≈ 0.89: −0.016 on the test split) (docs/method.md, decision 16;
+            benchmarks/results/release_defaults.md, "located share, auto"; residual_tradeoff.md).
         clip_rescale: with a centred release, map its statistics back as if clipping had shrunk every record's
             deviation from its centre by one common factor, the one that gives the unit records their exact mean
             ‖x‖² = 1 (:func:`fedhype.federated.class_stats.clip_rescale_factor`; post-processing, no ε). An
@@ -184,7 +211,7 @@ class ModelConfig:
     client_stats: bool = True
     client_shrinkage: bool | str = "client"
     residual: str = DEFAULT_RESIDUAL
-    located_share: float = 0.0
+    located_share: float | str = DEFAULT_LOCATED_SHARE
     clip_rescale: bool = False
 
     @property
@@ -217,9 +244,10 @@ class ModelConfig:
         if self.residual not in RESIDUALS:
             raise ValidationError(f"model.residual must be one of {list(RESIDUALS)}, got {self.residual!r}")
         share = self.located_share
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= float(share) <= 1.0:
-            raise ValidationError(f"model.located_share must be a number in [0, 1], got {share!r}")
-        self.located_share = float(share)
+        if share != "auto":
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= float(share) <= 1.0:
+                raise ValidationError(f"model.located_share must be \"auto\" or a number in [0, 1], got {share!r}")
+            self.located_share = float(share)
         if not isinstance(self.clip_rescale, bool):
             raise ValidationError(f"model.clip_rescale must be true or false, got {self.clip_rescale!r}")
         self.mmd_bandwidths = tuple(float(b) for b in self.mmd_bandwidths)

@@ -98,6 +98,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "n_real": len(store), "n_test": ev.get("n_real"), "dim": store.dim, "encoder": store.meta.get("encoder"),
         "n_synthetic": len(syn), "code": syn.meta.get("code"), "codes_note": syn.meta.get("codes_note"),
         "anchor": syn.meta.get("anchor", "off"),
+        "release_choices": _release_choices(out / "run"),
         "timings_s": timings, "traffic": trained.get("traffic"),
         "held_out_not_dp": held_out_trend(metrics),
         "report": str(out / "report.md"), "plots": [str(plots / "projection.png"), str(plots / "training.png")],
@@ -107,6 +108,27 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     atomic_write_json(out / "report.json", strict_json(report))
     atomic_write_text(out / "report.md", _markdown(report, ev, conf))
     return report
+
+
+def _release_choices(run: Path) -> dict[str, Any] | None:
+    """The statistics release's post-processing choices the run recorded (``release.json``: the located share
+    ``model.located_share`` used, the class means' James–Stein factor F and the located directions r;
+    :func:`fedhype.federated.class_stats.release_notes`), or None (no release, or a run before they were recorded)."""
+    path = run / "release.json"
+    if not path.exists():
+        return None
+    notes = read_json(path, "release outputs")
+    kept = {k: notes[k] for k in ("located_share", "class_mean_snr", "located_directions") if k in notes}
+    return kept or None
+
+
+def _share_clause(c: dict[str, Any] | None) -> str:
+    """``; located share s = 0.8 (…)`` for the report's Synthetic line, or "" (docs/method.md, decision 16)."""
+    if not c or "located_share" not in c or isinstance(c["located_share"], list):
+        return ""
+    f, r = c.get("class_mean_snr"), c.get("located_directions")
+    why = f" (class-mean James–Stein factor F = {f:.3f}, {r} located directions)" if f is not None and r is not None else ""
+    return f"; located share s = {c['located_share']:g} of the unlocated variance on the located directions{why}"
 
 
 def _trend_sentence(t: dict | None) -> str:
@@ -378,7 +400,8 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         *([f"Secure aggregation: {r['secure_aggregation']['trust']}.", ""] if r.get("secure_aggregation") else []),
         f"Synthetic: {r['n_synthetic']} embeddings from code `{r['code']}`"
         + (f" ({r['codes_note']})" if r.get("codes_note") else "")
-        + (f"; class means anchored: {r['anchor']}" if r.get("anchor", "off") != "off" else "") + ".", "",
+        + (f"; class means anchored: {r['anchor']}" if r.get("anchor", "off") != "off" else "")
+        + _share_clause(r.get("release_choices")) + ".", "",
         *(["| client | ledger id | ε (at δ) |", "|---|---|---|", *eps_rows, ""] if r["private"] and eps_rows else []),
         "## Fidelity (synthetic vs held-out real test embeddings, L2-normalised)", "",
         "| MMD² | p-value | FD | precision | recall | density | coverage |", "|---|---|---|---|---|---|---|",
