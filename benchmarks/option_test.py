@@ -4,7 +4,9 @@ An option that the validation benchmarks favour (for instance ``model.located_sh
 ``benchmarks/residual_tradeoff.py``) is run once through the utility grid's own jobs with ``--set`` into a
 separate folder; this puts each of those rows beside the committed grid row of the same method, target ε
 and seed (the default settings), so the option's test-split cost or gain is read per seed, not only in the
-mean. Nothing is chosen here: the test split only reports what validation chose.
+mean. Nothing is chosen here: the test split only reports what validation chose. (``model.located_share = 0.8``
+later became part of the default, ``"auto"``, where the release's class means are precise: in those cells the
+grid's rows now are this slice's rows; tests/benchmarks/test_readme_tables.py checks it.)
 
     .venv/bin/python benchmarks/utility.py --dataset digits --methods fedhypevae dp-gaussian --epsilons 4 8 \\
         --set model.located_share=0.8 --out runs/bench-share08-digits

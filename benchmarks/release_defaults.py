@@ -37,7 +37,12 @@ The test split is not read. Grids:
   off vs on for ``dp-gaussian`` per client and under secure aggregation on the three datasets at ε = 1 / 4 / 8,
   and for ours on digits and (secure aggregation, ε = 8) on all 70,000 images;
 * per client at ε = 1 on all 70,000 images: ``second_moment_share`` ∈ {0.15, 0.3, 0.45} × κ ∈ {0.5, 0.65, 0.8,
-  1.0, 1.3} for ``dp-gaussian`` at the job's size (both were chosen on the digits job).
+  1.0, 1.3} for ``dp-gaussian`` at the job's size (both were chosen on the digits job);
+* the share of the unlocated variance on the located spikes (``model.located_share``): at scale (0 / 0.3 / 0.5 /
+  0.65 / 0.8, "located share, scale") and, for the rule ``"auto"`` (0.8 where the pooled class means' James–Stein
+  factor F ≥ 0.94, :func:`fedhype.federated.class_stats.resolve_located_share`), 0 vs 0.8 at the job's size on
+  digits and Fashion-MNIST per client and under secure aggregation ("located share, auto"; the rows with no
+  ``located_share`` ran before ``"auto"`` became the default, with s = 0).
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
 already there or in the committed ``benchmarks/results/release_defaults.json``. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
@@ -153,15 +158,38 @@ GRID: list[tuple[str, str, dict]] = (
        for e in ("1", "4", "8") for s in (0.0, 0.5)]
     + [("located share, scale", "1", {"dataset": "fashion-full", **_JOB_SIZE["fashion-full"], "secure_aggregation": True,
                                       "located_share": s}) for s in (0.0, 0.5)]
+    # model.located_share = "auto" (0.8 where the pooled class means' James–Stein factor F ≥ 0.94, below 2,000 DP
+    # records per class): s = 0 against 0.8 at the job's size in the cells the rule decides, the release alone and ours
+    # (the job's code: mixture per client, neutral under secure aggregation), per client (ours at ε = 4 / 8, where
+    # residual_tradeoff.py measured ε = 1 at 300 per class) and under secure aggregation, whose pooled release is less
+    # noisy (F 0.96 / 0.99 at digits ε = 4 / 8, 0.93 at Fashion-MNIST ε = 1)
+    + [("located share, auto", e, {"dataset": d, "method": m, **_JOB_SIZE[d], "secure_aggregation": sa,
+                                   **({"code": "mixture"} if m == "fedhypevae" and not sa else {}), "located_share": s})
+       for d in ("digits", "fashion") for sa in (False, True) for m in ("dp-gaussian", "fedhypevae")
+       for e in (("4", "8") if m == "fedhypevae" and not sa else ("1", "4", "8")) for s in (0.0, 0.8)]
 )
 
 
+#: grids whose rows also record precision, coverage and F (the table shows precision / coverage beside TSTR)
+WITH_PRDC = ("located share, auto",)
+
+
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
-    """Validation-split TSTR of one training run (300 per class unless ``per_class`` is overridden, L =
-    :data:`PINNED_LATENT` unless ``latent`` is; the neutral code unless ``code`` is)."""
+    """Validation-split TSTR of one training run (:func:`val_scores`)."""
+    return val_scores(store, part, overrides, eps, seed, config, with_prdc=False)["val_tstr"]
+
+
+def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, with_prdc: bool = True) -> dict:
+    """Validation-split TSTR, precision and coverage (PRDC, k = 5) of one training run (300 per class unless
+    ``per_class`` is overridden, L = :data:`PINNED_LATENT` unless ``latent`` is; the neutral code unless ``code``
+    is; ``model.located_share = 0`` unless ``located_share`` is: every row before ``"auto"`` became the default ran
+    with 0), and the pooled class means' James–Stein factor F of its release (``class_mean_snr``, None without one)."""
+    import json
+
     import numpy as np
 
     from fedhype.eval.inputs import as_matrix
+    from fedhype.eval.prdc import prdc
     from fedhype.eval.utility import Probe
     from fedhype.federated.engine import train
     from fedhype.pipeline.config import resolve, train_config
@@ -175,6 +203,7 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> 
     code = overrides.pop("code", "neutral")
     per_class = int(overrides.pop("per_class", 300))
     overrides.setdefault("latent", PINNED_LATENT)
+    overrides.setdefault("located_share", 0.0)
     t = overrides.pop("within_class_min_snr", 0.9)
     class_stats.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
@@ -184,10 +213,15 @@ def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> 
     cfg = train_config(resolve(config, sets))
     with tempfile.TemporaryDirectory() as tmp:
         train(store, part, cfg, Path(tmp) / "run", diagnostics=False)
+        release = Path(tmp) / "run" / "release.json"
+        snr = json.loads(release.read_text()).get("class_mean_snr") if release.exists() else None
         syn = synthesize(Path(tmp) / "run", code, per_class=per_class, seed=seed)
     val = part.split_store(store, "val")
     probe = Probe(store.n_classes).fit(as_matrix(syn).numpy(), syn.labels.numpy())
-    return float(np.mean(probe.predict(as_matrix(val).numpy()) == val.labels.numpy()))
+    pr = prdc(as_matrix(val), as_matrix(syn)) if with_prdc else {"precision": None, "coverage": None}
+    return {"val_tstr": float(np.mean(probe.predict(as_matrix(val).numpy()) == val.labels.numpy())),
+            "precision": pr["precision"] and float(pr["precision"]), "coverage": pr["coverage"] and float(pr["coverage"]),
+            "class_mean_snr": snr}
 
 
 def data(name: str):
@@ -247,16 +281,23 @@ def main() -> None:
                     loaded[name] = data(name)
                 if name not in parts:
                     parts[name] = loaded[name][1](seed)
-                acc = val_tstr(loaded[name][0], parts[name], ov, eps, seed, CONFIGS[name])
+                sc = val_scores(loaded[name][0], parts[name], ov, eps, seed, CONFIGS[name], with_prdc=grid in WITH_PRDC)
+                acc = sc["val_tstr"]
                 ran += 1
-                done[key] = {"grid": grid, "eps": eps, "overrides": ov, "seed": seed, "val_tstr": acc}
+                done[key] = {"grid": grid, "eps": eps, "overrides": ov, "seed": seed, "val_tstr": acc,
+                             # precision / coverage shown for the grids that choose by them (the earlier rows lack them)
+                             **({k: sc[k] for k in ("precision", "coverage", "class_mean_snr")} if grid in WITH_PRDC else {})}
                 with log.open("a") as f:
                     f.write(json.dumps(done[key]) + "\n")
                 print(f"{grid} ε={eps} {label(ov)} seed {seed}: TSTR-val {acc:.3f}", flush=True)
             rows.append(done[key])
     groups: dict = {}
+    prdc: dict = {}  # the rows that also scored precision / coverage against the validation split (PRDC, k = 5)
     for r in rows:
-        groups.setdefault((r["grid"], r["eps"], label(r["overrides"])), []).append(r["val_tstr"])
+        key = (r["grid"], r["eps"], label(r["overrides"]))
+        groups.setdefault(key, []).append(r["val_tstr"])
+        if "precision" in r:
+            prdc.setdefault(key, []).append((r["precision"], r["coverage"]))
     lines = [f"_{datetime.date.today()}, {platform.machine()} CPU, one process × 1 thread; `benchmarks/release_defaults.py` "
              f"({ran} rows run by this call in {time.perf_counter() - t0:.0f} s, the others recorded in {log.relative_to(ROOT)}); "
              f"bundled digits job (configs/fashion-mnist.toml where a row says dataset = fashion, "
@@ -268,6 +309,9 @@ def main() -> None:
                 "method = dp-gaussian, centre_share = 0.06, release_radius = 0.8, release_centre = pooled"}
     for (grid, eps, lab), v in groups.items():
         cell = f"{st.fmean(v):.3f} ± {st.stdev(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
+        if (grid, eps, lab) in prdc:
+            pc = prdc[(grid, eps, lab)]
+            cell += f" (precision / coverage {st.fmean(p for p, _ in pc):.2f} / {st.fmean(c for _, c in pc):.2f})"
         shown = f"**{lab}**" if lab.replace(", centre_share = 0.0", "") in defaults \
             or ("second_moment_share = 0.3" in lab and (grid != "share and radius, scale" or "radius = 0.8" in lab)) \
             or lab.endswith("release_centre = client, residual = isotropic") or lab.endswith("residual = latent") \

@@ -34,7 +34,7 @@ What it showed (docs/method.md, decision 16): on the first three seeds s = 0.95 
 (mean TSTR at ε ≥ 4 over both sets 0.764, as s = 0) and was briefly the default from 6 pooled directions;
 three more digits seeds (``--seeds 3 4 5``) and the release alone (``--method dp-gaussian``) showed its
 TSTR cost (ours digits ε = 4: −0.009 over six seeds; the release alone −0.038), as did the test split
-(benchmarks/results/located_share_test.md). The default stays s = 0; ``model.located_share`` is an option.
+(benchmarks/results/located_share_test.md), and the default went back to s = 0.
 
 Measured again on 2026-12-05 with the code of that day (6 seeds for ours, 3 for the release alone; the other
 rows are the 2026-12-03 code's): s = 0.8 at ε = 8 gives ours precision / coverage 0.48 / 0.61 (digits) and
@@ -43,7 +43,10 @@ rows are the 2026-12-03 code's): s = 0.8 at ε = 8 gives ours precision / covera
 ``model.clip_rescale`` precision and coverage rise further (ours at ε = 8: 0.65 / 0.86 and 0.39 / 0.52,
 TSTR +0.002 / +0.004) but the release alone loses on digits (−0.005 at ε = 8, −0.035 at ε = 4). On the test
 split (benchmarks/results/option-located-share-0.8.md) s = 0.8 is level with the default at ε = 8 and costs
-TSTR at ε = 4 on digits.
+TSTR at ε = 4 on digits. These rows, with benchmarks/release_defaults.py's "located share, auto" grid,
+chose ``model.located_share = "auto"`` (the default since 2026-12-05: 0.8 where the pooled class means' James–Stein
+factor F ≥ 0.94 and the release locates ≤ 20 directions; docs/method.md, decision 16). Every row here sets its share
+explicitly.
 """
 
 from __future__ import annotations

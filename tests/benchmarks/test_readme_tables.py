@@ -115,24 +115,27 @@ def test_option_test_table_regenerates_from_its_pairs_and_pairs_by_cell():
     saved = json.loads((RESULTS / "option-located-share-0.8.json").read_text())
     md = (RESULTS / "option-located-share-0.8.md").read_text()
     assert mod.table(saved["pairs"], saved["label"]) in md
-    grid = json.loads(mod.grid_file("digits").read_text())["rows"]
+    grids = {d: json.loads(mod.grid_file(d).read_text())["rows"] for d in ("digits", "fashion")}
+    grid = grids["digits"]
     figures = ("tstr_accuracy", "mmd2", "precision", "coverage", "epsilon")
     changed = 0
     for p in saved["pairs"]:
         o, g = p["option"], p["grid"]
         assert (o["method"], o["eps_target"], o["seed"]) == (g["method"], g["eps_target"], g["seed"])
         assert o["extra"] == ["model.located_share=0.8"] and not g.get("extra")
-        if p["dataset"] == "digits" and g not in grid:
+        if g not in grids[p["dataset"]]:
             # the kept grid row is the committed grid's row, unless the default changed that cell since: where
-            # model.located_share = "auto" resolves to 0.8 (digits ε = 8, docs/method.md decision 16) the grid's job
+            # model.located_share = "auto" resolves to 0.8 (digits ε = 8, Fashion-MNIST ε = 4 / 8; docs/method.md
+            # decision 16) the grid's job
             # now is the option's job, so its row has the option row's figures (MMD² to float rounding: the kernel sums
             # ran with another thread count)
-            now = next(r for r in grid if (r["method"], r["eps_target"], r["seed"]) == (o["method"], o["eps_target"], o["seed"]))
+            now = next(r for r in grids[p["dataset"]]
+                       if (r["method"], r["eps_target"], r["seed"]) == (o["method"], o["eps_target"], o["seed"]))
             assert {k: now[k] for k in figures} == pytest.approx({k: o[k] for k in figures}, rel=1e-5, abs=0), \
                 (o["method"], o["eps_target"], o["seed"])
             assert now["tstr_accuracy"] == o["tstr_accuracy"] and now["precision"] == o["precision"]
             changed += 1
-    assert changed == 6  # ours and the release alone at ε = 8, 3 seeds each
+    assert changed == 6 + 12  # ours and the release alone, 3 seeds each: digits at ε = 8, Fashion-MNIST at ε = 4 / 8
     digits8 = [p for p in saved["pairs"] if p["dataset"] == "digits" and p["option"]["method"] == "fedhypevae"
                and p["option"]["eps_target"] == "8"]
     assert "| digits | fedhypevae | 8 | 0.776 ± 0.007 | 0.777 ± 0.017 |" in mod.table(digits8, saved["label"])
