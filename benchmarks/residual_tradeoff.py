@@ -8,7 +8,7 @@ almost every sample off the data's manifold: precision and coverage (Naeem et al
 what lies between, on the **validation** split (the test split is not read):
 
 * ``share s``: a share s of the unlocated variance goes along the located spikes, the rest as
-  ``"latent"`` (``model.located_share`` = s; s = 0 is the default, s = 1 is ``"located"``);
+  ``"latent"`` (``model.located_share`` = s, set explicitly; s = 0 was the default until 2026-12-05, s = 1 is ``"located"``);
 * ``0.95 from 6 pooled directions`` (recorded rows only): the rule briefly chosen from the first three
   seeds' rows as ``"auto"``'s and reverted (docs/method.md, decision 16);
 * ``mix f``: a fraction f of the synthetic set drawn from the ``"located"`` model, the rest from the

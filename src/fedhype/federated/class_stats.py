@@ -662,7 +662,9 @@ def covariance_estimate(cov: torch.Tensor, total_variance: float, noise_var: flo
       ``"latent"``; s = 1 is ``"located"``. Ours at s = 0.95, digits test split, 3 seeds
       (benchmarks/results/located_share_test.md): precision / coverage 0.008 / 0.012 → 0.366 / 0.499 at
       ε = 4 and 0.018 / 0.032 → 0.645 / 0.813 at ε = 8, TSTR −0.018 / −0.005, recall 0.87 / 0.91 →
-      0.44 / 0.40 (the release alone: TSTR −0.050 / −0.004). Not the default (docs/method.md, decision 16).
+      0.44 / 0.40 (the release alone: TSTR −0.050 / −0.004). ``model.located_share = "auto"`` (the default)
+      is s = 0.8 where the class means are precise and few directions are located, else 0
+      (:func:`resolve_located_share`, docs/method.md decision 16); this function takes the resolved number.
 
     * ``"auto"`` (the default): ``"located"`` when the release resolves at least half the latent
       directions (r ≥ :data:`fedhype.models.config.AUTO_LOCATED_FRACTION` · ``max_rank``; always without DP, where r =
