@@ -807,13 +807,14 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         distinct = len({id(cen) for cen in cens}) > 1 and all(cen is not None for cen in cens)
         shifts = ClipShift(pooled, cens, [u.tensors["class_counts"] for u in updates], rescale) \
             if shrink == "client" and distinct and pooled["cov"] is not None and dp.enabled and dp.noise_multiplier else None
+        share = resolve_located_share(cfg.located_share, pooled, max_rank)  # the pool's, once for every client
         c = codes.detach().to(torch.float64)  # [m, code_dim]
         pinv = torch.linalg.pinv(c)  # [code_dim, m]
         w = None  # [P, code_dim] = Yᵀ C⁺ᵀ = Σ_i y_i ⊗ C⁺[:, i], accumulated one client at a time (flat in m)
         for i, (u, cen) in enumerate(zip(updates, cens)):
             g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual,
                                 clip_shift=None if shifts is None else shifts.relative(cen),
-                                located_share=cfg.located_share, rescale=rescale)
+                                located_share=share, rescale=rescale)
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
             r = min(f.shape[1], L)
