@@ -20,7 +20,9 @@ distributed noise, the server sees only the sum; :mod:`fedhype.privacy.secure_ag
 
 Each finished job is appended to ``<out>/rows.jsonl``; a rerun with the same ``--out`` skips the
 jobs already there (an interrupted job resumes from its last committed round), so an interrupted
-benchmark continues where it stopped. ``--fresh`` ignores the recorded rows.
+benchmark continues where it stopped. ``--fresh`` ignores the recorded rows. To measure a cell again after a default
+changed, drop its rows from ``rows.jsonl``: its job folder then holds a run of other settings, which ``fedhype run``
+refuses to resume, so it is moved aside (``<job>.stale``) and the job starts fresh.
 
     .venv/bin/python benchmarks/utility.py --jobs 2 --readme                 # digits, full grid (~30 min, 2 cores)
     .venv/bin/python benchmarks/utility.py --dataset fashion --jobs 2 --readme  # (~65 min, 2 cores)
@@ -39,6 +41,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -124,7 +127,17 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
     t = time.perf_counter()
     row = {"method": method, "eps_target": eps, "seed": seed, "extra": list(extra), "key": job_key(method, eps, seed, extra)}
     try:
-        rep = run_job(conf, out, log=lambda s: None)
+        try:
+            rep = run_job(conf, out, log=lambda s: None)
+        except Exception as e:
+            if "the configuration differs" not in str(e):
+                raise
+            # a folder left by a run of other settings (a default changed since): the row is to be measured again
+            # with today's, so that run is moved aside (<job>.stale, replacing an older one) and this one starts fresh
+            stale = out.with_name(out.name + ".stale")
+            shutil.rmtree(stale, ignore_errors=True)
+            out.rename(stale)
+            rep = run_job(conf, out, log=lambda s: None)
     except Exception:
         return {**row, "error": traceback.format_exc()[-3000:]}
     ev = json.loads((out / "evaluation.json").read_text())

@@ -141,3 +141,37 @@ def test_option_test_table_regenerates_from_its_pairs_and_pairs_by_cell():
     assert "| digits | fedhypevae | 8 | 0.776 ± 0.007 | 0.777 ± 0.017 |" in mod.table(digits8, saved["label"])
     with pytest.raises(SystemExit, match="no row for"):
         mod.pairs("digits", [{**saved["pairs"][0]["option"], "seed": 99}], grid)
+
+
+def test_a_job_folder_of_other_settings_is_moved_aside_and_the_job_runs_fresh(tmp_path, monkeypatch):
+    """benchmarks/utility.py after a default changed: the old job folder's run is refused by the resume check
+    ("the configuration differs"); run_one moves it to <job>.stale and runs the job again; other errors stay errors."""
+    import fedhype.pipeline.job as job_mod
+    from fedhype.errors import ValidationError
+
+    mod = _module("utility")
+    calls = []
+
+    def fake_run_job(conf, out, log):
+        calls.append(out)
+        if len(calls) == 1:
+            raise ValidationError("--resume: the configuration differs from the one in x (model.located_share: 0.0 → 'auto')")
+        out.mkdir(parents=True)
+        (out / "evaluation.json").write_text(json.dumps({}))
+        return {"tstr_accuracy": 0.5, "timings_s": {"train_s": 1.0}}
+
+    monkeypatch.setattr(job_mod, "run_job", fake_run_job)
+    old = tmp_path / "dp-gaussian-eps8-s0"
+    old.mkdir()
+    (old / "marker").write_text("old run")
+    row = mod.run_one(None, "dp-gaussian", "8", 0, tmp_path, [])
+    assert "error" not in row and row["tstr_accuracy"] == 0.5 and len(calls) == 2
+    assert (tmp_path / "dp-gaussian-eps8-s0.stale" / "marker").read_text() == "old run"
+    assert (tmp_path / "dp-gaussian-eps8-s0" / "evaluation.json").exists()
+
+    def failing(conf, out, log):
+        raise ValidationError("model.latent must be ≥ 1")
+
+    monkeypatch.setattr(job_mod, "run_job", failing)
+    row = mod.run_one(None, "dp-gaussian", "4", 0, tmp_path, [])
+    assert "model.latent must be ≥ 1" in row["error"] and not (tmp_path / "dp-gaussian-eps4-s0.stale").exists()
