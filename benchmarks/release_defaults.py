@@ -158,6 +158,8 @@ GRID: list[tuple[str, str, dict]] = (
        for e in ("1", "4", "8") for s in (0.0, 0.5)]
     + [("located share, scale", "1", {"dataset": "fashion-full", **_JOB_SIZE["fashion-full"], "secure_aggregation": True,
                                       "located_share": s}) for s in (0.0, 0.5)]
+    # ours at ε = 1 per client with "auto"'s share: the one scale cell where F (0.988) and r (11) alone would allow it
+    + [("located share, scale", "1", {"dataset": "fashion-full", **_JOB_SIZE["fashion-full"], "located_share": 0.8})]
     # model.located_share = "auto" (0.8 where the pooled class means' James–Stein factor F ≥ 0.94, below 2,000 DP
     # records per class): s = 0 against 0.8 at the job's size in the cells the rule decides, the release alone and ours
     # (the job's code: mixture per client, neutral under secure aggregation), per client (ours at ε = 4 / 8, where
