@@ -55,10 +55,11 @@ AUTO_SHARE_MIN_SNR = 0.94
 #: (Fashion-MNIST with secure aggregation at ε = 8: ours −0.005, the release alone −0.007)
 AUTO_SHARE_MAX_LOCATED = 20
 #: the release's DP records per class (pooled counts over the number of classes) from which ``located_share = "auto"``
-#: is 0: on all 70,000 Fashion-MNIST images (about 4,200 per class, F ≥ 0.989) no share helped ours at every ε
-#: (validation: 0.5 gave −0.006 at ε = 4 and −0.004 with secure aggregation at ε = 1; benchmarks/results/
-#: release_defaults.md, "located share, scale"), while Fashion-MNIST's 10,000 images (about 600) gained. Only those
-#: two sizes bracket it.
+#: is 0. On all 70,000 Fashion-MNIST images (about 4,200 per class) the F and r gates alone would leave only ε = 1 per
+#: client (F 0.988, r 11) on, where s = 0.8 gave ours +0.004 on validation (0.779 → 0.783, 3 seeds; the release alone
+#: +0.003; benchmarks/results/release_defaults.md, "located share, scale"); the limit keeps those grids, and the
+#: 100-client ones (F 0.989, r 13 at ε = 4, unmeasured), at s = 0 until their cells are validated and rerun.
+#: Fashion-MNIST's 10,000 images hold about 600.
 AUTO_SHARE_MAX_RECORDS_PER_CLASS = 2000
 #: default ``ModelConfig.located_share``
 DEFAULT_LOCATED_SHARE = "auto"
