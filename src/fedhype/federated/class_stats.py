@@ -842,14 +842,19 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
     return {"clients": len(updates), "exact": int(torch.linalg.matrix_rank(c)) == len(updates)}
 
 
+#: the keys of :func:`release_notes` (``release.json``, the model's metadata, the report)
+RELEASE_NOTE_KEYS = ("located_share", "class_mean_snr", "located_directions")
+
+
 def release_notes(stats: dict[str, torch.Tensor]) -> dict[str, float]:
     """What the run records of :func:`pooled_stats`' choices (``release.json``, the model's metadata): the
     located share used (``model.located_share = "auto"`` resolved, :func:`resolve_located_share`), the class
     means' James–Stein factor F it was chosen from and the number r of covariance directions the release
     located (:func:`covariance_estimate`); empty without second moments. Public: functions of DP outputs."""
-    out = {k: round(float(stats[k]), 6) for k in ("located_share", "class_mean_snr") if k in stats}
+    share, snr, directions = RELEASE_NOTE_KEYS
+    out = {k: round(float(stats[k]), 6) for k in (share, snr) if k in stats}
     if "rank" in stats:
-        out["located_directions"] = int(stats["rank"])
+        out[directions] = int(stats["rank"])
     return out
 
 

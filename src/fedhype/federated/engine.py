@@ -47,7 +47,7 @@ from fedhype.data.sites import Site
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import BudgetExceededError, ValidationError
 from fedhype.federated.baselines import make_server, training_partition
-from fedhype.federated.class_stats import run_class_stats_stage
+from fedhype.federated.class_stats import RELEASE_NOTE_KEYS, run_class_stats_stage
 from fedhype.federated.client import Client
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.result import TrainResult
@@ -573,7 +573,7 @@ def _write_model(state: RunState, rounds_done: int | None = None) -> None:
         counts = outputs.get("client_class_counts")
         if counts is not None:
             meta["client_class_counts"] = counts  # DP counts [m][K]: per-class weights of a mixture
-        for k in ("located_share", "class_mean_snr", "located_directions"):  # model.located_share = "auto"'s choice, F, r
+        for k in RELEASE_NOTE_KEYS:  # model.located_share = "auto"'s choice, F, r
             if k in outputs:
                 meta[k] = outputs[k]
     save_model(run.model, server.hnet, server.codes, meta)

@@ -118,7 +118,9 @@ def _release_choices(run: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     notes = read_json(path, "release outputs")
-    kept = {k: notes[k] for k in ("located_share", "class_mean_snr", "located_directions") if k in notes}
+    from fedhype.federated.class_stats import RELEASE_NOTE_KEYS
+
+    kept = {k: notes[k] for k in RELEASE_NOTE_KEYS if k in notes}
     return kept or None
 
 
