@@ -39,7 +39,7 @@ The test split is not read. Grids:
 * per client at ε = 1 on all 70,000 images: ``second_moment_share`` ∈ {0.15, 0.3, 0.45} × κ ∈ {0.5, 0.65, 0.8,
   1.0, 1.3} for ``dp-gaussian`` at the job's size (both were chosen on the digits job);
 * the share of the unlocated variance on the located spikes (``model.located_share``): at scale (0 / 0.3 / 0.5 /
-  0.65 / 0.8, "located share, scale") and, for the rule ``"auto"`` (0.8 where the pooled class means' James–Stein
+  0.65 / 0.8, "located share, scale"; with 100 clients at ε = 4, 0 vs 0.8) and, for the rule ``"auto"`` (0.8 where the pooled class means' James–Stein
   factor F ≥ 0.94, :func:`fedhype.federated.class_stats.resolve_located_share`), 0 vs 0.8 at the job's size on
   digits and Fashion-MNIST per client and under secure aggregation ("located share, auto"; the rows with no
   ``located_share`` ran before ``"auto"`` became the default, with s = 0).
@@ -49,7 +49,7 @@ already there or in the committed ``benchmarks/results/release_defaults.json``. 
 and prints the table.
 
     .venv/bin/python benchmarks/release_defaults.py              # 3 seeds (~20 min on 2 cores, one process)
-    .venv/bin/python benchmarks/release_defaults.py --seeds 0    # a quick look
+    .venv/bin/python benchmarks/release_defaults.py --seeds 0    # a quick look (table in runs/bench-release-defaults/results)
     .venv/bin/python benchmarks/release_defaults.py --grids "clip rescale"   # one grid's missing rows only
 """
 
@@ -81,7 +81,7 @@ PINNED_LATENT = 64
 #: a job's own latent size and synthetic records per class under DP (model.latent = "auto" and
 #: synthesis.per_class = "auto": L = 128 and 3,000 per class from 500 training records per class)
 _JOB_SIZE = {"digits": {"latent": 64, "per_class": 300}, "fashion": {"latent": 128, "per_class": 3000},
-             "fashion-full": {"latent": 128, "per_class": 3000}}
+             "fashion-full": {"latent": 128, "per_class": 3000}, "fashion-full-100": {"latent": 128, "per_class": 3000}}
 GRID: list[tuple[str, str, dict]] = (
     [("second_moment_share", e, {"method": "dp-gaussian", "second_moment_share": s, **_U})
      for e in ("1", "4", "8") for s in (0.1, 0.3, 0.5)]
@@ -160,8 +160,13 @@ GRID: list[tuple[str, str, dict]] = (
                                       "located_share": s}) for s in (0.0, 0.5)]
     # ours at ε = 1 per client with "auto"'s share: the one scale cell where F (0.988) and r (11) alone would allow it
     + [("located share, scale", "1", {"dataset": "fashion-full", **_JOB_SIZE["fashion-full"], "located_share": 0.8})]
-    # model.located_share = "auto" (0.8 where the pooled class means' James–Stein factor F ≥ 0.94, below 2,000 DP
-    # records per class): s = 0 against 0.8 at the job's size in the cells the rule decides, the release alone and ours
+    # the 100-client grid's ε = 4 cells (F 0.989, r 12-14), the other scale cells "auto" turns on since it no longer
+    # stops at 2,000 DP records per class: the release alone and ours (the job's mixture code) at s = 0 and 0.8
+    + [("located share, scale", "4", {"dataset": "fashion-full-100", "method": m, **_JOB_SIZE["fashion-full-100"],
+                                      **({"code": "mixture"} if m == "fedhypevae" else {}), "located_share": s})
+       for m in ("dp-gaussian", "fedhypevae") for s in (0.0, 0.8)]
+    # model.located_share = "auto" (0.8 where the pooled class means' James–Stein factor F ≥ 0.94 and r ≤ 20; these
+    # rows ran when it also required fewer than 2,000 DP records per class): s = 0 against 0.8 at the job's size in the cells the rule decides, the release alone and ours
     # (the job's code: mixture per client, neutral under secure aggregation), per client (ours at ε = 4 / 8, where
     # residual_tradeoff.py measured ε = 1 at 300 per class) and under secure aggregation, whose pooled release is less
     # noisy (F 0.96 / 0.99 at digits ε = 4 / 8, 0.93 at Fashion-MNIST ε = 1)
@@ -250,7 +255,9 @@ def label(overrides: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--results", default=None,
+                    help="folder for release_defaults.json / .md (default: benchmarks/results with seeds 0 1 2, "
+                         "runs/bench-release-defaults/results for other seeds: a slice never overwrites the committed table)")
     ap.add_argument("--grids", nargs="+", default=None, metavar="NAME",
                     help="measure only these grids' missing rows (e.g. \"clip rescale\"); the table keeps every row measured")
     a = ap.parse_args()
@@ -266,7 +273,9 @@ def main() -> None:
     log = ROOT / "runs" / "bench-release-defaults" / "rows.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     # rows already measured: the committed results (a fresh checkout), then this machine's log
-    committed = Path(a.results) / "release_defaults.json"
+    committed = ROOT / "benchmarks" / "results" / "release_defaults.json"
+    if a.results is None:
+        a.results = str(committed.parent if sorted(a.seeds) == [0, 1, 2] else log.parent / "results")
     known = json.loads(committed.read_text())["rows"] if committed.exists() else []
     known += list(map(json.loads, log.read_text().splitlines() if log.exists() else []))
     done = {json.dumps([r["grid"], r["eps"], r["overrides"], r["seed"]]): r for r in known}
