@@ -181,6 +181,59 @@ def test_a_release_interrupted_in_the_servers_post_processing_is_reused_not_char
     assert sum(e.mechanism == MECHANISM for e in PrivacyLedger.load(run / "ledger.json").events) == len(part.clients)
 
 
+@pytest.mark.parametrize("centre_share", [0.0, 0.06])
+def test_a_secure_aggregation_release_interrupted_in_post_processing_is_reused_not_charged_again(real_store, part,
+                                                                                              tmp_path, centre_share):
+    """Under secure aggregation the server keeps only the sums it received; they are now saved the moment they
+    arrive, as the clients' updates are per client: a resume after the charge and before the model was saved redoes
+    only the post-processing of the same sums (nothing charged again, the same model), and a file that is not this
+    run's sums (other clients, another noise plan, damaged) is not reused."""
+    from fedhype.errors import ValidationError
+    from fedhype.federated.class_stats import MECHANISM, load_secure_outputs
+    from fedhype.privacy.secure_agg import DistributedNoise
+
+    cfg = TrainConfig(**{**CFG, "seed": None, "secure_aggregation": True, "centre_share": centre_share})
+    run = tmp_path / "run"
+    train(real_store, part, cfg, run, diagnostics=False, stop_after=0)
+    outputs = run / "ckpt" / "release-outputs.safetensors"
+    assert outputs.exists()
+    whole = load_tensors(run / "ckpt" / "release-state.safetensors")
+    (run / "ckpt" / "release-state.safetensors").unlink()  # stopped after the sums arrived, before the model was saved
+    assert RunDir(run).release_stage() == "saved"
+    before = (run / "ledger.json").read_bytes()
+    charged = sum(e.mechanism == MECHANISM for e in PrivacyLedger.load(run / "ledger.json").events)
+    assert charged >= len(part.clients)
+    train(real_store, part, cfg, run, resume=True, diagnostics=False, stop_after=0)
+    assert (run / "ledger.json").read_bytes() == before  # nothing charged again
+    again = load_tensors(run / "ckpt" / "release-state.safetensors")
+    for k in ("hnet.space_mean", "hnet.base.cb", "hnet.base.wl"):
+        assert torch.equal(again[k], whole[k]), k  # the same sums, post-processed again
+
+    class C:
+        def __init__(self, i):
+            self.id = i
+
+    ids = [C(str(c.id)) for c in part.clients]
+    m = len(ids)
+    kept = load_secure_outputs(outputs, ids, DistributedNoise(m))
+    assert kept is not None and (kept[0] is None) == (centre_share == 0)
+    assert set(kept[1].contributors) == {str(c.id) for c in part.clients} and kept[1].noise_variance_factor >= 1
+    assert load_secure_outputs(outputs, [C("nobody")] * m, DistributedNoise(m)) is None  # other clients' sums
+    assert load_secure_outputs(outputs, ids, DistributedNoise(m, 1)) is None  # another noise plan
+    # a damaged sum (re-signed, so the digest passes) is refused by name, not used
+    t = load_tensors(outputs)
+    from safetensors import safe_open
+
+    with safe_open(str(outputs), framework="pt") as f:
+        meta = dict(f.metadata())
+    meta.pop(DIGEST_KEY, None)
+    name = next(k for k in t if k.startswith("stats.sum."))
+    t[name] = torch.full_like(t[name], float("nan"))
+    atomic_save_tensors(outputs, t, meta)
+    with pytest.raises(ValidationError, match="non-finite entries"):
+        load_secure_outputs(outputs, ids, DistributedNoise(m))
+
+
 def test_a_partition_whose_class_names_were_edited_is_refused(real_store, part, tmp_path):
     import dataclasses
 

@@ -948,8 +948,9 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     ``outputs``: where the clients' released updates (centres and statistics: public DP outputs) are saved the
     moment they arrive, before the server's post-processing (:func:`save_release_outputs`); with
     ``reuse_outputs`` (the engine's resume of a run whose release was charged) a file already there is read back
-    instead of asking the clients again — nothing is charged or released a second time. Not on the secure
-    aggregation paths (they keep no client's own update).
+    instead of asking the clients again — nothing is charged or released a second time. Under in-process secure
+    aggregation the server keeps only the sums it received (:func:`save_secure_outputs`), reused the same way; the
+    Flower integer path (:mod:`fedhype.federated.secure_release`) does not save them yet.
 
     Returns the clients' DP class counts ``[m][K]`` (floored at 0; public DP outputs, used to weight
     a mixture per class), or None under secure aggregation (the server sees only their sum).
@@ -976,8 +977,13 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         sigma_a, sigma_b = steps[0][0], steps[1][0]
         dp = DPConfig(sigma_b, dp.clip_norm, enabled=True)
     split = f"; {distributed.describe()}" if distributed is not None else ""
-    kept = load_release_outputs(outputs, clients) if (reuse_outputs and outputs is not None and distributed is None
-                                                       and dp.enabled) else None
+    reuse = reuse_outputs and outputs is not None and dp.enabled
+    if distributed is None:
+        kept = load_release_outputs(outputs, clients) if reuse else None
+    else:  # the sums the server received before the interruption (charged then)
+        kept = load_secure_outputs(outputs, clients, distributed) if reuse else None
+        if kept is not None and centred and kept[0] is None:  # not this release's sums
+            kept = None
     if dp.enabled and kept is None:
         stats_note = (f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
                       + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split)
@@ -995,12 +1001,17 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     if distributed is not None:
         if parts is not None:
             raise ValidationError("secure aggregation pools the clients' statistics; local-cvae needs each client's own")
-        cen = None
-        if centred:
-            cen = centring_mod.centring_from(secure_sum([c.release_centre(sigma_a, distributed=distributed) for c in clients],
-                                                        distributed), radius)
-        agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed, centring=cen)
-                          for c in clients], distributed)
+        if kept is not None:  # a resume: the sums received before the interruption
+            cen_sum, agg = kept
+            cen = centring_mod.centring_from(cen_sum, radius) if centred else None
+        else:
+            cen_sum = secure_sum([c.release_centre(sigma_a, distributed=distributed) for c in clients],
+                                 distributed) if centred else None
+            cen = centring_mod.centring_from(cen_sum, radius) if centred else None
+            agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed, centring=cen)
+                              for c in clients], distributed)
+            if outputs is not None and dp.enabled:  # saved before the post-processing: a resume reuses them
+                save_secure_outputs(outputs, cen_sum, agg)
         g = clip_rescale_factor(agg, cen) if rescaled else 1.0
         stats = pooled_stats(agg, dp, weights, rank_cap, cen, residual, share, g)  # the sum only
         apply_class_stats(server.hnet, stats)
@@ -1077,6 +1088,8 @@ def load_release_outputs(path: Path, clients) -> "tuple[list[PrivatizedUpdate], 
     t = load_tensors(path, what="released statistics (the clients' updates)")
     meta = json.loads(tensor_metadata(path).get("fedhype_release_outputs", "[]"))
     out: dict[str, list] = {"centre": [], "stats": []}
+    if any(m.get("kind") not in out for m in meta):  # a secure-aggregation sum (save_secure_outputs), not updates
+        return None
     for m in sorted(meta, key=lambda m: (m["kind"], m["index"])):
         p = f"{m['kind']}.{m['index']}."
         tensors = {k[len(p):]: v for k, v in t.items() if k.startswith(p)}
@@ -1087,6 +1100,56 @@ def load_release_outputs(path: Path, clients) -> "tuple[list[PrivatizedUpdate], 
     if [u.client for u in out["stats"]] != ids or (out["centre"] and [u.client for u in out["centre"]] != ids):
         return None
     return out["centre"], out["stats"]
+
+
+def save_secure_outputs(path: Path, centre_sum, stats_sum) -> None:
+    """Write the sums a secure-aggregation release gave the server (``centre_sum`` None for an uncentred release):
+    their tensors and public metadata (contributors, the noise plan, σ₀), atomic safetensors. The server holds
+    only these sums (public DP outputs), never a client's own update."""
+    import json
+
+    from fedhype.io import atomic_save_tensors
+
+    tensors, meta = {}, []
+    for part, agg in (("centre", centre_sum), ("stats", stats_sum)):
+        if agg is None:
+            continue
+        tensors.update({f"{part}.sum.{k}": v for k, v in agg.tensors.items()})
+        meta.append({"kind": "secure", "part": part, "contributors": list(agg.contributors),
+                     "clients": agg.noise.clients, "dropout_tolerance": agg.noise.dropout_tolerance,
+                     "noise_multiplier": agg.noise_multiplier, "private": agg.private})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save_tensors(path, tensors, {"fedhype_release_outputs": json.dumps(meta)})
+
+
+def load_secure_outputs(path: Path, clients, noise) -> "tuple[object, object] | None":
+    """The ``(centre_sum, stats_sum)`` :func:`save_secure_outputs` wrote (``centre_sum`` None if uncentred), rebuilt
+    by :func:`fedhype.privacy.secure_agg.restore_sum`; None when there is no such file or it is not a sum of these
+    clients under this noise plan ``noise`` (then the release runs again).
+
+    Raises:
+        ArtifactError: the file exists but is unreadable or was modified after it was written.
+        SecureAggregationError: the saved sum is damaged (too few contributors, non-finite entries).
+    """
+    import json
+
+    from fedhype.io import load_tensors, tensor_metadata
+    from fedhype.privacy.secure_agg import restore_sum
+
+    if path is None or not Path(path).exists():
+        return None
+    t = load_tensors(path, what="released statistics (the secure-aggregation sums)")
+    meta = json.loads(tensor_metadata(path).get("fedhype_release_outputs", "[]"))
+    ids = {str(c.id) for c in clients}
+    out: dict = {}
+    for m in meta:
+        if (m.get("kind") != "secure" or (m["clients"], m["dropout_tolerance"]) != (noise.clients, noise.dropout_tolerance)
+                or not set(m["contributors"]) <= ids):
+            return None
+        p = f"{m['part']}.sum."
+        out[m["part"]] = restore_sum({k[len(p):]: v for k, v in t.items() if k.startswith(p)}, m["contributors"],
+                                     noise, m["noise_multiplier"], m["private"])
+    return (out.get("centre"), out["stats"]) if "stats" in out else None
 
 
 def release_all_class_stats(clients, n_classes: int, dp, weights, centrings) -> list[PrivatizedUpdate]:

@@ -215,3 +215,34 @@ def secure_sum(shares: list[SecureShare], noise: DistributedNoise) -> Privatized
     total = {k: sum(s._tensors[k].to(torch.float64) for s in shares).to(torch.float32) for k in names}
     return PrivatizedAggregate(_token=_AGG_TOKEN, tensors=total, contributors=tuple(ids), noise=noise,
                                noise_multiplier=shares[0].noise_multiplier, private=all(s.private for s in shares))
+
+
+def restore_sum(tensors: Mapping[str, "torch.Tensor"], contributors: tuple[str, ...], noise: DistributedNoise,
+                noise_multiplier: float | None, private: bool) -> PrivatizedAggregate:
+    """Rebuild a sum :func:`secure_sum` returned before, from the run's own checkpoint of it.
+
+    A run interrupted after its secure-aggregation release was charged (write-ahead) and before the model it sets
+    was saved resumes from the sum it had received (a public DP output, saved by
+    :func:`fedhype.federated.class_stats.save_secure_outputs`) instead of releasing and being charged again. This
+    makes no new sum: it restores one that already left the clients, with the same checks a sum passes.
+
+    Args:
+        tensors: name → tensor of the saved sum (float32). contributors: the client ids in it. noise: the run's
+            :class:`DistributedNoise`. noise_multiplier: σ₀ it carries (None without DP). private: as saved.
+
+    Raises:
+        SecureAggregationError: fewer contributors than m − t, a duplicate, or a non-finite entry (a damaged file).
+    """
+    import torch
+
+    ids = tuple(str(c) for c in contributors)
+    if len(set(ids)) != len(ids) or len(ids) < noise.min_contributions:
+        raise SecureAggregationError(f"the saved secure-aggregation sum lists contributors {list(ids)}: it needs "
+                                     f"{noise.min_contributions} distinct ones for this run; delete the run's "
+                                     "ckpt/release-outputs.safetensors to release again")
+    for k, v in tensors.items():
+        if not bool(torch.isfinite(v).all()):
+            raise SecureAggregationError(f"the saved secure-aggregation sum has non-finite entries in {k!r}; delete "
+                                         "the run's ckpt/release-outputs.safetensors to release again")
+    return PrivatizedAggregate(_token=_AGG_TOKEN, tensors=dict(tensors), contributors=ids, noise=noise,
+                               noise_multiplier=noise_multiplier, private=private)
