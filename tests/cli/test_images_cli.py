@@ -281,3 +281,29 @@ def test_byte_identical_image_files_are_warned_about_and_listed(tmp_path, enc):
     r = runner.invoke(app, ["embed", "--images", str(clean), "--layout", "class", *enc,
                             "--out", str(tmp_path / "c.safetensors"), "--json"])
     assert r.exit_code == 0 and _json(r)["duplicates"] == [] and "byte-identical" not in r.stderr
+
+
+def test_synthesis_and_evaluation_settings_are_refused_before_any_epsilon_is_spent(tmp_path, enc, tiny_dinov2_dir):
+    """A new user's probe: evaluate.k = 0, evaluate.max_samples = 0, evaluate.permutations = -1, a synthesis code
+    naming no client and a negative mixture weight passed the up-front checks, trained (ε spent), failed in synthesis or
+    evaluation, and the folder could then neither resume with the value fixed nor finish. Each is now refused, naming
+    the key, before anything is written."""
+    root = split_tree(tmp_path / "digits")
+    data = ["--set", f"data.images='{root}'", "--set", "data.device='cpu'", "--set", "partition.scheme='iid'",
+            "--set", "partition.clients=2", "--set", f"data.encoder='hf:{tiny_dinov2_dir}'"]
+    for i, (setting, says) in enumerate((("evaluate.k=0", "evaluate.k must be an integer ≥ 1"),
+                                         ("evaluate.max_samples=0", "evaluate.max_samples must be an integer ≥ 2"),
+                                         ("evaluate.permutations=-1", "evaluate.permutations must be an integer ≥ 0"),
+                                         ("synthesis.temperature=-1", "synthesis.temperature must be a finite number > 0"),
+                                         ("synthesis.code='client:nosuch'", "unknown client 'nosuch'"),
+                                         ("synthesis.code='mix:0=-1'", "must be a finite number ≥ 0"))):
+        out = tmp_path / f"job{i}"
+        r = runner.invoke(app, ["run", "--out", str(out), *data, *SMALL_JOB, "--set", setting, "--json"])
+        assert r.exit_code == 2, (setting, r.output)
+        err = _json(r)["error"]
+        assert says in err and "nothing was trained" in err, (setting, err)
+        assert not (out / "run").exists() and not (out / "config.json").exists(), setting
+    # a valid client code passes the check (the partition's client ids)
+    r = runner.invoke(app, ["run", "--out", str(tmp_path / "ok"), *data, *SMALL_JOB, "--set", "synthesis.code='client:0'",
+                            "--json"])
+    assert r.exit_code == 0, r.output

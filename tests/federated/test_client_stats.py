@@ -420,6 +420,9 @@ def test_auto_located_share_is_0_8_exactly_where_the_class_means_are_precise_and
     v = lambda f, n=10.0: (1.0 - f) * n * n / 32  # the noise variance of the class sums that gives F = f
     for f in (0.96, 0.94, 0.92, 0.2):
         assert class_mean_snr(_toy_moments(v(f))) == pytest.approx(f, abs=1e-12), f
+    # noise above the class means' spread: the positive part, 0 (a probe's ε = 1 report read "F = -0.558")
+    assert class_mean_snr(_toy_moments(v(-0.6))) == 0.0
+    assert resolve_located_share("auto", _toy_moments(v(-0.6))) == 0.0
     assert resolve_located_share("auto", _toy_moments(v(0.96))) == 0.8
     assert resolve_located_share("auto", _toy_moments(v(0.942))) == 0.8
     assert resolve_located_share("auto", _toy_moments(v(0.938))) == 0.0

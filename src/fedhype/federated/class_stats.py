@@ -560,12 +560,14 @@ def class_mean_snr(mo: dict) -> float:
     B = Σ_k w_k d_k d_kᵀ is the scatter of the class means' deviations d_k from the mean (w_k ∝ the noisy
     counts) and t² = Σ_k w_k · (noise variance per coordinate of class mean k), so F estimates the share of
     the class means' spread that is signal (Efron & Morris 1973): 1 without DP noise, lower as the noise
-    grows (digits: 0.37 / 0.89 / 0.96 at ε = 1 / 4 / 8). Computed from released statistics only
-    (post-processing, no ε). The threshold of :func:`_within_class` and of :func:`resolve_located_share`.
+    grows (digits: 0.37 / 0.89 / 0.96 at ε = 1 / 4 / 8). Clipped at 0, the positive-part estimator: a release
+    whose noise exceeds the spread of its class means (tiny clients at ε = 1) has F = 0, not a negative share.
+    Computed from released statistics only (post-processing, no ε). The threshold of :func:`_within_class` and
+    of :func:`resolve_located_share`.
     """
     m64 = mo["mean"].to(torch.float64)
-    return _between_snr(mo["class_means"].to(torch.float64) - m64, mo["counts"].to(torch.float64),
-                        mo["sums_noise_var"])[2]
+    return max(0.0, float(_between_snr(mo["class_means"].to(torch.float64) - m64, mo["counts"].to(torch.float64),
+                                       mo["sums_noise_var"])[2]))
 
 
 def resolve_located_share(share, mo: dict, max_rank: int | None = None) -> float:

@@ -188,8 +188,29 @@ def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore) -> Non
     afterwards, on every rerun.
 
     Raises:
-        ValidationError: naming the classes, or ``evaluate.k`` and the test split's size, and what to change.
+        ValidationError: naming the classes, or ``evaluate.k`` and the test split's size, an ``evaluate.*`` or
+            ``synthesis.*`` value out of range, or a ``synthesis.code`` that names no client of the partition, and
+            what to change.
     """
+    import math
+
+    from fedhype.synthesis.codes import parse_code_spec
+
+    e, syn = conf["evaluate"], conf["synthesis"]
+    for key, low in (("k", 1), ("max_samples", 2), ("permutations", 0)):
+        v = e[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValidationError(f"evaluate.{key} must be an integer ≥ {low}, got {v!r}; nothing was trained")
+    temp = syn["temperature"]
+    if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not math.isfinite(temp) or temp <= 0:
+        raise ValidationError(f"synthesis.temperature must be a finite number > 0 (1 = the model's distribution), "
+                              f"got {temp!r}; nothing was trained")
+    code = str(syn["code"])
+    if code.strip() not in ("neutral", "mixture"):  # a client or a weighted mix: its clients must exist
+        try:
+            parse_code_spec(code, [str(c.id) for c in part.clients], [str(c.name) for c in part.clients])
+        except ValidationError as exc:
+            raise ValidationError(f"synthesis.code: {exc}; nothing was trained") from None
     missing = set(_classes_without_training_records(store, part))
     present = [name for name in store.class_names if name not in missing]
     if len(present) < 2:
