@@ -269,6 +269,12 @@ def test_an_unreachable_target_names_the_users_epsilon_and_delta():
     assert "--delta if it is far below 1/n" in str(e.value)
     with pytest.raises(ValidationError, match=r"target ε = 1e-06 \(--epsilon\).*needs σ > 1e6"):
         release_noise_multiplier(0.95, 1e-4, [(0.1, 10)], target_epsilon=1e-6)
+    # an explicit huge DP-SGD σ (no --epsilon given): a probe read "target ε 0.0094 (--epsilon) … raise --epsilon"
+    with pytest.raises(ValidationError) as e:
+        release_noise_multiplier(0.95, 1e-4, [(0.1, 10)], noise_multiplier=1e5)
+    msg = str(e.value)
+    assert "σ = 100000 (--noise-multiplier)" in msg and "--class-stats-noise-multiplier" in msg
+    assert "--epsilon" not in msg
 
 
 def test_subsampling_advice_names_the_clients_whose_batch_is_all_their_records():

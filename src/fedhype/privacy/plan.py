@@ -52,7 +52,17 @@ def release_noise_multiplier(share: float, delta: float, plan: Plan, *, target_e
     if noise_multiplier is None:
         raise ValidationError("release_noise_multiplier needs a target ε or the DP-SGD noise multiplier")
     eps_sgd = max(epsilon([(float(noise_multiplier), q, t)], delta) for q, t in plan)
-    return calibrate_noise(share * eps_sgd, delta, 1.0, 1) if math.isfinite(eps_sgd) else 1.0
+    if not math.isfinite(eps_sgd):
+        return 1.0
+    try:
+        return calibrate_noise(share * eps_sgd, delta, 1.0, 1)
+    except ValidationError as exc:  # the accountant saw share × the DP-SGD steps' ε: say what the user gave
+        if "> 1e6" not in str(exc):
+            raise
+        raise ValidationError(
+            f"σ = {float(noise_multiplier):g} (--noise-multiplier) makes the DP-SGD steps cost only ε = {eps_sgd:.3g}; "
+            f"the statistics release, whose σ₀ is set to cost {share:g} × that, would need σ₀ > 1e6: give its σ₀ with "
+            "--class-stats-noise-multiplier (train.class_stats_noise_multiplier) or a smaller --noise-multiplier") from None
 
 
 def plan_noise(plan: Plan, delta: float, *, target_epsilon: float | None = None,
