@@ -111,8 +111,9 @@ def require_file(path: Path, what: str, hint: str = "") -> None:
     raise ArtifactError(f"{what} {path} is {kind}; give the file itself{tail}")
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
-    """Read JSON, raising :class:`ArtifactError` naming ``path`` when missing or invalid."""
+def read_json(path: str | os.PathLike, what: str = "JSON file", advice: str = "re-create it") -> Any:
+    """Read JSON, raising :class:`ArtifactError` naming ``path`` when missing or invalid (followed by
+    ``advice`` when it is not JSON: what to do about it)."""
     path = Path(path)
     require_file(path, what)
     try:
@@ -121,7 +122,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
         if _looks_like_safetensors(path):
             raise ArtifactError(f"{what} {path} is a safetensors file (an embeddings store or a model?), not JSON; "
                                 f"give the {what}") from None
-        raise ArtifactError(f"{what} {path} is not valid JSON ({exc}); re-create it") from None
+        raise ArtifactError(f"{what} {path} is not valid JSON ({exc}); {advice}") from None
 
 
 def _looks_like_safetensors(path: Path) -> bool:

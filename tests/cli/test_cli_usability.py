@@ -482,7 +482,18 @@ def test_ctrl_c_exits_130(files, tmp_path, monkeypatch):
     r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
                 tmp_path / "run", "--epsilon", 2, "--delta", 1e-5, "--rounds", 1, "--hidden", 16, "--latent", 4, "--json")
     assert r.exit_code == 130
-    assert _one_json(r)["kind"] == "interrupted"
+    got = _one_json(r)
+    assert got["kind"] == "interrupted" and "last completed round" in got["error"]  # training: how to resume
+    import fedhype.encoders
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fedhype.encoders, "create_encoder", stop)  # any other command: no talk of rounds or the ledger
+    r = _invoke("embed", "--dataset", "digits-domains", "--out", tmp_path / "e.safetensors", "--json")
+    got = _one_json(r)
+    assert r.exit_code == 130 and got["kind"] == "interrupted", r.output
+    assert "start it again" in got["error"] and "round" not in got["error"] and "ledger" not in got["error"]
 
 
 # ----------------------------------------------------------------------------- one vocabulary

@@ -38,9 +38,9 @@ def test_synthesize_beyond_available_memory(run_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(synthesize_cmd, "available_memory", lambda: 1 << 20)  # 1 MiB
     r, obj = _invoke("synthesize", "--run", run_dir, "--n", 1000, "--out", tmp_path / "s.safetensors", "--json")
     assert r.exit_code == 2, r.output
-    need = 1000 * (3 * 4 * 384 + 160) / 2**30
+    need = 1000 * (3 * 4 * 384 + 160) / 2**20  # 4.55 MiB: in MiB, not "0.0 GiB" (a probe)
     assert obj["error"] == (f"--n 1000 asks for 1,000 synthetic embeddings of dimension 384, which need about "
-                            f"{need:.1f} GiB of memory; 0.0 GiB is available: draw fewer, or several stores with "
+                            f"{need:.2f} MiB of memory; 1.00 MiB is available: draw fewer, or several stores with "
                             "different --seed")
     monkeypatch.setattr(synthesize_cmd, "available_memory", lambda: None)  # unknown: not refused
     r, obj = _invoke("synthesize", "--run", run_dir, "--n", 20, "--seed", 0, "--out", tmp_path / "s.safetensors",
@@ -55,7 +55,9 @@ def test_synthesize_beyond_free_disk_space_names_the_folder(run_dir, tmp_path, m
     out = tmp_path / "s.safetensors"
     r, obj = _invoke("synthesize", "--run", run_dir, "--n", 1000, "--out", out, "--release", tmp_path / "rel", "--json")
     assert r.exit_code == 2, r.output
-    assert obj["error"].startswith("--n 1000: the store and its release copy need about 0.00 GiB on disk where --out")
+    need = 2 * 1000 * (4 * 384 + 40) / 2**20
+    assert obj["error"].startswith(f"--n 1000: the store and its release copy need about {need:.2f} MiB on disk where "
+                                   f"--out {out} goes; {free / 2**20:.2f} MiB is free there")
     assert str(out) in obj["error"] and not out.exists() and not (tmp_path / "rel").exists()
     r, obj = _invoke("synthesize", "--run", run_dir, "--n", 1000, "--seed", 0, "--out", out, "--json")  # one copy fits
     assert r.exit_code == 0 and obj["n"] == 1000

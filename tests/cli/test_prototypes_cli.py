@@ -134,4 +134,4 @@ def test_evaluate_refuses_a_partition_other_than_the_synthetic_runs(files, real_
     assert r.exit_code == 0, r.output  # the run's own partition
     make_partition(real_store, scheme="iid", n_clients=2, seed=0).save(files["root"] / "other.json")
     r = _run("evaluate", "--model", out, "--store", files["real"], "--partition", files["root"] / "other.json", "--json")
-    assert r.exit_code == 4 and "is not among the data keys" in json.loads(r.stdout)["error"]
+    assert r.exit_code == 4 and "is not among the run's data keys" in json.loads(r.stdout)["error"]

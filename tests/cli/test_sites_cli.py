@@ -218,6 +218,12 @@ def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(cons
     ev = ["evaluate", "--store", str(store), "--synthetic", str(syn), "--permutations", "0", "--k", "2", "--json"]
     r = runner.invoke(app, [*ev, "--partition", str(parts[1])])
     assert r.exit_code == 4 and "another `fedhype partition`" in r.output
+    # the run's own partition with its key field deleted is not taken as an old unkeyed one (a probe: it scored)
+    raw = json.loads(parts[0].read_text())
+    del raw["key"]
+    (tmp_path / "unkeyed.json").write_text(json.dumps(raw))
+    r = runner.invoke(app, [*ev, "--partition", str(tmp_path / "unkeyed.json")])
+    assert r.exit_code == 4 and "has no key" in r.output
     got = _json(runner.invoke(app, [*ev, "--partition", str(parts[0]), "--code-domain", str(tmp_path / "run")]))
     assert got["tstr_accuracy"] is not None and got["code_domain"]["codes"]  # --code-domain takes the run folder
     # a run that did not train on this partition (here: the sites' run) is refused, as --synthetic is

@@ -85,6 +85,17 @@ def test_no_dp_of_a_later_layer_overrides_a_config_files_epsilon(tmp_path):
         resolve(off, ["train.epsilon=4"])
 
 
+def test_partition_alpha_without_the_dirichlet_scheme_is_refused():
+    """A probe's ``partition.alpha = 0.05`` with the default scheme "domain" was ignored silently; the
+    default value (which a written config.toml lists) and alpha with scheme "dirichlet" are taken."""
+    with pytest.raises(ValidationError, match=r"--set partition.alpha=0.05: partition.alpha applies to "
+                                              r"partition.scheme = \"dirichlet\" only .* the scheme is 'domain'"):
+        resolve(None, ["partition.alpha=0.05"])
+    assert resolve(None, ["partition.alpha=0.3"])["partition"]["scheme"] == "domain"
+    conf = resolve(None, ["partition.alpha=0.05", "partition.scheme='dirichlet'", "partition.clients=4"])
+    assert conf["partition"]["alpha"] == 0.05
+
+
 def test_old_partition_keys_are_read_under_the_clis_names_with_a_warning(tmp_path):
     # the job keys are the CLI's words (--fractions, --min-records); the old ones still work, saying so
     (tmp_path / "job.toml").write_text("[partition]\nsplit = [0.5, 0.25, 0.25]\nmin_train = 7\n")

@@ -156,8 +156,10 @@ def test_edited_delta_dropped_event_and_truncation_are_detected(tmp_path):
         PrivacyLedger.load(tmp_path / "unpaired.json")
 
     (tmp_path / "cut.json").write_text(text[: len(text) // 2])
-    with pytest.raises(ArtifactError, match="not valid JSON"):
+    with pytest.raises(ArtifactError, match="not valid JSON") as cut:
         PrivacyLedger.load(tmp_path / "cut.json")
+    # restored, never re-created: that would reset the spend (a probe was told "re-create it")
+    assert "restore it from a backup" in str(cut.value) and "re-create it" not in str(cut.value)
 
     with pytest.raises(ArtifactError, match="missing key 'checksum'"):
         PrivacyLedger.from_state_dict({k: v for k, v in data.items() if k != "checksum"})

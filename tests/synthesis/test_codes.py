@@ -35,6 +35,8 @@ def test_mix_and_mixture_normalise_weights_and_accept_names():
     ("client:7", "unknown client '7'"),
     ("mixture:0=1,9=1", "unknown client '9'"),
     ("banana", "use client:<id>, neutral"),
+    ("mix:0=1,0=2", "client '0' is listed twice"),
+    ("mixture:0=1,mnist=1", "client '0' is listed twice"),  # by id and by name
 ])
 def test_bad_specs_name_the_flag_and_the_problem(spec, needle):
     with pytest.raises(ValidationError) as e:

@@ -81,10 +81,22 @@ def client_labels(ids: list[str], names: list[str] | None) -> str:
     return ", ".join(str(i) if str(i) == str(n) else f"{i} ({n})" for i, n in zip(ids, names))
 
 
+#: what an interrupted command that spends ε says (``fedhype run``, ``train``): resume, and what a resume charges
+INTERRUPTED_TRAINING = (
+    "interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command: `fedhype run` and `fedhype "
+    "train --resume` continue from the last completed round (the ledger already holds what the interrupted release or "
+    "round was charged; without a seed, its rerun draws fresh noise and is charged again — `fedhype audit --run` shows "
+    "the ledger; --max-epsilon refuses a rerun that would exceed it)")
+#: what any other interrupted command says (a probe's Ctrl-C during `embed` was told about rounds and the ledger)
+INTERRUPTED = ("interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command to start it again "
+               "(remove a finished --out it refuses to overwrite)")
+
+
 def run_command(
     body: Callable[[], dict[str, Any]],
     json_mode: bool,
     render: Callable[[dict[str, Any]], None] | None = None,
+    interrupted: str = INTERRUPTED,
 ) -> None:
     """Run a command body and map its outcome to output and exit code.
 
@@ -93,7 +105,8 @@ def run_command(
     A :class:`FedhypeError` exits with its ``exit_code`` after a one-line message on stderr (and,
     with ``--json``, ``{"error", "kind", "exit_code"}`` on stdout). An OSError of a path (missing, not a
     folder, no permission, read-only) exits 2 naming the path, any other OSError 1. Any other exception exits 1
-    without a traceback (set ``FEDHYPE_DEBUG=1`` to see one); locals are never printed.
+    without a traceback (set ``FEDHYPE_DEBUG=1`` to see one); locals are never printed. Ctrl-C or SIGTERM exits 130
+    with ``interrupted`` (:data:`INTERRUPTED`, or :data:`INTERRUPTED_TRAINING` for a command that spends ε).
     """
     try:
         with _terminate_as_interrupt():
@@ -101,11 +114,7 @@ def run_command(
     except FedhypeError as exc:
         _fail(_with_flags(str(exc)), exc.exit_code, json_mode, extra=_error_extra(exc))
     except KeyboardInterrupt:
-        _fail("interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command: `fedhype run` and `fedhype train "
-              "--resume` continue from the last completed round (the ledger already holds what the interrupted release or round "
-              "was charged; without a seed, its rerun draws fresh noise and is charged again — `fedhype audit --run` shows the "
-              "ledger; --max-epsilon refuses a rerun that would exceed it), other commands start again (remove a finished "
-              "--out they refuse to overwrite)", 130, json_mode)
+        _fail(interrupted, 130, json_mode)
     except OSError as exc:  # a path the user gave that cannot be read or written: say which, without a traceback
         if os.environ.get("FEDHYPE_DEBUG"):
             raise

@@ -234,13 +234,13 @@ def evaluate(
             part = Partition.load(partition)
             part.check_store(store)
             keys = (clf.meta_ or {}).get("data_keys") or []
-            if keys and part.key and part.data_key not in keys:  # as `fedhype evaluate` (a probe: it scored silently)
+            why = part.key_mismatch(keys)  # as `fedhype evaluate` (a probe: it scored silently)
+            if why:
                 from fedhype.errors import ArtifactError
 
-                raise ArtifactError(f"the partition's key ({part.data_key[:8]}…) is not among the data keys of the run "
-                                    f"whose synthetic store trained --model {model} "
-                                    f"({', '.join(sorted({k[:8] + '…' for k in keys}))}): its {split} split may hold "
-                                    "that run's training records; pass the partition the run trained on")
+                raise ArtifactError(f"{why} (the run whose synthetic store trained --model {model}): its {split} "
+                                    "split may hold that run's training records; pass the partition the run "
+                                    "trained on")
             test = part.split_store(store, split)
         else:
             test = store

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, print_above_target, round_printer, run_command
+from fedhype.cli.common import JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, print_above_target, round_printer, run_command, INTERRUPTED_TRAINING
 from fedhype.cli.train_cmd import explain_min_records
 from fedhype.errors import ValidationError
 
@@ -63,4 +63,4 @@ def register(app: typer.Typer) -> None:
                 print_above_target(res)
             return res
 
-        run_command(body, json_out, _render)
+        run_command(body, json_out, _render, interrupted=INTERRUPTED_TRAINING)

@@ -63,6 +63,14 @@ def free_disk(path: Path) -> int | None:
         return None
 
 
+def _bytes(n: float) -> str:
+    """``n`` bytes for a message, in the unit that keeps digits (a probe read "needs 0.00 GiB, 0.00 GiB free")."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} bytes"
+
+
 def check_size(total: int, dim: int, flag: str, out: Path | None = None, copies: int = 1) -> None:
     """Refuse a draw of ``total`` embeddings of dimension ``dim`` above :data:`MAX_SYNTHETIC`, beyond memory, or
     beyond the free disk space where ``out`` (and ``copies − 1`` more copies, e.g. a release folder's) is written.
@@ -82,14 +90,14 @@ def check_size(total: int, dim: int, flag: str, out: Path | None = None, copies:
     need, avail = total * bytes_per_embedding(dim), available_memory()
     if avail is not None and need > avail:
         raise ValidationError(
-            f"{flag} asks for {total:,} synthetic embeddings of dimension {dim}, which need about {need / 2**30:.1f} GiB "
-            f"of memory; {avail / 2**30:.1f} GiB is available: draw fewer, or several stores with different --seed")
+            f"{flag} asks for {total:,} synthetic embeddings of dimension {dim}, which need about {_bytes(need)} "
+            f"of memory; {_bytes(avail)} is available: draw fewer, or several stores with different --seed")
     free = free_disk(out) if out is not None else None
     need = total * bytes_on_disk(dim) * copies
     if free is not None and need > free:  # a probe: a multi-GB store was started without a look at the disk
         raise ValidationError(
-            f"{flag}: the store{' and its release copy need' if copies > 1 else ' needs'} about {need / 2**30:.2f} GiB on disk "
-            f"where --out {out} goes; {free / 2**30:.2f} GiB is free there: free space, write elsewhere, or draw fewer")
+            f"{flag}: the store{' and its release copy need' if copies > 1 else ' needs'} about {_bytes(need)} on disk "
+            f"where --out {out} goes; {_bytes(free)} is free there: free space, write elsewhere, or draw fewer")
 
 
 def _auto_or_int(value: Optional[str]) -> Optional[int | str]:

@@ -19,7 +19,7 @@ from fedhype.federated.config import METHOD_REGISTRY, METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, client_labels, check_out_dir, check_out_kind, config_default,
                                 config_option, console, existing, kv_table, log_line, print_above_target, round_printer,
-                                run_command)
+                                run_command, INTERRUPTED_TRAINING)
 from fedhype.errors import MinRecordsError, ValidationError
 
 if TYPE_CHECKING:
@@ -284,4 +284,4 @@ def register(app: typer.Typer) -> None:
                 print_above_target(res)
             return res
 
-        run_command(body, json_out, _render)
+        run_command(body, json_out, _render, interrupted=INTERRUPTED_TRAINING)

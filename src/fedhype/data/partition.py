@@ -101,8 +101,25 @@ class Partition:
     @property
     def data_key(self) -> str:
         """What a run and its synthetic stores record of this partition: its random key (it says nothing
-        about the records), or ``"unkeyed"`` for a partition written before keys existed (not checked)."""
+        about the records), or ``"unkeyed"`` for a partition written before keys existed."""
         return self.key or UNKEYED
+
+    def key_mismatch(self, keys) -> str | None:
+        """Why this partition is not among a run's data ``keys`` (its ``data_keys``), or ``None`` when it is.
+
+        A run that recorded no keys is not checked. A partition without a key (written before keys existed, or
+        with its ``key`` field removed) matches only a run that was itself trained on unkeyed partitions: against
+        a keyed run it would disable the check that the held-out split is not another partition's training
+        data (a probe deleted the field and `evaluate` scored silently).
+        """
+        keys = [str(k) for k in (keys or [])]
+        if not keys or self.data_key in keys:
+            return None
+        shown = ", ".join(sorted({k[:8] + "…" for k in keys}))
+        if not self.key:
+            return (f"the partition has no key (its `key` field is missing: written before keys existed, or "
+                    f"edited), the run's data keys are {shown}")
+        return f"the partition's key ({self.key[:8]}…) is not among the run's data keys ({shown})"
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike) -> Path:

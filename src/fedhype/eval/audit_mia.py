@@ -36,9 +36,9 @@ def check_run_data(run_dir: str | Path, store: EmbeddingStore, partition: Partit
         raise ArtifactError(f"the store (digest {store.digest()[:12]}…) is not the one run {run_dir} trained on "
                             f"(digest {str(digest)[:12]}…); pass the run's --store")
     keys = config.get("partition", {}).get("keys")
-    if keys and partition.key and partition.data_key not in keys:
-        raise ArtifactError(f"the partition (key {partition.data_key[:8]}…) is not the one run {run_dir} trained on "
-                            f"(keys {sorted({k[:8] + '…' for k in keys})}); pass the run's --partition")
+    why = partition.key_mismatch(keys)
+    if why:
+        raise ArtifactError(f"{why}: it is not the partition run {run_dir} trained on; pass the run's --partition")
     names = config.get("partition", {}).get("clients")
     if names != [c.name for c in partition.clients]:
         raise ArtifactError(f"the partition's clients {[c.name for c in partition.clients]} differ from the run's "

@@ -160,11 +160,11 @@ def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name:
     keys = synthetic.meta.get("data_keys")
     if not keys:
         return
-    if partition is not None and partition.key and partition.data_key not in keys:
-        raise ArtifactError(f"the partition's key ({partition.data_key[:8]}…) is not among the data keys of "
-                              f"{syn_name}'s run ({', '.join(sorted({k[:8] + '…' for k in keys}))}): it was made "
-                              "by another `fedhype partition`, so its held-out split may hold the run's training "
-                              "records; pass the partition the run trained on")
+    why = partition.key_mismatch(keys) if partition is not None else None
+    if why:
+        raise ArtifactError(f"{why} ({syn_name}): it was made by another `fedhype partition` or edited, so its "
+                            "held-out split may hold the run's training records; pass the partition the run "
+                            "trained on")
     if site is not None:
         names = list(synthetic.meta.get("client_names") or [])
         if site.name in names and len(names) == len(keys) and keys[names.index(site.name)] != site.key:

@@ -33,6 +33,7 @@ from fedhype.federated.baselines import is_local, load_local_models
 from fedhype.io import DIGEST_KEY, atomic_save_tensors, atomic_write_json, load_tensors, read_json, tensor_metadata
 from fedhype.models.config import ModelConfig
 from fedhype.models.hypernet import HyperNetwork, fill_missing_anchors
+from fedhype.privacy.ledger import LEDGER_ADVICE
 
 MODEL_FORMAT = "fedhype-model/1"
 
@@ -108,7 +109,7 @@ class RunDir:
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
                 raise ValidationError(f"run directory {self.root} is being written by another process (pid {holder}); "
-                                      "wait for it to finish, or stop it, before resuming") from None
+                                      "wait for it to finish, or stop it, and run the command again") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             yield self
@@ -147,7 +148,7 @@ class RunDir:
             return "committed"
         if (self.root / "ckpt" / RELEASE_STATE).exists() or (self.root / "ckpt" / RELEASE_OUTPUTS).exists():
             return "saved"
-        if self.ledger.exists() and read_json(self.ledger, "privacy ledger").get("events"):
+        if self.ledger.exists() and read_json(self.ledger, "privacy ledger", LEDGER_ADVICE).get("events"):
             return "interrupted"
         return "not started"
 

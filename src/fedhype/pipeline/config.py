@@ -169,6 +169,11 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
             conf["data"]["images"] or conf["data"]["store"]):
         raise ValidationError(f"data.dataset ({given['data.dataset']}) and data.{'images' if conf['data']['images'] else 'store'} "
                               "both name the real data; give one")
+    if "partition.alpha" in given and conf["partition"]["alpha"] != DEFAULTS["partition"]["alpha"] \
+            and conf["partition"]["scheme"] != "dirichlet":  # a probe's alpha with scheme "domain" was ignored silently
+        raise ValidationError(f"{given['partition.alpha']}: partition.alpha applies to partition.scheme = \"dirichlet\" "
+                              f"only (the label skew of a Dirichlet partition); the scheme is "
+                              f"{conf['partition']['scheme']!r}: drop partition.alpha or set partition.scheme = \"dirichlet\"")
     from fedhype.data.layout import check_layout
 
     check_layout(conf["data"]["layout"], f"{given.get('data.layout', 'data.layout')}: data.layout")

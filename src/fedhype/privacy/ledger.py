@@ -53,6 +53,10 @@ from fedhype.privacy.accountant import (
 )
 
 FORMAT = "fedhype-ledger/1"
+#: what to do about a ledger that is not JSON: it is the only record of what was spent, so it is restored, never
+#: re-created (a probe was told "re-create it", which would reset the spend)
+LEDGER_ADVICE = ("restore it from a backup or from the copy in a release folder made from this run (release/ledger.json): it is the "
+                 "only record of the ε already spent, and re-creating or deleting it would reset that spend")
 #: the noise of an event: the Gaussian mechanism (every event but one kind) or an integer-domain Skellam release
 GAUSSIAN, SKELLAM = "gaussian", "skellam"
 NOISES = (GAUSSIAN, SKELLAM)
@@ -403,7 +407,7 @@ class PrivacyLedger:
     @classmethod
     def load(cls, path: str | Path) -> "PrivacyLedger":
         """Read and verify a ledger file (see :meth:`from_state_dict`); ArtifactError if bad."""
-        return cls.from_state_dict(read_json(path, what="privacy ledger"), source=str(path))
+        return cls.from_state_dict(read_json(path, what="privacy ledger", advice=LEDGER_ADVICE), source=str(path))
 
     def __len__(self) -> int:
         return len(self._events)

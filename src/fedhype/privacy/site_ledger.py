@@ -43,7 +43,7 @@ from typing import Iterable, Iterator, Sequence
 
 from fedhype.data.sites import SITE_LEDGER_FILE
 from fedhype.errors import ArtifactError, BudgetExceededError, ValidationError
-from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge
+from fedhype.privacy.ledger import LEDGER_ADVICE, LedgerEvent, PrivacyLedger, charge
 
 _WHAT = "every charge against this site's records, across runs"
 _RUN = "run "
@@ -95,7 +95,7 @@ def load_site_ledger(folder: str | os.PathLike, *, expected: bool = False, site:
     try:
         led = PrivacyLedger.load(path)
     except ArtifactError as exc:
-        raise ArtifactError(f"the site's ledger across runs: {str(exc).split('; re-create it')[0]}; {keep}") from None
+        raise ArtifactError(f"the site's ledger across runs: {str(exc).split('; ' + LEDGER_ADVICE)[0]}; {keep}") from None
     if site is not None and site_of(led) != site:
         raise ArtifactError(f"{path} is the ledger of site {site_of(led)!r}, not {site!r} (copied from another site "
                             "folder?); put this site's own ledger back")

@@ -64,7 +64,7 @@ def parse_code_spec(spec: str, clients: list[str], names: list[str] | None = Non
     """Parse ``spec`` against the run's client ids (and names, and public sizes for ``mixture``).
 
     Raises:
-        ValidationError: malformed spec, unknown client, negative or all-zero weights, or a bare
+        ValidationError: malformed spec, unknown or repeated client, negative or all-zero weights, or a bare
             ``mixture`` without ``sizes``.
     """
     names = names or clients
@@ -92,7 +92,11 @@ def parse_code_spec(spec: str, clients: list[str], names: list[str] | None = Non
                 raise ValidationError(f"--code {spec!r}: weight {val!r} is not a number") from None
             if not math.isfinite(weight) or weight < 0:
                 raise ValidationError(f"--code {spec!r}: weight {val!r} must be a finite number ≥ 0")
-            idx.append(_resolve(key, clients, names, spec))
+            i = _resolve(key, clients, names, spec)
+            if i in idx:  # by id and by name alike (a probe's "mix:0=1,0=2" was taken silently)
+                raise ValidationError(f"--code {spec!r}: client {clients[i]!r} is listed twice; give each client "
+                                      "once, with its total weight")
+            idx.append(i)
             w.append(weight)
         total = sum(w)
         if total <= 0:
