@@ -57,6 +57,15 @@ def test_target_epsilon_gives_sigma_within_it(app):
     assert epsilon([(out["noise_multiplier"], 0.05, 300)], 1e-5) == out["epsilon"]
 
 
+def test_epsilon_alone_names_both_ways_to_say_what_is_accounted(app):
+    """A probe's `budget --epsilon 1` was sent to --rounds, which then asked for the sizes: one message names both."""
+    result, out = _run(app, "--epsilon", "1", "--json")
+    assert result.exit_code == 2 and "--sample-rate and --steps" in out["error"] and "--client-sizes" in out["error"]
+    result, out = _run(app, "--epsilon", "1", "--client-sizes", "600,480", "--json")  # the sizes alone are enough
+    assert result.exit_code == 0, result.output
+    assert out["epsilon"] <= 1.0 + 1e-9
+
+
 def test_federated_plan_from_client_sizes(app):
     # --class-stats-share 0: the DP-SGD steps alone (as for dp-cvae); the default composes the
     # class-statistics release first (tests/federated/test_refusals.py checks it against the engine)

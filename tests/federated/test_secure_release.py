@@ -7,6 +7,7 @@ on; one beyond t stops the run with nothing charged or committed."""
 import json
 
 import pytest
+import torch
 
 from fedhype.data.partition import make_partition
 from fedhype.federated import class_stats
@@ -98,9 +99,51 @@ def test_max_epsilon_refuses_a_resume_that_would_release_again_through_the_integ
                       model=SMALL, secure_aggregation=True, dropout_tolerance=1)
     run = tmp_path / "run"
     _run(real_store, part, cfg, run, stop_after=0)
-    (run / "ckpt" / "release-state.safetensors").unlink()  # as if interrupted after the charge, before the save
+    for f in ("release-state", "release-outputs"):  # as if interrupted after the charge, before the sums arrived
+        (run / "ckpt" / f"{f}.safetensors").unlink()
     before = (run / "ledger.json").read_bytes()
     spent = PrivacyLedger.load(run / "ledger.json").worst()[1]
     with pytest.raises(BudgetExceededError, match=r"the statistics release \(interrupted before, charged again"):
         _run(real_store, part, TrainConfig(**{**cfg.__dict__, "max_epsilon": 2.1}), run, resume=True)
     assert (run / "ledger.json").read_bytes() == before and spent < 2.1
+
+
+@pytest.mark.parametrize("centre_share", [0.0, 0.06])
+def test_sums_received_through_the_integer_path_are_reused_on_resume_not_released_again(real_store, part, tmp_path,
+                                                                                       centre_share):
+    """The Flower SecAgg+ path saves the sums it unmasked (ckpt/release-outputs.safetensors) before its
+    post-processing, as the in-process secure path does: an unseeded run interrupted after them and before the
+    model was saved resumes from them (no session opened, the ledger byte-identical, the same model); it released
+    and was charged again before."""
+    from fedhype.io import load_tensors
+
+    cfg = TrainConfig(method="fedhypevae", rounds=2, local_steps=1, batch_size=32, epsilon=2.0, delta=1e-4, seed=None,
+                      model=SMALL, secure_aggregation=True, dropout_tolerance=1, centre_share=centre_share)
+    run = tmp_path / "run"
+    _run(real_store, part, cfg, run, stop_after=0)
+    assert (run / "ckpt" / "release-outputs.safetensors").exists()
+    whole = load_tensors(run / "ckpt" / "release-state.safetensors")
+    (run / "ckpt" / "release-state.safetensors").unlink()  # the sums arrived; the model was not saved
+    assert RunDir(run).release_stage() == "saved"
+    before = (run / "ledger.json").read_bytes()
+    opened = []
+
+    def connect_spy(real_open):
+        def spy(self, stage):
+            opened.append(stage)
+            return real_open(self, stage)
+        return spy
+
+    from fedhype.federated.secure_release import LocalIntegerSession
+
+    real_open = LocalIntegerSession.open
+    LocalIntegerSession.open = connect_spy(real_open)
+    try:
+        _run(real_store, part, cfg, run, resume=True, stop_after=0)
+    finally:
+        LocalIntegerSession.open = real_open
+    assert opened == []  # no secure-aggregation session: nothing left the clients again
+    assert (run / "ledger.json").read_bytes() == before  # nothing charged again
+    again = load_tensors(run / "ckpt" / "release-state.safetensors")
+    for k in ("hnet.space_mean", "hnet.base.cb"):
+        assert torch.equal(again[k], whole[k]), k  # the same sums, post-processed again

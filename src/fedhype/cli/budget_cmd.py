@@ -451,7 +451,10 @@ def budget(
         plan_flags = (rounds, local_epochs, local_steps, batch_size, client_sizes, partition, card or None)
         if all(v is None for v in plan_flags):
             if sample_rate is None or steps is None:
-                raise ValidationError("a single mechanism needs --sample-rate and --steps (or give a plan: --rounds …)")
+                # both ways at once (a probe's `budget --epsilon 1` was sent to --rounds, then asked for sizes)
+                raise ValidationError("say what is accounted: a single mechanism's --sample-rate and --steps, or a "
+                                      "federated plan's training-set sizes (--client-sizes 600,480, --partition "
+                                      "FILE or --card per site; rounds and batch size default to train's)")
             if secure_aggregation or dropout_tolerance:
                 raise ValidationError("--secure-aggregation/--dropout-tolerance describe a federated plan's statistics "
                                       "release; a single mechanism has none (give a plan: --rounds …)")

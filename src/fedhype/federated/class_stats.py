@@ -951,8 +951,8 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     moment they arrive, before the server's post-processing (:func:`save_release_outputs`); with
     ``reuse_outputs`` (the engine's resume of a run whose release was charged) a file already there is read back
     instead of asking the clients again — nothing is charged or released a second time. Under in-process secure
-    aggregation the server keeps only the sums it received (:func:`save_secure_outputs`), reused the same way; the
-    Flower integer path (:mod:`fedhype.federated.secure_release`) does not save them yet.
+    aggregation the server keeps only the sums it received (:func:`save_secure_outputs`), reused the same way, in
+    process and on the Flower integer path (:mod:`fedhype.federated.secure_release`) alike.
 
     Returns the clients' DP class counts ``[m][K]`` (floored at 0; public DP outputs, used to weight
     a mixture per class), or None under secure aggregation (the server sees only their sum).
@@ -970,7 +970,8 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         return run_integer_release(session(), clients, server, n_classes, dp, ledger, ledger_path, seeded=seeded,
                                    weights=weights, distributed=distributed, centre_share=centre_share,
                                    radius=centring_mod.DEFAULT_RADIUS if radius is None else float(radius),
-                                   budget_check=budget_check)
+                                   budget_check=budget_check, outputs=outputs,
+                                   reuse_outputs=reuse_outputs and outputs is not None)
     what = "class sums, counts and second moments" if weights.second_moment > 0 else "class sums and counts"
     centred = bool(dp.enabled and centre_share > 0)
     radius = centring_mod.DEFAULT_RADIUS if radius is None else float(radius)

@@ -19,7 +19,10 @@ alone), in this order —
    the masked shares and unmasks the sum of ≥ m − t of them (else it raises: the write-ahead charge
    stays, as for any mechanism whose records were touched);
 
-then the model is set from the aggregate as in process. The noise of each step is the Gaussian
+then the model is set from the aggregate as in process. The sums of both steps are saved the moment the last
+one arrives (``ckpt/release-outputs.safetensors``, :func:`fedhype.federated.class_stats.save_secure_outputs`:
+public DP outputs); a run interrupted after that and before the model was saved resumes from them, charged and
+released once (an interruption between the steps releases both again, charged again unless seeded). The noise of each step is the Gaussian
 plan's σ times the factor of :func:`fedhype.privacy.skellam.calibrate_factor`, so that the RDP
 accounting of the Skellam releases keeps every client's ε at or below the planned one.
 
@@ -66,7 +69,8 @@ def release_plans(noise: DistributedNoise, steps: Sequence[tuple[float, float, i
 
 def run_integer_release(session: SecureSession, clients, server, n_classes: int, dp, ledger, ledger_path: Path | None, *,
                         seeded: bool, weights, distributed: DistributedNoise, centre_share: float,
-                        radius: float, budget_check=None) -> None:
+                        radius: float, budget_check=None, outputs: Path | None = None,
+                        reuse_outputs: bool = False) -> None:
     """The release before round 0 over ``session`` (module docstring); sets ``server.hnet`` from the aggregate.
 
     Returns None (the server sees no client's own counts), as the in-process secure path does.
@@ -75,12 +79,17 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
     charged, with the pending events of every step for every client (those who drop out at a step are not
     charged for it, so the check may price more than is spent, never less); it raises to refuse.
 
+    ``outputs``: where the sums the server received are saved once both steps arrived, before the post-processing;
+    with ``reuse_outputs`` (a resume of a run whose release was charged) sums of these clients under this noise plan
+    already there are post-processed again instead of opening a session: nothing is released or charged.
+
     Raises:
         ValidationError: a local-cvae server or a non-private release. Whatever ``session`` raises
         (a dropout beyond t, a client that refused the protocol): nothing after the failing step is
         charged or released.
     """
-    from fedhype.federated.class_stats import MECHANISM, apply_class_stats, clip_rescale_factor, pooled_stats, release_notes
+    from fedhype.federated.class_stats import (MECHANISM, apply_class_stats, clip_rescale_factor, load_secure_outputs,
+                                               pooled_stats, release_notes, save_secure_outputs)
     from fedhype.privacy import centring as centring_mod
     from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
     from fedhype.privacy.events import skellam_release_events
@@ -102,25 +111,41 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
             "statistics": "class sums, counts" + (" and second moments" if layouts[-1].second_moment else "")
             + f"; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
             + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "")}
-    if budget_check is not None:
-        every = [e for layout, plan, mechanism in zip(layouts, plans, mechanisms)
-                 for e in skellam_release_events([c.id for c in clients], plan, mechanism, what[layout.kind])]
-        budget_check(pending_charges(ledger, every, replays=lambda e: seeded))
+    kept = load_secure_outputs(outputs, clients, distributed) if reuse_outputs else None
+    if kept is not None and ((centred and kept[0] is None) or not _same_sigma(kept[1], plans[-1])):
+        kept = None  # not this release's sums (uncentred, or another noise plan: e.g. the in-process Gaussian one's)
     cen, agg = None, None
-    for layout, plan, mechanism in zip(layouts, plans, mechanisms):
-        live = session.open(layout.kind)  # no record touched yet: a failure here charges nothing
-        events = skellam_release_events([clients[i].id for i in live], plan, mechanism,
-                                        f"{what[layout.kind]}; {plan.describe()}")
-        charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
-        agg = session.release(layout.kind, plan, n_classes=n_classes, weights=weights, centring=cen)
-        if layout.kind == "centre":
-            cen = centring_mod.centring_from(agg, radius)
+    if kept is not None:  # a resume: the sums received before the interruption (charged then)
+        cen_sum, agg = kept
+        cen = centring_mod.centring_from(cen_sum, radius) if centred else None
+    else:
+        if budget_check is not None:
+            every = [e for layout, plan, mechanism in zip(layouts, plans, mechanisms)
+                     for e in skellam_release_events([c.id for c in clients], plan, mechanism, what[layout.kind])]
+            budget_check(pending_charges(ledger, every, replays=lambda e: seeded))
+        cen_sum = None
+        for layout, plan, mechanism in zip(layouts, plans, mechanisms):
+            live = session.open(layout.kind)  # no record touched yet: a failure here charges nothing
+            events = skellam_release_events([clients[i].id for i in live], plan, mechanism,
+                                            f"{what[layout.kind]}; {plan.describe()}")
+            charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
+            agg = session.release(layout.kind, plan, n_classes=n_classes, weights=weights, centring=cen)
+            if layout.kind == "centre":
+                cen_sum, cen = agg, centring_mod.centring_from(agg, radius)
+        if outputs is not None:  # saved before the post-processing: a resume reuses them
+            save_secure_outputs(outputs, cen_sum, agg)
     dp_stats = DPConfig(plans[-1].noise_multiplier, RELEASE_SENSITIVITY, enabled=True)
     g = clip_rescale_factor(agg, cen) if getattr(server.cfg, "clip_rescale", False) else 1.0
     stats = pooled_stats(agg, dp_stats, weights, server.cfg.latent, cen, server.cfg.residual, server.cfg.located_share, g)
     apply_class_stats(server.hnet, stats)
     server.release_notes = release_notes(stats)
     return None
+
+
+def _same_sigma(agg, plan: SkellamPlan) -> bool:
+    """Whether a saved sum carries this plan's noise multiplier (relative tolerance 1e-9)."""
+    got = agg.noise_multiplier
+    return got is not None and abs(float(got) - float(plan.noise_multiplier)) <= 1e-9 * float(plan.noise_multiplier)
 
 
 class LocalIntegerSession:
