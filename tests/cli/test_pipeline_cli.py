@@ -150,7 +150,12 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert "train: resuming after round 2 of 2 (the class statistics were released before; their saved outputs are " \
         "reused and not charged again" \
         in r.stderr and "train: nothing left to train" in r.stderr and "clients release" not in r.stderr
-    assert _json(r)["epsilon"] == pytest.approx(rep["epsilon"])
+    rerun = _json(r)
+    assert rerun["epsilon"] == pytest.approx(rep["epsilon"])
+    # the report keeps the first run's stage timings beside the rerun's (a probe: the rerun's replaced them)
+    assert rep["timings_earlier_s"] == [] and rerun["timings_earlier_s"] == [rep["timings_s"]]
+    md = (job / "report.md").read_text()
+    assert "- this run: embed " in md and "- earlier run 1: embed " in md
     # a different configuration into the same folder is refused
     r = runner.invoke(app, args + ["--set", "train.epsilon=4"])
     assert r.exit_code == 2 and "different configuration" in _json(r)["error"]

@@ -314,6 +314,38 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
         return _run_job(conf, out, beat, rounds)
 
 
+#: every run of ``fedhype run`` into a job folder, its stages' seconds (private: it stays in the job folder)
+TIMINGS_FILE = "timings.json"
+
+
+class StageTimings(dict):
+    """This run's stage timings (``{"embed_s": seconds, …}``), kept with those of the earlier runs into the folder.
+
+    Each stage's time is written to ``path`` (atomic JSON: ``{"runs": [{"started", "stages"}, …]}``) when it
+    ends, so a job that was interrupted and resumed reports the earlier runs' stages beside this one's
+    (:attr:`earlier`) instead of replacing them (a probe: a resumed job's report showed only the resume's
+    seconds). ``fresh``: a folder whose job never trained and whose settings changed starts a new history.
+    """
+
+    def __init__(self, path: Path, fresh: bool = False):
+        super().__init__()
+        self.path = Path(path)
+        runs: list = []
+        if not fresh and self.path.exists():
+            try:
+                raw = json.loads(self.path.read_text(encoding="utf-8"))
+                runs = [r for r in raw.get("runs", []) if isinstance(r, dict) and isinstance(r.get("stages"), dict)]
+            except (OSError, ValueError, AttributeError):
+                runs = []  # a damaged history is only a loss of earlier timings
+        self.earlier = [dict(r["stages"]) for r in runs]
+        self._runs = runs + [{"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "stages": {}}]
+
+    def __setitem__(self, key: str, seconds: float) -> None:
+        super().__setitem__(key, seconds)
+        self._runs[-1]["stages"][key] = float(seconds)
+        atomic_write_json(self.path, {"runs": self._runs})
+
+
 def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
     from fedhype.pipeline.config import check_data, check_partition, upgrade_keys
 
@@ -340,7 +372,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
         # a job refused before training spent nothing: its folder is reused, and what its stages wrote
         # under the old settings is not (removed below, once the new settings are known to be valid)
         log(f"run: {out} held a job that never started training (nothing was spent); replacing its configuration")
-    timings: dict[str, float] = {}
+    timings = StageTimings(out / TIMINGS_FILE, fresh=stale)
     t = time.perf_counter()
     log.stage("embed")
     store = _embed(conf, out, log, reuse=not stale)

@@ -99,7 +99,8 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "n_synthetic": len(syn), "code": syn.meta.get("code"), "codes_note": syn.meta.get("codes_note"),
         "anchor": syn.meta.get("anchor", "off"),
         "release_choices": _release_choices(out / "run"),
-        "timings_s": timings, "traffic": trained.get("traffic"),
+        "timings_s": dict(timings), "timings_earlier_s": list(getattr(timings, "earlier", [])),
+        "traffic": trained.get("traffic"),
         "held_out_not_dp": held_out_trend(metrics),
         "report": str(out / "report.md"), "plots": [str(plots / "projection.png"), str(plots / "training.png")],
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
@@ -458,7 +459,12 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         lines += ["", "## Per domain (TSTR / TRTR accuracy)", "", "| domain | TSTR | TRTR |", "|---|---|---|"]
         for name, d in per.items():
             lines.append(f"| {name} | {_fmt(d.get('tstr_accuracy'))} | {_fmt(d.get('trtr_accuracy'))} |")
-    lines += ["", "## Timings (s)", "", " · ".join(f"{k[:-2]} {v:.1f}" for k, v in r["timings_s"].items()),
+    timing_lines = [" · ".join(f"{k[:-2]} {v:.1f}" for k, v in r["timings_s"].items())]
+    if r.get("timings_earlier_s"):  # an interrupted job resumed (or a finished one rerun) into this folder
+        timing_lines = [f"- this run: {timing_lines[0]}"] + [
+            f"- earlier run {i + 1}: " + (" · ".join(f"{k[:-2]} {v:.1f}" for k, v in st.items()) or "no stage finished")
+            for i, st in enumerate(r["timings_earlier_s"])]
+    lines += ["", "## Timings (s)", "", *timing_lines,
               "", "![projection](plots/projection.png)", "",
               "The projection (PCA fit on the held-out real test records, which it plots beside the synthetic "
               "ones) shows real records: like the diagnostics below, it is for the data holder's eyes only.", "",
