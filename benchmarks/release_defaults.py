@@ -42,7 +42,10 @@ The test split is not read. Grids:
   0.65 / 0.8, "located share, scale"; with 100 clients at ε = 4, 0 vs 0.8) and, for the rule ``"auto"`` (0.8 where the pooled class means' James–Stein
   factor F ≥ 0.94, :func:`fedhype.federated.class_stats.resolve_located_share`), 0 vs 0.8 at the job's size on
   digits and Fashion-MNIST per client and under secure aggregation ("located share, auto"; the rows with no
-  ``located_share`` ran before ``"auto"`` became the default, with s = 0).
+  ``located_share`` ran before ``"auto"`` became the default, with s = 0);
+* the clients' covariances under their own heterogeneity test (``model.client_shrinkage = "client-cov"``,
+  :func:`fedhype.federated.class_stats.shrink_client_cov`) against the default ``"client"``: ours (mixture code, the
+  job's size, ``located_share = "auto"``) on digits and Fashion-MNIST at ε = 4 / 8 ("client covariance test").
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
 already there or in the committed ``benchmarks/results/release_defaults.json``. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
@@ -174,11 +177,17 @@ GRID: list[tuple[str, str, dict]] = (
                                    **({"code": "mixture"} if m == "fedhypevae" and not sa else {}), "located_share": s})
        for d in ("digits", "fashion") for sa in (False, True) for m in ("dp-gaussian", "fedhypevae")
        for e in (("4", "8") if m == "fedhypevae" and not sa else ("1", "4", "8")) for s in (0.0, 0.8)]
+    # the clients' covariances moved no further than their own heterogeneity test allows (model.client_shrinkage
+    # "client-cov", class_stats.shrink_client_cov) against the default "client": ours (the job's mixture code, the
+    # job's size and located share) where the mixture's precision stayed below 0.3 (ε = 4) and at ε = 8
+    + [("client covariance test", e, {"dataset": d, "code": "mixture", **_JOB_SIZE[d], "located_share": "auto",
+                                      "client_shrinkage": c})
+       for d in ("digits", "fashion") for e in ("4", "8") for c in ("client", "client-cov")]
 )
 
 
 #: grids whose rows also record precision, coverage and F (the table shows precision / coverage beside TSTR)
-WITH_PRDC = ("located share, auto",)
+WITH_PRDC = ("located share, auto", "client covariance test")
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
@@ -215,7 +224,7 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     class_stats.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
         v = str(v).lower() if isinstance(v, bool) else v
-        section = "model" if k in ("latent", "residual", "clip_rescale", "located_share") else "train"
+        section = "model" if k in ("latent", "residual", "clip_rescale", "located_share", "client_shrinkage") else "train"
         sets.append(f'{section}.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"{section}.{k}={v}")
     cfg = train_config(resolve(config, sets))
     with tempfile.TemporaryDirectory() as tmp:

@@ -537,3 +537,50 @@ def test_many_small_label_skewed_clients_stay_near_the_pool_and_unresolved_class
         torch.testing.assert_close(g["class_means"][at_floor], pm[at_floor], atol=1e-6, rtol=0)
     assert unresolved > 16  # most clients hold a class too few to resolve
     assert max(fs) < 0.25 and sum(fs) / len(fs) < 0.12, fs
+
+
+@pytest.mark.parametrize("sigma", [0.02, 0.05])
+def test_the_covariance_test_pools_an_iid_clients_covariance_and_keeps_a_domains(real_store, part, sigma):
+    """``model.client_shrinkage = "client-cov"``: the covariance moves by min(f_i, f_c), f_c its own positive-part
+    James–Stein factor against DP and sampling noise. iid clients (one population) get f_c = 0 and so the pooled
+    within-class covariance; some digits domains (different covariances) keep a factor above 0; without DP it is
+    "client" exactly."""
+    from fedhype.federated.class_stats import (_shrunk_cov, client_gaussian, covariance_factor, release_moments,
+                                               shrink_client, shrink_client_cov)
+
+    iid = make_partition(real_store, scheme="iid", n_clients=4, seed=0)
+    fc = {}
+    for name, p in (("domain", part), ("iid", iid)):
+        ups, dp, w = _client_releases(real_store, p, sigma, 0)
+        pooled = release_moments(ups, dp, w)
+        fc[name] = []
+        for u in ups:
+            mo = release_moments([u], dp, w)
+            base = shrink_client(mo, pooled)
+            f_c = covariance_factor(mo, pooled, base)
+            got = shrink_client_cov(mo, pooled)
+            assert float(got["cov_shrinkage"]) == pytest.approx(min(float(base["cov_shrinkage"]), f_c))
+            assert torch.equal(got["class_means"], base["class_means"])  # the means are "client"'s
+            if f_c == 0.0:  # the covariance is the target: the pooled within-class one plus the client's scatter
+                assert float(got["cov_shrinkage"]) == 0.0
+                assert torch.equal(got["cov"], _shrunk_cov(mo, pooled, base, 0.0)[0])
+            fc[name].append(f_c)
+            g = client_gaussian(u, pooled, dp, w, 8, shrink="client-cov")
+            assert float(g["cov_shrinkage"]) == pytest.approx(float(got["cov_shrinkage"]))
+    # ~200 records per client here: sampling error hides most of a domain's difference (at σ = 0.02 not all of it)
+    assert max(fc["iid"]) == 0.0 and (sigma > 0.02 or sum(fc["domain"]) > 0.2), fc
+    # f_c = 1 − noise / ‖C_i − T‖²_F: a client whose difference to the target is a times larger keeps 1 − (1 − f_c)/a²
+    mo = release_moments([ups[0]], dp, w)
+    base = shrink_client(mo, pooled)
+    target = _shrunk_cov(mo, pooled, base, 0.0)[0]
+    f = {}
+    for a in (5.0, 10.0):
+        amp = dict(mo, cov=target + a * (mo["cov"] - target))
+        f[a] = covariance_factor(amp, pooled, base)
+    assert 0.0 < f[5.0] < f[10.0] < 1.0 and 1.0 - f[10.0] == pytest.approx((1.0 - f[5.0]) / 4.0, rel=1e-6), f
+    exact, dp0, w = _client_releases(real_store, part, 0.0, 0)
+    pooled0 = release_moments(exact, dp0, w)
+    for u in exact:
+        a = client_gaussian(u, pooled0, dp0, w, 8, shrink="client-cov")
+        b = client_gaussian(u, pooled0, dp0, w, 8, shrink="client")
+        assert torch.equal(a["class_means"], b["class_means"]) and torch.equal(a["cov_factor"], b["cov_factor"])
