@@ -336,7 +336,7 @@ def main() -> None:
             or ("second_moment_share = 0.3" in lab and (grid != "share and radius, scale" or "radius = 0.8" in lab)) \
             or lab.endswith("release_centre = client, residual = isotropic") or lab.endswith("residual = latent") \
             or (grid == "DP-SGD share" and lab.endswith("class_stats_share = 0.95")) \
-            or lab.endswith("clip_rescale = False") \
+            or lab.endswith("clip_rescale = False") or lab.endswith("client_shrinkage = client") \
             else lab
         lines.append(f"| {grid} | {'no DP' if eps == 'none' else eps} | {shown} | {cell} | {len(v)} |")
     md = "\n".join(lines) + "\n"
