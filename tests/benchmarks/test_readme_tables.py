@@ -143,6 +143,22 @@ def test_option_test_table_regenerates_from_its_pairs_and_pairs_by_cell():
         mod.pairs("digits", [{**saved["pairs"][0]["option"], "seed": 99}], grid)
 
 
+def test_the_client_cov_table_is_its_own_output_beside_the_committed_grid_rows():
+    """benchmarks/results/option-client-cov.md (model.client_shrinkage = "client-cov", not the default): the table
+    is option_test.py's output from the pairs it keeps, each grid row is the committed Fashion-MNIST grid's own
+    row of that cell, and the README quotes its ε = 4 precision / coverage."""
+    mod = _module("option_test")
+    saved = json.loads((RESULTS / "option-client-cov.json").read_text())
+    assert mod.table(saved["pairs"], saved["label"]) in (RESULTS / "option-client-cov.md").read_text()
+    grid = json.loads(mod.grid_file("fashion").read_text())["rows"]
+    for p in saved["pairs"]:
+        assert p["grid"] in grid and p["option"]["extra"] == ["model.client_shrinkage=client-cov"]
+    ours4 = [p["option"] for p in saved["pairs"] if p["option"]["eps_target"] == "4"]
+    prec = sum(o["precision"] for o in ours4) / len(ours4)
+    cov = sum(o["coverage"] for o in ours4) / len(ours4)
+    assert f"**{prec:.2f} / {cov:.2f} at ε = 4**" in (ROOT / "README.md").read_text()
+
+
 def test_a_job_folder_of_other_settings_is_moved_aside_and_the_job_runs_fresh(tmp_path, monkeypatch):
     """benchmarks/utility.py after a default changed: the old job folder's run is refused by the resume check
     ("the configuration differs"); run_one moves it to <job>.stale and runs the job again; other errors stay errors."""
