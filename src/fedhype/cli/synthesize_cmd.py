@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from fedhype.cli.common import JsonOpt, check_out_file, console, existing, kv_table, run_command
+from fedhype.io import available_memory, format_bytes
 from fedhype.pipeline.config import DEFAULTS
 
 #: Samples per class when neither --per-class nor --n is given, and the code when --code is not: the
@@ -22,27 +23,11 @@ DEFAULT_ANCHOR = DEFAULTS["synthesis"]["anchor"]
 #: safetensors allows (:data:`fedhype.data.store.MAX_HEADER_BYTES`, 100 MB; 5 million ids take ~75 MB).
 MAX_SYNTHETIC = 5_000_000
 
+
 def bytes_per_embedding(dim: int) -> int:
     """Peak memory of a draw per embedding of dimension ``dim``, in bytes: the decoded batches, their
     concatenation and the serialised copy written to disk (3 × 4·D), plus label, domain and sample id (~160)."""
     return 3 * 4 * int(dim) + 160
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux ``MemAvailable``; else free pages; None if unknown)."""
-    import os
-
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def bytes_on_disk(dim: int) -> int:
@@ -61,14 +46,6 @@ def free_disk(path: Path) -> int | None:
         return shutil.disk_usage(p).free
     except OSError:
         return None
-
-
-def _bytes(n: float) -> str:
-    """``n`` bytes for a message, in the unit that keeps digits (a probe read "needs 0.00 GiB, 0.00 GiB free")."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} bytes"
 
 
 def check_size(total: int, dim: int, flag: str, out: Path | None = None, copies: int = 1) -> None:
@@ -90,14 +67,14 @@ def check_size(total: int, dim: int, flag: str, out: Path | None = None, copies:
     need, avail = total * bytes_per_embedding(dim), available_memory()
     if avail is not None and need > avail:
         raise ValidationError(
-            f"{flag} asks for {total:,} synthetic embeddings of dimension {dim}, which need about {_bytes(need)} "
-            f"of memory; {_bytes(avail)} is available: draw fewer, or several stores with different --seed")
+            f"{flag} asks for {total:,} synthetic embeddings of dimension {dim}, which need about {format_bytes(need)} "
+            f"of memory; {format_bytes(avail)} is available: draw fewer, or several stores with different --seed")
     free = free_disk(out) if out is not None else None
     need = total * bytes_on_disk(dim) * copies
     if free is not None and need > free:  # a probe: a multi-GB store was started without a look at the disk
         raise ValidationError(
-            f"{flag}: the store{' and its release copy need' if copies > 1 else ' needs'} about {_bytes(need)} on disk "
-            f"where --out {out} goes; {_bytes(free)} is free there: free space, write elsewhere, or draw fewer")
+            f"{flag}: the store{' and its release copy need' if copies > 1 else ' needs'} about {format_bytes(need)} on disk "
+            f"where --out {out} goes; {format_bytes(free)} is free there: free space, write elsewhere, or draw fewer")
 
 
 def _auto_or_int(value: Optional[str]) -> Optional[int | str]:
