@@ -496,6 +496,25 @@ def test_ctrl_c_exits_130(files, tmp_path, monkeypatch):
     assert "start it again" in got["error"] and "round" not in got["error"] and "ledger" not in got["error"]
 
 
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"),
+                                   RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                                "message: \"No space left on device\" })")])
+def test_a_full_disk_says_so_and_how_to_resume(files, tmp_path, monkeypatch, error):
+    """A probe's train on a full disk ended with "internal error: SafetensorError … No space left on device", with
+    ε already in the ledger and no word on resuming."""
+    from fedhype.federated import client as client_mod
+
+    def full(self, *a, **k):
+        raise error
+
+    monkeypatch.setattr(client_mod.Client, "run_round", full)
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",
+                tmp_path / "run", "--epsilon", 2, "--delta", 1e-5, "--rounds", 1, "--hidden", 16, "--latent", 4, "--json")
+    got = _one_json(r)
+    assert r.exit_code == 1 and got["error"].startswith("no space left on device"), r.output
+    assert "resumes from its last completed round" in got["error"] and "internal error" not in got["error"]
+
+
 # ----------------------------------------------------------------------------- one vocabulary
 def test_renamed_options_still_work_under_their_old_names_and_warn(files, tmp_path):
     new = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--fractions",

@@ -256,6 +256,9 @@ def test_client_factor_pulls_an_iid_client_to_the_pool_and_unknown_modes_are_ref
         assert float(a["cov_shrinkage"]) == 1.0 and torch.equal(a["class_means"], b["class_means"])
     with pytest.raises(ValidationError, match="client_shrinkage"):
         TrainConfig(model={"client_shrinkage": "cluster"}).model_config(8, 2)
+    for bad in (1, 0):  # equal to True / False in Python: they slipped past the check (a probe)
+        with pytest.raises(ValidationError, match="client_shrinkage"):
+            TrainConfig(model={"client_shrinkage": bad}).model_config(8, 2)
 
 
 

@@ -96,6 +96,16 @@ def test_partition_alpha_without_the_dirichlet_scheme_is_refused():
     assert conf["partition"]["alpha"] == 0.05
 
 
+@pytest.mark.parametrize("setting", ["data.store=", 'data.store=""', "data.images=''"])
+def test_an_empty_data_store_or_folder_on_the_command_line_is_refused(setting, tmp_path):
+    """A probe's ``--set data.store=`` trained on the bundled digits instead of refusing; a written
+    config.toml (which lists every key, empty ones included) still reads as before."""
+    with pytest.raises(ValidationError, match=r"data\.(store|images) is empty"):
+        resolve(None, [setting])
+    (tmp_path / "job.toml").write_text('[data]\nstore = ""\nimages = ""\n')
+    assert resolve(tmp_path / "job.toml")["data"]["store"] == ""
+
+
 def test_old_partition_keys_are_read_under_the_clis_names_with_a_warning(tmp_path):
     # the job keys are the CLI's words (--fractions, --min-records); the old ones still work, saying so
     (tmp_path / "job.toml").write_text("[partition]\nsplit = [0.5, 0.25, 0.25]\nmin_train = 7\n")

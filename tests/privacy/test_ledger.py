@@ -152,8 +152,12 @@ def test_edited_delta_dropped_event_and_truncation_are_detected(tmp_path):
 
     unpaired = dict(data, events=data["events"][:-1])
     (tmp_path / "unpaired.json").write_text(json.dumps(unpaired))
-    with pytest.raises(ArtifactError, match="chain has 10 hashes for 9 events"):
+    with pytest.raises(ArtifactError, match="chain has 10 hashes for 9 events") as unpaired_err:
         PrivacyLedger.load(tmp_path / "unpaired.json")
+    assert "restore it from a backup" in str(unpaired_err.value)  # every failed check, not only bad JSON (a probe)
+    with pytest.raises(ArtifactError, match="not found") as missing:
+        PrivacyLedger.load(tmp_path / "no-such-ledger.json")
+    assert "restore it from a backup" in str(missing.value)
 
     (tmp_path / "cut.json").write_text(text[: len(text) // 2])
     with pytest.raises(ArtifactError, match="not valid JSON") as cut:

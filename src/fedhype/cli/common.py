@@ -83,10 +83,11 @@ def client_labels(ids: list[str], names: list[str] | None) -> str:
 
 #: what an interrupted command that spends ε says (``fedhype run``, ``train``): resume, and what a resume charges
 INTERRUPTED_TRAINING = (
-    "interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command: `fedhype run` and `fedhype "
-    "train --resume` continue from the last completed round (the ledger already holds what the interrupted release or "
-    "round was charged; without a seed, its rerun draws fresh noise and is charged again — `fedhype audit --run` shows "
-    "the ledger; --max-epsilon refuses a rerun that would exceed it)")
+    "interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command (`fedhype train` with "
+    "--resume): it reuses what finished (`fedhype run`: the cached embeddings and partition) and, if training had "
+    "started, continues from the last completed round — the ledger already holds what an interrupted release or "
+    "round was charged; without a seed, its rerun draws fresh noise and is charged again (`fedhype audit --run` "
+    "shows the ledger; --max-epsilon refuses a rerun that would exceed it)")
 #: what any other interrupted command says (a probe's Ctrl-C during `embed` was told about rounds and the ledger)
 INTERRUPTED = ("interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command to start it again "
                "(remove a finished --out it refuses to overwrite)")
@@ -115,6 +116,34 @@ def run_command(
         _fail(_with_flags(str(exc)), exc.exit_code, json_mode, extra=_error_extra(exc))
     except KeyboardInterrupt:
         _fail(interrupted, 130, json_mode)
+    except Exception as exc:  # noqa: BLE001 - a full disk, whatever library hit it (safetensors raised its own error)
+        if os.environ.get("FEDHYPE_DEBUG") or not _disk_full(exc):
+            _other_error(exc, json_mode)
+        else:
+            where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+            _fail(f"no space left on device{where}: free space (or give an --out elsewhere for a new run), then rerun "
+                  "the same command; nothing was half-written" + (
+                      " — a run resumes from its last completed round, and the ledger keeps what was already "
+                      "charged (`fedhype audit --run` shows it)" if interrupted is INTERRUPTED_TRAINING else ""),
+                  1, json_mode)
+    else:
+        if json_mode:
+            emit_json(result)
+        elif render is not None:
+            render(result)
+        else:
+            Console().print(kv_table("result", {k: v for k, v in result.items() if not isinstance(v, (dict, list))}))
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is the file system's "no space left" (an OSError with ENOSPC, or a library's error naming it)."""
+    return (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left on device" in str(exc)
+
+
+def _other_error(exc: Exception, json_mode: bool) -> None:
+    """The CLI boundary for errors other than fedhype's own, Ctrl-C and a full disk (see :func:`run_command`)."""
+    try:
+        raise exc
     except OSError as exc:  # a path the user gave that cannot be read or written: say which, without a traceback
         if os.environ.get("FEDHYPE_DEBUG"):
             raise
@@ -127,13 +156,6 @@ def run_command(
         if os.environ.get("FEDHYPE_DEBUG"):
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc} (set FEDHYPE_DEBUG=1 for a traceback)", 1, json_mode)
-    else:
-        if json_mode:
-            emit_json(result)
-        elif render is not None:
-            render(result)
-        else:
-            Console().print(kv_table("result", {k: v for k, v in result.items() if not isinstance(v, (dict, list))}))
 
 
 @contextlib.contextmanager

@@ -237,7 +237,9 @@ class ModelConfig:
         for name in ("beta", "lambda_mmd", "lambda_lip"):
             if float(getattr(self, name)) < 0:
                 raise ValidationError(f"model.{name} must be ≥ 0")
-        if self.client_shrinkage not in (True, False, *CLIENT_SHRINKAGE):
+        # a bool or one of the names: 1 and 0 equal True and False in Python, and slipped past this test into
+        # the run's settings, failing only after the job folder was written (a probe's client_shrinkage=1)
+        if not (isinstance(self.client_shrinkage, bool) or self.client_shrinkage in CLIENT_SHRINKAGE):
             raise ValidationError(f"model.client_shrinkage must be one of {list(CLIENT_SHRINKAGE)} (or true/false), "
                                   f"got {self.client_shrinkage!r}")
         if self.residual not in RESIDUALS:

@@ -181,6 +181,12 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
         if conf["data"][k] < 0:
             raise ValidationError(f"{given.get(f'data.{k}', f'data.{k}')}: data.{k} must be ≥ 0 (0: "
                                   f"{'the encoder’s default size' if k == 'image_size' else 'every image'}), got {conf['data'][k]}")
+    for k in ("store", "images"):  # an empty value given on the command line meant no data at all, not the bundled set
+        label = given.get(f"data.{k}", "")
+        if not label.startswith("--config") and label and not str(conf["data"][k]).strip():
+            raise ValidationError(f"{label}: data.{k} is empty; give the {'store file' if k == 'store' else 'image folder'}"
+                                  f" (an empty value trained on the bundled dataset instead, a probe), or leave the "
+                                  f"setting out for the bundled data.dataset")
     if conf["data"]["images"] and conf["data"]["store"]:
         raise ValidationError(f"data.images ({given.get('data.images', 'set')}) and data.store ({given.get('data.store', 'set')}) "
                               "both name the real data; give one (an image folder to embed, or a store made by `fedhype embed`)")

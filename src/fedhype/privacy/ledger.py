@@ -407,7 +407,12 @@ class PrivacyLedger:
     @classmethod
     def load(cls, path: str | Path) -> "PrivacyLedger":
         """Read and verify a ledger file (see :meth:`from_state_dict`); ArtifactError if bad."""
-        return cls.from_state_dict(read_json(path, what="privacy ledger", advice=LEDGER_ADVICE), source=str(path))
+        try:
+            return cls.from_state_dict(read_json(path, what="privacy ledger", advice=LEDGER_ADVICE), source=str(path))
+        except ArtifactError as exc:  # edited, truncated or missing: every case gets the advice (a probe saw it only
+            if LEDGER_ADVICE in str(exc):  # for a file that was not JSON)
+                raise
+            raise type(exc)(f"{exc}; {LEDGER_ADVICE}") from None
 
     def __len__(self) -> int:
         return len(self._events)
