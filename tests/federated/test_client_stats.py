@@ -496,6 +496,26 @@ def test_a_run_records_the_located_share_it_used_in_its_release_and_model(real_s
     assert {k: meta[k] for k in keys} == {k: notes[k] for k in keys}
 
 
+def test_a_run_records_what_the_client_shrinkage_kept_of_each_clients_statistics(real_store, tmp_path):
+    """A probe could not tell "client-cov" from "client" on its data: release.json now names the rule and, per
+    client, the share of its class means and covariance it kept (functions of DP outputs); the covariance test
+    never keeps more than the means' factor, and the means are the same under both rules."""
+    import json
+
+    part = make_partition(real_store, scheme="iid", n_clients=3, seed=0)
+    notes = {}
+    for rule in ("client", "client-cov"):
+        cfg = TrainConfig(epsilon=4.0, seed=0, rounds=1, local_steps=1, batch_size=32,
+                          model={**SMALL, "client_shrinkage": rule})
+        train(real_store, part, cfg, tmp_path / rule, diagnostics=False)
+        notes[rule] = json.loads((tmp_path / rule / RELEASE_FILE).read_text())
+        assert notes[rule]["client_shrinkage"] == rule
+        assert len(notes[rule]["client_cov_shrinkage"]) == len(notes[rule]["client_mean_shrinkage"]) == 3
+        assert all(0.0 <= f <= 1.0 for f in notes[rule]["client_cov_shrinkage"] + notes[rule]["client_mean_shrinkage"])
+    assert notes["client"]["client_mean_shrinkage"] == notes["client-cov"]["client_mean_shrinkage"]
+    assert all(b <= a + 1e-12 for a, b in zip(notes["client"]["client_cov_shrinkage"], notes["client-cov"]["client_cov_shrinkage"]))
+
+
 def test_paule_mandel_root_is_james_stein_for_equal_noise_and_solves_its_equation():
     """:func:`paule_mandel`: with equal τ² the factor A/(A + τ²) is the positive-part James–Stein factor
     1 − K·D/χ² (Efron & Morris 1973); with unequal τ²_k the root solves Σ_k q_k/(A + τ²_k) = K; it is 0

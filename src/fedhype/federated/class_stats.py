@@ -869,10 +869,13 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         c = codes.detach().to(torch.float64)  # [m, code_dim]
         pinv = torch.linalg.pinv(c)  # [code_dim, m]
         w = None  # [P, code_dim] = Yᵀ C⁺ᵀ = Σ_i y_i ⊗ C⁺[:, i], accumulated one client at a time (flat in m)
+        factors: list[tuple[float, float]] = []
         for i, (u, cen) in enumerate(zip(updates, cens)):
             g = client_gaussian(u, pooled, dp, weights, max_rank, shrink=shrink, centring=cen, residual=cfg.residual,
                                 clip_shift=None if shifts is None else shifts.relative(cen),
                                 located_share=share, rescale=rescale)
+            if "cov_shrinkage" in g:  # what the shrinkage kept of the client's own statistics (release.json)
+                factors.append((round(float(g["mean_shrinkage"].mean()), 6), round(float(g["cov_shrinkage"]), 6)))
             cb = (g["class_means"] - m) / s
             f = g["cov_factor"] / s
             r = min(f.shape[1], L)
@@ -896,7 +899,12 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
             hnet.heads["cs_lsx_w"].copy_(w[n_cb + n_wl:].to(torch.float32))
         if hasattr(hnet, "anchor_cs_cb_w"):
             hnet.anchor_cs_cb_w.copy_(hnet.heads["cs_cb_w"])
-    return {"clients": len(updates), "exact": int(torch.linalg.matrix_rank(c)) == len(updates)}
+    out = {"clients": len(updates), "exact": int(torch.linalg.matrix_rank(c)) == len(updates)}
+    if factors:
+        out["client_shrinkage"] = shrink
+        out["client_mean_shrinkage"] = [a for a, _ in factors]
+        out["client_cov_shrinkage"] = [b for _, b in factors]
+    return out
 
 
 #: the keys of :func:`release_notes` (``release.json``, the model's metadata, the report)
@@ -1111,7 +1119,11 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         apply_class_stats(server.hnet, stats)
         server.release_notes = release_notes(stats)
         if server.hnet.cfg.client_heads:  # h(c_i) = client i's own DP Gaussian
-            apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens, g)
+            fit = apply_client_stats(server.hnet, server.codes, updates, dp, weights, rank_cap, cens, g)
+            # the shrinkage rule and, per client, the share of its own class means (mean over classes) and
+            # covariance it kept (release.json: post-processing of DP outputs; a probe could not tell the rules apart)
+            server.release_notes.update({k: fit[k] for k in ("client_shrinkage", "client_mean_shrinkage",
+                                                             "client_cov_shrinkage") if k in fit})
     return counts
 
 
