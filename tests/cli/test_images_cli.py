@@ -295,6 +295,7 @@ def test_synthesis_and_evaluation_settings_are_refused_before_any_epsilon_is_spe
                                          ("evaluate.max_samples=0", "evaluate.max_samples must be an integer ≥ 2"),
                                          ("evaluate.permutations=-1", "evaluate.permutations must be an integer ≥ 0"),
                                          ("synthesis.temperature=-1", "synthesis.temperature must be a finite number > 0"),
+                                         ("synthesis.temperature=1e20", "≤ 100"),
                                          ("synthesis.code='client:nosuch'", "unknown client 'nosuch'"),
                                          ("synthesis.code='mix:0=-1'", "must be a finite number ≥ 0"))):
         out = tmp_path / f"job{i}"

@@ -68,6 +68,20 @@ def test_domain_scheme_one_client_per_domain(store):
         assert np.all(np.abs(tr - 3 * va) <= 3)  # stratified 60/20 in every class
 
 
+def test_domain_names_that_are_other_clients_ids_are_refused(store):
+    """Domains "1" and "2" made client 0 "1": after training `--code client:1` could name neither client (a probe);
+    refused at partition time, before any ε. Names equal to their own ids are fine."""
+    from fedhype.errors import ValidationError
+
+    renamed = EmbeddingStore(store.embeddings, store.labels, store.domains, store.sample_ids, store.class_names,
+                             ["1", "2"], store.meta)
+    with pytest.raises(ValidationError, match=r"domain names '1' \(client 0\) are the ids of other clients"):
+        make_partition(renamed, scheme="domain")
+    same = EmbeddingStore(store.embeddings, store.labels, store.domains, store.sample_ids, store.class_names,
+                          ["0", "1"], store.meta)
+    assert [c.name for c in make_partition(same, scheme="domain").clients] == ["0", "1"]
+
+
 def test_domain_scheme_more_clients_than_domains(store):
     part = make_partition(store, scheme="domain", n_clients=5)
     check_disjoint_cover(part, store)

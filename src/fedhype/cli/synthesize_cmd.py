@@ -111,10 +111,12 @@ def _counts(per_class: Optional[int], n: Optional[int]) -> tuple[Optional[int | 
 def _check_temperature(t: float) -> float:
     from fedhype.errors import ValidationError
 
-    if not (math.isfinite(t) and t > 0):
-        raise ValidationError(f"--temperature must be > 0, got {t:g}: it scales the prior's standard deviation "
-                              "(1 = the model's distribution, below 1 closer to the class means, above 1 more "
-                              "spread out); use e.g. --temperature 1")
+    from fedhype.synthesis.defaults import MAX_TEMPERATURE
+
+    if not (math.isfinite(t) and 0 < t <= MAX_TEMPERATURE):
+        raise ValidationError(f"--temperature must be > 0 and ≤ {MAX_TEMPERATURE:g}, got {t:g}: it scales the prior's "
+                              "standard deviation (1 = the model's distribution, below 1 closer to the class means, "
+                              "above 1 more spread out); use e.g. --temperature 1")
     return t
 
 

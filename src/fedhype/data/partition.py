@@ -440,6 +440,12 @@ def make_partition(
         parts = _apportion(np.arange(n), labels, shares, rng)
         names = [f"client-{j}" for j in range(n_clients)]
         params["n_clients"] = n_clients
+    clash = [(j, name) for j, name in enumerate(names) if name.isdigit() and int(name) != j and int(name) < len(names)]
+    if clash:  # a client named "1" that is not client 1: --code client:1 could name neither (a probe, after training)
+        listed = ", ".join(f"{name!r} (client {j})" for j, name in clash)
+        raise ValidationError(f"domain names {listed} are the ids of other clients, so `--code client:<id or name>` "
+                              "could not tell them apart after training: rename those domain folders (e.g. "
+                              "'site-1') and embed again")
     clients = []
     for j, (name, idx) in enumerate(zip(names, parts)):
         tr, va, te = _apportion(idx, labels, s, rng) if given is None else _given_split(idx, given, labels, drawn, rng)

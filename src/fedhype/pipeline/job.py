@@ -202,9 +202,11 @@ def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore) -> Non
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValidationError(f"evaluate.{key} must be an integer ≥ {low}, got {v!r}; nothing was trained")
     temp = syn["temperature"]
-    if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not math.isfinite(temp) or temp <= 0:
-        raise ValidationError(f"synthesis.temperature must be a finite number > 0 (1 = the model's distribution), "
-                              f"got {temp!r}; nothing was trained")
+    from fedhype.synthesis.defaults import MAX_TEMPERATURE
+
+    if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not math.isfinite(temp) or not 0 < temp <= MAX_TEMPERATURE:
+        raise ValidationError(f"synthesis.temperature must be a finite number > 0 and ≤ {MAX_TEMPERATURE:g} (1 = the "
+                              f"model's distribution), got {temp!r}; nothing was trained")
     code = str(syn["code"])
     if code.strip() not in ("neutral", "mixture"):  # a client or a weighted mix: its clients must exist
         try:

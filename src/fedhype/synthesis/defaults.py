@@ -5,3 +5,7 @@
 #: TSTR (ours, all 70,000 Fashion-MNIST images, ε = 4: −0.003 in each of 3 seeds); an option, as
 #: ``model.located_share`` is (benchmarks/results/class_anchor.md, docs/method.md decision 18)
 DEFAULT_ANCHOR = False
+
+#: The largest ``temperature`` (the factor on the prior's standard deviation) synthesis takes: far beyond any use
+#: (1 is the model's distribution), and below the float32 overflow that made a probe's 1e20 write all-zero vectors
+MAX_TEMPERATURE = 100.0
