@@ -516,6 +516,25 @@ def test_a_full_disk_says_so_and_how_to_resume(files, tmp_path, monkeypatch, err
     assert "resumes from its last completed round" in got["error"] and "internal error" not in got["error"]
 
 
+def test_train_set_takes_the_model_settings_without_a_flag(files, tmp_path):
+    """A probe found no way to set model.client_shrinkage from `fedhype train`; --set model.key=value takes the job's
+    [model] keys with the job's checks, and refuses other sections, unknown keys and a key its flag also sets."""
+    args = ("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--epsilon", 4,
+            "--rounds", 1, "--hidden", 16, "--latent", 4, "--seed", 0, "--json")
+    r = _invoke(*args, "--out", tmp_path / "run", "--set", "model.client_shrinkage=client-cov",
+                "--set", "model.located_share=0.8")
+    assert r.exit_code == 0, r.output
+    notes = json.loads((tmp_path / "run" / "release.json").read_text())
+    assert notes["client_shrinkage"] == "client-cov" and notes["located_share"] == 0.8
+    for extra, says in ((["--set", "train.rounds=2"], "takes model.key=value"),
+                        (["--set", "model.bogus=1"], "unknown key model.bogus"),
+                        (["--set", "model.hidden=32"], "set the same thing"),
+                        (["--set", "model.client_shrinkage=bogus"], "model.client_shrinkage must be one of")):
+        r = _invoke(*args, "--out", tmp_path / "bad", *extra)
+        assert r.exit_code == 2 and says in _one_json(r)["error"], (extra, r.output)
+        assert not (tmp_path / "bad").exists()
+
+
 # ----------------------------------------------------------------------------- one vocabulary
 def test_renamed_options_still_work_under_their_old_names_and_warn(files, tmp_path):
     new = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "domain", "--fractions",

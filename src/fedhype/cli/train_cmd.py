@@ -9,7 +9,7 @@ derived too; read when the command runs or prints its help (:func:`fedhype.cli.c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 from rich.console import Console
@@ -35,6 +35,30 @@ job_default = config_default
 def _opt(key: str, *flags: str, help: str, section: str = "train", **kwargs: Any) -> Any:
     """An option defaulting to the configuration's ``section.key`` (:func:`~fedhype.cli.common.config_option`)."""
     return config_option(section, key, *flags, help=help, **kwargs)
+
+
+def model_settings(items: list[str], **flags: Any) -> dict[str, Any]:
+    """``fedhype train --set model.key=value``: the ``[model]`` settings that have no flag of their own (a probe
+    found no way to set ``model.client_shrinkage`` from `train`). Values are read as TOML, as `fedhype run --set`.
+
+    Raises:
+        ValidationError: not ``model.<key>=<value>``, an unknown key, or a key whose flag (``flags``) is given too.
+    """
+    from fedhype.pipeline.config import DEFAULTS, _parse_value, _set_key
+
+    conf = {"model": dict(DEFAULTS["model"])}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        section, _, name = key.strip().partition(".")
+        if not eq or section != "model" or not name:
+            raise ValidationError(f"--set {item!r}: `fedhype train --set` takes model.key=value (e.g. "
+                                  "model.client_shrinkage=client-cov); the [train] settings have flags")
+        if flags.get(name) is not None:
+            raise ValidationError(f"--set {item!r} and the flag of model.{name} set the same thing; give one")
+        _set_key(conf, "model", name, _parse_value(value.strip()), where=f"--set {item}")  # the job's own checks
+        out[name] = conf["model"][name]
+    return out
 
 
 def build_config(options: dict[str, Any], model: dict[str, Any]) -> "TrainConfig":
@@ -198,6 +222,9 @@ def register(app: typer.Typer) -> None:
         method: str = _opt("method", "--method", help=_METHOD_HELP, click_type=choice(METHODS)),
         seed: Optional[int] = _opt("seed", "--seed", help="Reproducible run: the noise is seeded too (recorded as noise_seeded: true; whoever knows the seed can remove it)."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),
+        set_: List[str] = typer.Option([], "--set", help="A [model] setting without a flag, model.key=value "
+                                       "(repeatable, as `fedhype run --set`), e.g. model.client_shrinkage=client-cov, "
+                                       "model.located_share=0.8."),
         json_out: bool = JsonOpt,
     ) -> None:
         """Train the hypernetwork CVAE across clients; only clipped+noised updates leave a client.
@@ -231,7 +258,7 @@ def register(app: typer.Typer) -> None:
                                     release_centre=release_centre, secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                                     class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
                                     min_records=min_records, method=method),
-                               {"hidden": hidden, "latent": latent})
+                               {"hidden": hidden, "latent": latent, **model_settings(set_, hidden=hidden, latent=latent)})
             sites = _sites(store, partition, site, classes)
             if sites is None:
                 s = EmbeddingStore.load(store)
