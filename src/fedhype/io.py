@@ -245,25 +245,3 @@ def file_sha256(path: str | os.PathLike) -> str:
             h.update(chunk)
     return h.hexdigest()
 
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux ``MemAvailable``; else free pages; None if unknown)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes for a message, in the unit that keeps digits (a probe read "needs 0.00 GiB, 0.00 GiB free")."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} bytes"

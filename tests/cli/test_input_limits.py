@@ -97,7 +97,7 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_charged(real
     """A probe's ``train --hidden 20000`` charged the release and was then killed by the out-of-memory killer (the
     folder held a charged run no resume could finish); the parameters, counted on the meta device, times
     TRAIN_BYTES_PER_PARAMETER are now checked against the available memory first."""
-    import fedhype.io
+    import fedhype.resources
     from fedhype.data.partition import make_partition
     from fedhype.federated.config import TrainConfig
     from fedhype.federated.run_plan import TRAIN_BYTES_PER_PARAMETER, model_parameters
@@ -107,12 +107,12 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_charged(real
     mcfg = TrainConfig(model={"hidden": 64, "latent": 8}).model_config(real_store.dim, real_store.n_classes)
     n = model_parameters(mcfg, "fedhypevae", 2)
     assert 10_000 < n < 10_000_000
-    monkeypatch.setattr(fedhype.io, "available_memory", lambda: n * TRAIN_BYTES_PER_PARAMETER - 1)  # one byte short
+    monkeypatch.setattr(fedhype.resources, "available_memory", lambda: n * TRAIN_BYTES_PER_PARAMETER - 1)  # one byte short
     args = ("train", "--store", tmp_path / "s.safetensors", "--partition", tmp_path / "p.json", "--epsilon", 4,
             "--rounds", 1, "--hidden", 64, "--latent", 8, "--seed", 0, "--json")
     r, obj = _invoke(*args, "--out", tmp_path / "run")
     assert r.exit_code == 2 and f"has {n:,} parameters" in obj["error"] and "nothing was written or charged" in obj["error"]
     assert not (tmp_path / "run").exists()
-    monkeypatch.setattr(fedhype.io, "available_memory", lambda: n * TRAIN_BYTES_PER_PARAMETER)  # it fits
+    monkeypatch.setattr(fedhype.resources, "available_memory", lambda: n * TRAIN_BYTES_PER_PARAMETER)  # it fits
     r, obj = _invoke(*args, "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output

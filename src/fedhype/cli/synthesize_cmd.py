@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from fedhype.cli.common import JsonOpt, check_out_file, console, existing, kv_table, run_command
-from fedhype.io import available_memory, format_bytes
+from fedhype.resources import available_memory, format_bytes
 from fedhype.pipeline.config import DEFAULTS
 
 #: Samples per class when neither --per-class nor --n is given, and the code when --code is not: the

@@ -121,9 +121,9 @@ def check_model_memory(mcfg: ModelConfig, method: str, n_clients: int) -> None:
 
     Raises:
         ValidationError: parameters × :data:`TRAIN_BYTES_PER_PARAMETER` exceeds the available memory
-            (:func:`fedhype.io.available_memory`; not checked where it is unknown).
+            (:func:`fedhype.resources.available_memory`; not checked where it is unknown).
     """
-    from fedhype.io import available_memory, format_bytes
+    from fedhype.resources import available_memory, format_bytes
 
     avail = available_memory()
     if avail is None:
