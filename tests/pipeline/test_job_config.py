@@ -85,13 +85,16 @@ def test_no_dp_of_a_later_layer_overrides_a_config_files_epsilon(tmp_path):
         resolve(off, ["train.epsilon=4"])
 
 
-def test_partition_alpha_without_the_dirichlet_scheme_is_refused():
-    """A probe's ``partition.alpha = 0.05`` with the default scheme "domain" was ignored silently; the
-    default value (which a written config.toml lists) and alpha with scheme "dirichlet" are taken."""
+def test_partition_alpha_without_the_dirichlet_scheme_is_refused(tmp_path):
+    """A probe's ``partition.alpha = 0.05`` with the default scheme "domain" was ignored silently; a config
+    file's default value (a written config.toml lists every key) and alpha with scheme "dirichlet" are taken."""
     with pytest.raises(ValidationError, match=r"--set partition.alpha=0.05: partition.alpha applies to "
                                               r"partition.scheme = \"dirichlet\" only .* the scheme is 'domain'"):
         resolve(None, ["partition.alpha=0.05"])
-    assert resolve(None, ["partition.alpha=0.3"])["partition"]["scheme"] == "domain"
+    with pytest.raises(ValidationError, match="partition.alpha applies"):  # the default value too, on the command line
+        resolve(None, ["partition.alpha=0.3"])
+    (tmp_path / "written.toml").write_text('[partition]\nscheme = "domain"\nalpha = 0.3\n')
+    assert resolve(tmp_path / "written.toml")["partition"]["alpha"] == 0.3
     conf = resolve(None, ["partition.alpha=0.05", "partition.scheme='dirichlet'", "partition.clients=4"])
     assert conf["partition"]["alpha"] == 0.05
 

@@ -169,8 +169,10 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
             conf["data"]["images"] or conf["data"]["store"]):
         raise ValidationError(f"data.dataset ({given['data.dataset']}) and data.{'images' if conf['data']['images'] else 'store'} "
                               "both name the real data; give one")
-    if "partition.alpha" in given and conf["partition"]["alpha"] != DEFAULTS["partition"]["alpha"] \
-            and conf["partition"]["scheme"] != "dirichlet":  # a probe's alpha with scheme "domain" was ignored silently
+    # a probe's alpha with scheme "domain" was ignored silently; a config file may list the default (a written
+    # config.toml lists every key), the command line means it
+    if "partition.alpha" in given and conf["partition"]["scheme"] != "dirichlet" and (
+            not given["partition.alpha"].startswith("--config") or conf["partition"]["alpha"] != DEFAULTS["partition"]["alpha"]):
         raise ValidationError(f"{given['partition.alpha']}: partition.alpha applies to partition.scheme = \"dirichlet\" "
                               f"only (the label skew of a Dirichlet partition); the scheme is "
                               f"{conf['partition']['scheme']!r}: drop partition.alpha or set partition.scheme = \"dirichlet\"")
