@@ -223,7 +223,22 @@ def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(cons
     del raw["key"]
     (tmp_path / "unkeyed.json").write_text(json.dumps(raw))
     r = runner.invoke(app, [*ev, "--partition", str(tmp_path / "unkeyed.json")])
+    assert r.exit_code == 4 and "was edited after it was written" in r.output  # its seal no longer matches
+    del raw["seal"]  # as a partition written before keys and seals existed: it matches no keyed run
+    (tmp_path / "unkeyed.json").write_text(json.dumps(raw))
+    r = runner.invoke(app, [*ev, "--partition", str(tmp_path / "unkeyed.json")])
     assert r.exit_code == 4 and "has no key" in r.output
+    # a client's train and test lists swapped, the key kept (a probe: evaluate scored on the training records)
+    raw = json.loads(parts[0].read_text())
+    raw["clients"][0]["train"], raw["clients"][0]["test"] = raw["clients"][0]["test"], raw["clients"][0]["train"]
+    (tmp_path / "swapped.json").write_text(json.dumps(raw))
+    r = runner.invoke(app, [*ev, "--partition", str(tmp_path / "swapped.json")])
+    assert r.exit_code == 4 and "was edited after it was written" in r.output
+    raw = json.loads(parts[1].read_text())  # another partition with this run's key copied in
+    raw["key"] = json.loads(parts[0].read_text())["key"]
+    (tmp_path / "copied.json").write_text(json.dumps(raw))
+    r = runner.invoke(app, [*ev, "--partition", str(tmp_path / "copied.json")])
+    assert r.exit_code == 4 and "was edited after it was written" in r.output
     got = _json(runner.invoke(app, [*ev, "--partition", str(parts[0]), "--code-domain", str(tmp_path / "run")]))
     assert got["tstr_accuracy"] is not None and got["code_domain"]["codes"]  # --code-domain takes the run folder
     # a run that did not train on this partition (here: the sites' run) is refused, as --synthetic is

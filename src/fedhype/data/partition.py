@@ -32,6 +32,8 @@ the client's given training records with the fractions.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import secrets
@@ -122,10 +124,24 @@ class Partition:
         return f"the partition's key ({self.key[:8]}…) is not among the run's data keys ({shown})"
 
     # ------------------------------------------------------------------ persistence
+    def seal(self) -> str:
+        """SHA-256 of the partition's key and content (clients' record ids per split, store digest, class names): written
+        beside them, so that a file edited afterwards — a client's train and test lists swapped, or another partition's
+        key copied in — no longer loads (a probe's swapped lists kept the key, and `evaluate` scored on training
+        records). Private like the file: it is never published (the runs record the key only)."""
+        body = {"key": self.key, "scheme": self.scheme, "params": self.params, "seed": self.seed,
+                "store_digest": self.store_digest, "store_n": self.store_n, "class_names": list(self.class_names),
+                "clients": [[c.id, c.name, list(c.train), list(c.val), list(c.test)] for c in self.clients]}
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form :meth:`save` writes (and a site's ``site.json`` embeds), with its :meth:`seal`."""
+        return {"format": FORMAT, **asdict(self), "seal": self.seal()}
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write the partition atomically as JSON (format ``"fedhype-partition/1"``), with a header saying
         it is private to the data holder (it lists every record's opaque id per client and split)."""
-        return atomic_write_json(path, {"format": FORMAT, "private": PRIVATE_NOTE, **asdict(self)})
+        return atomic_write_json(path, {"private": PRIVATE_NOTE, **self.to_dict()})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Partition":
@@ -171,6 +187,11 @@ class Partition:
             raise ArtifactError(f"partition file {path}: a sample id is listed twice; re-create it")
         if [c.id for c in clients] != list(range(len(clients))):
             raise ArtifactError(f"partition file {path}: client ids must be 0..{len(clients) - 1} in order")
+        if raw.get("seal") is not None and raw.get("seal") != part.seal():  # none: written before seals (not checked)
+            raise ArtifactError(f"partition file {path} was edited after it was written (its record lists, key or "
+                                "store no longer match its seal): a run bound to it could be scored on its own "
+                                "training records; restore the file the run trained on, or make a new partition "
+                                "(and train again)")
         return part
 
     def roster(self, dim: int | None = None, encoder: Any = None) -> "Roster":

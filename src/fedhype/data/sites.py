@@ -262,7 +262,7 @@ def _read(path: str | os.PathLike, name: str, fmt: str, what: str) -> tuple[Path
 
 
 def _partition_dict(p: Partition) -> dict[str, Any]:
-    return {"format": "fedhype-partition/1", **asdict(p)}
+    return p.to_dict()
 
 
 def relabel(store: EmbeddingStore, class_names: list[str]) -> EmbeddingStore:
