@@ -198,6 +198,7 @@ def test_wrong_kind_of_path_and_corrupt_files(files, tmp_path):
     (["--temperature", "0"], ["--temperature must be > 0"]),
     (["--temperature", "nan"], ["--temperature must be > 0"]),
     (["--temperature", "1e20"], ["--temperature must be > 0 and ≤ 100"]),  # a probe: all-zero vectors, exit 0
+    (["--per-class", "5", "--label-weights", "1,1,1"], ["--label-weights splits a total --n"]),  # were ignored
 ])
 def test_synthesize_counts_and_temperature_are_checked_first(files, tmp_path, args, needles):
     # checked before the model is read: --run is a folder without a model

@@ -116,3 +116,16 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_charged(real
     monkeypatch.setattr(fedhype.resources, "available_memory", lambda: n * TRAIN_BYTES_PER_PARAMETER)  # it fits
     r, obj = _invoke(*args, "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
+
+
+def test_a_client_without_training_records_is_not_told_to_lower_the_minimum_to_0():
+    """A probe read "lower --min-records (to 0 or less)" for a client with no training records."""
+    from fedhype.cli.train_cmd import explain_min_records
+    from fedhype.errors import MinRecordsError
+
+    def told(n):
+        exc = MinRecordsError("x", stage="train", minimum=8, clients=[("c", n, 10)])
+        return str(explain_min_records(exc, records="--min-records", partition="`fedhype partition` again"))
+
+    assert "it has none, so re-partition" in told(0) and "to 0 or less" not in told(0)
+    assert "lower --min-records (to 3 or less)" in told(3)

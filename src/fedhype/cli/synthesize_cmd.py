@@ -182,6 +182,11 @@ def register(app: typer.Typer) -> None:
             k, total = _counts(per_class, n)
             _check_temperature(temperature)
             weights = _weights(label_weights)
+            if weights is not None and total is None:  # a probe's --per-class 5 --label-weights 1,1,1 drew 5 of each
+                from fedhype.errors import ValidationError
+
+                raise ValidationError("--label-weights splits a total --n between the classes; with --per-class (or "
+                                      "its default) every class gets the same count: give --n N with it")
             src = run
             if src.is_dir() and not (src / "model.safetensors").exists() and (src / "run" / "model.safetensors").exists():
                 src = src / "run"  # a `fedhype run` output folder: its model is in run/

@@ -102,8 +102,10 @@ def explain_min_records(exc: ValidationError, *, records: str, partition: str) -
     name, n, need = exc.client, exc.n, exc.minimum
     return MinRecordsError(
         f"client {name!r} has {n} training records, fewer than {records} {need} (the smallest client training "
-        f"accepts); either lower {records} (to {n} or less) or re-partition so that every client has ≥ {need} "
-        f"train records: {partition.replace('{need}', str(need))}",
+        + (f"accepts); either lower {records} (to {n} or less) or re-partition so that every client has ≥ {need} "
+           if n >= 1 else  # a client without training records cannot be helped by the minimum (a probe read "to 0")
+           f"accepts); it has none, so re-partition so that every client has ≥ {need} ")
+        + f"train records: {partition.replace('{need}', str(need))}",
         stage=exc.stage, minimum=need, clients=exc.clients, n_clients=exc.n_clients)
 
 
