@@ -60,7 +60,8 @@ def test_data_store_takes_an_existing_real_store_and_refuses_the_rest(real_store
     emb = f"data.store='{tmp_path / 'emb.safetensors'}'"
     crop = real_store.meta["preprocess"]["crop"]
     for extra, msg in (("data.limit=60", "data.limit = 60"), ("data.image_size=224", f"embedded at {crop} px"),
-                       ("data.encoder='bogus'", "data.encoder = 'bogus'"), ("data.pooling='mean'", "data.pooling = 'mean'")):
+                       ("data.encoder='bogus'", "data.encoder = 'bogus'"), ("data.pooling='mean'", "data.pooling = 'mean'"),
+                       ("data.layout='class'", "data.layout = 'class'")):
         with pytest.raises(ValidationError, match=msg):
             embed_store(resolve(None, [emb, extra])["data"])
     got = embed_store(resolve(None, [emb, f"data.image_size={crop}", f"data.encoder='{real_store.meta['encoder']}'"])["data"])

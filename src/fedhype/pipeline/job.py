@@ -152,6 +152,8 @@ def _check_store_settings(d: dict, store: EmbeddingStore, path: Path) -> None:
     for key, have in (("encoder", meta.get("encoder")), ("pooling", meta.get("pooling"))):
         if d[key] != base[key] and have is not None and d[key] != have:
             bad.append(f"data.{key} = {d[key]!r} (the store's is {have!r})")
+    if d.get("layout", base.get("layout")) != base.get("layout"):  # how an image folder is read: none is (a probe)
+        bad.append(f"data.layout = {d['layout']!r} (it says how data.images is read; a store has its domains)")
     if bad:
         raise ValidationError(f"data.store = {str(path)!r} is used as it was embedded, but " + "; ".join(bad)
                               + ": drop these keys, or embed again with `fedhype embed` and these settings")
