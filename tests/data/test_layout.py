@@ -107,6 +107,10 @@ def test_mixed_depth_is_refused_and_class_reads_it(tmp_path):
         scan_image_folder(tmp_path)
     src = scan_image_folder(tmp_path, layout="class")
     assert Counter(src.class_names[r.label] for r in src.records) == {"7": 2, "8": 2}
+    for i in _rows(7, 2):  # a folder holding images and sub-folders is named once, as holding both (a probe)
+        _save(tmp_path, f"7/extra/{i}.png", i)
+    with pytest.raises(ValidationError, match=r"mixed layout: folder\(s\) 8 hold sub-folders, while 7 hold both \("):
+        scan_image_folder(tmp_path)
 
 
 def test_bad_layout_value_and_domain_without_class_folders(tmp_path):

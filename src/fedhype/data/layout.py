@@ -199,7 +199,11 @@ def _detect(root: Path, level: list[Path]) -> str:
 
 
 def _refuse_mixed(root: Path, ex: Path, holds_files: list[Path], holds_dirs: list[Path]) -> str:
+    both = [d for d in holds_files if d in holds_dirs]  # each folder named once (a probe read 'square' on both sides)
+    dirs, files = [d for d in holds_dirs if d not in both], [d for d in holds_files if d not in both]
+    parts = ([f"folder(s) {_names(dirs)} hold sub-folders"] if dirs else []) \
+        + ([f"{_names(files)} hold images directly"] if files else []) \
+        + ([f"{_names(both)} hold both"] if both else [])
     raise ValidationError(
-        f"{root}: mixed layout: folder(s) {_names(holds_dirs)} hold sub-folders while {_names(holds_files)} hold "
-        f"images directly (e.g. {ex.relative_to(root)}/). Use <class>/<image> or <domain>/<class>/<image> for every "
+        f"{root}: mixed layout: {', while '.join(parts)} (e.g. {ex.relative_to(root)}/). Use <class>/<image> or <domain>/<class>/<image> for every "
         f"folder, or pass --layout class to read each top folder as one class with everything below it ({HOW})")
