@@ -100,13 +100,15 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_charged(real
     import fedhype.resources
     from fedhype.data.partition import make_partition
     from fedhype.federated.config import TrainConfig
-    from fedhype.federated.run_plan import TRAIN_BYTES_PER_PARAMETER, model_parameters
+    from fedhype.federated.run_plan import TRAIN_BYTES_PER_PARAMETER, training_memory
 
     real_store.save(tmp_path / "s.safetensors")
     make_partition(real_store, scheme="iid", n_clients=2, seed=0).save(tmp_path / "p.json")
     mcfg = TrainConfig(model={"hidden": 64, "latent": 8}).model_config(real_store.dim, real_store.n_classes)
-    n = model_parameters(mcfg, "fedhypevae", 2)
-    assert 10_000 < n < 10_000_000
+    n, need = training_memory(mcfg, "fedhypevae", 2)
+    assert 10_000 < n < 10_000_000 and need == n * TRAIN_BYTES_PER_PARAMETER
+    n_local, need_local = training_memory(mcfg, "local-cvae", 2)  # one model per client, one of them training
+    assert n_local == 2 * training_memory(mcfg, "local-cvae", 1)[0] and need_local < n_local * TRAIN_BYTES_PER_PARAMETER
     monkeypatch.setattr(fedhype.resources, "available_memory", lambda: n * TRAIN_BYTES_PER_PARAMETER - 1)  # one byte short
     args = ("train", "--store", tmp_path / "s.safetensors", "--partition", tmp_path / "p.json", "--epsilon", 4,
             "--rounds", 1, "--hidden", 64, "--latent", 8, "--seed", 0, "--json")

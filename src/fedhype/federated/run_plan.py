@@ -75,41 +75,28 @@ def check_client_sizes(partition: Partition | Roster, cfg: TrainConfig) -> None:
 #: peak RSS grew 1.64 GB from hidden 2,000 to 4,000 (11.4 M → 37.8 M parameters), about 16 copies; 12 keeps the
 #: check below the measured cost, so that it refuses only what cannot fit
 TRAIN_BYTES_PER_PARAMETER = 12 * 4
+#: of those, what every ``local-cvae`` client's own model keeps between its turns (weights, gradients, Adam's two
+#: moments); the rest is needed once, for the client that trains
+KEPT_BYTES_PER_PARAMETER = 4 * 4
 
 
-def model_parameters(mcfg: ModelConfig, method: str, n_clients: int) -> int:
-    """The number of parameters of the run's server model(s), counted on PyTorch's ``meta`` device (no memory)."""
+def training_memory(mcfg: ModelConfig, method: str, n_clients: int) -> tuple[int, int]:
+    """``(parameters, bytes)``: the run's model, counted on PyTorch's ``meta`` device (no memory), and the memory
+    training it needs by :data:`TRAIN_BYTES_PER_PARAMETER` (``local-cvae``: one model per client, each keeping
+    :data:`KEPT_BYTES_PER_PARAMETER`, plus the working copies of the one that trains)."""
     import torch
 
-    from fedhype.federated.baselines import make_server
+    from fedhype.federated.baselines import federation
+    from fedhype.federated.server import Server
 
+    local = federation(method) == "local"  # local-cvae: one server of one client per client
     with torch.device("meta"):
-        server = make_server(mcfg, n_clients, torch.Generator().manual_seed(0), method, lr_server=1e-3, lr_hyper=1e-3,
-                             lr_code=1e-3)
-    seen: set[int] = set()
-    total = 0
-    for mod in _modules(server):
-        for p in mod.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel()
-    return total
-
-
-def _modules(obj) -> list:
-    """The ``torch.nn.Module`` objects a server holds (itself, its attributes, the servers of ``local-cvae``)."""
-    import torch
-
-    if isinstance(obj, torch.nn.Module):
-        return [obj]
-    out = []
-    for v in vars(obj).values():
-        if isinstance(v, torch.nn.Module):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                out += _modules(x) if not isinstance(x, (int, float, str)) and hasattr(x, "__dict__") else []
-    return out
+        server = Server(mcfg, 1 if local else n_clients, torch.Generator().manual_seed(0), lr_server=1e-3,
+                        lr_hyper=1e-3, lr_code=1e-3)
+    one = sum(p.numel() for p in server.hnet.parameters())
+    if not local:
+        return one, one * TRAIN_BYTES_PER_PARAMETER
+    return one * n_clients, one * (n_clients * KEPT_BYTES_PER_PARAMETER + TRAIN_BYTES_PER_PARAMETER - KEPT_BYTES_PER_PARAMETER)
 
 
 def check_model_memory(mcfg: ModelConfig, method: str, n_clients: int) -> None:
@@ -120,7 +107,7 @@ def check_model_memory(mcfg: ModelConfig, method: str, n_clients: int) -> None:
     part of the settings a resume keeps); ``--hidden 200000`` failed with the allocator's raw message.
 
     Raises:
-        ValidationError: parameters × :data:`TRAIN_BYTES_PER_PARAMETER` exceeds the available memory
+        ValidationError: :func:`training_memory` exceeds the available memory
             (:func:`fedhype.resources.available_memory`; not checked where it is unknown).
     """
     from fedhype.resources import available_memory, format_bytes
@@ -128,15 +115,13 @@ def check_model_memory(mcfg: ModelConfig, method: str, n_clients: int) -> None:
     avail = available_memory()
     if avail is None:
         return
-    n = model_parameters(mcfg, method, n_clients)
-    need = n * TRAIN_BYTES_PER_PARAMETER
+    n, need = training_memory(mcfg, method, n_clients)
     if need > avail:
         raise ValidationError(
             f"the model has {n:,} parameters (model.hidden = {mcfg.hidden}, model.hyper_hidden = {mcfg.hyper_hidden}); "
             f"training it needs about {format_bytes(need)} of memory "
-            f"(about {TRAIN_BYTES_PER_PARAMETER // 4} float32 copies: weights, gradients, optimiser state, per-sample "
-            f"gradients) and {format_bytes(avail)} is available: lower --hidden (model.hidden) or the other widths; "
-            "nothing was written or charged")
+            f"(float32 weights, gradients, optimiser state, per-sample gradients) and {format_bytes(avail)} is "
+            "available: lower --hidden (model.hidden) or the other widths; nothing was written or charged")
 
 
 def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_classes: int):

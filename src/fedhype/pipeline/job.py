@@ -347,7 +347,8 @@ class StageTimings(dict):
     def __setitem__(self, key: str, seconds: float) -> None:
         super().__setitem__(key, seconds)
         self._runs[-1]["stages"][key] = float(seconds)
-        atomic_write_json(self.path, {"runs": self._runs})
+        if self.path.parent.is_dir():  # a job refused before it wrote anything leaves no folder: none is made here
+            atomic_write_json(self.path, {"runs": self._runs})
 
 
 def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
