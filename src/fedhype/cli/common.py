@@ -142,20 +142,15 @@ def _disk_full(exc: BaseException) -> bool:
 
 def _other_error(exc: Exception, json_mode: bool) -> None:
     """The CLI boundary for errors other than fedhype's own, Ctrl-C and a full disk (see :func:`run_command`)."""
-    try:
+    if os.environ.get("FEDHYPE_DEBUG"):
         raise exc
-    except OSError as exc:  # a path the user gave that cannot be read or written: say which, without a traceback
-        if os.environ.get("FEDHYPE_DEBUG"):
-            raise
+    if isinstance(exc, OSError):  # a path the user gave that cannot be read or written: say which, without a traceback
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
         usage = exc.errno in _PATH_ERRNOS
         _fail(f"{exc.strerror or type(exc).__name__}{where}; " + (
             "check the paths given (e.g. --out, --store) and their permissions" if usage else
             "the machine refused the file operation (disk space, file system)"), 2 if usage else 1, json_mode)
-    except Exception as exc:  # noqa: BLE001 - the CLI boundary
-        if os.environ.get("FEDHYPE_DEBUG"):
-            raise
-        _fail(f"internal error: {type(exc).__name__}: {exc} (set FEDHYPE_DEBUG=1 for a traceback)", 1, json_mode)
+    _fail(f"internal error: {type(exc).__name__}: {exc} (set FEDHYPE_DEBUG=1 for a traceback)", 1, json_mode)
 
 
 @contextlib.contextmanager
