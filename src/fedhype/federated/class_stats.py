@@ -1002,7 +1002,9 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     each client first releases its sum and count at σ_A = σ₀/√s, the server pools them into the public
     centre c and radius R (``radius`` κ × the DP spread), and the class statistics of the clipped
     deviations follow at σ_B = σ₀/√(1 − s) — together the cost of one release at σ₀. Both are
-    charged write-ahead before either runs. ``release_centre`` (``train.release_centre``) says around
+    charged write-ahead before either runs; the centres are saved the moment they arrive, so a run
+    interrupted between the steps (a Flower node killed during the statistics step) reuses them on its resume
+    and releases — and is charged for — the statistics step alone (again, unless seeded). ``release_centre`` (``train.release_centre``) says around
     which centre each client clips: ``"client"`` its own DP centre pulled toward the pooled one, with
     one common radius (:func:`fedhype.privacy.centring.client_centrings`), ``"pooled"`` the pooled one
     (:func:`~fedhype.privacy.centring.centring_from`), ``"auto"`` client centres except under secure
@@ -1051,15 +1053,21 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         kept = load_release_outputs(outputs, clients) if reuse else None
     else:  # the sums the server received before the interruption (charged then)
         kept = load_secure_outputs(outputs, clients, distributed) if reuse else None
-        if kept is not None and centred and kept[0] is None:  # not this release's sums
-            kept = None
-    if dp.enabled and kept is None:
+    if kept is not None and centred != _has_centre(kept[0]):  # not this release's outputs (centred or not)
+        kept = None
+    # interrupted between the centre and the statistics step: the centre (released, charged) is reused and only
+    # the statistics step is released — and charged — again (a Flower node killed during the statistics step)
+    only_stats = kept is not None and kept[1] is None
+    if dp.enabled and (kept is None or only_stats):
         stats_note = (f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
                       + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split)
         centre_note = f"sum and count of the unit records (the release's centre){split}"
-        events = release_events([c.id for c in clients], steps if centred else [(float(dp.noise_multiplier), 1.0, 1)],
-                                [centring_mod.MECHANISM, MECHANISM] if centred else [MECHANISM], RELEASE_SENSITIVITY,
-                                [centre_note, stats_note] if centred else [stats_note])
+        if only_stats:
+            events = release_events([c.id for c in clients], steps[-1:], [MECHANISM], RELEASE_SENSITIVITY, [stats_note])
+        else:
+            events = release_events([c.id for c in clients], steps if centred else [(float(dp.noise_multiplier), 1.0, 1)],
+                                    [centring_mod.MECHANISM, MECHANISM] if centred else [MECHANISM], RELEASE_SENSITIVITY,
+                                    [centre_note, stats_note] if centred else [stats_note])
         pending = pending_charges(ledger, events, replays=lambda e: seeded)
         if budget_check is not None:
             budget_check(pending)
@@ -1070,13 +1078,13 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     if distributed is not None:
         if parts is not None:
             raise ValidationError("secure aggregation pools the clients' statistics; local-cvae needs each client's own")
-        if kept is not None:  # a resume: the sums received before the interruption
-            cen_sum, agg = kept
-            cen = centring_mod.centring_from(cen_sum, radius) if centred else None
-        else:
-            cen_sum = secure_sum([c.release_centre(sigma_a, distributed=distributed) for c in clients],
-                                 distributed) if centred else None
-            cen = centring_mod.centring_from(cen_sum, radius) if centred else None
+        cen_sum, agg = kept if kept is not None else (None, None)  # a resume: the sums received before
+        if kept is None and centred:
+            cen_sum = secure_sum([c.release_centre(sigma_a, distributed=distributed) for c in clients], distributed)
+            if outputs is not None:  # saved the moment it arrives: a resume after it releases the statistics only
+                save_secure_outputs(outputs, cen_sum, None)
+        cen = centring_mod.centring_from(cen_sum, radius) if centred else None
+        if agg is None:
             agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed, centring=cen)
                               for c in clients], distributed)
             if outputs is not None and dp.enabled:  # saved before the post-processing: a resume reuses them
@@ -1091,6 +1099,8 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     else:
         centres = [c.release_centre(sigma_a) for c in clients] if centred else []
         updates = None
+        if centred and outputs is not None:  # saved the moment they arrive: a resume after them releases the rest only
+            save_release_outputs(outputs, centres, [])
     if centred:
         if parts is not None:
             cens = [centring_mod.centring_from([u], radius) for u in centres]
@@ -1125,6 +1135,11 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
             server.release_notes.update({k: fit[k] for k in ("client_shrinkage", "client_mean_shrinkage",
                                                              "client_cov_shrinkage") if k in fit})
     return counts
+
+
+def _has_centre(saved) -> bool:
+    """Whether saved release outputs hold a centre: a non-empty list of centre updates, or a centre's sum."""
+    return saved is not None and (not isinstance(saved, list) or len(saved) > 0)
 
 
 def save_release_outputs(path: Path, centres: list[PrivatizedUpdate], updates: list[PrivatizedUpdate]) -> None:
@@ -1170,7 +1185,11 @@ def load_release_outputs(path: Path, clients) -> "tuple[list[PrivatizedUpdate], 
             client=m["client"], tensors=tensors, like=tensors, steps=m["steps"], noise_multiplier=m["noise_multiplier"],
             clip_norm=m["clip_norm"], sample_rate=m["sample_rate"], private=m["private"]))
     ids = [str(c.id) for c in clients]
-    if [u.client for u in out["stats"]] != ids or (out["centre"] and [u.client for u in out["centre"]] != ids):
+    if out["centre"] and [u.client for u in out["centre"]] != ids:
+        return None
+    if not out["stats"]:  # saved between the steps: the centres alone (None when there is nothing)
+        return (out["centre"], None) if out["centre"] else None
+    if [u.client for u in out["stats"]] != ids:
         return None
     return out["centre"], out["stats"]
 
@@ -1222,7 +1241,9 @@ def load_secure_outputs(path: Path, clients, noise) -> "tuple[object, object] | 
         p = f"{m['part']}.sum."
         out[m["part"]] = restore_sum({k[len(p):]: v for k, v in t.items() if k.startswith(p)}, m["contributors"],
                                      noise, m["noise_multiplier"], m["private"])
-    return (out.get("centre"), out["stats"]) if "stats" in out else None
+    if "stats" not in out:  # saved between the steps: the centre's sum alone
+        return (out["centre"], None) if "centre" in out else None
+    return out.get("centre"), out["stats"]
 
 
 def release_all_class_stats(clients, n_classes: int, dp, weights, centrings) -> list[PrivatizedUpdate]:

@@ -303,7 +303,7 @@ def release_statistics(state: RunState) -> None:
                                            radius=cfg.release_radius, release_centre=cfg.centre_mode(),
                                            budget_check=functools.partial(_release_budget, state),
                                            outputs=run.root / "ckpt" / RELEASE_OUTPUTS,
-                                           reuse_outputs=_release_charged(state.ledger, clients, cfg))
+                                           reuse_outputs=_release_charged(state.ledger, clients, cfg, any_step=True))
             # the clients' DP class counts (public DP outputs): a mixture weights its clients per class
             # and the release's post-processing choices (model.located_share = "auto" resolved, from F)
             atomic_write_json(run.root / RELEASE_FILE, {"client_class_counts": counts,
@@ -520,13 +520,17 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
         return result_of(state)
 
 
-def _release_charged(ledger: PrivacyLedger, clients: list[ClientHandle], cfg: TrainConfig) -> bool:
-    """Whether every client's statistics release is in the ledger (or the run is not private)."""
+def _release_charged(ledger: PrivacyLedger, clients: list[ClientHandle], cfg: TrainConfig, any_step: bool = False) -> bool:
+    """Whether every client's statistics release is in the ledger (or the run is not private); with ``any_step``,
+    its statistics step or its centre step (a release interrupted between the two steps charged the centre only:
+    its saved outputs are reusable, :func:`fedhype.federated.class_stats.run_class_stats_stage`)."""
     from fedhype.federated.class_stats import MECHANISM as RELEASE
+    from fedhype.privacy.centring import MECHANISM as CENTRE
 
     if cfg.no_dp:
         return True
-    done = {e.client for e in ledger.events if e.mechanism == RELEASE and e.round == -1}
+    steps = {RELEASE, CENTRE} if any_step else {RELEASE}
+    done = {e.client for e in ledger.events if e.mechanism in steps and e.round == -1}
     return all(c.id in done for c in clients)
 
 

@@ -142,12 +142,16 @@ class RunDir:
         """Where the statistics release of a run to resume stands: ``"committed"`` (a round or a statistics-only
         commit came after it), ``"saved"`` (it ran and its outputs — the model it set, or the clients' updates — were saved: a resume
         reuses them, no charge),
-        ``"interrupted"`` (charged write-ahead in the ledger, its outputs never saved: a resume releases again) or
-        ``"not started"``."""
+        ``"centre saved"`` (interrupted between a centred release's two steps: the centre's outputs are reused, the
+        statistics step runs again), ``"interrupted"`` (charged write-ahead in the ledger, its outputs never saved: a
+        resume releases again) or ``"not started"``."""
         if self.committed_round() > 0 or self.statistics_released():
             return "committed"
-        if (self.root / "ckpt" / RELEASE_STATE).exists() or (self.root / "ckpt" / RELEASE_OUTPUTS).exists():
+        outputs = self.root / "ckpt" / RELEASE_OUTPUTS
+        if (self.root / "ckpt" / RELEASE_STATE).exists():
             return "saved"
+        if outputs.exists():
+            return "saved" if _holds_statistics(outputs) else "centre saved"
         if self.ledger.exists() and read_json(self.ledger, "privacy ledger", LEDGER_ADVICE).get("events"):
             return "interrupted"
         return "not started"
@@ -157,6 +161,17 @@ class RunDir:
         for p in (self.root / "ckpt").glob("server-r*.safetensors"):
             if int(p.stem.split("-r")[1]) < rounds_done:
                 p.unlink(missing_ok=True)
+
+
+def _holds_statistics(outputs: Path) -> bool:
+    """Whether saved release outputs (``ckpt/release-outputs.safetensors``) hold the statistics step, not only the
+    centre's (the public metadata of :func:`fedhype.federated.class_stats.save_release_outputs` /
+    ``save_secure_outputs``); an unreadable file counts as holding them (its loader then says what is wrong)."""
+    try:
+        meta = json.loads(tensor_metadata(outputs).get("fedhype_release_outputs", "[]"))
+    except Exception:  # noqa: BLE001 — reported by the loader, with the file's name
+        return True
+    return any(m.get("kind") == "stats" or m.get("part") == "stats" for m in meta)
 
 
 def save_model(path: Path, hnet: HyperNetwork, codes: torch.Tensor, meta: dict) -> None:

@@ -19,10 +19,11 @@ alone), in this order —
    the masked shares and unmasks the sum of ≥ m − t of them (else it raises: the write-ahead charge
    stays, as for any mechanism whose records were touched);
 
-then the model is set from the aggregate as in process. The sums of both steps are saved the moment the last
-one arrives (``ckpt/release-outputs.safetensors``, :func:`fedhype.federated.class_stats.save_secure_outputs`:
-public DP outputs); a run interrupted after that and before the model was saved resumes from them, charged and
-released once (an interruption between the steps releases both again, charged again unless seeded). The noise of each step is the Gaussian
+then the model is set from the aggregate as in process. The sum of each step is saved the moment it arrives
+(``ckpt/release-outputs.safetensors``, :func:`fedhype.federated.class_stats.save_secure_outputs`: public DP
+outputs); a run interrupted after both and before the model was saved resumes from them, charged and released
+once; one interrupted between the steps reuses the centre's sum and runs the statistics step alone (charged again
+if its charge had been written, unless seeded). The noise of each step is the Gaussian
 plan's σ times the factor of :func:`fedhype.privacy.skellam.calibrate_factor`, so that the RDP
 accounting of the Skellam releases keeps every client's ε at or below the planned one.
 
@@ -79,9 +80,10 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
     charged, with the pending events of every step for every client (those who drop out at a step are not
     charged for it, so the check may price more than is spent, never less); it raises to refuse.
 
-    ``outputs``: where the sums the server received are saved once both steps arrived, before the post-processing;
+    ``outputs``: where the sums the server received are saved as each step arrives, before the post-processing;
     with ``reuse_outputs`` (a resume of a run whose release was charged) sums of these clients under this noise plan
-    already there are post-processed again instead of opening a session: nothing is released or charged.
+    already there are post-processed again instead of opening a session: nothing is released or charged; a centre's
+    sum alone (interrupted between the steps) is reused and only the statistics step runs.
 
     Raises:
         ValidationError: a local-cvae server or a non-private release. Whatever ``session`` raises
@@ -112,27 +114,30 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
             + f"; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
             + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "")}
     kept = load_secure_outputs(outputs, clients, distributed) if reuse_outputs else None
-    if kept is not None and ((centred and kept[0] is None) or not _same_sigma(kept[1], plans[-1])):
-        kept = None  # not this release's sums (uncentred, or another noise plan: e.g. the in-process Gaussian one's)
-    cen, agg = None, None
-    if kept is not None:  # a resume: the sums received before the interruption (charged then)
-        cen_sum, agg = kept
-        cen = centring_mod.centring_from(cen_sum, radius) if centred else None
-    else:
-        if budget_check is not None:
-            every = [e for layout, plan, mechanism in zip(layouts, plans, mechanisms)
-                     for e in skellam_release_events([c.id for c in clients], plan, mechanism, what[layout.kind])]
-            budget_check(pending_charges(ledger, every, replays=lambda e: seeded))
-        cen_sum = None
-        for layout, plan, mechanism in zip(layouts, plans, mechanisms):
-            live = session.open(layout.kind)  # no record touched yet: a failure here charges nothing
-            events = skellam_release_events([clients[i].id for i in live], plan, mechanism,
-                                            f"{what[layout.kind]}; {plan.describe()}")
-            charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
-            agg = session.release(layout.kind, plan, n_classes=n_classes, weights=weights, centring=cen)
-            if layout.kind == "centre":
-                cen_sum, cen = agg, centring_mod.centring_from(agg, radius)
-        if outputs is not None:  # saved before the post-processing: a resume reuses them
+    saved_steps = [] if kept is None else list(kept) if centred else list(kept[1:])  # aligned with plans
+    if kept is not None and (centred != (kept[0] is not None)
+                             or any(a is not None and not _same_sigma(a, p) for a, p in zip(saved_steps, plans))):
+        kept = None  # not this release's sums (centred or not, or another noise plan: e.g. the in-process Gaussian one's)
+    cen_sum, agg = kept if kept is not None else (None, None)  # a resume: the sums received before (charged then)
+    cen = centring_mod.centring_from(cen_sum, radius) if cen_sum is not None else None
+    # the steps still to run: both, or (interrupted between them) the statistics step alone around the kept centre
+    todo = [(lay, plan, mech) for lay, plan, mech in zip(layouts, plans, mechanisms)
+            if agg is None and not (lay.kind == "centre" and cen_sum is not None)]
+    if todo and budget_check is not None:
+        every = [e for layout, plan, mechanism in todo
+                 for e in skellam_release_events([c.id for c in clients], plan, mechanism, what[layout.kind])]
+        budget_check(pending_charges(ledger, every, replays=lambda e: seeded))
+    for layout, plan, mechanism in todo:
+        live = session.open(layout.kind)  # no record touched yet: a failure here charges nothing
+        events = skellam_release_events([clients[i].id for i in live], plan, mechanism,
+                                        f"{what[layout.kind]}; {plan.describe()}")
+        charge(ledger, pending_charges(ledger, events, replays=lambda e: seeded), ledger_path)
+        out = session.release(layout.kind, plan, n_classes=n_classes, weights=weights, centring=cen)
+        if layout.kind == "centre":
+            cen_sum, cen = out, centring_mod.centring_from(out, radius)
+        else:
+            agg = out
+        if outputs is not None:  # saved the moment each arrives, before the post-processing: a resume reuses them
             save_secure_outputs(outputs, cen_sum, agg)
     dp_stats = DPConfig(plans[-1].noise_multiplier, RELEASE_SENSITIVITY, enabled=True)
     g = clip_rescale_factor(agg, cen) if getattr(server.cfg, "clip_rescale", False) else 1.0

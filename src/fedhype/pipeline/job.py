@@ -286,6 +286,9 @@ def release_resume_note(stage: str, seeded: bool) -> str:
     """What a resume does about the statistics release (:meth:`fedhype.federated.rundir.RunDir.release_stage`)."""
     if stage in ("committed", "saved"):
         note = "the class statistics were released before; their saved outputs are reused and not charged again"
+    elif stage == "centre saved":  # a Flower node killed during the statistics step
+        note = ("the statistics release was interrupted between its centre and its statistics step: the released "
+                "centre is reused (not charged again) and the statistics step runs again")
     elif stage == "interrupted":  # a probe read "did not complete" while the charge stood in the ledger
         note = "the statistics release was interrupted after it was charged (write-ahead) and before its outputs were saved: it runs again"
     else:
