@@ -13,7 +13,7 @@ moments (the total, or the K class blocks) plus Gaussian noise at the noise mult
 ``dp-gaussian`` gets at each ε (:func:`fedhype.federated.run_plan.plan_privacy`) and the release's
 weights (a, b, c) (:meth:`fedhype.federated.config.TrainConfig.release_weights`); the server pools them
 into class means and covariances and keeps what rises above the noise edge
-(:func:`fedhype.federated.class_stats.covariance_estimate`, rank ≤ the model's latent size L = 64).
+(:func:`fedhype.federated.covariance.covariance_estimate`, rank ≤ the model's latent size L = 64).
 No client shrinkage, no mixture code, no training: only the second-order design differs between
 rows. Each row is the validation accuracy of a linear probe (``fedhype.eval.utility.Probe``) trained
 on 300 samples per class from the Gaussians. Without DP the table adds the unlimited-rank
@@ -101,7 +101,7 @@ def one(store, part, name: str, seed: int, eps_list: list[str]) -> list[dict]:
     import torch
 
     from fedhype.eval.utility import Probe
-    from fedhype.federated.class_stats import covariance_estimate
+    from fedhype.federated.covariance import covariance_estimate
 
     K = store.n_classes
     xv, yv, X, Y, cl, radius = emulation_data(store, part)

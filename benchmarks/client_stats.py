@@ -10,8 +10,8 @@ clients' DP class counts). ``dp-gaussian`` (the pooled release alone) is the ref
 chose ``synthesis.code = "mixture"`` as the job default. ``--dataset fashion`` runs the same on
 ``configs/fashion-mnist.toml`` (10 small label-skewed Dirichlet clients); a method name with the suffix
 ``+shrink`` trains it with ``model.client_shrinkage = "class"`` (each client's statistics shrunk toward the
-pooled ones class by class, :func:`fedhype.federated.class_stats.shrink_toward`), ``+client-shrink`` with
-``"client"`` (per class, from each client's signal variance, :func:`~fedhype.federated.class_stats.shrink_client`).
+pooled ones class by class, :func:`fedhype.federated.client_shrinkage.shrink_toward`), ``+client-shrink`` with
+``"client"`` (per class, from each client's signal variance, :func:`~fedhype.federated.client_shrinkage.shrink_client`).
 ``--dataset fashion-full`` / ``fashion-full-100`` run the realistic-scale configs (all 70,000 images, 10 or
 100 clients; their bf16 store, through the job's own ``embed_store``).
 
@@ -40,7 +40,7 @@ EPSILONS = ("1", "4", "8", "none")
 CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml",
            "fashion-full": ROOT / "configs" / "fashion-mnist-full.toml",
            "fashion-full-100": ROOT / "configs" / "fashion-mnist-full-100.toml"}
-#: method suffix → model.client_shrinkage (fedhype.federated.class_stats.SHRINKAGE)
+#: method suffix → model.client_shrinkage (fedhype.federated.client_shrinkage.SHRINKAGE)
 SHRINK = {"+shrink": "class", "+client-shrink": "client"}
 
 

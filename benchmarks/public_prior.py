@@ -70,7 +70,7 @@ def one(store, part, name: str, seed: int, eps_list: list[str], pub) -> list[dic
     import torch
 
     from fedhype.eval.utility import Probe
-    from fedhype.federated.class_stats import covariance_estimate
+    from fedhype.federated.covariance import covariance_estimate
 
     _, latent, per_class = SETUP[name]
     pub_cov, pub_vec = pub

@@ -13,14 +13,14 @@ The test split is not read. Grids:
   (``centre_share = 0``), the clip radius κ ∈ {0.6, 0.8, 1.0, 1.5} at centre share 0.06, and the share
   ∈ {0.03, 0.12} at κ = 0.8 (ε = 4). The grids above it were measured before it existed and keep
   ``centre_share = 0`` (the uncentred release they ran);
-* the within-class threshold of :func:`fedhype.federated.class_stats._within_class` (the James–Stein
+* the within-class threshold of :func:`fedhype.federated.covariance._within_class` (the James–Stein
   factor above which the between-class scatter is subtracted): 0 (always), 0.9 (default) and never,
   for ``dp-gaussian`` at ε = 4 / 8 and without DP;
 * the client centres (``train.release_centre``, :func:`fedhype.privacy.centring.client_centrings`):
   ``pooled`` vs ``client`` for ``dp-gaussian`` (neutral code) and ``fedhypevae`` (the job's
   ``mixture`` code) at ε = 1 / 4 / 8, on the digits job and on ``configs/fashion-mnist.toml`` (10
   Dirichlet α = 0.3 clients: label skew only). The rows before it ran the pooled centre and say so;
-* the unlocated variance (``model.residual``, :func:`fedhype.federated.class_stats.covariance_estimate`):
+* the unlocated variance (``model.residual``, :func:`fedhype.federated.covariance.covariance_estimate`):
   ``isotropic`` vs ``latent`` for the same two methods, ε and datasets, with client centres;
 * without DP, the same two methods and datasets, ``latent`` vs ``located`` (nothing is hidden by noise:
   the release locates L directions and the unlocated variance is the D − L tail);
@@ -31,7 +31,7 @@ The test split is not read. Grids:
   ``fedhypevae`` (mixture code) at ε = 4 / 8: is the noise there small enough for the located residual
   to pay under DP? (the rows that set ``model.residual = "auto"``'s threshold);
 * ours (mixture code, every default) on the three datasets after the clip-shift discount and the
-  within-class target of the clients' statistics (:class:`fedhype.federated.class_stats.ClipShift`);
+  within-class target of the clients' statistics (:class:`fedhype.federated.client_shrinkage.ClipShift`);
 
 * undoing the clip's shrink (``model.clip_rescale``, :func:`fedhype.federated.class_stats.clip_rescale_factor`):
   off vs on for ``dp-gaussian`` per client and under secure aggregation on the three datasets at ε = 1 / 4 / 8,
@@ -40,11 +40,11 @@ The test split is not read. Grids:
   1.0, 1.3} for ``dp-gaussian`` at the job's size (both were chosen on the digits job);
 * the share of the unlocated variance on the located spikes (``model.located_share``): at scale (0 / 0.3 / 0.5 /
   0.65 / 0.8, "located share, scale"; with 100 clients at ε = 4, 0 vs 0.8) and, for the rule ``"auto"`` (0.8 where the pooled class means' James–Stein
-  factor F ≥ 0.94, :func:`fedhype.federated.class_stats.resolve_located_share`), 0 vs 0.8 at the job's size on
+  factor F ≥ 0.94, :func:`fedhype.federated.covariance.resolve_located_share`), 0 vs 0.8 at the job's size on
   digits and Fashion-MNIST per client and under secure aggregation ("located share, auto"; the rows with no
   ``located_share`` ran before ``"auto"`` became the default, with s = 0);
 * the clients' covariances under their own heterogeneity test (``model.client_shrinkage = "client-cov"``,
-  :func:`fedhype.federated.class_stats.shrink_client_cov`) against the default ``"client"``: ours (mixture code, the
+  :func:`fedhype.federated.client_shrinkage.shrink_client_cov`) against the default ``"client"``: ours (mixture code, the
   job's size, ``located_share = "auto"``) on digits and Fashion-MNIST at ε = 4 / 8 ("client covariance test").
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
@@ -104,7 +104,7 @@ GRID: list[tuple[str, str, dict]] = (
     + [("client centres", e, {"dataset": d, "method": m, "code": code, "release_centre": c, "residual": "isotropic"})
        for d in ("digits", "fashion") for m, code in (("dp-gaussian", "neutral"), ("fedhypevae", "mixture"))
        for e in ("1", "4", "8") for c in ("pooled", "client")]
-    # where the variance the release cannot locate goes (fedhype.federated.class_stats.covariance_estimate)
+    # where the variance the release cannot locate goes (fedhype.federated.covariance.covariance_estimate)
     + [("unlocated variance", e, {"dataset": d, "method": m, "code": code, "residual": r})
        for d in ("digits", "fashion") for m, code in (("dp-gaussian", "neutral"), ("fedhypevae", "mixture"))
        for e in ("1", "4", "8") for r in ("isotropic", "latent")]
@@ -123,7 +123,7 @@ GRID: list[tuple[str, str, dict]] = (
     # directions (ε = 4 / 8 there): the rows that set model.residual = "auto"'s threshold
     + [("unlocated variance, scale", e, {"dataset": "fashion-full", "method": "fedhypevae", "code": "mixture", "residual": r})
        for e in ("4", "8") for r in ("latent", "located")]
-    # the clients' statistics with the clip-shift discount and the within-class target (class_stats.ClipShift,
+    # the clients' statistics with the clip-shift discount and the within-class target (client_shrinkage.ClipShift,
     # _shrunk_cov): ours (the job's mixture code, every default) on the three datasets; the same settings
     # before the change are the "DP-SGD share" rows at class_stats_share = 0.95 (digits, fashion)
     + [("client statistics, clip shift", e, {"dataset": d, "code": "mixture"})
@@ -178,7 +178,7 @@ GRID: list[tuple[str, str, dict]] = (
        for d in ("digits", "fashion") for sa in (False, True) for m in ("dp-gaussian", "fedhypevae")
        for e in (("4", "8") if m == "fedhypevae" and not sa else ("1", "4", "8")) for s in (0.0, 0.8)]
     # the clients' covariances moved no further than their own heterogeneity test allows (model.client_shrinkage
-    # "client-cov", class_stats.shrink_client_cov) against the default "client": ours (the job's mixture code, the
+    # "client-cov", client_shrinkage.shrink_client_cov) against the default "client": ours (the job's mixture code, the
     # job's size and located share) where the mixture's precision stayed below 0.3 (ε = 4) and at ε = 8
     + [("client covariance test", e, {"dataset": d, "code": "mixture", **_JOB_SIZE[d], "located_share": "auto",
                                       "client_shrinkage": c})
@@ -211,7 +211,7 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     from fedhype.pipeline.config import resolve, train_config
     from fedhype.synthesis import synthesize
 
-    from fedhype.federated import class_stats
+    from fedhype.federated import covariance
 
     sets = [f"train.seed={seed}"] + (["train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
     overrides = dict(overrides)
@@ -221,7 +221,7 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     overrides.setdefault("latent", PINNED_LATENT)
     overrides.setdefault("located_share", 0.0)
     t = overrides.pop("within_class_min_snr", 0.9)
-    class_stats.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
+    covariance.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
         v = str(v).lower() if isinstance(v, bool) else v
         section = "model" if k in ("latent", "residual", "clip_rescale", "located_share", "client_shrinkage") else "train"

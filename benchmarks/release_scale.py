@@ -15,7 +15,7 @@ plus the row's overrides) and scoring a linear probe trained on the synthetic em
   releases and ``--secure-aggregation``, ε = 1 / 4, on ``fashion-full`` and ``digits``; 300 synthetic
   per class;
 * ``residual`` — at L = 128 and 3,000 per class, ``model.residual`` ∈ {auto, latent, located}
-  (:func:`fedhype.federated.class_stats.covariance_estimate`), the same ε and releases;
+  (:func:`fedhype.federated.covariance.covariance_estimate`), the same ε and releases;
 * ``small`` — that setting (L = 128, 3,000 per class, latent residual) against the defaults on ``digits`` and
   ``fashion`` (10,000 images), ε = 1 / 4 / 8, both releases;
 * ``ours`` — the same two settings for ``fedhypevae`` (the job's ``mixture`` code) on ``digits`` and ``fashion``,

@@ -266,7 +266,8 @@ def test_clip_shift_is_zero_for_one_common_centre_and_points_to_a_clients_own_ce
     """:class:`ClipShift`: clients clipped around one common centre (or with a radius no record reaches)
     have no shift relative to the pool; a client centred on one class has its far classes pulled toward
     its centre, more than its near class."""
-    from fedhype.federated.class_stats import ClipShift, release_moments
+    from fedhype.federated.client_shrinkage import ClipShift
+    from fedhype.federated.class_stats import release_moments
     from fedhype.privacy.centring import Centring
 
     ups, dp, w = _client_releases(real_store, part, 0.03, 0)
@@ -290,7 +291,8 @@ def test_client_test_discounts_the_clip_shift_but_the_means_keep_the_clients_dev
     """``shrink_client(..., clip_shift=b)``: a client whose class means differ from the pool's by exactly its
     clip shift b is a draw of the pool (f = 0, its Gaussian the pooled one); without the discount the same
     deviation reads as a domain (f > 0.5). A deviation beyond b is shrunk as before."""
-    from fedhype.federated.class_stats import release_moments, shrink_client
+    from fedhype.federated.class_stats import release_moments
+    from fedhype.federated.client_shrinkage import shrink_client
 
     iid = make_partition(real_store, scheme="iid", n_clients=4, seed=0)
     ups, dp, w = _client_releases(real_store, iid, 0.03, 0)
@@ -341,7 +343,7 @@ def test_a_noisy_total_variance_below_the_class_scatter_keeps_a_positive_varianc
     log σ² (a 400-record digits run stopped at round 1 with "non-finite values", about 1 run in 30 at ε = 1,
     or with "math domain error"). Real class means of the digits store, with a total variance half their
     scatter: the total covariance is kept and every variance stays positive."""
-    from fedhype.federated.class_stats import MIN_TOTAL_VARIANCE, _between_part, _within_class, covariance_estimate
+    from fedhype.federated.covariance import MIN_TOTAL_VARIANCE, _between_part, _within_class, covariance_estimate
 
     x = torch.nn.functional.normalize(real_store.embeddings.to(torch.float64), dim=-1)
     y = real_store.labels
@@ -416,7 +418,7 @@ def test_auto_located_share_is_0_8_exactly_where_the_class_means_are_precise_and
     """``model.located_share = "auto"``: F = 1 − D·t²/tr B of the pooled class means (Efron & Morris 1973) against the
     threshold 0.94, at most 20 located directions, 0 without DP noise, the same at any number of records; numbers
     pass through."""
-    from fedhype.federated.class_stats import class_mean_snr, located_rank, resolve_located_share
+    from fedhype.federated.covariance import class_mean_snr, located_rank, resolve_located_share
     from fedhype.models.config import AUTO_LOCATED_SHARE, AUTO_SHARE_MAX_LOCATED, AUTO_SHARE_MIN_SNR
 
     assert (AUTO_LOCATED_SHARE, AUTO_SHARE_MIN_SNR, AUTO_SHARE_MAX_LOCATED) == (0.8, 0.94, 20)
@@ -450,7 +452,8 @@ def test_auto_located_share_gives_every_client_the_pools_share_and_the_run_recor
     """Real releases: at σ = 0.03 the pooled class means are precise (F ≥ 0.94) and every client's Gaussian and the
     pooled one take s = 0.8 (F = 0.96); at σ = 0.1 they are not (F = 0.69, 4 located spikes) and take 0. The stage
     records the share and F it chose from."""
-    from fedhype.federated.class_stats import class_mean_snr, client_gaussian, release_moments
+    from fedhype.federated.covariance import class_mean_snr
+    from fedhype.federated.class_stats import client_gaussian, release_moments
 
     cfg = TrainConfig(model={**SMALL, "latent": 64, "client_shrinkage": "none", "located_share": "auto"}, seed=0)
     server, clients, dp, weights, _ = _stage(real_store, part, tmp_path, cfg, sigma=sigma)
@@ -520,7 +523,7 @@ def test_paule_mandel_root_is_james_stein_for_equal_noise_and_solves_its_equatio
     """:func:`paule_mandel`: with equal τ² the factor A/(A + τ²) is the positive-part James–Stein factor
     1 − K·D/χ² (Efron & Morris 1973); with unequal τ²_k the root solves Σ_k q_k/(A + τ²_k) = K; it is 0
     when the deviations fit their noise."""
-    from fedhype.federated.class_stats import paule_mandel
+    from fedhype.federated.client_shrinkage import paule_mandel
 
     g = torch.Generator().manual_seed(0)
     k, dim = 10, 64
@@ -568,8 +571,8 @@ def test_the_covariance_test_pools_an_iid_clients_covariance_and_keeps_a_domains
     James–Stein factor against DP and sampling noise. iid clients (one population) get f_c = 0 and so the pooled
     within-class covariance; some digits domains (different covariances) keep a factor above 0; without DP it is
     "client" exactly."""
-    from fedhype.federated.class_stats import (_shrunk_cov, client_gaussian, covariance_factor, release_moments,
-                                               shrink_client, shrink_client_cov)
+    from fedhype.federated.client_shrinkage import _shrunk_cov, covariance_factor, shrink_client, shrink_client_cov
+    from fedhype.federated.class_stats import client_gaussian, release_moments
 
     iid = make_partition(real_store, scheme="iid", n_clients=4, seed=0)
     fc = {}

@@ -172,7 +172,7 @@ def test_a_release_interrupted_in_the_servers_post_processing_is_reused_not_char
     for k in ("hnet.space_mean", "hnet.base.cb", "hnet.base.wl", "hnet.heads.cs_cb_w"):
         assert torch.equal(again[k], whole[k]), k  # the same release, post-processed again
     # a file of other clients' updates is not reused: the release runs (and is charged) again
-    from fedhype.federated.class_stats import load_release_outputs
+    from fedhype.federated.release_outputs import load_release_outputs
 
     class Other:
         id = "nobody"
@@ -189,7 +189,8 @@ def test_a_secure_aggregation_release_interrupted_in_post_processing_is_reused_n
     only the post-processing of the same sums (nothing charged again, the same model), and a file that is not this
     run's sums (other clients, another noise plan, damaged) is not reused."""
     from fedhype.errors import ValidationError
-    from fedhype.federated.class_stats import MECHANISM, load_secure_outputs
+    from fedhype.federated.class_stats import MECHANISM
+    from fedhype.federated.release_outputs import load_secure_outputs
     from fedhype.privacy.secure_agg import DistributedNoise
 
     cfg = TrainConfig(**{**CFG, "seed": None, "secure_aggregation": True, "centre_share": centre_share})

@@ -105,7 +105,7 @@ def test_a_release_killed_during_its_statistics_step_reuses_its_centre(real_stor
 def test_outputs_of_an_uncentred_run_are_not_taken_for_a_centred_ones(real_store, part, tmp_path):
     """The reuse checks that the saved outputs are of this release's shape: an uncentred release's updates are not
     read as a centred release's (the release runs again instead)."""
-    from fedhype.federated.class_stats import _has_centre, load_release_outputs
+    from fedhype.federated.release_outputs import _has_centre, load_release_outputs
 
     run = tmp_path / "run"
     _in_process(real_store, part, TrainConfig(**{**_cfg(0).__dict__, "centre_share": 0.0}), run, stop_after=0)

@@ -12,7 +12,8 @@ from torch.nn import functional as F
 from fedhype.errors import ValidationError
 from fedhype.privacy.centring import MECHANISM as CENTRE
 from fedhype.data.partition import make_partition
-from fedhype.federated.class_stats import MECHANISM, aggregate_class_stats, covariance_estimate, pooled_stats
+from fedhype.federated.class_stats import MECHANISM, aggregate_class_stats, pooled_stats
+from fedhype.federated.covariance import covariance_estimate
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.engine import train
 from fedhype.federated.rundir import load_model

@@ -165,7 +165,7 @@ class RunDir:
 
 def _holds_statistics(outputs: Path) -> bool:
     """Whether saved release outputs (``ckpt/release-outputs.safetensors``) hold the statistics step, not only the
-    centre's (the public metadata of :func:`fedhype.federated.class_stats.save_release_outputs` /
+    centre's (the public metadata of :func:`fedhype.federated.release_outputs.save_release_outputs` /
     ``save_secure_outputs``); an unreadable file counts as holding them (its loader then says what is wrong)."""
     try:
         meta = json.loads(tensor_metadata(outputs).get("fedhype_release_outputs", "[]"))

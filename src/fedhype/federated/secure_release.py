@@ -20,7 +20,7 @@ alone), in this order —
    stays, as for any mechanism whose records were touched);
 
 then the model is set from the aggregate as in process. The sum of each step is saved the moment it arrives
-(``ckpt/release-outputs.safetensors``, :func:`fedhype.federated.class_stats.save_secure_outputs`: public DP
+(``ckpt/release-outputs.safetensors``, :func:`fedhype.federated.release_outputs.save_secure_outputs`: public DP
 outputs); a run interrupted after both and before the model was saved resumes from them, charged and released
 once; one interrupted between the steps reuses the centre's sum and runs the statistics step alone (charged again
 if its charge had been written, unless seeded). The noise of each step is the Gaussian
@@ -90,8 +90,8 @@ def run_integer_release(session: SecureSession, clients, server, n_classes: int,
         (a dropout beyond t, a client that refused the protocol): nothing after the failing step is
         charged or released.
     """
-    from fedhype.federated.class_stats import (MECHANISM, apply_class_stats, clip_rescale_factor, load_secure_outputs,
-                                               pooled_stats, release_notes, save_secure_outputs)
+    from fedhype.federated.class_stats import (MECHANISM, apply_class_stats, clip_rescale_factor, pooled_stats, release_notes)
+    from fedhype.federated.release_outputs import load_secure_outputs, save_secure_outputs
     from fedhype.privacy import centring as centring_mod
     from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
     from fedhype.privacy.events import skellam_release_events

@@ -8,10 +8,10 @@ from fedhype.errors import ValidationError
 
 
 #: the values of ``ModelConfig.client_shrinkage`` (besides true / false = "class" / "none"); each names
-#: a rule of :data:`fedhype.federated.class_stats.SHRINKAGE`
+#: a rule of :data:`fedhype.federated.client_shrinkage.SHRINKAGE`
 CLIENT_SHRINKAGE = ("none", "class", "client", "client-cov")
 #: the values of ``ModelConfig.residual``: where the variance the DP release cannot locate goes
-#: (:func:`fedhype.federated.class_stats.covariance_estimate`)
+#: (:func:`fedhype.federated.covariance.covariance_estimate`)
 RESIDUALS = ("auto", "latent", "isotropic", "located")
 #: default ``ModelConfig.residual``: ``"auto"`` = ``"located"`` where the release resolves at least
 #: :data:`AUTO_LOCATED_FRACTION` of the latent directions (always without DP), ``"latent"`` below (digits,
@@ -39,19 +39,19 @@ SCALE_LATENT = 128
 SCALE_RECORDS_PER_CLASS = 500
 #: ``ModelConfig.located_share = "auto"`` (the default): the share s put on the located spikes where the DP class means
 #: are precise (:data:`AUTO_SHARE_MIN_SNR`) and the release locates few directions (:data:`AUTO_SHARE_MAX_LOCATED`);
-#: 0 elsewhere and without DP (:func:`fedhype.federated.class_stats.resolve_located_share`, docs/method.md decision 16).
+#: 0 elsewhere and without DP (:func:`fedhype.federated.covariance.resolve_located_share`, docs/method.md decision 16).
 #: The same rule at any size: on all 70,000 Fashion-MNIST images (about 4,200 DP records per class) it turns s = 0.8 on
 #: at ε = 1 with 10 clients (F 0.988, r 11-13; validation: ours 0.779 → 0.783, the release alone 0.778 → 0.781) and at
 #: ε = 4 with 100 clients (F 0.989, r 12-14; ours 0.784 → 0.785, the release alone 0.782 → 0.786); every other scale
 #: cell locates more than 20 directions or has F < 0.94 (benchmarks/results/release_defaults.md, "located share, scale")
 AUTO_LOCATED_SHARE = 0.8
-#: the pooled class means' James–Stein factor F (:func:`fedhype.federated.class_stats.class_mean_snr`) from which
+#: the pooled class means' James–Stein factor F (:func:`fedhype.federated.covariance.class_mean_snr`) from which
 #: ``located_share = "auto"`` is :data:`AUTO_LOCATED_SHARE`. Validation splits (benchmarks/results/release_defaults.md,
 #: "located share, auto"; residual_tradeoff.md): s = 0.8 cost TSTR where F ≤ 0.90 (digits ε = 1 / 4 per client), was
 #: level where F ≈ 0.93 (Fashion-MNIST ε = 1 with secure aggregation) and level or better from F ≈ 0.946 (Fashion-MNIST
 #: ε = 4, both sets at ε = 8, digits ε = 4 / 8 with secure aggregation); 0.94 keeps the F ≈ 0.93 cells at 0
 AUTO_SHARE_MIN_SNR = 0.94
-#: the most covariance directions the release may locate (r, :func:`fedhype.federated.class_stats.covariance_estimate`)
+#: the most covariance directions the release may locate (r, :func:`fedhype.federated.covariance.covariance_estimate`)
 #: for ``located_share = "auto"`` to be :data:`AUTO_LOCATED_SHARE`: the more directions are located, the more signal
 #: the next eigenvectors that take the unlocated variance carry. Validation (same rows): s = 0.8 gained or was level at
 #: r ≤ 17 (digits with secure aggregation at ε = 8: +0.014 for ours; Fashion-MNIST at ε = 4: level) and cost at r = 27
@@ -147,16 +147,16 @@ class ModelConfig:
             pulled toward the pooled ones before they set the heads (post-processing, no ε):
             ``"none"`` (or false) keeps each client's own release; ``"class"`` (or true) shrinks each
             class mean and the covariance by its own positive-part James–Stein factor against the DP
-            noise (:func:`fedhype.federated.class_stats.shrink_toward`); ``"client"`` moves each
+            noise (:func:`fedhype.federated.client_shrinkage.shrink_toward`); ``"client"`` moves each
             class of a client by a factor from the client's signal variance, estimated from its
-            deviations against DP *and* sampling noise (:func:`fedhype.federated.class_stats.shrink_client`):
+            deviations against DP *and* sampling noise (:func:`fedhype.federated.client_shrinkage.shrink_client`):
             about 0 for a client drawn from the pool's population (label skew only) and for a class it
             holds too few records of, about 1 for a distinct domain; the default,
             chosen on the digits and Fashion-MNIST validation splits (mixture TSTR, 3 seeds: digits
             0.532 / 0.702 / 0.750 → 0.552 / 0.708 / 0.750, Fashion 0.657 / 0.713 / 0.734 → 0.673 /
             0.745 / 0.766 at ε = 1 / 4 / 8; ``benchmarks/results/client_shrinkage.md``); ``"client-cov"`` is
             ``"client"`` with the covariance moved by no more than its own heterogeneity test allows
-            (:func:`fedhype.federated.class_stats.shrink_client_cov`): higher precision and coverage on
+            (:func:`fedhype.federated.client_shrinkage.shrink_client_cov`): higher precision and coverage on
             label-skewed clients for a little TSTR (``benchmarks/results/release_defaults.md``, "client
             covariance test"). Without DP every mode keeps the client's own statistics.
         residual: with ``linear_path``, where the variance the DP release cannot locate (the trace left
@@ -165,18 +165,18 @@ class ModelConfig:
             ``"isotropic"`` evenly over every other direction (probabilistic PCA's residual; the
             previous rule), or ``"located"`` into the located covariance spikes (samples on the few
             directions the release resolved: higher precision and coverage, lower recall and TSTR):
-            :func:`fedhype.federated.class_stats.covariance_estimate`. ``latent`` and ``isotropic`` are
+            :func:`fedhype.federated.covariance.covariance_estimate`. ``latent`` and ``isotropic`` are
             identical without DP (every latent direction is located). ``"auto"`` (the default) is
             ``"located"`` without DP, where only the D − L tail beyond the latent size is unlocated
             (validation TSTR of ours +0.016 digits / +0.006 Fashion-MNIST), and under DP ``"located"``
             where the release resolves at least half of an L ≤ 64 latent, ``"latent"`` otherwise
-            (:func:`fedhype.federated.class_stats.covariance_estimate`).
+            (:func:`fedhype.federated.covariance.covariance_estimate`).
         located_share: where ``residual`` is (or ``"auto"`` resolves to) ``"latent"``, the share s ∈ [0, 1]
             of the unlocated variance first put on the located spikes (0: none; 1 is ``"located"``), or
             ``"auto"`` (the default): s = :data:`AUTO_LOCATED_SHARE` (0.8) where the release's pooled class means
             are precise (James–Stein factor F ≥ :data:`AUTO_SHARE_MIN_SNR`, 0.94) and the release locates at most
             :data:`AUTO_SHARE_MAX_LOCATED` covariance directions, else 0
-            (:func:`fedhype.federated.class_stats.resolve_located_share`; the share used and F are in the run's
+            (:func:`fedhype.federated.covariance.resolve_located_share`; the share used and F are in the run's
             ``release.json`` and model metadata). s = 0.8 puts samples on the data's manifold (precision and
             coverage ≈ 0.01 → 0.3–0.5) at no TSTR cost where F is high, and costs TSTR where the class means are
             noisy (digits ε = 4, F ≈ 0.89: −0.016 on the test split) (docs/method.md, decision 16;

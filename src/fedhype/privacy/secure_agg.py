@@ -223,7 +223,7 @@ def restore_sum(tensors: Mapping[str, "torch.Tensor"], contributors: tuple[str, 
 
     A run interrupted after its secure-aggregation release was charged (write-ahead) and before the model it sets
     was saved resumes from the sum it had received (a public DP output, saved by
-    :func:`fedhype.federated.class_stats.save_secure_outputs`) instead of releasing and being charged again. This
+    :func:`fedhype.federated.release_outputs.save_secure_outputs`) instead of releasing and being charged again. This
     makes no new sum: it restores one that already left the clients, with the same checks a sum passes.
 
     Args:

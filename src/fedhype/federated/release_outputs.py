@@ -1,0 +1,120 @@
+"""The release's outputs as the server received them, saved the moment they arrive
+(``ckpt/release-outputs.safetensors``): the clients' updates, or under secure aggregation only their sums. A run
+interrupted after them resumes from them instead of releasing — and being charged — again
+(:func:`fedhype.federated.class_stats.run_class_stats_stage`). Public DP outputs, atomic safetensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedhype.privacy.dp_step import PrivatizedUpdate
+
+
+def _has_centre(saved) -> bool:
+    """Whether saved release outputs hold a centre: a non-empty list of centre updates, or a centre's sum."""
+    return saved is not None and (not isinstance(saved, list) or len(saved) > 0)
+
+
+def save_release_outputs(path: Path, centres: list[PrivatizedUpdate], updates: list[PrivatizedUpdate]) -> None:
+    """Write the clients' released updates (their tensors and public metadata; atomic safetensors)."""
+    import json
+
+    from fedhype.io import atomic_save_tensors
+
+    tensors, meta = {}, []
+    for kind, us in (("centre", centres), ("stats", updates)):
+        for i, u in enumerate(us):
+            tensors.update({f"{kind}.{i}.{k}": v for k, v in u.tensors.items()})
+            meta.append({"kind": kind, "index": i, "client": u.client, "steps": u.steps,
+                         "noise_multiplier": u.noise_multiplier, "clip_norm": u.clip_norm,
+                         "sample_rate": u.sample_rate, "private": u.private})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save_tensors(path, tensors, {"fedhype_release_outputs": json.dumps(meta)})
+
+
+def load_release_outputs(path: Path, clients) -> "tuple[list[PrivatizedUpdate], list[PrivatizedUpdate]] | None":
+    """The ``(centres, updates)`` :func:`save_release_outputs` wrote, or None when there is no such file or it is
+    not these clients' (then the release runs again). Each update is re-typed with
+    :meth:`~fedhype.privacy.dp_step.PrivatizedUpdate.from_wire` (names, shapes, finiteness and metadata checked).
+
+    Raises:
+        ArtifactError: the file exists but is unreadable or was modified after it was written.
+    """
+    import json
+
+    from fedhype.io import load_tensors, tensor_metadata
+
+    if path is None or not Path(path).exists():
+        return None
+    t = load_tensors(path, what="released statistics (the clients' updates)")
+    meta = json.loads(tensor_metadata(path).get("fedhype_release_outputs", "[]"))
+    out: dict[str, list] = {"centre": [], "stats": []}
+    if any(m.get("kind") not in out for m in meta):  # a secure-aggregation sum (save_secure_outputs), not updates
+        return None
+    for m in sorted(meta, key=lambda m: (m["kind"], m["index"])):
+        p = f"{m['kind']}.{m['index']}."
+        tensors = {k[len(p):]: v for k, v in t.items() if k.startswith(p)}
+        out[m["kind"]].append(PrivatizedUpdate.from_wire(
+            client=m["client"], tensors=tensors, like=tensors, steps=m["steps"], noise_multiplier=m["noise_multiplier"],
+            clip_norm=m["clip_norm"], sample_rate=m["sample_rate"], private=m["private"]))
+    ids = [str(c.id) for c in clients]
+    if out["centre"] and [u.client for u in out["centre"]] != ids:
+        return None
+    if not out["stats"]:  # saved between the steps: the centres alone (None when there is nothing)
+        return (out["centre"], None) if out["centre"] else None
+    if [u.client for u in out["stats"]] != ids:
+        return None
+    return out["centre"], out["stats"]
+
+
+def save_secure_outputs(path: Path, centre_sum, stats_sum) -> None:
+    """Write the sums a secure-aggregation release gave the server (``centre_sum`` None for an uncentred release):
+    their tensors and public metadata (contributors, the noise plan, σ₀), atomic safetensors. The server holds
+    only these sums (public DP outputs), never a client's own update."""
+    import json
+
+    from fedhype.io import atomic_save_tensors
+
+    tensors, meta = {}, []
+    for part, agg in (("centre", centre_sum), ("stats", stats_sum)):
+        if agg is None:
+            continue
+        tensors.update({f"{part}.sum.{k}": v for k, v in agg.tensors.items()})
+        meta.append({"kind": "secure", "part": part, "contributors": list(agg.contributors),
+                     "clients": agg.noise.clients, "dropout_tolerance": agg.noise.dropout_tolerance,
+                     "noise_multiplier": agg.noise_multiplier, "private": agg.private})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save_tensors(path, tensors, {"fedhype_release_outputs": json.dumps(meta)})
+
+
+def load_secure_outputs(path: Path, clients, noise) -> "tuple[object, object] | None":
+    """The ``(centre_sum, stats_sum)`` :func:`save_secure_outputs` wrote (``centre_sum`` None if uncentred), rebuilt
+    by :func:`fedhype.privacy.secure_agg.restore_sum`; None when there is no such file or it is not a sum of these
+    clients under this noise plan ``noise`` (then the release runs again).
+
+    Raises:
+        ArtifactError: the file exists but is unreadable or was modified after it was written.
+        SecureAggregationError: the saved sum is damaged (too few contributors, non-finite entries).
+    """
+    import json
+
+    from fedhype.io import load_tensors, tensor_metadata
+    from fedhype.privacy.secure_agg import restore_sum
+
+    if path is None or not Path(path).exists():
+        return None
+    t = load_tensors(path, what="released statistics (the secure-aggregation sums)")
+    meta = json.loads(tensor_metadata(path).get("fedhype_release_outputs", "[]"))
+    ids = {str(c.id) for c in clients}
+    out: dict = {}
+    for m in meta:
+        if (m.get("kind") != "secure" or (m["clients"], m["dropout_tolerance"]) != (noise.clients, noise.dropout_tolerance)
+                or not set(m["contributors"]) <= ids):
+            return None
+        p = f"{m['part']}.sum."
+        out[m["part"]] = restore_sum({k[len(p):]: v for k, v in t.items() if k.startswith(p)}, m["contributors"],
+                                     noise, m["noise_multiplier"], m["private"])
+    if "stats" not in out:  # saved between the steps: the centre's sum alone
+        return (out["centre"], None) if "centre" in out else None
+    return out.get("centre"), out["stats"]
