@@ -1,5 +1,5 @@
-"""What the machine has: memory available to a new allocation, and byte counts for messages (no heavy imports:
-the CLI's ``--help`` reads this module without torch)."""
+"""What the machine has: memory available to a new allocation, free disk space, and byte counts for messages (no
+heavy imports: the CLI's ``--help`` reads this module without torch)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,21 @@ def available_memory() -> int | None:
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, ValueError, OSError):
+        return None
+
+
+def free_disk(path) -> int | None:
+    """Bytes free to an unprivileged writer on the file system that holds ``path`` (its nearest existing folder,
+    so a folder not yet made is measured where it will be made); None if unknown."""
+    import shutil
+    from pathlib import Path
+
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return int(shutil.disk_usage(p).free)
+    except OSError:
         return None
 
 

@@ -131,3 +131,34 @@ def test_a_client_without_training_records_is_not_told_to_lower_the_minimum_to_0
 
     assert "it has none, so re-partition" in told(0) and "to 0 or less" not in told(0)
     assert "lower --min-records (to 3 or less)" in told(3)
+
+
+def test_a_disk_too_small_for_the_run_is_refused_before_anything_is_charged(real_store, tmp_path, monkeypatch):
+    """A probe filled the disk: "No space left on device" came after the release's write-ahead charge and before its
+    outputs were saved, so the resume released — and paid — again. What a run writes (run_plan.run_disk: checkpoints,
+    clients' states, the release's outputs) is now checked against the free space of --out's disk first; the
+    estimate holds what a real run wrote, with the next round's checkpoint beside the last."""
+    import fedhype.resources
+    from fedhype.data.partition import make_partition
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.run_plan import DISK_MARGIN, run_disk
+
+    real_store.save(tmp_path / "s.safetensors")
+    make_partition(real_store, scheme="iid", n_clients=2, seed=0).save(tmp_path / "p.json")
+    mcfg = TrainConfig().model_config(real_store.dim, real_store.n_classes)  # the job's model
+    need = run_disk(mcfg, "fedhypevae", 2, True)
+    monkeypatch.setattr(fedhype.resources, "free_disk", lambda path: need - 1)  # one byte short
+    args = ("train", "--store", tmp_path / "s.safetensors", "--partition", tmp_path / "p.json", "--epsilon", 4,
+            "--rounds", 2, "--seed", 0, "--json")
+    r, obj = _invoke(*args, "--out", tmp_path / "run")
+    assert r.exit_code == 2, r.output
+    assert "free space there or give an --out on another disk; nothing was written or charged" in obj["error"]
+    assert not (tmp_path / "run" / "ledger.json").exists()
+    monkeypatch.setattr(fedhype.resources, "free_disk", lambda path: need)  # it fits
+    r, obj = _invoke(*args, "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    written = sum(p.stat().st_size for p in (tmp_path / "run").rglob("*") if p.is_file())
+    server = max(p.stat().st_size for p in (tmp_path / "run" / "ckpt").glob("server-r*.safetensors"))
+    assert written + server <= need - DISK_MARGIN  # the peak: the next round's checkpoint written beside the last
+    assert need - DISK_MARGIN < 4 * (written + server)  # and not far above it
+    assert fedhype.resources.free_disk(tmp_path / "not" / "made" / "yet") is not None  # measured where it will be made

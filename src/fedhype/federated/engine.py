@@ -53,7 +53,7 @@ from fedhype.federated.config import TrainConfig
 from fedhype.federated.result import TrainResult
 from fedhype.federated.rundir import RELEASE_OUTPUTS, RELEASE_STATE, RunDir, backfill_release_means, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
-from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan,  # noqa: F401
+from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan, check_run_disk,  # noqa: F401
                                         committed_rounds, plan_privacy, recorded_config, resolve_plan)
 from fedhype.federated.server import ServerStrategy
 from fedhype.federated.transport import ClientHandle, ClientTransport, InProcessTransport, RoundTask, SupportsPreflight
@@ -505,6 +505,8 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
         plan = resolve_plan(partition, cfg, store_info=store_info, n_classes=n_classes,
                             recorded=recorded_config(run, resume))
         done = committed_rounds(run, plan, resume)
+        # a full disk after the release's charge would make the resume pay it again: refused before anything
+        check_run_disk(run.root, plan.model, cfg.method, len(plan.sizes), plan.model.linear_path)
         if on_plan is not None:
             on_plan(run, plan)
         state = open_run(run, plan, done, connect)
