@@ -162,3 +162,23 @@ def test_a_disk_too_small_for_the_run_is_refused_before_anything_is_charged(real
     assert written + server <= need - DISK_MARGIN  # the peak: the next round's checkpoint written beside the last
     assert need - DISK_MARGIN < 4 * (written + server)  # and not far above it
     assert fedhype.resources.free_disk(tmp_path / "not" / "made" / "yet") is not None  # measured where it will be made
+
+
+def test_a_run_whose_epsilon_protects_nothing_says_so(real_store, tmp_path):
+    """A probe's `train --noise-multiplier 0.001` reported ε = 5.5e5 with "private True" and no word more; the
+    summary now warns above MEANINGLESS_EPSILON (and says nothing at a usual ε)."""
+    from fedhype.cli.train_cmd import MEANINGLESS_EPSILON
+    from fedhype.data.partition import make_partition
+
+    real_store.save(tmp_path / "s.safetensors")
+    make_partition(real_store, scheme="iid", n_clients=2, seed=0).save(tmp_path / "p.json")
+    base = ("train", "--store", tmp_path / "s.safetensors", "--partition", tmp_path / "p.json", "--rounds", 1,
+            "--hidden", 32, "--latent", 8, "--seed", 0)
+    r = runner.invoke(app, [str(a) for a in (*base, "--noise-multiplier", 0.01, "--out", tmp_path / "weak")])
+    assert r.exit_code == 0, r.output
+    assert "protects no record" in r.output and "raise --noise-multiplier or give --epsilon" in r.output
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    assert PrivacyLedger.load(tmp_path / "weak" / "ledger.json").worst()[1] > MEANINGLESS_EPSILON  # the run's own ε
+    r = runner.invoke(app, [str(a) for a in (*base, "--epsilon", 4, "--out", tmp_path / "fine")])
+    assert r.exit_code == 0 and "protects no record" not in r.output

@@ -258,6 +258,32 @@ def test_where_prv_fails_the_reported_epsilon_is_rdps_and_the_report_says_so():
     assert ok["accountant"] == "prv" and ok["epsilon"] == ok["epsilon_prv"] < ok["epsilon_rdp"] and ok["warnings"] == []
 
 
+def test_a_tiny_noise_multiplier_is_accounted_by_rdp_without_building_the_prv_grid(monkeypatch):
+    """A probe's `fedhype budget --noise-multiplier 1e-3 --sample-rate 1 --steps 1` died with "Unable to allocate
+    76.0 GiB" (PRV's grid spans the privacy loss's range, growing as 1/σ²; σ = 0.05 took 23 s and 2 GB). Above
+    PRV_MAX_RDP_EPSILON the reported figure is the RDP bound and PRV is not built at all."""
+    from fedhype.privacy import accountant
+    from fedhype.privacy.accountant import PRV_MAX_RDP_EPSILON, epsilon, epsilon_report
+
+    built = []
+    real = accountant._prv
+    monkeypatch.setattr(accountant, "_ACCOUNTANT_FNS", {**accountant._ACCOUNTANT_FNS,
+                                                        "prv": lambda h, d: (built.append(h), real(h, d))[1]})
+    accountant._epsilon_cached.cache_clear()
+    for sigma in (1e-3, 0.1):
+        h = [(sigma, 1.0, 1)]
+        rdp = epsilon(h, 1e-5, "rdp")
+        assert rdp > PRV_MAX_RDP_EPSILON and epsilon(h, 1e-5) == rdp
+        rep = epsilon_report(h, 1e-5)
+        assert rep["epsilon"] == rdp and rep["accountant"] == "rdp" and rep["epsilon_prv"] is None
+        assert "no meaningful privacy" in rep["warnings"][0]
+    assert built == []  # never attempted
+    h = [(0.2, 1.0, 1)]  # RDP 35: PRV is evaluated and reported as before
+    rep = epsilon_report(h, 1e-5)
+    assert rep["accountant"] == "prv" and 33.0 < rep["epsilon"] < 33.3 and built
+    accountant._epsilon_cached.cache_clear()
+
+
 def test_an_unreachable_target_names_the_users_epsilon_and_delta():
     """The release is calibrated for share × ε; the refusal used to quote that product as if it were
     --epsilon (9.5e-07 for --epsilon 1e-6) and blame --epsilon when δ = 1e-300 was the cause."""

@@ -121,10 +121,16 @@ def _render(res: dict) -> None:
     Console().print(kv_table("fedhype train", rows))
     if not res["private"]:
         console.print("[bold yellow]NON-PRIVATE run (--no-dp): no DP guarantee on any output[/]")
+    elif res.get("epsilon") is not None and res["epsilon"] > MEANINGLESS_EPSILON:
+        # a probe's --noise-multiplier 0.001 reported ε = 5.5e5 as "private" without a word
+        console.print(f"[bold yellow]warning[/]: ε = {res['epsilon']:.4g}: a guarantee this weak protects no record "
+                      "(ε above 10 is rarely defended); raise --noise-multiplier or give --epsilon", highlight=False)
     if res.get("above_target"):
         print_above_target(res)
 
 
+#: the ε above which train's summary says the run protects no record in practice
+MEANINGLESS_EPSILON = 50.0
 
 
 

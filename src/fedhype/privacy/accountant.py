@@ -65,6 +65,10 @@ CROSS_CHECK_RTOL = 0.1
 PRV_EPS_ERROR = 0.01
 #: Largest PRV discretisation grid (points × distinct events) we allow (peak memory ≈ 0.5 GB).
 PRV_MAX_POINTS = 1_000_000
+#: the RDP ε above which the reported figure is the RDP bound alone: PRV's grid spans the privacy loss's range,
+#: which grows as 1/σ², so a tiny σ asked for 76 GiB (a probe's ``budget --noise-multiplier 1e-3``; σ = 0.05 took
+#: 23 s and 2 GB) — and at such ε the tighter figure changes nothing a user decides
+PRV_MAX_RDP_EPSILON = 50.0
 
 
 # --------------------------------------------------------------------------- validation
@@ -228,6 +232,8 @@ def _epsilon_cached(canon: tuple[tuple[float, float, int], ...], delta: float, a
         return math.inf
     if accountant == REPORTED:  # both are upper bounds: the smaller is one too
         rdp = _epsilon_cached(canon, delta, "rdp")
+        if rdp > PRV_MAX_RDP_EPSILON:  # no meaningful privacy either way; PRV's grid would not fit (epsilon_report)
+            return rdp
         try:
             return min(_epsilon_cached(canon, delta, "prv"), rdp)
         except ValidationError:  # PRV's numerics failed (tiny σ, huge ε): RDP still bounds ε (epsilon_report says so)
@@ -368,7 +374,8 @@ def epsilon_report(history: History, delta: float) -> dict:
         number of steps and ``warnings`` the :func:`cross_check` findings (``[]`` when PRV, RDP
         and PLD agree within their tolerances).
 
-    Where PRV's numerics fail (tiny σ, very large ε), ``epsilon_prv`` and ``epsilon_pld`` are None
+    Where PRV's numerics fail (tiny σ, very large ε) or the RDP bound is above :data:`PRV_MAX_RDP_EPSILON`,
+    ``epsilon_prv`` and ``epsilon_pld`` are None
     (PLD only cross-checks PRV, and its grid would take minutes there), the RDP bound is reported and
     ``warnings`` says so.
 
@@ -377,6 +384,9 @@ def epsilon_report(history: History, delta: float) -> dict:
     """
     rdp = epsilon(history, delta, "rdp")
     try:
+        if rdp > PRV_MAX_RDP_EPSILON:
+            raise ValidationError(f"RDP ε {rdp:.4g} > {PRV_MAX_RDP_EPSILON:g}: no meaningful privacy, and PRV's grid "
+                                  "would not fit in memory; not evaluated")
         prv, failed = epsilon(history, delta, "prv"), None
     except ValidationError as exc:  # PRV's numerics failed: the RDP bound is reported, and said so
         prv, failed = None, str(exc)
