@@ -528,6 +528,11 @@ def test_train_set_takes_the_model_settings_without_a_flag(files, tmp_path):
     notes = json.loads((tmp_path / "run" / "release.json").read_text())
     assert notes["client_shrinkage"] == "client-cov" and notes["located_share"] == 0.8
     for extra, says in ((["--set", "train.rounds=2"], "takes model.key=value"),
+                        # the user's text quoted back as typed, the flag named (a probe read "--set '--seed
+                        # (train.seed)=7': … the  settings have flags": brackets eaten as console markup)
+                        (["--set", "train.seed=7"], "--set 'train.seed=7': `fedhype train --set` takes model.key=value "
+                                                    "(e.g. model.client_shrinkage=client-cov); --seed (train.seed) is "
+                                                    "set with its flag"),
                         (["--set", "model.bogus=1"], "unknown key model.bogus"),
                         (["--set", "model.hidden=32"], "set the same thing"),
                         (["--set", "model.client_shrinkage=bogus"], "model.client_shrinkage must be one of")):

@@ -203,7 +203,9 @@ def _with_flags(message: str) -> str:
             return key
         return f"{flag} ({key})"
 
-    return re.sub(r"(?<![\w.(-])(train|model|synthesis|evaluate|partition|data)\.([a-z_]+)\b(?!\))", named, message)
+    # a key inside quotes is the user's own input, quoted back: left as typed (a probe read "--set '--seed
+    # (train.seed)=7'")
+    return re.sub(r"(?<![\w.('\"-])(train|model|synthesis|evaluate|partition|data)\.([a-z_]+)\b(?!\))", named, message)
 
 
 def _error_extra(exc: FedhypeError) -> dict[str, Any]:

@@ -259,10 +259,16 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
     own = s.store()
     check_provenance(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}", site=s)
     run_clients = syn_store.meta.get("client_names")
+    outsider = None
     if run_clients and s.name not in run_clients:
-        console.print(f"[yellow]note[/]: site {s.name!r} is not one of the clients of {synthetic}'s run "
-                      f"({', '.join(run_clients)}): its held-out split is held out from that run only if none of "
-                      "these records were in the run's training data", highlight=False)
+        # a synthetic store carries no digest of its run's data (that would not be DP), so whether this site's
+        # records were in the run cannot be checked here; a probe scored a site 26 of whose 36 test records a pooled
+        # run had trained on: said as a warning, in the JSON object too
+        outsider = (f"site {s.name!r} is not one of the clients of the run of {synthetic} "
+                    f"({', '.join(run_clients)}): its test split is held out from that run only if none of its records "
+                    "were in the run's training data (a run on a partition of the same store trained on them: the "
+                    "scores would be optimistic); this cannot be checked from a synthetic store")
+        console.print(f"[yellow]warning[/]: {outsider}", highlight=False)
     if own.dim != syn_store.dim:
         check_compatible(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}")
     where = f"site {s.name!r} ({site_dir})"
@@ -283,7 +289,7 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
                       max_samples=max_samples, k=k, seed=seed)
     result.update(real=str(s.store_path), site=s.name, synthetic=str(synthetic),
                   real_train=None if real_train is None else str(real_train), partition=None, real_split=split,
-                  synthetic_kind=syn_store.kind, warnings=[w for w in (one, kind_warning) if w])
+                  synthetic_kind=syn_store.kind, warnings=[w for w in (outsider, one, kind_warning) if w])
     return result
 
 

@@ -51,9 +51,11 @@ def model_settings(items: list[str], **flags: Any) -> dict[str, Any]:
     for item in items:
         key, eq, value = item.partition("=")
         section, _, name = key.strip().partition(".")
-        if not eq or section != "model" or not name:
+        if not eq or section != "model" or not name:  # (no square brackets: the console reads them as markup)
             raise ValidationError(f"--set {item!r}: `fedhype train --set` takes model.key=value (e.g. "
-                                  "model.client_shrinkage=client-cov); the [train] settings have flags")
+                                  "model.client_shrinkage=client-cov)" + (
+                                      f"; {section}.{name} is set with its flag (fedhype train --help)"
+                                      if section == "train" and name else "; the train settings have flags of their own"))
         if flags.get(name) is not None:
             raise ValidationError(f"--set {item!r} and the flag of model.{name} set the same thing; give one")
         _set_key(conf, "model", name, _parse_value(value.strip()), where=f"--set {item}")  # the job's own checks

@@ -168,8 +168,9 @@ def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name:
     if site is not None:
         names = list(synthetic.meta.get("client_names") or [])
         if site.name in names and len(names) == len(keys) and keys[names.index(site.name)] != site.key:
-            raise ArtifactError(f"site {site.name!r} here has site key {site.key[:8]}…, the site of that name in "
-                                  f"{syn_name}'s run {keys[names.index(site.name)][:8]}…: it was split again since "
+            raise ArtifactError(f"site {site.name!r} here has site key {site.key[:8]}…, while the site of that name "
+                                  f"in the run of {syn_name} had site key {keys[names.index(site.name)][:8]}…: it was "
+                                  "split again since "
                                   "(its test split may hold records the run trained on), or it is another site of the "
                                   "same name; evaluate with the split the run used (`fedhype site --overwrite` keeps the "
                                   f"previous one as site.{keys[names.index(site.name)][:8]}.json in the site folder)")
