@@ -65,9 +65,10 @@ def consortium(tiny_dinov2_dir, tmp_path_factory):
             out["ids"] += list(s.sample_ids)
             out["digests"].append(s.digest())
         sites = [f"--site={root / n / 'site'}" for n in SITES]
+        # unseeded: a seeded run is ε = ∞ for the sites' ledgers (its seed travels with the run and its release)
         r = runner.invoke(app, ["train", *sites, "--out", str(root / "run"), "--epsilon", "4",
                                 "--rounds", "2", "--local-steps", "2", "--batch-size", "8",
-                                "--min-records", "5", "--hidden", "16", "--latent", "4", "--seed", "0", "--json"])
+                                "--min-records", "5", "--hidden", "16", "--latent", "4", "--json"])
         out["train"], out["train_log"] = _json(r), r.stderr
         out["synthesize"] = _json(runner.invoke(app, ["synthesize", "--run", str(root / "run"), "--out",
                                                       str(root / "synthetic.safetensors"), "--per-class", "20", "--seed",
@@ -314,7 +315,7 @@ def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):
     root = consortium["root"]
     sites = [f"--site={root / n / 'site'}" for n in SITES]
     small = ["--rounds", "2", "--local-steps", "2", "--batch-size", "8", "--min-records", "5", "--hidden", "16",
-             "--latent", "4", "--seed", "0", "--epsilon", "4", "--json"]
+             "--latent", "4", "--epsilon", "4", "--json"]
     # resuming with the classes in another order: another run (its release is in the old order)
     r = runner.invoke(app, ["train", *sites, "--classes", "malignant,benign,normal", "--out", str(root / "run"),
                             "--resume", *small])
@@ -398,10 +399,14 @@ def test_each_sites_ledger_across_runs_records_the_run_and_its_cap_refuses_the_n
     assert mine["spent_epsilon"] == pytest.approx(spent, rel=1e-9) and mine["after_epsilon"] > spent * 1.2
     assert not mine["fits"] and other["fits"] and other["max_epsilon"] is None
     assert any("site 'clinic_c': this plan would take its records" in w for w in plan["warnings"])
-    r = runner.invoke(app, ["train", *[f"--site={s}" for s in sites], "--out", str(tmp_path / "run2"), "--epsilon", "4",
-                            "--rounds", "2", "--local-steps", "2", "--batch-size", "8", "--min-records", "5",
-                            "--hidden", "16", "--latent", "4", "--seed", "0", "--json"])
+    train2 = ["train", *[f"--site={s}" for s in sites], "--out", str(tmp_path / "run2"), "--epsilon", "4", "--rounds",
+              "2", "--local-steps", "2", "--batch-size", "8", "--min-records", "5", "--hidden", "16", "--latent", "4"]
+    r = runner.invoke(app, [*train2, "--json"])
     assert r.exit_code == 3 and "site 'clinic_c': this run's plan" in r.output and "past the site's cap" in r.output
+    assert (sites[2] / "site-ledger.json").read_text() == before and not (tmp_path / "run2" / "config.json").exists()
+    # a seeded run, however small its plan, is ε = ∞ for a capped site: refused before anything is written
+    r = runner.invoke(app, [*train2, "--epsilon", "0.5", "--rounds", "1", "--seed", "0", "--json"])
+    assert r.exit_code == 3 and "site 'clinic_c': a seeded run" in r.output and "no guarantee" in r.output, r.output
     assert (sites[2] / "site-ledger.json").read_text() == before and not (tmp_path / "run2" / "config.json").exists()
     assert len(_json(runner.invoke(app, ["budget", "--site", str(sites[0]), "--json"]))["runs"]) == 1  # nor another site
     # splitting again keeps the records' ledger; its cap can be set there too
@@ -449,3 +454,124 @@ def test_the_site_ledger_refuses_what_would_reset_or_orphan_it(consortium, tmp_p
     assert [s["site"] for s in both["sites"]] == ["hospital_b", "clinic_c"]
     assert _json(runner.invoke(app, ["budget", "--site", str(site), "--max-epsilon", "9", "--json"]))["max_epsilon"] == 9
     assert _json(runner.invoke(app, ["budget", "--site", str(site), "--no-cap", "--json"]))["max_epsilon"] is None
+
+
+def _small_train(sites, out, *extra):
+    return ["train", *[f"--site={s}" for s in sites], "--out", str(out), "--epsilon", "4", "--rounds", "1",
+            "--local-steps", "1", "--batch-size", "8", "--min-records", "5", "--hidden", "16", "--latent", "4", *extra,
+            "--json"]
+
+
+def test_budget_site_lists_seeded_runs_as_infinite_and_no_cap_can_follow(consortium, tmp_path):
+    """Two seeded runs with one seed reuse one noise draw, and the seed is in every release's config.json: the
+    site's ledger composes them as ε = ∞ (a probe had solved two releases for a site's exact record count)."""
+    import shutil
+
+    root = consortium["root"]
+    sites = []
+    for name in ("hospital_a", "hospital_b"):
+        shutil.copytree(root / name / "site", tmp_path / name)
+        sites.append(tmp_path / name)
+    finite = _json(runner.invoke(app, ["budget", "--site", str(sites[0]), "--json"]))
+    assert finite["epsilon"] > 0 and not finite["epsilon_infinite"] and finite["seeded_runs"] == []
+    for k in (1, 2):
+        _json(runner.invoke(app, _small_train(sites, tmp_path / f"seeded{k}", "--seed", "7")))
+    rep = _json(runner.invoke(app, ["budget", "--site", str(sites[0]), "--json"]))
+    assert rep["epsilon"] is None and rep["epsilon_infinite"] and len(rep["seeded_runs"]) == 2
+    assert [r["seeded"] for r in rep["runs"]] == [False, True, True]
+    assert [r["epsilon_infinite"] for r in rep["runs"]] == [False, True, True]
+    assert "regenerate the noise" in rep["seeded_note"] and "same seed" in rep["seeded_note"]
+    text = runner.invoke(app, ["budget", "--site", str(sites[0])])
+    assert text.exit_code == 0 and "∞ (seeded)" in text.output and "seeded run(s)" in text.output
+    r = runner.invoke(app, ["budget", "--site", str(sites[0]), "--max-epsilon", "100", "--json"])
+    assert r.exit_code == 2 and "seeded run(s)" in r.output and "no finite cap can hold" in r.output
+
+
+def test_raising_a_capped_sites_delta_needs_the_cap_restated_and_warns_like_train(consortium, tmp_path):
+    import shutil
+
+    root = consortium["root"]
+    site = tmp_path / "cc"
+    shutil.copytree(root / "clinic_c" / "site", site)
+    n = json.loads((site / "card.json").read_text())["n_train"]
+    capped = _json(runner.invoke(app, ["budget", "--site", str(site), "--max-epsilon", "20", "--json"]))
+    before = (site / "site-ledger.json").read_text()
+    big = f"{0.5 / n:.3g}"  # n·δ = 0.5: below 1/n, above the usual 0.1
+    r = runner.invoke(app, ["budget", "--site", str(site), "--delta", big, "--json"])
+    assert r.exit_code == 2 and "raises site 'clinic_c'" in r.output and "--max-epsilon E" in r.output, r.output
+    assert (site / "site-ledger.json").read_text() == before  # the cap still means what it meant
+    r = runner.invoke(app, ["budget", "--site", str(site), "--delta", big, "--max-epsilon", "20", "--json"])
+    got = _json(r)
+    assert got["delta"] == float(big) and got["max_epsilon"] == 20 and got["epsilon"] < capped["epsilon"]
+    assert any("the usual advice is delta well below 1/n" in w for w in got["warnings"])
+    assert "warning" in r.stderr and "n·delta reaches" in r.stderr
+    # `fedhype site --overwrite --delta` is the same change: refused without --max-epsilon, before anything is written
+    store = str(root / "clinic_c" / "embeddings.safetensors")
+    files = {p.name: p.read_text() for p in site.iterdir()}
+    r = runner.invoke(app, ["site", "--store", store, "--name", "clinic_c", "--min-records", "5", "--out", str(site),
+                            "--overwrite", "--delta", f"{0.9 / n:.3g}", "--json"])
+    assert r.exit_code == 2 and "raises site 'clinic_c'" in r.output
+    assert {p.name: p.read_text() for p in site.iterdir()} == files
+
+
+def test_splitting_again_from_a_store_of_other_records_is_refused_unless_same_records(consortium, tmp_path):
+    import shutil
+
+    root = consortium["root"]
+    site = tmp_path / "hospital_b-site"
+    shutil.copytree(root / "hospital_b" / "site", site)
+    files = {p.name: p.read_text() for p in site.iterdir()}
+    other = str(root / "hospital_a" / "embeddings.safetensors")  # another site's records
+    base = ["site", "--store", other, "--name", "hospital_b", "--min-records", "5", "--out", str(site), "--overwrite"]
+    r = runner.invoke(app, [*base, "--json"])
+    assert r.exit_code == 2 and other in r.output and str(root / "hospital_b" / "embeddings.safetensors") in r.output
+    assert "another --out" in r.output and "--same-records" in r.output
+    assert {p.name: p.read_text() for p in site.iterdir()} == files  # no new split, key or ledger
+    r = runner.invoke(app, ["site", "--store", other, "--name", "hospital_b", "--min-records", "5", "--out",
+                            str(tmp_path / "new"), "--same-records", "--json"])
+    assert r.exit_code == 2 and "with --overwrite" in r.output
+    # the same records re-embedded (here: a copy of the store, moved): --same-records keeps their ledger
+    spent = _json(runner.invoke(app, ["budget", "--site", str(site), "--json"]))["epsilon"]
+    moved = tmp_path / "moved.safetensors"
+    shutil.copy(root / "hospital_b" / "embeddings.safetensors", moved)
+    got = _json(runner.invoke(app, ["site", "--store", str(moved), "--name", "hospital_b", "--min-records", "5",
+                                    "--out", str(site), "--overwrite", "--json"]))  # the same digest: the same records
+    assert got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
+    got = _json(runner.invoke(app, [*base, "--same-records", "--json"]))
+    assert got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
+
+
+def test_a_class_only_announced_is_worded_so_and_the_python_api_names_its_argument(consortium, tmp_path):
+    from fedhype.data.sites import SiteCard
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.flower.federation import write_site_federation
+
+    root = consortium["root"]
+    store = str(root / "clinic_c" / "embeddings.safetensors")  # clinic_c holds no 'normal' record
+    _json(runner.invoke(app, ["site", "--store", store, "--name", "clinic_c", "--min-records", "5", "--classes",
+                              ",".join(CLASSES), "--out", str(tmp_path / "c"), "--json"]))
+    r = runner.invoke(app, ["train", f"--site={tmp_path / 'c'}", "--classes", "benign,malignant", "--out",
+                            str(tmp_path / "run"), "--min-records", "5", "--json"])
+    assert r.exit_code == 2 and "site 'clinic_c' announces class(es) ['normal']" in r.output
+    assert "has class(es)" not in r.output and "add them to --classes" in r.output
+    with pytest.raises(Exception, match=r"announces class\(es\) \['normal'\].*write_site_federation\(classes="):
+        write_site_federation(tmp_path / "fed", [SiteCard.load(tmp_path / "c")], TrainConfig(), ["benign", "malignant"])
+
+
+def test_a_read_only_site_ledger_stops_train_before_the_run_folder_is_written(consortium, tmp_path):
+    import os
+    import shutil
+
+    root = consortium["root"]
+    sites = []
+    for name in ("hospital_a", "hospital_b"):
+        shutil.copytree(root / name / "site", tmp_path / name)
+        sites.append(tmp_path / name)
+    os.chmod(sites[1] / "site-ledger.json", 0o444)
+    try:
+        r = runner.invoke(app, _small_train(sites, tmp_path / "run"))
+        assert r.exit_code == 4 and "site 'hospital_b'" in r.output and "read-only" in r.output, r.output
+        assert not (tmp_path / "run" / "config.json").exists() and not (tmp_path / "run" / "ckpt").exists()
+    finally:
+        os.chmod(sites[1] / "site-ledger.json", 0o644)
+    _json(runner.invoke(app, _small_train(sites, tmp_path / "run")))  # the same command again: it runs

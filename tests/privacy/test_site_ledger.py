@@ -13,7 +13,7 @@ from fedhype.federated.config import TrainConfig
 from fedhype.privacy.accountant import epsilon
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge
 from fedhype.privacy.site_ledger import (SiteCharger, by_run, cap_of, composed, ledger_path, load_site_ledger,
-                                         set_site_ledger, spent)
+                                         report, seeded_runs, set_site_ledger, spent)
 
 DELTA = 1e-5
 
@@ -98,15 +98,18 @@ def test_train_over_sites_charges_each_sites_ledger_across_runs_and_a_seeded_res
     train_sites(sites, TrainConfig(**{**CFG, "rounds": 1}), tmp_path / "run2")
     for i, s in enumerate(sites):
         led = load_site_ledger(s.folder)
-        runs = by_run(led)
+        runs = by_run(led, seeded_infinite=False)  # the accountant's figures, as if the seeded noise were secret
         assert len(runs) == 2 and all(k.startswith(("run1-", "run2-")) for k in runs)
         hist = [_client_eps(tmp_path / r, str(i), cfg.delta) for r in ("run1", "run2")]
         assert [len(h) for h in hist] == [4, 3]  # the centre, the statistics and 2 rounds; … and 1 round
         assert [(e.noise_multiplier, e.sample_rate, e.steps) for e in led.events] == hist[0] + hist[1]
         assert list(runs.values()) == pytest.approx([PrivacyLedger.load(tmp_path / r / "ledger.json").epsilon(str(i))
                                                      for r in ("run1", "run2")], rel=1e-9)
-        assert spent(led) == pytest.approx(epsilon(hist[0] + hist[1], cfg.delta), rel=1e-9)
-        assert spent(led) > max(runs.values())
+        assert composed(led.events, led.delta, seeded_infinite=False) == pytest.approx(
+            epsilon(hist[0] + hist[1], cfg.delta), rel=1e-9)
+        # both runs were seeded (the same seed: one noise draw, and the seed is in their config.json): no guarantee
+        assert all(e.seeded for e in led.events) and seeded_runs(led) == list(runs)
+        assert spent(led) == float("inf") and list(by_run(led).values()) == [float("inf")] * 2
         # a site folder written before site ledgers is marked at its first run: its ledger missing is now an error
         assert json.loads((s.folder / "site.json").read_text())["site_ledger"] == "site-ledger.json"
     from fedhype.data.sites import Site
@@ -116,10 +119,93 @@ def test_train_over_sites_charges_each_sites_ledger_across_runs_and_a_seeded_res
         train_sites([Site.load(s.folder) for s in sites], cfg, tmp_path / "run3")
 
 
+def test_unseeded_runs_compose_with_the_accountant_over_the_sites_records(sites, tmp_path):
+    from fedhype.federated.engine import train_sites
+
+    cfg = TrainConfig(**{**CFG, "seed": None})
+    train_sites(sites, cfg, tmp_path / "run1")
+    train_sites(sites, TrainConfig(**{**CFG, "seed": None, "rounds": 1}), tmp_path / "run2")
+    for i, s in enumerate(sites):
+        led = load_site_ledger(s.folder)
+        hist = [_client_eps(tmp_path / r, str(i), cfg.delta) for r in ("run1", "run2")]
+        assert not any(e.seeded for e in led.events) and seeded_runs(led) == []
+        assert list(by_run(led).values()) == pytest.approx([PrivacyLedger.load(tmp_path / r / "ledger.json").epsilon(str(i))
+                                                            for r in ("run1", "run2")], rel=1e-9)
+        assert spent(led) == pytest.approx(epsilon(hist[0] + hist[1], cfg.delta), rel=1e-9)
+        assert max(by_run(led).values()) < spent(led) < float("inf")
+        rep = report(led, s.folder, s.name)
+        assert rep["seeded_runs"] == [] and "seeded_note" not in rep and not any(r["seeded"] for r in rep["runs"])
+
+
+def test_a_seeded_run_is_infinite_for_the_site_and_refused_under_a_cap_before_anything(sites, tmp_path):
+    # a seeded run's noise comes from a seed its config.json (and any release) carries: whoever holds the release
+    # regenerates it, and two runs with one seed share one draw (a probe solved two releases for the record count)
+    from fedhype.federated.engine import train_sites
+
+    set_site_ledger(sites[0].folder, "site-0", max_epsilon=50.0, delta=1e-4)  # a generous cap
+    before = ledger_path(sites[0].folder).read_text()
+    with pytest.raises(BudgetExceededError, match="site 'site-0': a seeded run .* gives its records no guarantee") as err:
+        train_sites(sites, TrainConfig(**CFG), tmp_path / "seeded")
+    assert err.value.epsilon == float("inf") and err.value.limit == 50.0 and "--seed" in str(err.value)
+    assert ledger_path(sites[0].folder).read_text() == before and load_site_ledger(sites[1].folder) is None
+    assert not (tmp_path / "seeded" / "config.json").exists() and not (tmp_path / "seeded" / "ckpt").exists()
+    # the write-ahead charge refuses seeded events too (a SuperNode's, a run resumed with a seed)
+    seeded = [dataclasses.replace(e, seeded=True, client="0") for e in _events("0", 1, sigma=50.0, steps=1)]
+    with pytest.raises(BudgetExceededError, match="a seeded run"):
+        SiteCharger(sites[0].folder, "site-0", "run-x", 1e-4).charge(seeded)
+    assert ledger_path(sites[0].folder).read_text() == before
+    # without a cap a seeded run is recorded as it ran, and the site's ε is ∞: no finite cap can hold afterwards
+    set_site_ledger(sites[0].folder, "site-0", max_epsilon=None)
+    train_sites(sites, TrainConfig(**{**CFG, "rounds": 1}), tmp_path / "seeded")
+    led = load_site_ledger(sites[0].folder)
+    assert spent(led) == float("inf") and len(seeded_runs(led)) == 1
+    rep = report(led, sites[0].folder, "site-0")
+    assert rep["epsilon"] is None and rep["epsilon_infinite"] and rep["seeded_runs"] == seeded_runs(led)
+    assert rep["runs"][0]["seeded"] and rep["runs"][0]["epsilon_infinite"] and "regenerate" in rep["seeded_note"]
+    with pytest.raises(ValidationError, match="seeded run.* no finite cap can hold"):
+        set_site_ledger(sites[0].folder, "site-0", max_epsilon=100.0)
+
+
+def test_raising_a_capped_sites_delta_needs_the_cap_restated(tmp_path):
+    ch = SiteCharger(tmp_path, "clinic_c", "run-1", DELTA)
+    ch.charge(_events("0", 3))
+    set_site_ledger(tmp_path, "clinic_c", max_epsilon=10.0)
+    at_small, at_large = spent(load_site_ledger(tmp_path)), composed(load_site_ledger(tmp_path).events, 1e-3)
+    assert at_large < at_small  # the same charges cost less at a larger δ: the same cap would admit more runs
+    before = ledger_path(tmp_path).read_text()
+    with pytest.raises(ValidationError, match=r"raises site 'clinic_c'.*from 1e-05.*--max-epsilon E"):
+        set_site_ledger(tmp_path, "clinic_c", delta=1e-3)
+    assert ledger_path(tmp_path).read_text() == before
+    led = set_site_ledger(tmp_path, "clinic_c", delta=1e-3, max_epsilon=8.0)  # the policy restated at the new δ
+    assert led.delta == 1e-3 and cap_of(led) == 8.0 and spent(led) == pytest.approx(at_large, rel=1e-9)
+    assert set_site_ledger(tmp_path, "clinic_c", delta=1e-4).delta == 1e-4  # a smaller δ only makes ε larger
+    set_site_ledger(tmp_path, "clinic_c", max_epsilon=None)
+    assert set_site_ledger(tmp_path, "clinic_c", delta=1e-3).delta == 1e-3  # no cap: nothing to loosen
+
+
+def test_a_read_only_site_ledger_is_refused_before_the_run_folder_is_written(sites, tmp_path):
+    import os
+
+    from fedhype.federated.engine import train_sites
+
+    cfg = TrainConfig(**{**CFG, "seed": None, "rounds": 1})
+    set_site_ledger(sites[1].folder, "site-1", max_epsilon=None, delta=1e-4)
+    os.chmod(ledger_path(sites[1].folder), 0o444)
+    try:
+        with pytest.raises(ArtifactError, match="site 'site-1': its ledger across runs, .* is read-only"):
+            train_sites(sites, cfg, tmp_path / "run")
+        assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+        assert load_site_ledger(sites[0].folder) is None
+    finally:
+        os.chmod(ledger_path(sites[1].folder), 0o644)
+    train_sites(sites, cfg, tmp_path / "run")  # the same command, once writable: runs (not "already holds a run")
+    assert len(load_site_ledger(sites[1].folder)) == 3
+
+
 def test_a_run_whose_plan_passes_a_sites_cap_is_refused_before_anything(sites, tmp_path):
     from fedhype.federated.engine import train_sites
 
-    cfg = TrainConfig(**CFG)
+    cfg = TrainConfig(**{**CFG, "seed": None})  # a seeded run is refused on any capped site (ε = ∞ for it)
     train_sites(sites, cfg, tmp_path / "run1")
     first = spent(load_site_ledger(sites[1].folder))
     set_site_ledger(sites[1].folder, "site-1", max_epsilon=first * 1.2)
@@ -128,7 +214,7 @@ def test_a_run_whose_plan_passes_a_sites_cap_is_refused_before_anything(sites, t
         train_sites(sites, cfg, tmp_path / "run2")  # the same plan again: about √2 × the first ε
     assert [ledger_path(s.folder).read_text() for s in sites] == before  # no site was charged
     assert not (tmp_path / "run2" / "ledger.json").exists() and not (tmp_path / "run2" / "config.json").exists()
-    small = TrainConfig(**{**CFG, "rounds": 1, "noise_multiplier": 40.0})
+    small = TrainConfig(**{**CFG, "seed": None, "rounds": 1, "noise_multiplier": 40.0})
     train_sites(sites, small, tmp_path / "run2")  # within the cap, in the same folder: runs and is charged
     assert first < spent(load_site_ledger(sites[1].folder)) <= first * 1.2
 
@@ -196,8 +282,8 @@ def test_a_stop_between_the_sites_charge_and_the_runs_first_save_is_charged_once
                                                                                            monkeypatch):
     from fedhype.federated.engine import train_sites
 
-    for s in sites:
-        set_site_ledger(s.folder, s.name, max_epsilon=50.0, delta=1e-4)
+    for s in sites:  # no cap: a seeded run is refused under one (its ε is ∞ for the site)
+        set_site_ledger(s.folder, s.name, max_epsilon=None, delta=1e-4)
     real_save = PrivacyLedger.save
 
     def stop(self, path):  # a SIGKILL right after the sites' first charge: the run's ledger never reached disk
@@ -211,15 +297,10 @@ def test_a_stop_between_the_sites_charge_and_the_runs_first_save_is_charged_once
     monkeypatch.setattr(PrivacyLedger, "save", real_save)
     held = [len(load_site_ledger(s.folder)) for s in sites]
     assert held == [2, 2] and not (tmp_path / "run1" / "ledger.json").exists()  # the release's two steps, sites only
-    from fedhype.federated.run_plan import plan_privacy
-    from fedhype.federated.secure_release import planned_tails
-
-    cfg, sizes = TrainConfig(**CFG), [len(s.split.train) for s in sites]
-    plan = epsilon(list(plan_privacy(cfg, sizes)["prefix"]) + planned_tails(cfg, sizes)[0], 1e-4)
-    set_site_ledger(sites[0].folder, "site-0", max_epsilon=plan * 1.05)  # room for this plan, not the release twice
     train_sites(sites, TrainConfig(**CFG), tmp_path / "run1", resume=True)  # seeded: the same noise, charged once
     for i, s in enumerate(sites):
         led = load_site_ledger(s.folder)
         run = [(e.noise_multiplier, e.sample_rate, e.steps) for e in PrivacyLedger.load(tmp_path / "run1" / "ledger.json").events
                if e.client == str(i)]
         assert [(e.noise_multiplier, e.sample_rate, e.steps) for e in led.events] == run and len(by_run(led)) == 1
+        assert len(run) == 4 and all(e.seeded for e in led.events) and spent(led) == float("inf")

@@ -194,20 +194,32 @@ def budget_site(folder: Path, max_epsilon: float | None = None, delta: float | N
     """A site's ledger across runs (:func:`fedhype.privacy.site_ledger.report`); with ``max_epsilon`` (or
     ``no_cap``) its cap is set (lifted) first, with ``delta`` its δ (below 1/n of its training records).
 
+    A larger δ for a site with a cap is refused unless the cap is restated (``max_epsilon``): ε at a larger δ is
+    smaller, so the same cap would admit more runs (:func:`fedhype.privacy.site_ledger.check_delta_change`). A δ
+    with n·δ > 0.1 is warned about as `train` and plans are (:func:`fedhype.privacy.accountant.delta_advice`).
+
     Raises:
-        ValidationError: no site there; a cap below what was spent; a δ not below 1/n.
+        ValidationError: no site there; a cap below what was spent; a δ not below 1/n; a larger δ under a cap
+            without the cap restated.
         ArtifactError: a site ledger that is missing though started, corrupt, or another site's.
     """
     from fedhype.data.sites import SITE_FILE, Site
-    from fedhype.privacy.site_ledger import KEEP, check_delta, load_site_ledger, report, set_site_ledger
+    from fedhype.privacy.site_ledger import KEEP, check_delta, check_delta_change, load_site_ledger, report, set_site_ledger
 
     if not (folder / SITE_FILE).is_file() and not (folder.is_file() and folder.suffix == ".json"):
         raise ValidationError(f"--site {folder}: no {SITE_FILE} there; give a site folder written by `fedhype site`")
     s = Site.load(folder)
     led = load_site_ledger(s.folder, expected=s.ledger, site=s.name)
+    warnings: list[str] = []
     if max_epsilon is not None or no_cap or delta is not None:
         if delta is not None:
+            from fedhype.privacy.accountant import delta_advice
+
             check_delta(delta, len(s.split.train))
+            check_delta_change(led, delta, None if no_cap else (KEEP if max_epsilon is None else float(max_epsilon)))
+            if (advice := delta_advice(delta, {s.name: len(s.split.train)})) is not None:
+                warnings.append(advice)
+                console.print(f"[yellow]warning[/]: {advice}", highlight=False, soft_wrap=True)
         if led is None and delta is None:
             from fedhype.pipeline.config import DEFAULTS
 
@@ -222,7 +234,10 @@ def budget_site(folder: Path, max_epsilon: float | None = None, delta: float | N
         from fedhype.federated.site_charges import mark_site_ledger
 
         mark_site_ledger(s)
-    return {"mode": "site", **report(led, s.folder, s.name)}
+    out = {"mode": "site", **report(led, s.folder, s.name)}
+    if warnings:
+        out["warnings"] = warnings
+    return out
 
 
 def _with_sites(plan: dict[str, Any], folders: list[Path]) -> dict[str, Any]:
@@ -286,8 +301,12 @@ def _render_site(result: dict[str, Any], out: Console) -> None:
     for col in ("run", "events", "ε alone"):
         table.add_column(col, justify="left" if col == "run" else "right")
     for r in result["runs"]:
-        table.add_row(r["run"], str(r["events"]), "∞ (no DP)" if r["epsilon_infinite"] else _fmt(r["epsilon"]))
+        table.add_row(r["run"], str(r["events"]), "∞ (seeded)" if r.get("seeded") else
+                      "∞ (no DP)" if r["epsilon_infinite"] else _fmt(r["epsilon"]))
     out.print(table)
+    if result.get("seeded_runs"):
+        out.print(f"seeded run(s): {', '.join(result['seeded_runs'])}: {result['seeded_note']}", style="bold red",
+                  highlight=False, soft_wrap=True)
     delta = "—" if result["delta"] is None else f"{result['delta']:g}"
     spent = math.inf if result["epsilon_infinite"] else result["epsilon"]
     out.print(f"spent over all runs: ε = {_fmt(spent)} at δ = {delta} (composed by the accountant, "

@@ -48,7 +48,12 @@ def site(
                                        "own classes, so it does not say which classes the site holds."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing site folder (a new split and a new "
                                    "site key: runs trained on the old one no longer accept it; the old site.json is "
-                                   "kept as site.<old key>.json for evaluating them)."),
+                                   "kept as site.<old key>.json for evaluating them). The folder's ledger across runs "
+                                   "is kept: a store of other records than the previous split's is refused (give "
+                                   "another --out), unless --same-records."),
+    same_records: bool = typer.Option(False, "--same-records", help="With --overwrite and a --store other than the "
+                                      "previous split's: the store holds the same records (re-embedded, or moved), so "
+                                      "the site's ledger across runs, their spending, is kept for it."),
     max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="The site's lifetime ε cap over all the "
                                                 "runs its records take part in (its ledger across runs, "
                                                 "site-ledger.json); `train --site` and the site's SuperNode refuse "
@@ -81,7 +86,11 @@ def site(
         given = s.partition.params.get("given_splits")
         if given:
             console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)
-        ledger_args = _ledger_args(out, name, max_epsilon, delta, len(s.split.train), store)  # checked before anything is written
+        if same_records and not overwrite:
+            raise ValidationError("--same-records says that --store holds the records of the site folder being split "
+                                  "again: give it with --overwrite")
+        ledger_args = _ledger_args(out, name, max_epsilon, delta, len(s.split.train), store, emb.digest(),
+                                   same_records)  # checked before anything is written
         s.ledger = True
         kept = None
         if (out / SITE_FILE).exists():  # --overwrite: keep the previous split (runs trained on it evaluate with it)
@@ -105,14 +114,19 @@ def site(
     run_command(body, json_mode, _render)
 
 
-def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, n_train: int, store: Path) -> tuple:
+def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, n_train: int, store: Path,
+                 digest: str | None = None, same_records: bool = False) -> tuple:
     """Check the site ledger's settings before anything is written: ``(max_epsilon or KEEP, δ or None, expected)``.
 
     A new site starts its ledger at ``delta``; a site split again (--overwrite) keeps its ledger, its δ unless
     --delta is given, and its cap unless --max-epsilon is; its name cannot change (the ledger is the records').
+    The ledger is the previous split's records': a store (``digest``) other than the one the previous split was
+    made from is refused while the ledger holds charges, unless ``same_records`` (--same-records: the same records
+    re-embedded); a larger δ under a cap needs the cap restated.
 
     Raises:
-        ValidationError: a bad cap or δ, a cap below what was spent, a new name for a site with a ledger.
+        ValidationError: a bad cap or δ, a cap below what was spent, a new name for a site with a ledger, a store
+            of other records, a larger δ under a cap without --max-epsilon.
         ArtifactError: the old site's ledger is missing though started, corrupt, or another site's.
     """
     import json
@@ -120,17 +134,16 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
     import click
 
     from fedhype.data.sites import SITE_FILE
-    from fedhype.privacy.accountant import validate_target_epsilon
-    from fedhype.privacy.site_ledger import KEEP, check_delta, composed, load_site_ledger, site_of
+    from fedhype.privacy.accountant import delta_advice, validate_target_epsilon
+    from fedhype.privacy.site_ledger import KEEP, check_delta, check_delta_change, composed, load_site_ledger, site_of
 
     if max_epsilon is not None:
         validate_target_epsilon(max_epsilon, "--max-epsilon")
     explicit = click.get_current_context().get_parameter_source("delta") in (
         click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
     check_delta(delta, n_train)
-    if delta * n_train > 0.1:  # as `fedhype budget` and `fedhype train` warn
-        console.print(f"[yellow]warning[/]: --delta {delta:g} with {n_train} training records gives n·δ = "
-                      f"{delta * n_train:.2g} > 0.1; the usual advice is δ ≪ 1/n", highlight=False)
+    if (advice := delta_advice(delta, {name: n_train})) is not None:  # as `fedhype budget` and `fedhype train` warn
+        console.print(f"[yellow]warning[/]: {advice}", highlight=False, soft_wrap=True)
     previous: dict = {}  # the split --overwrite replaces: did it start a ledger, which store did it name
     if (out / SITE_FILE).exists():
         try:
@@ -138,15 +151,28 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
         except (OSError, ValueError, TypeError):
             previous = {}
     expected, old_store = bool(previous.get("site_ledger")), previous.get("store")
+    old_digest = (previous.get("partition") or {}).get("store_digest") if isinstance(previous.get("partition"), dict) else None
     old = load_site_ledger(out, expected=expected)
-    if old is not None and old_store is not None and Path(str(old_store)).resolve() != Path(store).resolve():
-        console.print(f"note: the site's ledger across runs is kept for these records; --store {store} is not the "
-                      f"store of the previous split ({old_store}): if it holds other records, give another --out",
-                      highlight=False)
+    other = old_digest is None or digest is None or old_digest != digest  # the store the previous split was made from?
+    if old is not None and len(old) and other and not same_records:
+        same_path = old_store is not None and Path(str(old_store)).resolve() == Path(store).resolve()
+        was = ("the same path, but its records changed since: re-embedded or replaced" if same_path else
+               f"{old_store}" if old_store is not None else "unknown: its site.json is unreadable")
+        raise ValidationError(
+            f"--store {store} is not the store the previous split of {out} was made from ({was}), and the folder's "
+            f"ledger across runs ({out / 'site-ledger.json'}, {len(old)} charge(s)) is those records' spending: kept "
+            "for other records, they would carry that spend and the previous records would lose their ledger. "
+            "Nothing was written. For a site of other records give another --out; if this store holds the same "
+            "records (re-embedded, or moved), add --same-records to keep the ledger for them")
+    if old is not None and other and same_records:
+        console.print(f"--same-records: the site's ledger across runs is kept for the records of --store {store} "
+                      f"(the previous split's store: {old_store})", highlight=False)
     if old is not None and site_of(old) != name:
         raise ValidationError(f"--name {name}: this site folder's ledger across runs is site {site_of(old)!r}'s (the "
                               f"spending of these records); keep --name {site_of(old)}, or give another --out for a new "
                               "site")
+    if explicit:
+        check_delta_change(old, delta, KEEP if max_epsilon is None else float(max_epsilon))
     if old is not None and max_epsilon is not None:
         now = composed(old.events, delta if explicit else old.delta)
         if now > max_epsilon:

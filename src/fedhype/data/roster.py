@@ -113,13 +113,15 @@ class Roster:
                    encoder, dim)
 
     @classmethod
-    def from_cards(cls, cards: Sequence[Any], classes: Sequence[str] | None = None) -> "Roster":
+    def from_cards(cls, cards: Sequence[Any], classes: Sequence[str] | None = None,
+                   classes_flag: str = "--classes") -> "Roster":
         """The roster of a federation of sites, from their public cards (:class:`fedhype.data.sites.SiteCard`).
 
         Args:
             cards: one card per site; client ids follow their order.
             classes: the federation's class names (label order). Default: the sorted union of the
                 cards' class names. Every card's classes must be among them.
+            classes_flag: how errors name ``classes`` (the CLI's ``--classes``, or a Python argument).
 
         Raises:
             ValidationError: no card, two sites with one name or one key, cards of different
@@ -174,7 +176,7 @@ class Roster:
                                   "--classes?)")
         unheld = [k for k in vocab if k not in union]
         if unheld:
-            raise ValidationError(f"class(es) {unheld} of --classes are held by no site (sites' classes: {union}); "
+            raise ValidationError(f"class(es) {unheld} of {classes_flag} are held by no site (sites' classes: {union}); "
                                   "their synthetic embeddings would be DP noise alone: drop them")
         clash = look_alike_names(vocab)  # "T-shirt " at one site and "tshirt" at another were two classes (a probe)
         if clash:
@@ -185,8 +187,9 @@ class Roster:
         for c in cards:
             extra = [k for k in c.class_names if k not in vocab]
             if extra:
-                raise ValidationError(f"site {c.name!r} has class(es) {extra} that are not among the federation's "
-                                      f"classes {vocab}; add them to --classes")
+                raise ValidationError(f"site {c.name!r} announces class(es) {extra} on its card (classes it holds, or "
+                                      "announced with no records by `fedhype site --classes`) that are not among the "
+                                      f"federation's classes {vocab}; add them to {classes_flag}")
         clients = [RosterClient(i, c.name, c.n_train, c.key) for i, c in enumerate(cards)]
         return cls("site", vocab, clients, cards[0].encoder, dims[0])
 

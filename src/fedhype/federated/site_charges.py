@@ -18,25 +18,32 @@ from fedhype.federated.config import TrainConfig
 def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Site], key: str | None = None) -> None:
     """Refuse a fresh run whose whole plan — the statistics release and every planned round — would take a
     site past the cap of its ledger across runs (client i is site i; a site made in memory, without a folder,
-    has no ledger); a run without DP is refused on any site with a cap. Nothing is written or charged. ``key``: the
-    run's key where it exists (a resume: what the run charged before its stop is part of its plan, composed with
-    the site's other runs only).
+    has no ledger); a run without DP, and a seeded run (``cfg.seed``: its noise can be regenerated from the seed,
+    ε = ∞ for the site, :data:`fedhype.privacy.site_ledger.SEEDED_NOTE`), is refused on any site with a cap. A site
+    whose ledger cannot be written (read-only) is refused too. Nothing is written or charged. ``key``: the run's key
+    where it exists (a resume: what the run charged before its stop is part of its plan, composed with the site's
+    other runs only).
 
     Raises:
         BudgetExceededError: naming the site, what it already spent, the plan's ε and the cap.
-        ArtifactError: a site's ledger is missing though started, corrupt or another site's.
+        ArtifactError: a site's ledger is missing though started, corrupt, another site's, or read-only.
     """
     from fedhype.federated.run_plan import plan_privacy
     from fedhype.federated.secure_release import planned_tails
     from fedhype.privacy.ledger import LedgerEvent
-    from fedhype.privacy.site_ledger import NO_DP, refuse_plan
+    from fedhype.privacy.site_ledger import NO_DP, check_writable, refuse_plan
 
     chargers = _site_chargers(sites, key or "planned", cfg)
-    if cfg.no_dp:
+    for ch in chargers.values():  # before the run folder is written: a failed charge would leave it behind
+        check_writable(ch.folder, ch.site)
+    if cfg.no_dp or cfg.seed is not None:
         for ch in chargers.values():
-            if (err := ch.refusal([LedgerEvent(ch.site, -1, NO_DP, 0.0, 1.0, 1, 0.0)])) is not None:
+            mark = (LedgerEvent(ch.site, -1, NO_DP, 0.0, 1.0, 1, 0.0) if cfg.no_dp else
+                    LedgerEvent(ch.site, -1, "planned", 1.0, 1.0, 1, 1.0, seeded=True))
+            if (err := ch.refusal([mark])) is not None:
                 raise err
-        return
+        if cfg.no_dp:
+            return
     prefix, tails = list(plan_privacy(cfg, list(sizes))["prefix"]), planned_tails(cfg, list(sizes))
     for i, ch in chargers.items():
         refuse_plan(ch, prefix + tails[i])

@@ -12,6 +12,14 @@ is the site's lifetime spend over every run given this site folder; composition 
 order of the mechanisms, so events of equal (σ, q) are pooled before the accountant runs (exact, and
 the cost stays flat in the number of runs). A run without DP (``--no-dp``) is recorded as ε = ∞.
 
+A seeded run (``--seed`` / ``train.seed``: its noise drawn from the run seed, reproducible and "not secure")
+counts as ε = ∞ for the site too: the seed is in the run's and the release's ``config.json``, so whoever holds
+a seeded release can regenerate its noise and remove it, and two runs with the same seed reuse one noise draw
+(their releases, solved together, give the records' exact statistics; a probe recovered a site's record count).
+The accountant's ε assumes noise nobody can reproduce, so it is no guarantee here: the site's ledger keeps the
+seeded events as they ran (``"seeded": true``) and composes them as ε = ∞ (:func:`composed`), a capped site
+refuses a seeded run like a run without DP, and :func:`report` lists the seeded runs (:data:`SEEDED_NOTE`).
+
 The cap (``max_epsilon`` in the ledger's meta, set by ``fedhype site --max-epsilon`` or
 ``fedhype budget --site DIR --max-epsilon``) is enforced write-ahead: a charge that would take the
 site's composed ε past it raises before anything is recorded or run (:class:`SiteCharger`), and
@@ -24,8 +32,9 @@ SuperNode charges its site folder's ledger before its per-run node ledger
 (:mod:`fedhype.federated.flower.node_budget`). Only events the run's rerun rule charges are mirrored
 (:func:`fedhype.privacy.ledger.pending_charges`), and a seeded event the site already holds for the same
 run, round and mechanism is not recorded twice (a stop between the two ledgers' writes, then a seeded
-resume, replays the same noise): a seeded resume costs the site nothing again, an unseeded rerun is
-charged again.
+resume, replays the same noise): a seeded resume is recorded once (the run is ε = ∞ for the site anyway), an
+unseeded rerun is charged again. Before a run writes anything, ``train --site`` also checks that every site's
+ledger can be written (:func:`check_writable`), so a read-only ledger does not leave a half-started run folder.
 
 A site folder started by ``fedhype site`` says so in ``site.json`` (``"site_ledger"``): its ledger missing is
 then an error (a deleted ledger would reset the site's spend), not a fresh start. Concurrent runs on one
@@ -51,6 +60,12 @@ _RUN = "run "
 NO_DP = "no-dp-training"
 #: ``set_site_ledger``'s default: leave the cap as it is
 KEEP = object()
+#: what a seeded run means for the site's records (``fedhype budget --site`` prints it)
+SEEDED_NOTE = ("a seeded run (--seed / train.seed) drew its noise from the run seed, which its config.json and any "
+               "release of it carry: whoever holds the release can regenerate the noise and remove it, and runs with "
+               "the same seed reuse the same noise draw. Its ε is therefore ∞ for the site (no guarantee for these "
+               "records, like a run without DP), whatever the run's own ledger computed; train without --seed for "
+               "private runs")
 
 
 def ledger_path(folder: str | os.PathLike) -> Path:
@@ -119,15 +134,21 @@ def run_of(event: LedgerEvent) -> str:
     return head[len(_RUN):] if head.startswith(_RUN) else "?"
 
 
-def composed(events: Iterable[LedgerEvent], delta: float, accountant: str | None = None) -> float:
+def composed(events: Iterable[LedgerEvent], delta: float, accountant: str | None = None, *,
+             seeded_infinite: bool = True) -> float:
     """ε at ``delta`` of every event together, those of equal (σ, q) pooled first (composition is order-free).
 
     The reported accountant of :meth:`PrivacyLedger.epsilon` (min of PRV and RDP; RDP alone with Skellam
     releases), or ``accountant`` (``"rdp"``: the fast upper bound a cap check tries first); ∞ with an event
-    without noise.
+    without noise, and with a seeded event (its noise can be regenerated from the seed: :data:`SEEDED_NOTE`).
+    ``seeded_infinite=False``: the accountant's figure as if the seeded noise were secret (what the run's own
+    ledger reports; no guarantee for the site).
     """
     from fedhype.privacy.accountant import epsilon, epsilon_discrete
 
+    events = list(events)
+    if seeded_infinite and any(e.seeded for e in events):
+        return math.inf
     steps: dict[tuple[float, float], int] = {}
     terms = []
     for e in events:
@@ -151,10 +172,17 @@ def spent(ledger: PrivacyLedger | None) -> float:
     return 0.0 if ledger is None else composed(ledger.events, ledger.delta)
 
 
-def by_run(ledger: PrivacyLedger) -> dict[str, float]:
-    """ε of each run's events alone at the site ledger's δ, in the order the runs first charged."""
+def by_run(ledger: PrivacyLedger, *, seeded_infinite: bool = True) -> dict[str, float]:
+    """ε of each run's events alone at the site ledger's δ, in the order the runs first charged (∞ for a seeded
+    run, unless ``seeded_infinite=False``: see :func:`composed`)."""
     keys = list(dict.fromkeys(run_of(e) for e in ledger.events))
-    return {k: composed((e for e in ledger.events if run_of(e) == k), ledger.delta) for k in keys}
+    return {k: composed((e for e in ledger.events if run_of(e) == k), ledger.delta, seeded_infinite=seeded_infinite)
+            for k in keys}
+
+
+def seeded_runs(ledger: PrivacyLedger | None) -> list[str]:
+    """The keys of the runs that charged seeded events (ε = ∞ for the site: :data:`SEEDED_NOTE`), in order."""
+    return [] if ledger is None else list(dict.fromkeys(run_of(e) for e in ledger.events if e.seeded))
 
 
 def _finite(v: float | None) -> float | None:
@@ -166,17 +194,82 @@ def report(ledger: PrivacyLedger | None, folder: str | os.PathLike, site: str) -
 
     ``left`` (cap − spent) is a guide only: ε does not add up across runs (the accountant composes their events,
     and at one δ a run's ε alone can fit under it or not); :func:`refuse_plan` composes a next run's plan exactly.
-    An infinite ε (a run without DP) is ``null`` with ``"epsilon_infinite": true`` (strict JSON has no ∞).
+    An infinite ε (a run without DP, or a seeded run) is ``null`` with ``"epsilon_infinite": true`` (strict JSON has
+    no ∞). Each run says whether it was ``"seeded"`` and ``"no_dp"``; ``"seeded_runs"`` lists the seeded ones, with
+    ``"seeded_note"`` (:data:`SEEDED_NOTE`) where there are any.
     """
     cap = cap_of(ledger)
     eps = spent(ledger)
     runs = by_run(ledger) if ledger is not None else {}
     counts = {k: sum(1 for e in ledger.events if run_of(e) == k) for k in runs} if ledger is not None else {}
-    return {"site": site, "ledger": str(ledger_path(folder)), "delta": None if ledger is None else ledger.delta,
-            "max_epsilon": cap, "epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps),
-            "left": None if cap is None else max(cap - eps, 0.0),
-            "runs": [{"run": k, "epsilon": _finite(v), "epsilon_infinite": math.isinf(v), "events": counts[k]}
-                     for k, v in runs.items()]}
+    seeded = seeded_runs(ledger)
+    no_dp = {run_of(e) for e in ledger.events if e.mechanism == NO_DP} if ledger is not None else set()
+    out = {"site": site, "ledger": str(ledger_path(folder)), "delta": None if ledger is None else ledger.delta,
+           "max_epsilon": cap, "epsilon": _finite(eps), "epsilon_infinite": math.isinf(eps),
+           "left": None if cap is None else max(cap - eps, 0.0),
+           "runs": [{"run": k, "epsilon": _finite(v), "epsilon_infinite": math.isinf(v), "events": counts[k],
+                     "seeded": k in seeded, "no_dp": k in no_dp} for k, v in runs.items()],
+           "seeded_runs": seeded}
+    if seeded:
+        out["seeded_note"] = SEEDED_NOTE
+    return out
+
+
+def infinite_reason(ledger: PrivacyLedger) -> str:
+    """Why the site's composed ε is ∞: a run without DP, or a seeded run (naming them)."""
+    seeded = seeded_runs(ledger)
+    no_dp = list(dict.fromkeys(run_of(e) for e in ledger.events if e.mechanism == NO_DP))
+    parts = ([f"a run without DP used its records ({', '.join(no_dp)})"] if no_dp else []) + (
+        [f"seeded run(s) {', '.join(seeded)} drew their noise from a seed their config.json carries (whoever holds "
+         "the release can remove it)"] if seeded else [])
+    return "; ".join(parts) or "a run added no noise"
+
+
+def check_delta_change(ledger: PrivacyLedger | None, delta: float | None, max_epsilon=KEEP,
+                       flag: str = "--delta") -> None:
+    """Refuse raising a capped site's δ without restating its cap in the same command.
+
+    ε at a larger δ is smaller, so the same cap would admit more runs over the same records: a change of the
+    site's policy that only its operator may make, by giving the cap again (``--max-epsilon``) with the new δ.
+
+    Raises:
+        ValidationError: naming the δ's, the spend at each and what to do.
+    """
+    cap = cap_of(ledger)
+    if ledger is None or cap is None or delta is None or max_epsilon is not KEEP or not delta > ledger.delta:
+        return
+    before, after = spent(ledger), composed(ledger.events, delta)
+    raise ValidationError(
+        f"{flag} {delta:g} raises site {site_of(ledger)!r}'s δ from {ledger.delta:g}, under its cap of {cap:g}: ε at a "
+        f"larger δ is smaller (spent so far: {before:.4g} at δ = {ledger.delta:g}, {after:.4g} at δ = {delta:g}), so "
+        f"the same cap would admit more runs on these records. Nothing was changed; if the site's policy is ε ≤ E at "
+        f"δ = {delta:g}, restate the cap in the same command ({flag} {delta:g} --max-epsilon E)")
+
+
+def check_writable(folder: str | os.PathLike, site: str) -> None:
+    """Refuse a site folder whose ledger across runs cannot be written (a read-only ``site-ledger.json``, a
+    read-only folder), before a run writes anything: a run charges the ledger before its first mechanism.
+
+    A ledger with no write bit at all (``chmod a-w``) counts as read-only even for root.
+
+    Raises:
+        ArtifactError: naming the site and the path.
+    """
+    import stat
+    import tempfile
+
+    path = ledger_path(folder)
+    fix = (f"site {site!r}: its ledger across runs, {path}, {{what}}; a run charges it before its first mechanism, so "
+           "nothing was run or written. Make it writable (e.g. `chmod u+w`) and run the same command again")
+    if path.exists():
+        mode = path.stat().st_mode
+        if not (mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) or not os.access(path, os.W_OK):
+            raise ArtifactError(fix.format(what="is read-only"))
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise ArtifactError(fix.format(what=f"cannot be written in its folder ({exc.strerror or exc})")) from None
 
 
 def check_delta(delta: float, n_train: int | None, flag: str = "--delta") -> float:
@@ -203,7 +296,8 @@ def set_site_ledger(folder: str | os.PathLike, site: str, *, max_epsilon=KEEP, d
         delta: the site's δ (default: the ledger's; a new ledger needs it); ε is recomputed at it.
         expected: ``site.json`` says a ledger was started (see :func:`load_site_ledger`).
     Raises:
-        ValidationError: a cap ≤ 0 or not finite; a cap below what the site already spent; a new ledger without δ.
+        ValidationError: a cap ≤ 0 or not finite; a cap below what the site already spent; a new ledger without δ;
+            a larger δ for a capped site without the cap restated (:func:`check_delta_change`).
         ArtifactError: an existing ledger that is corrupt, or kept by another site.
     """
     if max_epsilon is not KEEP and max_epsilon is not None and not (
@@ -213,13 +307,14 @@ def set_site_ledger(folder: str | os.PathLike, site: str, *, max_epsilon=KEEP, d
         old = load_site_ledger(folder, expected=expected, site=site)
         if old is None and delta is None:
             raise ValidationError(f"site {site!r} has no ledger yet: give its δ")
+        check_delta_change(old, delta, max_epsilon)
         cap = cap_of(old) if max_epsilon is KEEP else max_epsilon
         new = PrivacyLedger(delta if delta is not None else old.delta, {"site": site, "max_epsilon": cap, "what": _WHAT})
         for e in (old.events if old else ()):
             new.record(e)
         now = spent(new)
         if cap is not None and math.isinf(now):
-            raise ValidationError(f"site {site!r}: a run without DP used its records ({ledger_path(folder)}: ε = ∞), so no "
+            raise ValidationError(f"site {site!r}: {infinite_reason(new)} ({ledger_path(folder)}: ε = ∞), so no "
                                   "finite cap can hold; the site can only record further runs (no cap)")
         if cap is not None and now > cap:
             raise ValidationError(f"site {site!r} has already spent ε = {now:.4f} at δ = {new.delta:g} over its runs "
@@ -294,6 +389,19 @@ class SiteCharger:
             return None
         e = mine[0]
         what = "the statistics release" if e.round < 0 else f"round {e.round + 1}"
+        if math.isinf(before := spent(led)):  # seeded or no-DP events from before this version's rule, under a cap
+            return BudgetExceededError(
+                f"site {self.site!r}: {infinite_reason(led)}, so its records have no finite guarantee left (ε = ∞) under "
+                f"its cap of {cap:g} ({ledger_path(self.folder)}); nothing was charged or run. The site's operator "
+                f"decides: lift the cap with `fedhype budget --site {self.folder} --no-cap`", epsilon=before, limit=cap)
+        if any(x.seeded for x in mine):
+            return BudgetExceededError(
+                f"site {self.site!r}: a seeded run (--seed / train.seed) gives its records no guarantee (ε = ∞ for the "
+                f"site: its noise is drawn from a seed its config.json and release carry, so it can be regenerated "
+                f"and removed, and runs with the same seed reuse one noise draw), and the site has a cap of {cap:g} "
+                f"({ledger_path(self.folder)}); nothing was charged or run. Train without --seed (noise from OS "
+                f"entropy), or the site's operator lifts the cap with `fedhype budget --site {self.folder} --no-cap`",
+                epsilon=eps, limit=cap)
         if e.mechanism == NO_DP:
             return BudgetExceededError(
                 f"site {self.site!r}: a run without DP gives its records no guarantee (ε = ∞), and the site has a cap "
