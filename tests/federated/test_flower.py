@@ -246,7 +246,7 @@ def test_each_sites_ledger_holds_the_flower_run_once_beside_the_in_process_one(s
     # node ledger's events (the killed node's resume replays seeded noise: charged once), beside the charges of
     # the in-process reference run on the same site folders; the accountant composes both
     from fedhype.privacy.ledger import PrivacyLedger
-    from fedhype.privacy.site_ledger import by_run, load_site_ledger, run_of, spent
+    from fedhype.privacy.site_ledger import by_run, composed, load_site_ledger, run_of, seeded_runs, spent
 
     root = scenario["root"]
     for i in range(2):
@@ -254,10 +254,12 @@ def test_each_sites_ledger_holds_the_flower_run_once_beside_the_in_process_one(s
         nodes = list((root / f"node{i}-private").glob("*/client-*/node-ledger.json"))
         assert len(nodes) == 1
         key, node = nodes[0].parent.parent.name, PrivacyLedger.load(nodes[0])
-        runs = by_run(led)
+        runs = by_run(led, seeded_infinite=False)  # the accountant's figures, as if the seeded noise were secret
         assert len(runs) == 2 and next(iter(runs)).startswith("in-process-") and key in runs
         assert [(e.round, e.mechanism, e.noise_multiplier, e.sample_rate, e.steps) for e in led.events
                 if run_of(e) == key] == [(e.round, e.mechanism, e.noise_multiplier, e.sample_rate, e.steps)
                                          for e in node.events]
         assert runs[key] == pytest.approx(node.epsilon(str(i)), rel=1e-9)
-        assert spent(led) > max(runs.values())
+        assert composed(led.events, led.delta, seeded_infinite=False) > max(runs.values())
+        # both runs were seeded (seed=): their noise can be regenerated from the seed, so the site's ε is ∞
+        assert seeded_runs(led) == list(runs) and spent(led) == float("inf")

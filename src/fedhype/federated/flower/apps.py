@@ -90,10 +90,42 @@ def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
         ArtifactError: a bad federation file, or a reply that is not a valid PrivatizedUpdate.
         BudgetExceededError: as for ``fedhype train``.
     """
+    try:
+        return _run_server(grid, settings)
+    except FedhypeError as exc:  # the engine's advice names fedhype train's flags: on Flower, the run config keys
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (flower_terms(exc.args[0]), *exc.args[1:])
+        raise
+
+
+#: the engine's words for ``fedhype train``'s flags and what they are on Flower (the ServerApp's run config)
+_FLOWER_TERMS = (
+    ("pass --resume to continue it or choose another --out",
+     "continue it with --run-config 'resume=true' or choose another run-dir"),
+    ("drop --resume to start a new run", "set resume=false (the default) to start a new run"),
+    ("resume this run with --resume", "resume this run with resume=true"),
+    ("in another --out", "in another run-dir"),
+    ("give an --out on", "give a run-dir on"),
+    ("--resume:", "resume=true:"),
+    ("--out ", "run-dir "),
+    ("--resume", "resume=true"),
+)
+
+
+def flower_terms(text: str) -> str:
+    """``text`` (an error of the engine) with ``fedhype train``'s ``--resume`` / ``--out`` named as the ServerApp's
+    run config keys ``resume=true`` / ``run-dir``."""
+    for old, new in _FLOWER_TERMS:
+        text = text.replace(old, new)
+    return text
+
+
+def _run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
     from fedhype.federated.baselines import federation as federation_kind
     from fedhype.federated.engine import check_client_sizes, run_federation
     from fedhype.federated.flower.federation import Federation, check_secure_aggregation
-    from fedhype.federated.flower.grid_transport import FlowerTransport
+    from fedhype.federated.flower.grid_transport import FlowerTransport, run_key_of
+    from fedhype.federated.rundir import RunDir
 
     fed = Federation.load(settings.federation)
     if federation_kind(fed.train.method) == "pooled":
@@ -103,7 +135,9 @@ def run_server(grid: Grid, settings: ServerSettings) -> dict[str, Any]:
     transport = FlowerTransport.connect(grid, fed.roster, int(fed.store["dim"]),
                                         connect_timeout=settings.connect_timeout, round_timeout=settings.round_timeout,
                                         straggler_timeout=settings.straggler_timeout, wire_log=settings.wire_log,
-                                        wire_dump=settings.wire_dump, federation=fed.digest)
+                                        wire_dump=settings.wire_dump, federation=fed.digest,
+                                        # the run a resume continues ("" for a new one): its sites check it first
+                                        run_key=(run_key_of(RunDir(settings.run_dir)) or "") if settings.resume else "")
     if distributed is not None:  # the release before round 0 through SecAgg+ (fedhype.federated.flower.secagg)
         from fedhype.federated.secure_release import planned_tails
 
@@ -151,7 +185,7 @@ def _node_side(handler):
 @client_app.query()
 @_node_side
 def _identity(msg: Message, context: Context) -> Message:
-    return Message(node_identity(context.node_config), reply_to=msg)
+    return Message(node_identity(context.node_config, msg.content), reply_to=msg)
 
 
 @client_app.train("class_stats")

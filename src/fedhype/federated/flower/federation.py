@@ -147,7 +147,7 @@ def write_site_federation(folder: str | Path, cards: list, cfg: TrainConfig, cla
     from fedhype.federated.engine import describe_roster
 
     cards = [c if isinstance(c, SiteCard) else SiteCard.load(c) for c in cards]
-    roster = Roster.from_cards(cards, classes)
+    roster = Roster.from_cards(cards, classes, classes_flag="write_site_federation(classes=[...])")
     _check_federated(cfg, roster)
     return _write(folder, cfg, describe_roster(roster), roster)
 

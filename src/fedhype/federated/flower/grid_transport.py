@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from logging import INFO
 from pathlib import Path
@@ -34,6 +35,7 @@ from fedhype.data.partition import Partition
 from fedhype.data.roster import Roster, as_roster
 from fedhype.errors import FedhypeError
 from fedhype.federated.flower import handshake, wire
+from fedhype.federated.flower.handshake import node_reason, node_refused
 from fedhype.federated.rundir import RunDir
 from fedhype.federated.transport import RoundTask
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig, PrivatizedUpdate
@@ -41,6 +43,32 @@ from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig, PrivatizedUpd
 
 class NodeFailure(FedhypeError):
     """A SuperNode is missing, did not answer in time, or answered with an error (exit code 1)."""
+
+
+def run_key_of(run: RunDir, create: bool = False) -> str | None:
+    """The run's key on its nodes: ``ckpt/run-key.json``'s (:meth:`~fedhype.federated.rundir.RunDir.run_key`: the
+    run folder's name and a random token drawn once, as the in-process engine keys its sites' ledgers), with the
+    characters a node's state-dir cannot take in a folder name replaced by "_"; None (``create`` False) before a
+    new run has one. A run begun before the key was random (a ``ledger.json``, no key file) keeps the key its nodes
+    know it by: its folder's name and a digest of its path.
+
+    Raises:
+        ArtifactError: an unreadable key file.
+    """
+    key = run.run_key()
+    if key is None and run.ledger.exists():
+        root = Path(run.root).resolve()
+        return f"{_safe_name(root.name[:60])}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+    if key is None and create:
+        key = run.run_key(create=True)
+    if key is None:
+        return None
+    name, _, token = key.rpartition("-")
+    return f"{_safe_name(name[:60])}-{token}"
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 class RemoteClient:
@@ -105,7 +133,7 @@ class FlowerTransport:
     @classmethod
     def connect(cls, grid, partition: Roster | Partition, dim: int, *, connect_timeout: float, round_timeout: float,
                 straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None,
-                wire_dump: Path | None = None, federation: str = "") -> "FlowerTransport":
+                wire_dump: Path | None = None, federation: str = "", run_key: str = "") -> "FlowerTransport":
         """Wait for one SuperNode per partition client and learn which node holds which client.
 
         Args:
@@ -118,6 +146,9 @@ class FlowerTransport:
             wire_dump: write the arrays of every message received here (``.npy``; audit).
             federation: :func:`~fedhype.federated.flower.handshake.federation_digest` of the server's federation
                 file; a site node holding another file is refused here, before anything is released.
+            run_key: the key of the run a resume continues (:func:`run_key_of`; "" for a new run), sent with the
+                query: a site node refuses here a federation file it already served for another run, and a plan
+                that would pass its site's lifetime ε cap (:mod:`fedhype.federated.flower.node_budget`).
 
         A node that Flower reports unavailable (``ErrorCode.NODE_UNAVAILABLE``: the stale id of a
         SuperNode that died, listed until its heartbeat expires) is skipped; its client is still
@@ -138,7 +169,7 @@ class FlowerTransport:
         while True:
             new = [n for n in grid.get_node_ids() if n not in asked]
             if new:
-                msgs = [Message(handshake.encode_query(), dst_node_id=n, message_type=handshake.QUERY_TYPE,
+                msgs = [Message(handshake.encode_query(run_key), dst_node_id=n, message_type=handshake.QUERY_TYPE,
                                 ttl=connect_timeout + 60) for n in new]
                 for n, m in zip(new, msgs):
                     self._log("server→node", handshake.QUERY_TYPE, None, None, m.content)
@@ -156,7 +187,11 @@ class FlowerTransport:
                         unavailable[node] = str(rep.error.reason)
                         log(INFO, "fedhype: SuperNode %s is unavailable (stale id?); skipped", node)
                         continue
-                    raise NodeFailure(f"SuperNode {node} could not say which client it holds: {rep.error.reason}")
+                    if node_refused(str(rep.error.reason)):
+                        raise NodeFailure(f"SuperNode {node} refused the connection — {node_reason(rep.error.reason)}. "
+                                          "Nothing was released or charged")
+                    raise NodeFailure(f"SuperNode {node} could not say which client it holds: "
+                                      f"{node_reason(rep.error.reason)}")
                 self._log("node→server", handshake.QUERY_TYPE, None, None, rep.content)
                 ident = handshake.decode_identity(rep.content, f"identity of SuperNode {node}")
                 if ident["client"] not in ids:
@@ -200,9 +235,9 @@ class FlowerTransport:
         return self
 
     def bind(self, run: RunDir) -> "FlowerTransport":
-        """Attach the run: its key names the nodes' private state folders (same key on resume)."""
-        root = Path(run.root).resolve()
-        self.run_key = f"{root.name[:60]}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+        """Attach the run: its key (:func:`run_key_of`, drawn at random once and kept in the run folder) names the
+        nodes' private state folders and their charges across runs; a resume of the same folder keeps it."""
+        self.run_key = run_key_of(run, create=True)
         return self
 
     # ------------------------------------------------------------------ ClientTransport
@@ -228,7 +263,7 @@ class FlowerTransport:
         replies = self._exchange([t.index for t in tasks], msgs, wire.TRAIN, round_idx)
         self._raise_failures(replies, [t.index for t in tasks], f"round {round_idx + 1}",
                              f"The round was not aggregated and nothing of it is committed (completed rounds: "
-                             f"{round_idx}).")
+                             f"{round_idx}).", "this round")
         # q_i as planned (TrainConfig.sample_rate) and as the client computes it (Client.run_round)
         return [wire.decode_update(replies[t.index].content,
                                    wire.Expected.of_task(t, min(1.0, t.batch_size / self.clients[t.index].n)))
@@ -271,7 +306,7 @@ class FlowerTransport:
             msgs = [Message(request(i), dst_node_id=self.nodes[i], message_type=wire.STATS_TYPE,
                             ttl=self.round_timeout + 60) for i in everyone]
             replies = self._exchange(everyone, msgs, wire.STATS_TYPE, -1)
-            self._raise_failures(replies, everyone, what, "No round was trained (completed rounds: 0).")
+            self._raise_failures(replies, everyone, what, "No round was trained (completed rounds: 0).", "the release")
             self._stats[key] = [wire.decode_update(replies[i].content, expected(i)) for i in everyone]
         return self._stats[key]
 
@@ -303,22 +338,26 @@ class FlowerTransport:
                 time.sleep(self.poll)
         return replies
 
-    def _raise_failures(self, replies: dict[int, Message], labels: list[int], what: str, state: str) -> None:
-        problems = []
+    def _raise_failures(self, replies: dict[int, Message], labels: list[int], what: str, state: str,
+                        step: str = "this round") -> None:
+        """Raise NodeFailure naming every client without an update; ``step``: "this round" or "the release" (what
+        the write-ahead ledger holds the events of, and what a rerun repeats)."""
+        problems, refused = [], False
         for lab in labels:
             c = self.clients[lab]
             if lab not in replies:
                 problems.append(f"client {c.id} ({c.name}, SuperNode {self.nodes[lab]}): no reply in time "
                                 "(node stopped or unreachable?)")
             elif replies[lab].has_error():
-                problems.append(f"client {c.id} ({c.name}): error on its node: {replies[lab].error.reason}")
+                reason = str(replies[lab].error.reason)
+                refused = refused or node_refused(reason)
+                problems.append(f"client {c.id} ({c.name}): {node_reason(reason)}")
         if problems:
-            refused = any(("NodeRefusal" in p or "NodeMismatch" in p) for p in problems)
             advice = ("A node refused the request (its reason is above): a restart does not change that; fix what it "
                       "names (the federation file every node holds, the node config, a site's card), then run again "
                       "with resume=true. " if refused else "Restart the SuperNode(s), then run again with resume=true. ")
             raise NodeFailure(f"{what}: no update from {len(problems)} client(s): " + "; ".join(problems) + f". {state} "
-                              + advice + "(The write-ahead ledger keeps this round's events: seeded nodes replay them "
+                              + advice + f"(The write-ahead ledger keeps {step}'s events: seeded nodes replay them "
                               "uncharged, unseeded nodes are charged again.)")
 
     def _log(self, direction: str, kind: str, round_idx: int | None, client: str | None, content: Any) -> None:

@@ -1,10 +1,14 @@
-"""Who is who: a SuperNode's node config and the identity handshake (no torch import: cheap).
+"""Who is who: a SuperNode's node config and the identity handshake (no torch import here: cheap; a site node's
+plan check at the handshake imports the accountant, :mod:`fedhype.federated.flower.node_budget`).
 
 At the start of every Flower run the server sends each SuperNode a ``query`` message
-(``query`` ConfigRecord ``{want: "identity"}``); the node answers with its public client id:
+(``query`` ConfigRecord ``{want: "identity", run}``, ``run``: the key of the run a resume continues, "" for a new
+run); the node answers with its public client id:
 ``identity`` ConfigRecord ``{client, seeded, federation, fedhype-version}`` (``federation``: the digest of
 the node's own federation file, :func:`federation_digest`, or "" for a node of a pooled partition). Flower's node ids are random per
-SuperNode start, so this is how the server learns which node holds which partition client.
+SuperNode start, so this is how the server learns which node holds which partition client. A site
+node refuses there, before any node releases anything, a federation file it already served for another
+run and a plan that would pass its site's lifetime ε cap (:func:`node_identity`).
 
 A SuperNode is started with a node config naming its own files (they are never sent anywhere).
 A site of a consortium (its own store and split, :mod:`fedhype.data.sites`)::
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from logging import ERROR
@@ -56,6 +61,9 @@ from fedhype import __version__
 from fedhype.errors import ArtifactError, FedhypeError, ValidationError
 
 QUERY_TYPE, QUERY, IDENTITY = "query", "query", "identity"
+#: the run key the server sends (grid_transport.run_key_of: the run folder's name, ≤ 60 characters, "-", 12 hex
+#: digits): it names a folder under the node's state-dir, so "." / ".." or a path separator is refused
+_RUN_KEY = re.compile(r"^[A-Za-z0-9._-]{0,60}-[0-9a-f]{12}$")
 
 
 class Refusal:
@@ -91,6 +99,42 @@ def for_the_server(exc: BaseException) -> BaseException:
     log(ERROR, "fedhype: node error %s (its text is not sent to the server): %s: %s", ref, type(exc).__name__, exc)
     return NodeError(f"{type(exc).__name__} on the node; its text stays in that SuperNode's log (reference {ref}), "
                      "since it can name local paths, the site's size or its classes: ask the site's operator")
+
+
+#: Flower's text of an error a ClientApp raised: ``<class 'module.Type'>:<'text'>``
+_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
+#: a node's refusals (:class:`~fedhype.federated.flower.handshake.Refusal`): their text is meant for the server
+_REFUSALS = ("NodeRefusal", "NodeMismatch")
+
+
+def _parse_reason(reason: str) -> tuple[str, str]:
+    """``(type name, text)`` of Flower's error ``reason`` (``("", reason)`` where it names no type)."""
+    m = _FLOWER_REASON.match(str(reason))
+    if m:
+        return m.group(1), m.group(2)
+    name, sep, text = str(reason).partition(": ")
+    return (name, text) if sep and re.fullmatch(r"\w+", name) else ("", str(reason))
+
+
+def node_refused(reason: str) -> bool:
+    """Whether Flower's error ``reason`` is a node's refusal (its policy, its ledger, a request that does not fit)."""
+    return _parse_reason(reason)[0] in _REFUSALS
+
+
+def node_reason(reason: str) -> str:
+    """Flower's error ``reason`` (``<class 'module.Type'>:<'text'>``) as plain text: "node refused: …" for a node's
+    refusal, "node error: …" for any other error of a node (:class:`NodeError`: a type and a reference into the
+    node's log), "error on its node: <Type>: …" otherwise."""
+    name, text = _parse_reason(reason)
+    if not name:
+        return f"error on its node: {text}"
+    if name in _REFUSALS:
+        return f"node refused: {text}"
+    if name == "NodeError":
+        return f"node error: {text}"
+    return f"error on its node: {name}: {text}"
+
+
 IDENTITY_KEYS = {"client", "seeded", "federation", "fedhype-version"}
 NODE_KEYS = ("client", "embeddings", "partition", "state-dir")
 SITE_KEYS = ("site", "federation", "state-dir")
@@ -186,8 +230,17 @@ def check_version(c: Mapping[str, Any], where: str) -> None:
                             "install the same fedhype version on every machine")
 
 
-def encode_query() -> RecordDict:
-    return RecordDict({QUERY: ConfigRecord({"want": "identity"})})
+def encode_query(run_key: str = "") -> RecordDict:
+    """The server's ``query``: ``run`` is the key of the run it resumes ("" for a new run, which has none yet)."""
+    return RecordDict({QUERY: ConfigRecord({"want": "identity", "run": str(run_key)})})
+
+
+def query_run(content: RecordDict | None) -> str:
+    """The run key of a server's ``query`` ("" for a new run or a query without one)."""
+    try:
+        return str(content[QUERY].get("run", "")) if content is not None and QUERY in content else ""
+    except (AttributeError, TypeError):
+        return ""
 
 
 def federation_digest(raw: Mapping[str, Any]) -> str:
@@ -225,14 +278,28 @@ def check_federation(node: "NodeSettings", server_digest: str) -> None:
                            "must hold the same federation.json")
 
 
-def node_identity(nc: Mapping[str, Any]) -> RecordDict:
+def node_identity(nc: Mapping[str, Any], query: RecordDict | None = None) -> RecordDict:
     """This node's reply to ``query``: its public client id and whether its noise is seeded.
 
-    Reads only the public partition file (JSON), so answering needs no torch import.
+    A pooled-partition node reads only the public partition file (JSON): no torch import. A site node
+    also refuses, before anything is released anywhere, a federation file already bound to another run
+    (:func:`~fedhype.federated.flower.node_budget.check_run`; ``query``'s ``run``: the run the server resumes,
+    "" for a new one) and a plan that would pass its site's lifetime ε cap
+    (:func:`~fedhype.federated.flower.node_budget.refuse_site_plan`, which imports the accountant).
+
+    Raises:
+        NodeRefusal / NodeMismatch: as above, and as :func:`site_place`.
     """
     node = NodeSettings.from_node_config(nc)
     if node.site is not None:
         client = str(site_place(node)[0])
+        run = query_run(query)
+        if run and not _RUN_KEY.match(run):
+            raise NodeMismatch(f"bad run key {run!r} from the server")
+        from fedhype.federated.flower.node_budget import check_run, refuse_site_plan
+
+        check_run(node, run)
+        refuse_site_plan(node, client, run)
     else:
         try:
             raw = json.loads(node.partition.read_text(encoding="utf-8"))

@@ -6,12 +6,12 @@ the node builds the same :class:`~fedhype.federated.client.Client` as the in-pro
 (:func:`fedhype.federated.engine.build_client`), runs
 :meth:`~fedhype.federated.client.Client.run_round` and replies with the resulting
 :class:`~fedhype.privacy.dp_step.PrivatizedUpdate` (:func:`fedhype.federated.flower.wire.encode_update`).
-Its private state lives in ``<state-dir>/<run key>/client-<id>/``, never on the wire.
+Its private state lives in ``<state-dir>/<run key>/client-<id>/``, never on the wire. A site node serves
+its federation file for one run key only (:func:`~fedhype.federated.flower.node_budget.bind_run`).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,15 +23,14 @@ from fedhype.errors import ArtifactError
 from fedhype.federated.client import Client
 from fedhype.federated.engine import build_client
 from fedhype.federated.flower import wire
-from fedhype.federated.flower.handshake import NodeMismatch, NodeSettings, check_federation
-from fedhype.federated.flower.node_budget import charge_no_dp, charge_request, request_digest
+from fedhype.federated.flower.handshake import _RUN_KEY, NodeMismatch, NodeSettings, check_federation
+from fedhype.federated.flower.node_budget import bind_run, charge_no_dp, charge_request, request_digest
 from fedhype.io import atomic_save_tensors, load_tensors
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY
 from fedhype.privacy.events import RELEASE, RELEASE_CENTRE, dp_sgd_events, release_events
 
-#: the run key the server sends (grid_transport: the run folder's name, ≤ 60 characters, "-", 12 hex digits):
-#: it names a folder under the node's state-dir, so "." / ".." or a path separator is refused
-_SAFE = re.compile(r"^[A-Za-z0-9._-]{0,60}-[0-9a-f]{12}$")
+#: the run key the server sends (see handshake._RUN_KEY)
+_SAFE = _RUN_KEY
 
 
 def _site_client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> Client:
@@ -49,6 +48,7 @@ def _site_client(node: NodeSettings, extra: dict[str, Any], client_id: str) -> C
                            "federation.json the server runs")
     if not _SAFE.match(extra["run"]):
         raise NodeMismatch(f"bad run key {extra['run']!r} from the server")
+    bind_run(node, extra["run"])  # the federation file serves one run: the server cannot start its plan afresh
     site = Site.load(node.site)
     tr = site.records("train", [str(k) for k in roster["class_names"]])
     client = Client(client_id, index, tr.embeddings, tr.labels, node.state_dir / extra["run"] / f"client-{client_id}",

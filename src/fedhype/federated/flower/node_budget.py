@@ -30,6 +30,20 @@ A site node also charges its site folder's ledger across runs (``site-ledger.jso
 would take the site's records past that ledger's lifetime cap: every run this SuperNode serves with the
 same site folder composes there.
 
+The run key is the server's choice, so the node's ledger alone would give a coordinator the whole plan
+again with every new run. A site node therefore **binds its federation file** (by its content digest,
+:func:`~fedhype.federated.flower.handshake.own_federation`) to the first run key it serves, in
+``<state-dir>/federation-runs.json`` (written atomically, under a lock; it survives node restarts):
+a request under another run key with the same file is refused (:func:`bind_run`; at the identity
+handshake already, :func:`check_run`). A resume of the bound run goes on; a new run needs a new
+federation file from the coordinator, which the site accepts by restarting its SuperNode with it.
+
+At the identity handshake, before anything is released anywhere, a site node also composes the whole plan
+of its federation file for its client (the release and every planned round) with its site folder's ledger
+across runs, and refuses the connection where the plan would pass the site's lifetime cap
+(:func:`refuse_site_plan`, the check ``fedhype train --site`` makes before writing anything); the
+per-request check above still runs.
+
 Pooled-partition nodes (a simulation on one data holder's store) hold no federation file and keep no
 ledger of their own; the data holder runs the server too.
 """
@@ -146,8 +160,10 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
         raise NodeRefusal(f"this site's own ledger: the server's request ({e.mechanism}, {what}) would take it to "
                           f"ε = {eps:.4f}, over the ε = {limit:.4f} that the plan of "
                           f"its federation file gives it (rounds, steps, q, σ and the release as published); nothing "
-                          f"was run. A rerun of an unseeded round is a new release: allow it with train.max_epsilon "
-                          f"in the federation file")
+                          f"was run. " + ("A rerun of an unseeded release is a new release: allow it with "
+                                          "train.max_epsilon in the federation file" if e.round < 0 else
+                                          "A rerun of an unseeded round is a new release: allow it with "
+                                          "train.max_epsilon in the federation file"))
     charge_site(node, state_dir, delta, lambda ch: ch.charge(pending))  # the site's ledger across runs, first
     charge(ledger, pending, path)
 
@@ -182,3 +198,135 @@ def charge_no_dp(node: NodeSettings, state_dir: Path) -> None:
     """A site node about to run a task without DP (``allow-no-dp``) records it on its site's ledger across runs as
     ε = ∞, once per run, or refuses where the site has a cap (:meth:`SiteCharger.charge_no_dp`)."""
     charge_site(node, state_dir, 1e-5, lambda ch: ch.charge_no_dp())
+
+
+#: the node's binding of each federation file (its digest) to the one run it serves, in the node's state-dir
+BINDINGS = "federation-runs.json"
+
+
+def _bindings(node: NodeSettings) -> dict[str, str]:
+    """``{federation digest: run key}`` of the node's state-dir ({} before its first run).
+
+    Raises:
+        ArtifactError: an unreadable bindings file (never treated as empty: that would free every file again).
+    """
+    from fedhype.errors import ArtifactError
+
+    path = Path(node.state_dir) / BINDINGS
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        runs = {str(k): str(v["run"]) for k, v in raw["runs"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ArtifactError(f"{path} is unreadable ({exc}): it binds each federation file to the one run this node "
+                            "serves; restore it from a backup (deleting it would let a server rerun a used plan)") from None
+    return runs
+
+
+def _used(bound: str) -> NodeRefusal:
+    return NodeRefusal(f"this site's federation file was already used for run {bound}; a new run needs a new "
+                       "federation file from the coordinator, accepted by the site (restart the SuperNode with it), "
+                       f"or resume run {bound} (the same run-dir with resume=true); nothing was run")
+
+
+def check_run(node: NodeSettings, run_key: str) -> None:
+    """Refuse, at the identity handshake, a run other than the one the node's federation file is bound to
+    (``run_key`` "": a new run, which has no key yet). Nothing for a node without a federation file.
+
+    Raises:
+        NodeRefusal: the file is bound to another run.
+    """
+    if node.federation is None:
+        return
+    bound = _bindings(node).get(own_federation(node))
+    if bound is not None and bound != run_key:
+        raise _used(bound)
+
+
+def bind_run(node: NodeSettings, run_key: str) -> None:
+    """Bind the node's federation file to ``run_key`` (the first run it serves), or refuse another run.
+
+    Raises:
+        NodeRefusal: the file is bound to another run (nothing is written).
+    """
+    if node.federation is None:
+        return
+    from fedhype.io import atomic_write_json
+
+    digest = own_federation(node)
+    state = Path(node.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    with _state_lock(state):
+        runs = _bindings(node)
+        bound = runs.get(digest)
+        if bound == run_key:
+            return
+        if bound is not None:
+            raise _used(bound)
+        raw = json.loads((state / BINDINGS).read_text(encoding="utf-8")) if (state / BINDINGS).exists() else {}
+        entries = dict(raw.get("runs") or {})
+        entries[digest] = {"run": run_key, "federation": str(node.federation)}
+        atomic_write_json(state / BINDINGS, {"what": "each federation file (sha256 of its canonical JSON) and the one "
+                                                    "run this SuperNode serves with it", "runs": entries})
+
+
+def _state_lock(state: Path):
+    import contextlib
+
+    @contextlib.contextmanager
+    def locked():
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            yield
+            return
+        with open(state / (BINDINGS + ".lock"), "a+") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    return locked()
+
+
+def refuse_site_plan(node: NodeSettings, client: str, run_key: str = "") -> None:
+    """At the identity handshake: refuse the connection where the whole plan of the node's federation file for
+    ``client`` — the release before round 0 and every planned round — composed with the site's ledger across runs
+    would pass the site's lifetime cap (a plan without DP: wherever the site has a cap), as
+    :func:`fedhype.federated.site_charges.refuse_site_plans` does for ``fedhype train --site``. ``run_key``: the
+    run the server resumes ("" for a new run): what it charged the site before its stop is part of its plan.
+    Nothing for a node without a site folder or a federation file.
+
+    Raises:
+        NodeRefusal: the plan would pass the cap (the figures go to the node's log only).
+    """
+    if node.site is None or node.federation is None:
+        return
+    from fedhype.data.sites import Site
+    from fedhype.errors import BudgetExceededError
+    from fedhype.federated.flower.federation import Federation
+    from fedhype.federated.run_plan import plan_privacy
+    from fedhype.federated.secure_release import planned_tails
+    from fedhype.privacy.site_ledger import NO_DP, SiteCharger, refuse_plan
+
+    fed = Federation.load(node.federation)
+    cfg, site = fed.train, Site.load(node.site)
+    sizes = [c.n_train for c in fed.roster.clients]
+    i = [str(c.id) for c in fed.roster.clients].index(str(client))
+    charger = SiteCharger(Path(site.folder), site.name, run_key or "planned", float(cfg.delta), expected=site.ledger)
+    try:
+        if cfg.no_dp:
+            if (err := charger.refusal([LedgerEvent(site.name, -1, NO_DP, 0.0, 1.0, 1, 0.0)])) is not None:
+                raise err
+        else:
+            refuse_plan(charger, list(plan_privacy(cfg, sizes)["prefix"]) + planned_tails(cfg, sizes)[i])
+    except BudgetExceededError as err:  # the server gets the refusal, not the site's folder or its figures
+        import logging
+
+        logging.getLogger(__name__).warning("refused the server's federation at the handshake: %s", err)
+        what = "a plan without DP (ε = ∞)" if cfg.no_dp else "the federation's plan (the release and every planned round)"
+        raise NodeRefusal(f"this site's ledger across runs: {what} would pass the site's lifetime ε cap; refused at "
+                          "the handshake, before anything was released anywhere (the figures stay at the site: its "
+                          "operator sees them in the node's log and with `fedhype budget --site`)") from None

@@ -57,7 +57,7 @@ from flwr.common.logger import log
 
 from fedhype import __version__
 from fedhype.errors import ArtifactError, ValidationError
-from fedhype.federated.flower.handshake import NodeMismatch, NodeRefusal
+from fedhype.federated.flower.handshake import NodeMismatch, NodeRefusal, node_reason
 from fedhype.privacy.secure_agg import DistributedNoise, SecureAggregationError
 
 PROTOCOL = "fedhype-secagg+/1"
@@ -391,10 +391,10 @@ class FlowerSecureSession:
                     c = t.clients[i]
                     raise ProtocolRefused(
                         f"SecAgg+ setup: client {c.id} ({c.name}, SuperNode {t.nodes[i]}) does not take part in "
-                        f"fedhype's secure-aggregation protocol {PROTOCOL}: its node answered with an error: "
-                        f"{rep.error.reason}. Nothing was released or charged; start that SuperNode with a fedhype "
+                        f"fedhype's secure-aggregation protocol {PROTOCOL}: its node answered — "
+                        f"{node_reason(rep.error.reason)}. Nothing was released or charged; start that SuperNode with a fedhype "
                         "that speaks it (secure-aggregation not set to false), or run without secure aggregation")
-                failed[i] = f"error on its node: {rep.error.reason}"
+                failed[i] = node_reason(rep.error.reason)
             else:
                 ok[i] = rep.content
         for i, why in failed.items():
