@@ -184,6 +184,18 @@ def test_provenance_refusals_name_both_sides(consortium, tmp_path):
     r = runner.invoke(app, ["evaluate", "--site", str(again), "--synthetic", syn, "--permutations", "0", "--k", "2",
                             "--json"])
     assert r.exit_code == 4 and "split again" in r.output and "hospital_a" in r.output
+    assert "while the site of that name in the run of" in r.output and "had site key" in r.output  # one sentence
+    # a site the run did not train on: its overlap with the run's records cannot be checked from a synthetic store
+    # (no digest of the run's data travels with it): a warning, in the JSON object too (a probe scored a site 26 of
+    # whose 36 test records a pooled run had trained on, told only by a note)
+    o = runner.invoke(app, ["site", "--store", str(root / "hospital_a" / "embeddings.safetensors"), "--name",
+                            "outsider", "--min-records", "5", "--out", str(tmp_path / "outsider"), "--json"])
+    assert o.exit_code == 0, o.output
+    o = runner.invoke(app, ["evaluate", "--site", str(tmp_path / "outsider"), "--synthetic", syn, "--permutations",
+                            "0", "--k", "2", "--json"])
+    assert o.exit_code == 0, o.output
+    warned = [w for w in _json(o)["warnings"] if "is not one of the clients of the run" in w]
+    assert len(warned) == 1 and "cannot be checked from a synthetic store" in warned[0] and "warning" in o.stderr
     kept = [p for p in again.iterdir() if p.name.startswith("site.") and p.name != "site.json"]
     assert len(kept) == 1 and kept[0].name in r.output  # the previous split, kept by --overwrite, evaluates the run
     assert _json(runner.invoke(app, ["evaluate", "--site", str(kept[0]), "--synthetic", syn, "--permutations", "0",
