@@ -440,6 +440,15 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
     above = next((p for p in out.absolute().parents if p.exists()), None)
     if above is not None and not above.is_dir():  # a probe got "File exists: emb.safetensors"
         raise ValidationError(f"--out {out}: {above} is a file, not a folder; give a path in a folder")
+    if above is not None:  # a probe's `embed --out` into a read-only folder embedded every image, then failed
+        import tempfile
+
+        try:
+            with tempfile.NamedTemporaryFile(dir=above, prefix=".fedhype-write-check-"):
+                pass
+        except OSError as exc:
+            raise ValidationError(f"--out {out}: cannot write into {above} ({exc.strerror or exc}); give an --out in "
+                                  "a folder you can write to (nothing was done)") from None
     if not out.exists():
         if is_release(out.parent):  # a file added to a release folder is outside its claim (audit --release fails)
             raise ValidationError(f"--out {out} is inside the release folder {out.parent}, which holds only what its "
