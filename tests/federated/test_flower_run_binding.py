@@ -194,6 +194,25 @@ def test_the_site_node_refuses_at_the_handshake_a_plan_that_would_pass_its_lifet
     assert grid.queries == [{"want": "identity", "run": ""}] * 2
 
 
+def test_a_seeded_site_node_is_refused_at_the_handshake_where_the_site_has_a_cap(sites, tmp_path):
+    """A seeded node's noise can be regenerated from its seed: ε = ∞ for the site (fedhype.privacy.site_ledger), so a
+    capped site refuses it at the handshake, as `train --site --seed` is refused before anything is written (its first
+    charge was refused before; the connection is now)."""
+    from fedhype.privacy.site_ledger import load_site_ledger, set_site_ledger
+
+    (_, site1), fed_path, _ = _fresh(sites, tmp_path)
+    seeded, fresh = _nc(site1, fed_path, tmp_path / "n1", seed=0), _nc(site1, fed_path, tmp_path / "n2")
+    plan_eps, delta = site_cap(NodeSettings.from_node_config(fresh), "1")
+    set_site_ledger(site1, "site-1", max_epsilon=plan_eps * 2, delta=delta)
+    with pytest.raises(NodeRefusal, match=r"a node with seeded noise \(ε = ∞ for the site\) would pass the site's "
+                                          "lifetime ε cap; refused at the handshake"):
+        handshake.node_identity(seeded, handshake.encode_query(""))
+    handshake.node_identity(fresh, handshake.encode_query(""))  # the same plan with noise from OS entropy fits
+    assert len(load_site_ledger(site1)) == 0
+    set_site_ledger(site1, "site-1", max_epsilon=None)
+    handshake.node_identity(seeded, handshake.encode_query(""))  # no cap: recorded as ∞ when it runs, not refused
+
+
 class NodeGrid:
     """A Grid whose nodes answer the identity query with the real site-node handler (errors as Flower words them)."""
 

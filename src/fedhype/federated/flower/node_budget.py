@@ -320,13 +320,17 @@ def refuse_site_plan(node: NodeSettings, client: str, run_key: str = "") -> None
         if cfg.no_dp:
             if (err := charger.refusal([LedgerEvent(site.name, -1, NO_DP, 0.0, 1.0, 1, 0.0)])) is not None:
                 raise err
+        elif node.seed is not None:  # a seeded node's noise can be regenerated: ε = ∞ for the site (site_ledger)
+            if (err := charger.refusal([LedgerEvent(site.name, -1, "planned", 1.0, 1.0, 1, 1.0, seeded=True)])) is not None:
+                raise err
         else:
             refuse_plan(charger, list(plan_privacy(cfg, sizes)["prefix"]) + planned_tails(cfg, sizes)[i])
     except BudgetExceededError as err:  # the server gets the refusal, not the site's folder or its figures
         import logging
 
         logging.getLogger(__name__).warning("refused the server's federation at the handshake: %s", err)
-        what = "a plan without DP (ε = ∞)" if cfg.no_dp else "the federation's plan (the release and every planned round)"
+        what = ("a plan without DP (ε = ∞)" if cfg.no_dp else "a node with seeded noise (ε = ∞ for the site)"
+                if node.seed is not None else "the federation's plan (the release and every planned round)")
         raise NodeRefusal(f"this site's ledger across runs: {what} would pass the site's lifetime ε cap; refused at "
                           "the handshake, before anything was released anywhere (the figures stay at the site: its "
                           "operator sees them in the node's log and with `fedhype budget --site`)") from None
