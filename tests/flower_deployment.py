@@ -140,3 +140,18 @@ def _wait_for(cond, timeout: float, what: str):
     return v
 
 
+
+
+def two_sites(real_store, root: Path) -> list[Path]:
+    """Two site folders ``root/site0``, ``root/site1`` (``site-0``, ``site-1``), each with its own store: an iid
+    2-client partition of ``real_store``, each client's records one site's (the Flower scenarios' consortium)."""
+    from fedhype.data.partition import make_partition
+    from fedhype.data.sites import make_site
+
+    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
+    sites = []
+    for i, c in enumerate(part.clients):  # each site: its own store and its own split
+        own = real_store.subset(real_store.positions(c.train + c.val + c.test))
+        own.save(root / f"site{i}.safetensors")
+        sites.append(make_site(own, root / f"site{i}.safetensors", f"site-{i}", seed=i).save(root / f"site{i}"))
+    return sites

@@ -24,11 +24,10 @@ import torch
 
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
 
-from fedhype.data.partition import make_partition  # noqa: E402
 from fedhype.federated.config import TrainConfig  # noqa: E402
 from fedhype.federated.rundir import RunDir, load_model  # noqa: E402
 from fedhype.io import load_tensors  # noqa: E402
-from flower_deployment import BIN, Deployment, _alive, _wait_for  # noqa: E402  (tests/flower_deployment.py)
+from flower_deployment import BIN, Deployment, _alive, _wait_for, two_sites  # noqa: E402  (tests/flower_deployment.py)
 
 #: Small sizes, the default model otherwise (DP class statistics before round 1 included).
 CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
@@ -40,20 +39,15 @@ SCENARIO_BUDGET_S = 420.0
 @pytest.fixture(scope="module")
 def scenario(real_store, tmp_path_factory):
     """Run the kill-and-resume scenario once; returns what the tests check."""
-    from fedhype.data.sites import Site, make_site
+    from fedhype.data.sites import Site
     from fedhype.federated.engine import train_sites
     from fedhype.federated.flower.federation import write_app, write_site_federation
 
     if not (BIN / "flower-superlink").exists() or not (BIN / "flwr").exists():
         pytest.skip(f"Flower's executables are not in {BIN}")
     t0 = time.monotonic()
-    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
     root = tmp_path_factory.mktemp("flower")
-    sites = []
-    for i, c in enumerate(part.clients):  # each site: its own store and its own split
-        own = real_store.subset(real_store.positions(c.train + c.val + c.test))
-        own.save(root / f"site{i}.safetensors")
-        sites.append(make_site(own, root / f"site{i}.safetensors", f"site-{i}", seed=i).save(root / f"site{i}"))
+    sites = two_sites(real_store, root)
     write_site_federation(root / "server", sites, TrainConfig(**CFG))  # from the public cards only
     app, run = root / "app", root / "run"
     write_app(app, federation=root / "server" / "federation.json", run_dir=run, connect_timeout=90,

@@ -27,9 +27,8 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
 
-from fedhype.data.partition import make_partition  # noqa: E402
 from fedhype.federated.config import TrainConfig  # noqa: E402
-from flower_deployment import BIN, Deployment  # noqa: E402  (tests/flower_deployment.py)
+from flower_deployment import BIN, Deployment, two_sites  # noqa: E402  (tests/flower_deployment.py)
 
 SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
 CFG = dict(epsilon=2.0, delta=1e-4, model=SMALL, method="dp-gaussian")
@@ -44,20 +43,14 @@ def _site_events(site) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def scenario(real_store, tmp_path_factory):
-    from fedhype.data.sites import make_site
     from fedhype.federated.flower.federation import write_app, write_site_federation
     from fedhype.privacy.site_ledger import set_site_ledger
 
     if not (BIN / "flower-superlink").exists() or not (BIN / "flwr").exists():
         pytest.skip(f"Flower's executables are not in {BIN}")
     t0 = time.monotonic()
-    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
     root = tmp_path_factory.mktemp("flower-second-run")
-    sites = []
-    for i, c in enumerate(part.clients):
-        own = real_store.subset(real_store.positions(c.train + c.val + c.test))
-        own.save(root / f"site{i}.safetensors")
-        sites.append(make_site(own, root / f"site{i}.safetensors", f"site-{i}", seed=i).save(root / f"site{i}"))
+    sites = two_sites(real_store, root)
     set_site_ledger(sites[1], "site-1", max_epsilon=CAP, delta=CFG["delta"])
     fed_a = write_site_federation(root / "fed-a", sites, TrainConfig(**CFG, seed=0))
     fed_b = write_site_federation(root / "fed-b", sites, TrainConfig(**CFG, seed=1))  # another file, the same ε
