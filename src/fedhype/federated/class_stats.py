@@ -32,7 +32,7 @@ import torch
 from fedhype.errors import ValidationError
 from fedhype.federated.client_shrinkage import SHRINKAGE, ClipShift, shrinkage_mode
 from fedhype.federated.covariance import MIN_TOTAL_VARIANCE, _gaussian, class_mean_snr, resolve_located_share
-from fedhype.federated.release_outputs import (_has_centre, load_release_outputs, load_secure_outputs,
+from fedhype.federated.release_outputs import (_has_centre, is_partial, load_release_outputs, load_secure_outputs,
                                                save_release_outputs, save_secure_outputs)
 from fedhype.models.config import CLIENT_SHRINKAGE, DEFAULT_RESIDUAL
 from fedhype.privacy.dp_step import PrivatizedUpdate
@@ -455,7 +455,13 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     deviations follow at σ_B = σ₀/√(1 − s) — together the cost of one release at σ₀. Both are
     charged write-ahead before either runs; the centres are saved the moment they arrive, so a run
     interrupted between the steps (a Flower node killed during the statistics step) reuses them on its resume
-    and releases — and is charged for — the statistics step alone (again, unless seeded). ``release_centre`` (``train.release_centre``) says around
+    and releases — and is charged for — the statistics step alone (again, unless seeded). A statistics step that fails
+    for some clients after others' updates arrived (a Flower node killed during it, an in-process client's release
+    raising) saves the updates that arrived — public DP outputs — as a partial file before the error is re-raised;
+    its resume releases, and is charged for, the statistics step of the missing clients alone (pending charges under
+    the same rerun rule; ``budget_check`` sees only those events), merges the updates in client order and goes on
+    as a normal run (per-client releases only: under secure aggregation the server holds a sum, nothing per client).
+    ``release_centre`` (``train.release_centre``) says around
     which centre each client clips: ``"client"`` its own DP centre pulled toward the pooled one, with
     one common radius (:func:`fedhype.privacy.centring.client_centrings`), ``"pooled"`` the pooled one
     (:func:`~fedhype.privacy.centring.centring_from`), ``"auto"`` client centres except under secure
@@ -507,14 +513,18 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     if kept is not None and centred != _has_centre(kept[0]):  # not this release's outputs (centred or not)
         kept = None
     # interrupted between the centre and the statistics step: the centre (released, charged) is reused and only
-    # the statistics step is released — and charged — again (a Flower node killed during the statistics step)
-    only_stats = kept is not None and kept[1] is None
+    # the statistics step is released — and charged — again (a Flower node killed during the statistics step);
+    # interrupted during the statistics step after some clients' updates arrived: only the missing clients' again
+    missing = [i for i, u in enumerate(kept[1]) if u is None] if kept is not None and is_partial(kept[1]) else None
+    only_stats = kept is not None and (kept[1] is None or missing is not None)
     if dp.enabled and (kept is None or only_stats):
         stats_note = (f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
                       + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split)
         centre_note = f"sum and count of the unit records (the release's centre){split}"
         if only_stats:
-            events = release_events([c.id for c in clients], steps[-1:], [MECHANISM], RELEASE_SENSITIVITY, [stats_note])
+            who = clients if missing is None else [clients[i] for i in missing]
+            stats_step = steps[-1:] if centred else [(float(dp.noise_multiplier), 1.0, 1)]
+            events = release_events([c.id for c in who], stats_step, [MECHANISM], RELEASE_SENSITIVITY, [stats_note])
         else:
             events = release_events([c.id for c in clients], steps if centred else [(float(dp.noise_multiplier), 1.0, 1)],
                                     [centring_mod.MECHANISM, MECHANISM] if centred else [MECHANISM], RELEASE_SENSITIVITY,
@@ -561,10 +571,9 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
             cens = centring_mod.client_centrings(centres, radius, sigma_a)
     else:
         cens = [None] * len(clients)
-    if updates is None:
-        updates = release_all_class_stats(clients, n_classes, dp, weights, cens)
-        if outputs is not None and dp.enabled:  # saved before the (slower) post-processing: a resume reuses them
-            save_release_outputs(outputs, centres, updates)
+    if updates is None or missing is not None:  # saved before the (slower) post-processing: a resume reuses them
+        updates = _release_missing(clients, n_classes, dp, weights, cens, updates,
+                                   outputs if dp.enabled else None, centres)
     counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
         notes = []
@@ -588,16 +597,67 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     return counts
 
 
+#: the attribute of an exception raised by :func:`release_all_class_stats` after some clients' updates arrived:
+#: ``{position in the clients asked: PrivatizedUpdate}`` (public DP outputs, saved before the error is re-raised)
+RELEASED = "released_updates"
+
+
+def _release_missing(clients, n_classes: int, dp, weights, cens, have, outputs, centres) -> list[PrivatizedUpdate]:
+    """The statistics of the clients without one in ``have`` (None: every client), merged in client order and saved
+    to ``outputs`` (None: not saved). If some clients fail after others' updates arrived, those are saved as a
+    partial file (:func:`fedhype.federated.release_outputs.save_release_outputs`) and the error is re-raised."""
+    have = [None] * len(clients) if have is None else list(have)
+    ask = [i for i, u in enumerate(have) if u is None]
+    try:
+        got = release_all_class_stats([clients[i] for i in ask], n_classes, dp, weights, [cens[i] for i in ask])
+    except BaseException as exc:
+        arrived = getattr(exc, RELEASED, None) or {}
+        for j, u in arrived.items():
+            have[ask[j]] = u
+        if arrived and outputs is not None:  # public DP outputs, charged: a resume asks only the missing clients
+            save_release_outputs(outputs, centres, have)
+        raise
+    for i, u in zip(ask, got):
+        have[i] = u
+    if outputs is not None:
+        save_release_outputs(outputs, centres, have)
+    return have
+
+
 def release_all_class_stats(clients, n_classes: int, dp, weights, centrings) -> list[PrivatizedUpdate]:
     """Every client's class-statistics release, client i around ``centrings[i]`` (each client asked once).
 
     Clients whose type offers ``release_class_stats_all`` (the Flower grid clients: one message to
-    every node) release through it; in-process clients one by one.
+    every node) release through it; in-process clients one by one. When some clients fail, the error
+    is raised carrying the updates that did arrive as its attribute :data:`RELEASED` (by position in
+    ``clients``): in process the other clients are still asked (their release was charged write-ahead),
+    then the first error is re-raised; an interrupt (not an ``Exception``) is re-raised at once.
     """
     batch = getattr(type(clients[0]), "release_class_stats_all", None) if clients else None
     if batch is not None:
         return batch(clients, n_classes, dp, weights, list(centrings))
-    return [c.release_class_stats(n_classes, dp, weights, centring=cen) for c, cen in zip(clients, centrings)]
+    out: dict[int, PrivatizedUpdate] = {}
+    failed: BaseException | None = None
+    for j, (c, cen) in enumerate(zip(clients, centrings)):
+        try:
+            out[j] = c.release_class_stats(n_classes, dp, weights, centring=cen)
+        except Exception as exc:  # noqa: BLE001 — re-raised below, after the others were asked
+            failed = failed or exc
+        except BaseException as exc:  # an interrupt: what arrived is kept, nothing more is asked
+            _carry(exc, out)
+            raise
+    if failed is not None:
+        _carry(failed, out)
+        raise failed
+    return [out[j] for j in range(len(clients))]
+
+
+def _carry(exc: BaseException, arrived: dict) -> None:
+    """Attach the updates that arrived to ``exc`` (:data:`RELEASED`), where an exception takes attributes."""
+    try:
+        setattr(exc, RELEASED, dict(arrived))
+    except AttributeError:
+        pass
 
 
 def client_space(server, index: int):

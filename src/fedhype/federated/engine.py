@@ -281,7 +281,9 @@ def release_statistics(state: RunState) -> None:
 
     A run interrupted after the release reuses its public outputs (``ckpt/release-state.safetensors``, or the
     clients' updates in ``ckpt/release-outputs.safetensors`` when it stopped during the server's post-processing)
-    instead of releasing — and being charged — again; a resumed run takes the server's checkpoint.
+    instead of releasing — and being charged — again; one whose statistics step failed for some clients after
+    others' updates arrived reuses those (saved as a partial file) and releases — and is charged for — the missing
+    clients' statistics only; a resumed run takes the server's checkpoint.
     A statistics-only method (``dp-gaussian``) writes its model and commits round 0 here.
     """
     run, plan, server, clients = state.run, state.plan, state.server, state.clients

@@ -143,7 +143,9 @@ class RunDir:
         commit came after it), ``"saved"`` (it ran and its outputs — the model it set, or the clients' updates — were saved: a resume
         reuses them, no charge),
         ``"centre saved"`` (interrupted between a centred release's two steps: the centre's outputs are reused, the
-        statistics step runs again), ``"interrupted"`` (charged write-ahead in the ledger, its outputs never saved: a
+        statistics step runs again), ``"statistics partly saved"`` (the statistics step failed for some clients after
+        others' updates arrived: those — and a centred release's centres — are reused, the statistics step runs again
+        for the missing clients only), ``"interrupted"`` (charged write-ahead in the ledger, its outputs never saved: a
         resume releases again) or ``"not started"``."""
         if self.committed_round() > 0 or self.statistics_released():
             return "committed"
@@ -151,7 +153,8 @@ class RunDir:
         if (self.root / "ckpt" / RELEASE_STATE).exists():
             return "saved"
         if outputs.exists():
-            return "saved" if _holds_statistics(outputs) else "centre saved"
+            held = _holds_statistics(outputs)
+            return "saved" if held is True else "statistics partly saved" if held == "partial" else "centre saved"
         if self.ledger.exists() and read_json(self.ledger, "privacy ledger", LEDGER_ADVICE).get("events"):
             return "interrupted"
         return "not started"
@@ -163,15 +166,19 @@ class RunDir:
                 p.unlink(missing_ok=True)
 
 
-def _holds_statistics(outputs: Path) -> bool:
+def _holds_statistics(outputs: Path) -> "bool | str":
     """Whether saved release outputs (``ckpt/release-outputs.safetensors``) hold the statistics step, not only the
     centre's (the public metadata of :func:`fedhype.federated.release_outputs.save_release_outputs` /
-    ``save_secure_outputs``); an unreadable file counts as holding them (its loader then says what is wrong)."""
+    ``save_secure_outputs``): True, False, or ``"partial"`` (some clients' statistics only: a statistics step that
+    failed for the others); an unreadable file counts as holding them (its loader then says what is wrong)."""
     try:
         meta = json.loads(tensor_metadata(outputs).get("fedhype_release_outputs", "[]"))
     except Exception:  # noqa: BLE001 — reported by the loader, with the file's name
         return True
-    return any(m.get("kind") == "stats" or m.get("part") == "stats" for m in meta)
+    stats = [m for m in meta if m.get("kind") == "stats" or m.get("part") == "stats"]
+    if any(m.get("partial") for m in stats):
+        return "partial"
+    return bool(stats)
 
 
 def save_model(path: Path, hnet: HyperNetwork, codes: torch.Tensor, meta: dict) -> None:

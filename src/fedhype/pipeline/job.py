@@ -289,6 +289,10 @@ def release_resume_note(stage: str, seeded: bool) -> str:
     elif stage == "centre saved":  # a Flower node killed during the statistics step
         note = ("the statistics release was interrupted between its centre and its statistics step: the released "
                 "centre is reused (not charged again) and the statistics step runs again")
+    elif stage == "statistics partly saved":  # a Flower node killed during the statistics step, the others answered
+        note = ("the statistics release was interrupted during its statistics step after some clients' updates "
+                "arrived: those (and a centred release's centre) are reused (not charged again) and the statistics step "
+                "runs again for the missing clients only")
     elif stage == "interrupted":  # a probe read "did not complete" while the charge stood in the ledger
         note = "the statistics release was interrupted after it was charged (write-ahead) and before its outputs were saved: it runs again"
     else:

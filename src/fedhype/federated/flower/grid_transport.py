@@ -42,7 +42,16 @@ from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig, PrivatizedUpd
 
 
 class NodeFailure(FedhypeError):
-    """A SuperNode is missing, did not answer in time, or answered with an error (exit code 1)."""
+    """A SuperNode is missing, did not answer in time, or answered with an error (exit code 1).
+
+    Attributes:
+        received: the updates that did arrive, by client index (a pre-round release that failed for some clients:
+            :meth:`FlowerTransport.class_stats`); empty otherwise.
+    """
+
+    def __init__(self, message: str, *, received: "dict[int, PrivatizedUpdate] | None" = None):
+        super().__init__(message)
+        self.received = dict(received or {})
 
 
 def run_key_of(run: RunDir, create: bool = False) -> str | None:
@@ -90,10 +99,23 @@ class RemoteClient:
     @staticmethod
     def release_class_stats_all(clients: "list[RemoteClient]", n_classes: int, dp: DPConfig, weights,
                                 centrings: list) -> list[PrivatizedUpdate]:
-        """Every client's DP class statistics, client i around ``centrings[i]``, in one message to each node
-        (:func:`fedhype.federated.class_stats.release_all_class_stats`)."""
-        ups = clients[0]._transport.class_stats(n_classes, dp, weights, centrings)
-        return [ups[c.index] for c in clients]
+        """The DP class statistics of ``clients`` (every client, or the ones a resume still misses), client i around
+        ``centrings[i]``, in one message to each of their nodes (:func:`fedhype.federated.class_stats.release_all_class_stats`).
+
+        Raises:
+            NodeFailure: some nodes gave no update; it carries the updates that arrived as
+                :data:`fedhype.federated.class_stats.RELEASED` (by position in ``clients``), which the release saves.
+        """
+        from fedhype.federated.class_stats import RELEASED
+
+        if not clients:
+            return []
+        try:
+            return clients[0]._transport.class_stats(n_classes, dp, weights, centrings,
+                                                     indices=[c.index for c in clients])
+        except NodeFailure as exc:
+            setattr(exc, RELEASED, {j: exc.received[c.index] for j, c in enumerate(clients) if c.index in exc.received})
+            raise
 
     def secure_session(self):
         """The run's SecAgg+ session (:class:`~fedhype.federated.flower.secagg.FlowerSecureSession`): under secure
@@ -127,7 +149,7 @@ class FlowerTransport:
         self._logged = 0
         self.clients = [RemoteClient(self, i, str(c.id), c.name, c.n_train) for i, c in enumerate(self.roster.clients)]
         self.run_key: str | None = None
-        self._stats: dict[tuple, list[PrivatizedUpdate]] = {}
+        self._stats: dict[tuple, dict[int, tuple]] = {}  # a pre-round release → {client index: (centre, update)}
 
     # ------------------------------------------------------------------ connection
     @classmethod
@@ -279,36 +301,70 @@ class FlowerTransport:
             data_key=self.roster.clients[i].key, stage="centre", federation=self.federation),
             lambda i: wire.Expected.of_centre(self.clients[i].id, self.dim, dp))
 
-    def class_stats(self, n_classes: int, dp: DPConfig, weights=None, centrings=None) -> list[PrivatizedUpdate]:
-        """Every client's DP class statistics (one ``train.class_stats`` message each, asked once).
+    def class_stats(self, n_classes: int, dp: DPConfig, weights=None, centrings=None,
+                    indices: "list[int] | None" = None) -> list[PrivatizedUpdate]:
+        """The DP class statistics of the clients ``indices`` (default every client; one ``train.class_stats``
+        message each, each client asked once), in that order.
 
         ``centrings``: None (uncentred) or one public :class:`~fedhype.privacy.centring.Centring` per
-        client, in client order (a node gets its own in its request)."""
+        client asked, in the order of ``indices`` (a node gets its own in its request).
+
+        Raises:
+            NodeFailure: some nodes gave no update (no reply in time, or an error); its ``received`` holds the
+                updates of the others by client index (the release saves them: a resume asks only the missing).
+        """
         from fedhype.privacy.dp_step import LEGACY_WEIGHTS
 
         weights = LEGACY_WEIGHTS if weights is None else weights
-        cens = [None] * len(self.clients) if centrings is None else list(centrings)
-        if len(cens) != len(self.clients):
-            raise ValueError(f"{len(cens)} centrings for {len(self.clients)} clients")
-        key = (n_classes, dp, weights, tuple(None if c is None else (tuple(c.centre.tolist()), c.radius) for c in cens))
-        if any(k[:3] == key[:3] and k != key for k in self._stats if len(k) == 4):
-            # one release per run: a second one around other centres would not be in the ledger
-            raise RuntimeError("the class statistics were already released around other centres; refusing a second release")
-        return self._release(key, "the class statistics", lambda i: wire.encode_stats_request(
+        indices = list(range(len(self.clients))) if indices is None else [int(i) for i in indices]
+        cens = [None] * len(indices) if centrings is None else list(centrings)
+        if len(cens) != len(indices):
+            raise ValueError(f"{len(cens)} centrings for {len(indices)} clients")
+        by_index = dict(zip(indices, cens))
+        return self._release((n_classes, dp, weights), "the class statistics", lambda i: wire.encode_stats_request(
             self.clients[i].id, n_classes, dp, weights, run_key=self._key(), n_train=self.clients[i].n,
-            data_key=self.roster.clients[i].key, centring=cens[i], federation=self.federation),
-            lambda i: wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp, weights))
+            data_key=self.roster.clients[i].key, centring=by_index[i], federation=self.federation),
+            lambda i: wire.Expected.of_stats(self.clients[i].id, n_classes, self.dim, dp, weights), indices,
+            {i: None if c is None else (tuple(c.centre.tolist()), float(c.radius)) for i, c in by_index.items()},
+            kept=("The other clients' updates (public DP outputs) are kept in the run folder: a resume asks "
+                  "only the client(s) above."))
 
-    def _release(self, key, what: str, request, expected) -> list[PrivatizedUpdate]:
-        """Ask every client once for a pre-round release (cached by ``key``) and decode the replies."""
-        if key not in self._stats:
-            everyone = list(range(len(self.clients)))
+    def _release(self, key, what: str, request, expected, indices: "list[int] | None" = None,
+                 around: "dict[int, object] | None" = None, kept: str = "") -> list[PrivatizedUpdate]:
+        """Ask each client of ``indices`` (default every client) once for a pre-round release (cached by ``key`` and
+        client) and decode the replies, in the order of ``indices``. ``around``: what each client's release is
+        computed around (its centring), checked against a cached one. ``kept``: said on a partial failure.
+
+        Raises:
+            RuntimeError: a client already released under ``key`` around another centre (one release per run: a second
+                one would not be in the ledger).
+            NodeFailure: some clients gave no update (``received``: the others', by client index).
+        """
+        indices = list(range(len(self.clients))) if indices is None else indices
+        around = around or {}
+        done = self._stats.setdefault(key, {})
+        if any(i in done and done[i][0] != around.get(i) for i in indices):
+            raise RuntimeError("the class statistics were already released around other centres; refusing a second release")
+        ask = [i for i in indices if i not in done]
+        if ask:
             msgs = [Message(request(i), dst_node_id=self.nodes[i], message_type=wire.STATS_TYPE,
-                            ttl=self.round_timeout + 60) for i in everyone]
-            replies = self._exchange(everyone, msgs, wire.STATS_TYPE, -1)
-            self._raise_failures(replies, everyone, what, "No round was trained (completed rounds: 0).", "the release")
-            self._stats[key] = [wire.decode_update(replies[i].content, expected(i)) for i in everyone]
-        return self._stats[key]
+                            ttl=self.round_timeout + 60) for i in ask]
+            replies = self._exchange(ask, msgs, wire.STATS_TYPE, -1)
+            ok = [i for i in ask if i in replies and not replies[i].has_error()]
+            if len(ok) < len(ask):  # the others' updates (public DP outputs) travel with the failure
+                received = {}
+                for i in ok:
+                    try:
+                        received[i] = wire.decode_update(replies[i].content, expected(i))
+                    except FedhypeError:  # a malformed reply counts as missing: asked again on a resume
+                        continue
+                for i, u in received.items():
+                    done[i] = (around.get(i), u)
+                state = "No round was trained (completed rounds: 0)." + (f" {kept}" if kept and received else "")
+                self._raise_failures(replies, ask, what, state, "the release", received=received)
+            for i in ask:
+                done[i] = (around.get(i), wire.decode_update(replies[i].content, expected(i)))
+        return [done[i][1] for i in indices]
 
     # ------------------------------------------------------------------ plumbing
     def _key(self) -> str:
@@ -339,9 +395,10 @@ class FlowerTransport:
         return replies
 
     def _raise_failures(self, replies: dict[int, Message], labels: list[int], what: str, state: str,
-                        step: str = "this round") -> None:
+                        step: str = "this round", received: "dict[int, PrivatizedUpdate] | None" = None) -> None:
         """Raise NodeFailure naming every client without an update; ``step``: "this round" or "the release" (what
-        the write-ahead ledger holds the events of, and what a rerun repeats)."""
+        the write-ahead ledger holds the events of, and what a rerun repeats); ``received``: the updates that did
+        arrive, by client index (carried by the NodeFailure)."""
         problems, refused = [], False
         for lab in labels:
             c = self.clients[lab]
@@ -358,7 +415,7 @@ class FlowerTransport:
                       "with resume=true. " if refused else "Restart the SuperNode(s), then run again with resume=true. ")
             raise NodeFailure(f"{what}: no update from {len(problems)} client(s): " + "; ".join(problems) + f". {state} "
                               + advice + f"(The write-ahead ledger keeps {step}'s events: seeded nodes replay them "
-                              "uncharged, unseeded nodes are charged again.)")
+                              "uncharged, unseeded nodes are charged again.)", received=received)
 
     def _log(self, direction: str, kind: str, round_idx: int | None, client: str | None, content: Any) -> None:
         """Append the structure of a message (never values) to the wire log, and the arrays of a received one to

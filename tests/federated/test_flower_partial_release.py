@@ -1,0 +1,132 @@
+"""The Flower server's statistics step when some SuperNodes fail after others answered (no processes: a fake Grid).
+
+A probe killed a SuperNode during the statistics step: the server had the other nodes' replies but dropped them, and
+every node released (and was charged for) its statistics again on the unseeded resume. The transport now raises its
+NodeFailure (same message) carrying the updates that arrived, by client index, and a resume asks only the clients
+still missing (:func:`fedhype.federated.class_stats.run_class_stats_stage` saves and merges them)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
+
+from flwr.common.constant import ErrorCode  # noqa: E402
+
+from fedhype.data.partition import make_partition  # noqa: E402
+from fedhype.federated.class_stats import RELEASED, release_all_class_stats  # noqa: E402
+from fedhype.federated.flower import wire  # noqa: E402
+from fedhype.federated.flower.grid_transport import FlowerTransport, NodeFailure, RemoteClient  # noqa: E402
+from fedhype.federated.rundir import RunDir  # noqa: E402
+from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY, DPConfig, PrivatizedUpdate  # noqa: E402
+
+K, D, SIGMA = 3, 4, 1.5
+DP = DPConfig(SIGMA, RELEASE_SENSITIVITY, enabled=True)
+
+
+@pytest.fixture(autouse=True)
+def _run_identity(monkeypatch):
+    """Messages are built inside a ServerApp run in production; give them a run id here."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+
+
+def _update(client: str) -> PrivatizedUpdate:
+    base = float(client) + 1.0
+    t = {"class_sums": torch.full((K, D), base), "class_counts": torch.arange(K, dtype=torch.float32) + base}
+    return PrivatizedUpdate.from_wire(client=client, tensors=t, like=t, steps=1, noise_multiplier=SIGMA,
+                                      clip_norm=float(RELEASE_SENSITIVITY), sample_rate=1.0, private=True)
+
+
+class StatsGrid:
+    """A Grid whose nodes answer a statistics request with an update, except the ``dead`` ones (a ClientApp error)."""
+
+    def __init__(self, nodes: dict[int, str], dead: set[int]):
+        self.nodes, self.dead, self.asked, self._next, self._inbox = nodes, dead, [], 0, {}
+
+    def push_messages(self, msgs):
+        ids = []
+        for m in msgs:
+            self._next += 1
+            ids.append(str(self._next))
+            self._inbox[str(self._next)] = m
+        return ids
+
+    def pull_messages(self, ids):
+        out = []
+        for i in ids:
+            m = self._inbox.pop(i)
+            node = m.metadata.dst_node_id
+            req, _ = wire.decode_stats_request(m.content)
+            self.asked.append(req["client"])
+            meta = SimpleNamespace(reply_to_message_id=i)
+            if node in self.dead:
+                err = SimpleNamespace(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                      reason="<class 'RuntimeError'>:<'node lost'>")
+                out.append(SimpleNamespace(metadata=meta, has_error=lambda: True, has_content=lambda: False,
+                                           error=err, content=None))
+                continue
+            content = wire.encode_update(_update(self.nodes[node]), -1)
+            out.append(SimpleNamespace(metadata=meta, has_error=lambda: False, has_content=lambda: True, error=None,
+                                       content=content))
+        return out
+
+
+def _transport(part, grid, tmp_path) -> FlowerTransport:
+    t = FlowerTransport(grid, part, D, {0: 10, 1: 11, 2: 12}, {0: False, 1: False, 2: False}, round_timeout=5,
+                        straggler_timeout=1, poll=0.01)
+    return t.bind(RunDir(tmp_path / "run"))
+
+
+def test_a_statistics_step_that_fails_for_one_node_carries_the_others_updates(real_store, tmp_path):
+    part = make_partition(real_store, scheme="iid", n_clients=3, seed=0)
+    ids = [str(c.id) for c in part.clients]
+    grid = StatsGrid({10: ids[0], 11: ids[1], 12: ids[2]}, dead={11})
+    t = _transport(part, grid, tmp_path)
+    with pytest.raises(NodeFailure) as failed:
+        release_all_class_stats(t.clients, K, DP, LEGACY_WEIGHTS, [None] * 3)
+    exc = failed.value
+    text = str(exc)
+    # the node failure's message as before (who failed, the state, the ledger's rule), and what is kept
+    assert text.startswith("the class statistics: no update from 1 client(s): client 1 (")
+    assert "No round was trained (completed rounds: 0)." in text and "keeps the release's events" in text
+    assert "a resume asks only the client(s) above" in text
+    assert sorted(exc.received) == [0, 2]  # by client index
+    arrived = getattr(exc, RELEASED)  # by position in the clients asked (here: every client)
+    assert sorted(arrived) == [0, 2]
+    for i in (0, 2):
+        assert arrived[i].client == ids[i] and torch.equal(arrived[i].tensors["class_sums"],
+                                                            _update(ids[i]).tensors["class_sums"])
+    assert sorted(grid.asked) == sorted(ids)
+
+    # the resume (a new ServerApp, a new transport) asks only the missing client; its node is back
+    grid = StatsGrid({10: ids[0], 11: ids[1], 12: ids[2]}, dead=set())
+    t = _transport(part, grid, tmp_path)
+    got = release_all_class_stats([t.clients[1]], K, DP, LEGACY_WEIGHTS, [None])
+    assert grid.asked == [ids[1]] and [u.client for u in got] == [ids[1]]
+
+
+def test_a_subset_release_reports_the_arrived_updates_by_position_and_is_asked_once(real_store, tmp_path):
+    part = make_partition(real_store, scheme="iid", n_clients=3, seed=0)
+    ids = [str(c.id) for c in part.clients]
+    grid = StatsGrid({10: ids[0], 11: ids[1], 12: ids[2]}, dead={12})
+    t = _transport(part, grid, tmp_path)
+    with pytest.raises(NodeFailure) as failed:
+        RemoteClient.release_class_stats_all([t.clients[1], t.clients[2]], K, DP, LEGACY_WEIGHTS, [None, None])
+    assert sorted(failed.value.received) == [1]  # client index 1 answered …
+    assert list(getattr(failed.value, RELEASED)) == [0]  # … the first of the clients asked
+    assert sorted(grid.asked) == [ids[1], ids[2]]
+    # within one transport a client that answered is not asked again (one release per client)
+    grid.dead, grid.asked = set(), []
+    got = RemoteClient.release_class_stats_all(t.clients, K, DP, LEGACY_WEIGHTS, [None] * 3)
+    assert sorted(grid.asked) == [ids[0], ids[2]] and [u.client for u in got] == ids
+    # … nor around another centre (that second release would not be in the ledger)
+    from fedhype.privacy.centring import Centring
+
+    with pytest.raises(RuntimeError, match="already released around other centres"):
+        t.class_stats(K, DP, LEGACY_WEIGHTS, [Centring(torch.zeros(D), 0.5)], indices=[0])
