@@ -7,14 +7,11 @@ still missing (:func:`fedhype.federated.class_stats.run_class_stats_stage` saves
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
 
-from flwr.common.constant import ErrorCode  # noqa: E402
 
 from fedhype.data.partition import make_partition  # noqa: E402
 from fedhype.federated.class_stats import RELEASED, release_all_class_stats  # noqa: E402
@@ -22,6 +19,7 @@ from fedhype.federated.flower import wire  # noqa: E402
 from fedhype.federated.flower.grid_transport import FlowerTransport, NodeFailure, RemoteClient  # noqa: E402
 from fedhype.federated.rundir import RunDir  # noqa: E402
 from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY, DPConfig, PrivatizedUpdate  # noqa: E402
+from fake_grid import InboxGrid, NodeError  # noqa: E402  (tests/fake_grid.py)
 
 K, D, SIGMA = 3, 4, 1.5
 DP = DPConfig(SIGMA, RELEASE_SENSITIVITY, enabled=True)
@@ -43,38 +41,19 @@ def _update(client: str) -> PrivatizedUpdate:
                                       clip_norm=float(RELEASE_SENSITIVITY), sample_rate=1.0, private=True)
 
 
-class StatsGrid:
+class StatsGrid(InboxGrid):
     """A Grid whose nodes answer a statistics request with an update, except the ``dead`` ones (a ClientApp error)."""
 
     def __init__(self, nodes: dict[int, str], dead: set[int]):
-        self.nodes, self.dead, self.asked, self._next, self._inbox = nodes, dead, [], 0, {}
+        super().__init__()
+        self.nodes, self.dead, self.asked = nodes, dead, []
 
-    def push_messages(self, msgs):
-        ids = []
-        for m in msgs:
-            self._next += 1
-            ids.append(str(self._next))
-            self._inbox[str(self._next)] = m
-        return ids
-
-    def pull_messages(self, ids):
-        out = []
-        for i in ids:
-            m = self._inbox.pop(i)
-            node = m.metadata.dst_node_id
-            req, _ = wire.decode_stats_request(m.content)
-            self.asked.append(req["client"])
-            meta = SimpleNamespace(reply_to_message_id=i)
-            if node in self.dead:
-                err = SimpleNamespace(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                      reason="<class 'RuntimeError'>:<'node lost'>")
-                out.append(SimpleNamespace(metadata=meta, has_error=lambda: True, has_content=lambda: False,
-                                           error=err, content=None))
-                continue
-            content = wire.encode_update(_update(self.nodes[node]), -1)
-            out.append(SimpleNamespace(metadata=meta, has_error=lambda: False, has_content=lambda: True, error=None,
-                                       content=content))
-        return out
+    def answer(self, m):
+        req, _ = wire.decode_stats_request(m.content)
+        self.asked.append(req["client"])
+        if m.metadata.dst_node_id in self.dead:
+            raise NodeError("<class 'RuntimeError'>:<'node lost'>")
+        return wire.encode_update(_update(self.nodes[m.metadata.dst_node_id]), -1)
 
 
 def _transport(part, grid, tmp_path) -> FlowerTransport:

@@ -18,7 +18,6 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
 
-from flwr.common.constant import ErrorCode  # noqa: E402
 
 from fedhype.data.partition import make_partition  # noqa: E402
 from fedhype.errors import ValidationError  # noqa: E402
@@ -30,6 +29,7 @@ from fedhype.federated.flower.node_budget import BINDINGS, LEDGER, charge_reques
 from fedhype.federated.rundir import RunDir  # noqa: E402
 from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY, DPConfig  # noqa: E402
 from fedhype.privacy.ledger import PrivacyLedger  # noqa: E402
+from fake_grid import InboxGrid, NodeError  # noqa: E402  (tests/fake_grid.py)
 
 CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
            model={"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8})
@@ -213,38 +213,22 @@ def test_a_seeded_site_node_is_refused_at_the_handshake_where_the_site_has_a_cap
     handshake.node_identity(seeded, handshake.encode_query(""))  # no cap: recorded as ∞ when it runs, not refused
 
 
-class NodeGrid:
+class NodeGrid(InboxGrid):
     """A Grid whose nodes answer the identity query with the real site-node handler (errors as Flower words them)."""
 
     def __init__(self, ncs: dict[int, dict]):
-        self.ncs, self.queries, self._next, self._inbox = ncs, [], 0, {}
+        super().__init__()
+        self.ncs, self.queries = ncs, []
 
     def get_node_ids(self):
         return list(self.ncs)
 
-    def push_messages(self, msgs):
-        ids = []
-        for m in msgs:
-            self._next += 1
-            ids.append(str(self._next))
-            self._inbox[str(self._next)] = m
-        return ids
-
-    def pull_messages(self, ids):
-        out = []
-        for i in ids:
-            m = self._inbox.pop(i)
-            self.queries.append(dict(m.content[handshake.QUERY]))
-            meta = SimpleNamespace(reply_to_message_id=i)
-            try:
-                content = handshake.node_identity(self.ncs[m.metadata.dst_node_id], m.content)
-            except Exception as exc:  # noqa: BLE001
-                err = SimpleNamespace(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                      reason=_flower_reason(handshake.for_the_server(exc)))
-                out.append(SimpleNamespace(metadata=meta, has_error=lambda: True, error=err, content=None))
-                continue
-            out.append(SimpleNamespace(metadata=meta, has_error=lambda: False, error=None, content=content))
-        return out
+    def answer(self, m):
+        self.queries.append(dict(m.content[handshake.QUERY]))
+        try:
+            return handshake.node_identity(self.ncs[m.metadata.dst_node_id], m.content)
+        except Exception as exc:  # noqa: BLE001
+            raise NodeError(_flower_reason(handshake.for_the_server(exc))) from None
 
 
 def test_the_server_run_key_is_random_kept_in_the_run_folder_and_new_for_a_recreated_folder(real_store, tmp_path):
