@@ -15,6 +15,25 @@ from pathlib import Path
 from fedhype.privacy.dp_step import PrivatizedUpdate
 
 
+def saved_steps(path: Path) -> str:
+    """What a saved release-outputs file holds, read from its public metadata alone: ``"complete"`` (the statistics
+    step of every client, or its secure sum), ``"partial"`` (some clients' statistics: the step failed for the
+    others) or ``"centre"`` (the centre step only); an unreadable file counts as complete (its loader then says what
+    is wrong, naming the file)."""
+    import json
+
+    from fedhype.io import tensor_metadata
+
+    try:
+        meta = json.loads(tensor_metadata(path).get("fedhype_release_outputs", "[]"))
+    except Exception:  # noqa: BLE001 — reported by the loader, with the file's name
+        return "complete"
+    stats = [m for m in meta if m.get("kind") == "stats" or m.get("part") == "stats"]
+    if any(m.get("partial") for m in stats):
+        return "partial"
+    return "complete" if stats else "centre"
+
+
 def is_partial(saved) -> bool:
     """Whether loaded statistics (the ``updates`` of :func:`load_release_outputs`) miss some client's (a hole); a
     secure-aggregation sum (:func:`load_secure_outputs`) never does."""

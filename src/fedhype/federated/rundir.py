@@ -153,8 +153,9 @@ class RunDir:
         if (self.root / "ckpt" / RELEASE_STATE).exists():
             return "saved"
         if outputs.exists():
-            held = _holds_statistics(outputs)
-            return "saved" if held is True else "statistics partly saved" if held == "partial" else "centre saved"
+            from fedhype.federated.release_outputs import saved_steps
+
+            return {"complete": "saved", "partial": "statistics partly saved", "centre": "centre saved"}[saved_steps(outputs)]
         if self.ledger.exists() and read_json(self.ledger, "privacy ledger", LEDGER_ADVICE).get("events"):
             return "interrupted"
         return "not started"
@@ -164,21 +165,6 @@ class RunDir:
         for p in (self.root / "ckpt").glob("server-r*.safetensors"):
             if int(p.stem.split("-r")[1]) < rounds_done:
                 p.unlink(missing_ok=True)
-
-
-def _holds_statistics(outputs: Path) -> "bool | str":
-    """Whether saved release outputs (``ckpt/release-outputs.safetensors``) hold the statistics step, not only the
-    centre's (the public metadata of :func:`fedhype.federated.release_outputs.save_release_outputs` /
-    ``save_secure_outputs``): True, False, or ``"partial"`` (some clients' statistics only: a statistics step that
-    failed for the others); an unreadable file counts as holding them (its loader then says what is wrong)."""
-    try:
-        meta = json.loads(tensor_metadata(outputs).get("fedhype_release_outputs", "[]"))
-    except Exception:  # noqa: BLE001 — reported by the loader, with the file's name
-        return True
-    stats = [m for m in meta if m.get("kind") == "stats" or m.get("part") == "stats"]
-    if any(m.get("partial") for m in stats):
-        return "partial"
-    return bool(stats)
 
 
 def save_model(path: Path, hnet: HyperNetwork, codes: torch.Tensor, meta: dict) -> None:
