@@ -561,3 +561,61 @@ def print_above_target(res: dict) -> None:
     console.print(f"[bold red]ε = {epsilon_text(res['epsilon'], res['target_epsilon'])} is above the target "
                   f"ε = {res['target_epsilon']:g}[/]: an interrupted round was charged again on resume (`fedhype audit "
                   "--run` names the events charged again; ledger.json keeps every release)", highlight=False)
+
+
+# ---------------------------------------------------------------------------- a site's own held-out records
+def open_site(site_dir: Path, against: Any, against_name: str, run_name: str) -> tuple[Any, Any, str | None]:
+    """The site of ``--site`` (a site folder from ``fedhype site``, or its ``site.json``) and its store, checked
+    against what is scored on its records: ``fedhype evaluate --site`` and ``fedhype prototypes evaluate --site``.
+
+    Args:
+        site_dir: the ``--site`` path.
+        against: what the site's records are compared with: a synthetic store, or any object with its ``meta``,
+            ``dim`` and ``class_names`` (a model trained on one: :func:`fedhype.eval.inputs.check_provenance` reads
+            the embedding provenance, the run's data keys and client names from ``meta``).
+        against_name: how errors name it, e.g. ``"synthetic store syn.safetensors"``.
+        run_name: how the warning names the run that made it, e.g. ``"syn.safetensors"``.
+
+    Returns:
+        ``(site, its store, warning)``: the warning (printed on stderr; None where it does not apply) that the site is
+        not one of the run's clients, so whether its held-out split is held out from the run cannot be checked.
+
+    Raises:
+        ArtifactError: a missing or corrupt site file or store, another embedding, or a site the run trained on
+            given with another split (its site key). ValidationError: another embedding dimension.
+    """
+    from fedhype.data.sites import Site
+    from fedhype.eval.inputs import check_compatible, check_provenance
+
+    s = Site.load(site_dir)
+    own = s.store()
+    check_provenance(own, against, f"site {s.name!r} store {s.store_path}", against_name, site=s)
+    run_clients = against.meta.get("client_names")
+    outsider = None
+    if run_clients and s.name not in run_clients:
+        # a synthetic store carries no digest of its run's data (that would not be DP), so whether this site's
+        # records were in the run cannot be checked here; a probe scored a site 26 of whose 36 test records a pooled
+        # run had trained on: said as a warning, in the JSON object too
+        outsider = (f"site {s.name!r} is not one of the clients of the run of {run_name} "
+                    f"({', '.join(run_clients)}): its test split is held out from that run only if none of its records "
+                    "were in the run's training data (a run on a partition of the same store trained on them: the "
+                    "scores would be optimistic); this cannot be checked from a synthetic store")
+        console.print(f"[yellow]warning[/]: {outsider}", highlight=False)
+    if own.dim != against.dim:
+        check_compatible(own, against, f"site {s.name!r} store {s.store_path}", against_name)
+    return s, own, outsider
+
+
+def site_records(site: Any, store: Any, split: str, class_names: list[str], site_dir: Path, against_name: str) -> Any:
+    """``split`` records of the site of ``--site`` (:func:`open_site`), labels renumbered by name to
+    ``class_names`` (the classes of ``against_name``, which may hold more than the site).
+
+    Raises:
+        ValidationError: a class of the site missing from ``class_names``, naming the site and ``against_name``.
+    """
+    from fedhype.errors import ValidationError
+
+    try:
+        return site.records(split, list(class_names), store)
+    except ValidationError as exc:
+        raise ValidationError(f"site {site.name!r} ({site_dir}): {exc} of {against_name}") from None

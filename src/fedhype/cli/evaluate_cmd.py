@@ -249,35 +249,18 @@ def evaluate(
 def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, split: str, space: str,
                    permutations: int, max_samples: int, k: int, seed: int) -> dict[str, Any]:
     """``fedhype evaluate --site``: the synthetic store against one site's own held-out split."""
-    from fedhype.data.sites import Site
+    from fedhype.cli.common import open_site, site_records
     from fedhype.data.store import EmbeddingStore
     from fedhype.eval import evaluate as run_eval
-    from fedhype.eval.inputs import check_compatible, check_provenance
+    from fedhype.eval.inputs import check_compatible
 
-    s = Site.load(site_dir)
     syn_store = EmbeddingStore.load(synthetic)
-    own = s.store()
-    check_provenance(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}", site=s)
-    run_clients = syn_store.meta.get("client_names")
-    outsider = None
-    if run_clients and s.name not in run_clients:
-        # a synthetic store carries no digest of its run's data (that would not be DP), so whether this site's
-        # records were in the run cannot be checked here; a probe scored a site 26 of whose 36 test records a pooled
-        # run had trained on: said as a warning, in the JSON object too
-        outsider = (f"site {s.name!r} is not one of the clients of the run of {synthetic} "
-                    f"({', '.join(run_clients)}): its test split is held out from that run only if none of its records "
-                    "were in the run's training data (a run on a partition of the same store trained on them: the "
-                    "scores would be optimistic); this cannot be checked from a synthetic store")
-        console.print(f"[yellow]warning[/]: {outsider}", highlight=False)
-    if own.dim != syn_store.dim:
-        check_compatible(own, syn_store, f"site {s.name!r} store {s.store_path}", f"synthetic store {synthetic}")
+    against = f"synthetic store {synthetic}"
+    s, own, outsider = open_site(site_dir, syn_store, against, str(synthetic))
     where = f"site {s.name!r} ({site_dir})"
-    try:
-        test_store = s.records(split, list(syn_store.class_names), own)
-        train_store = (s.records("train", list(syn_store.class_names), own) if real_train is None
-                       else EmbeddingStore.load(real_train))
-    except ValidationError as exc:
-        raise ValidationError(f"{where}: {exc} of synthetic store {synthetic}") from None
+    test_store = site_records(s, own, split, syn_store.class_names, site_dir, against)
+    train_store = (site_records(s, own, "train", syn_store.class_names, site_dir, against) if real_train is None
+                   else EmbeddingStore.load(real_train))
     check_compatible(train_store, syn_store, f"real train store of {where}", f"synthetic store {synthetic}")
     kind_warning = _kind_warning(synthetic, syn_store)
     one = _one_class_warning(test_store)

@@ -46,6 +46,29 @@ def _check_split(split: str) -> str:
     return split
 
 
+def _training_store(synthetic: Path | None, data: Path | None) -> Path:
+    """The training store of ``prototypes train``: ``--synthetic``, or ``--data`` (its old name, hidden, kept so that
+    scripts written for it still run); both at once, or neither, is a usage error."""
+    if synthetic is not None and data is not None:
+        raise ValidationError(f"--synthetic {synthetic} and --data {data} both name the training store (--data is the "
+                              "old name of --synthetic): give only --synthetic")
+    if synthetic is None and data is None:
+        raise ValidationError("give the training store: --synthetic (from `fedhype synthesize`; a real store from "
+                              "`fedhype embed` trains a non-private model)")
+    return synthetic if synthetic is not None else data
+
+
+def _embedding_of(store: Any) -> dict[str, Any] | None:
+    """How the data of ``store`` was embedded (:func:`fedhype.eval.inputs.check_provenance` reads it): a synthetic
+    store's run's (``meta["embedding"]``), a real store's own (:func:`fedhype.data.sites.encoder_of`)."""
+    if store.kind == "synthetic":
+        emb = store.meta.get("embedding")
+        return dict(emb) if isinstance(emb, dict) else None
+    from fedhype.data.sites import encoder_of
+
+    return encoder_of(store)
+
+
 def _clients(part: Any, store: Any, split: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Partition client id (as the FedHypeVAE engine names them: ``str(id)``) → ``(X, y)`` of ``split``."""
     out = {}
@@ -59,15 +82,23 @@ def _clients(part: Any, store: Any, split: str) -> dict[str, tuple[np.ndarray, n
 @sub.command("train")
 def train(
     ctx: typer.Context,
-    data: Path = typer.Option(..., "--data", help="Training store: synthetic (private workflow) or real.",
-                              callback=existing("training embeddings store", "from `fedhype synthesize` or `fedhype embed`")),
-    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON of the real store (real --data, "
-                                          "--federated, or --matching dp).", callback=existing("partition file", "create it with `fedhype partition`")),
-    federated: bool = typer.Option(False, "--federated", help="FedHPro rounds over the partition's clients of --data "
-                                   "(real records; the result is NOT differentially private)."),
+    synthetic: Path | None = typer.Option(None, "--synthetic", help="Training store: the synthetic store of "
+                                          "`fedhype synthesize` (the private workflow), or a real one (`fedhype embed`: "
+                                          "NOT differentially private). Required.",
+                                          callback=existing("training embeddings store",
+                                                            "from `fedhype synthesize` or `fedhype embed`")),
+    data_old: Path | None = typer.Option(None, "--data", hidden=True, help="The old name of --synthetic (kept working).",
+                                     callback=existing("training embeddings store",
+                                                       "from `fedhype synthesize` or `fedhype embed`")),
+    partition: Path | None = typer.Option(None, "--partition", help="Partition JSON of the real store (a real "
+                                          "--synthetic store, --federated, or --matching dp).",
+                                          callback=existing("partition file", "create it with `fedhype partition`")),
+    federated: bool = typer.Option(False, "--federated", help="FedHPro rounds over the partition's clients of the "
+                                   "--synthetic store, which must be real (the result is NOT differentially private)."),
     split: str = typer.Option("train", "--split", help="Partition split the clients train on.", click_type=choice(SPLITS)),
-    real: Path | None = renamed_option(None, "--store", "--real", help="Real store of the partition, for --matching dp when --data "
-                                     "is synthetic.", callback=existing("embeddings store", "create it with `fedhype embed`")),
+    real: Path | None = renamed_option(None, "--store", "--real", help="Real store of the partition, for --matching dp "
+                                       "(the clients' records; default: the --synthetic store when it is real).",
+                                       callback=existing("embeddings store", "create it with `fedhype embed`")),
     head: str = typer.Option("both", "--head", help="prototype | linear | both (prediction head).", click_type=choice(HEADS)),
     matching: str = typer.Option("none", "--matching", help="none (default: measured best, see benchmarks/prototypes.py) | "
                                  "synthetic (free on a synthetic store) | dp.", click_type=choice(MATCHINGS)),
@@ -96,6 +127,7 @@ def train(
         from fedhype.prototypes import HyperPrototypeClassifier, fit_federated
 
         _check_split(split)
+        data = _training_store(synthetic, data_old)
         if check_out_kind(out, "prototypes train", ("prototypes",)) == "prototypes" and not overwrite:
             raise ValidationError(f"{out} already holds a hyper-prototype model; choose another --out or pass --overwrite")
         if federated and partition is None:
@@ -117,7 +149,8 @@ def train(
         classes = np.arange(store.n_classes)
         if federated:
             if store.kind == "synthetic":
-                raise ValidationError(f"--federated trains on the clients' real records; {data} is a synthetic store")
+                raise ValidationError(f"--federated trains on the clients' real records; --synthetic {data} is a "
+                                      "synthetic store: give the real store (`fedhype embed`) and its --partition")
             part.check_store(store)
             clients = _clients(part, store, split)
             console.print(f"FedHPro: {epochs} rounds over {len(clients)} clients …", highlight=False)
@@ -136,7 +169,7 @@ def train(
                     raise ValidationError("--matching dp needs the clients' real store: pass --store")
                 part.check_store(real_store)
                 if real_store.dim != store.dim or real_store.class_names != store.class_names:
-                    raise ValidationError(f"--store {real} and --data {data} differ in dimension or class names")
+                    raise ValidationError(f"--store {real} and --synthetic {data} differ in dimension or class names")
                 dp_clients = _clients(part, real_store, split)
             console.print(f"training on {len(train_store)} embeddings ({store.kind}) …", highlight=False)
             x_tr, y_tr = train_store.embeddings.numpy(), train_store.labels.numpy()
@@ -151,7 +184,11 @@ def train(
                 "encoder": store.meta.get("encoder"), "partition": None if partition is None else str(partition),
                 "split": split, "federated": federated, "private": private,
                 # a synthetic store's run's partition keys: evaluate refuses another partition's held-out split
-                "data_keys": list(store.meta.get("data_keys") or []) if store.kind == "synthetic" else []}
+                "data_keys": list(store.meta.get("data_keys") or []) if store.kind == "synthetic" else [],
+                # how its data was embedded and which clients (sites) its run had: `evaluate --site` checks a site
+                # against them (check_provenance, as `fedhype evaluate --site` checks a synthetic store)
+                "embedding": _embedding_of(store),
+                "client_names": list(store.meta.get("client_names") or []) if store.kind == "synthetic" else []}
         clf.save(out, meta)
         composed = ledger is not None and matching == "dp"
         # the model's ε: the DP matching's (composed with the run's ledger or alone); without it the data's —
@@ -184,12 +221,15 @@ def _metrics_by(groups: np.ndarray, names: list[str], y: np.ndarray, pred: np.nd
 
 def _render_eval(r: dict[str, Any]) -> None:
     out = Console()
-    t = Table(title=f"hyper-prototype classifier on {r['n']} real embeddings (head {r['head']})")
+    where = f" of site {r['site']!r} ({r['split']} split)" if r.get("site") else ""
+    t = Table(title=f"hyper-prototype classifier on {r['n']} real embeddings{where} (head {r['head']})")
     for col in ("", *_METRICS):
         t.add_column(col, justify="left" if col == "" else "right")
-    t.add_row("pooled", *[_fmt(r[m]) for m in _METRICS])
+    t.add_row("pooled" if not r.get("site") else f"site {r['site']}", *[_fmt(r[m]) for m in _METRICS])
     for title in ("per_client", "per_domain"):
         for name, row in (r.get(title) or {}).items():
+            if title == "per_client" and name == r.get("site"):
+                continue  # the site's own row is the pooled one
             t.add_row(f"{title[4:]} {name} (n={row['n']})", *[_fmt(row[m]) for m in _METRICS])
     out.print(t)
     out.print("accuracy by head: " + ", ".join(f"{h} {_fmt(a)}" for h, a in r["heads"].items()))
@@ -201,65 +241,111 @@ def evaluate(
     model: Path = typer.Option(..., "--model", help="Model directory from `fedhype prototypes train`.",
                                callback=existing("hyper-prototype model directory",
                                                  "train one with `fedhype prototypes train`", kind="dir")),
-    real: Path = renamed_option(..., "--store", "--real", help="Real store (held-out test set; the full store with --partition).",
-                              callback=existing("embeddings store", "create it with `fedhype embed`")),
+    real: Path | None = renamed_option(None, "--store", "--real", help="Real store (held-out test set; the full store "
+                                       "with --partition).",
+                                       callback=existing("embeddings store", "create it with `fedhype embed`")),
+    sites: list[Path] | None = typer.Option(None, "--site", help="A site folder (from `fedhype site`; or a site.json, "
+                                            "e.g. the previous split an --overwrite kept) instead of --store and "
+                                            "--partition: the model is scored on the site's own --split (default "
+                                            "test), labels matched to the model's classes by name. One site per "
+                                            "command.",
+                                            callback=existing("site folder", "write it with `fedhype site`", kind="any")),
     partition: Path | None = typer.Option(None, "--partition", help="Partition JSON; --store is split by it.",
                                           callback=existing("partition file", "create it with `fedhype partition`")),
-    split: str = typer.Option("test", "--split", help="With --partition: the split to evaluate on.", click_type=choice(SPLITS)),
+    split: str = typer.Option("test", "--split", help="With --partition or --site: the split to evaluate on.",
+                              click_type=choice(SPLITS)),
     json_mode: bool = JsonOpt,
 ) -> None:
-    """Accuracy, balanced accuracy and macro-F1 on real embeddings, pooled and per client / domain."""
+    """Accuracy, balanced accuracy and macro-F1 on real embeddings, pooled and per client / domain.
+
+    The real held-out data: --store (with --partition, its --split), or --site (one site's own split).
+    """
 
     def body() -> dict[str, Any]:
+        from types import SimpleNamespace
+
         from fedhype.data.partition import Partition
         from fedhype.data.store import EmbeddingStore
+        from fedhype.eval.inputs import check_provenance
         from fedhype.eval.utility import classification_metrics
         from fedhype.prototypes import HyperPrototypeClassifier
-
         from fedhype.prototypes.persistence import CONFIG
 
         _check_split(split)
+        if sites and len(sites) > 1:
+            raise ValidationError(f"--site given {len(sites)} times: evaluate one site per command (each on its own "
+                                  "held-out split)")
+        site = sites[0] if sites else None
+        if site is not None and (real is not None or partition is not None):
+            raise ValidationError("--site scores the model on one site's own splits; --store and --partition score a "
+                                  "pooled store: give --site, or --store (with --partition)")
+        if site is None and real is None:
+            raise ValidationError("give the real held-out data: --store (with --partition to split it), or --site "
+                                  "(a site folder from `fedhype site`)")
         if not (model / CONFIG).exists():
             raise ValidationError(f"--model {model} holds no {CONFIG}: not a `fedhype prototypes train` model directory")
         clf = HyperPrototypeClassifier.load(model)
-        store = EmbeddingStore.load(real)
-        if store.dim != clf.n_features_in_:
-            raise ValidationError(f"--store {real} has D={store.dim}, the model was trained on D={clf.n_features_in_} "
-                                  "(use embeddings from the same encoder)")
         names = clf.meta_.get("class_names")
-        if names is not None and list(names) != store.class_names:
-            raise ValidationError(f"--store {real} has classes {store.class_names}, the model {names}")
-        per_client = None
-        if partition is not None:
-            part = Partition.load(partition)
-            part.check_store(store)
-            keys = (clf.meta_ or {}).get("data_keys") or []
-            why = part.key_mismatch(keys)  # as `fedhype evaluate` (a probe: it scored silently)
-            if why:
-                from fedhype.errors import ArtifactError
+        # the model as `check_provenance` / `check_compatible` read a synthetic store: its run's data keys, client
+        # names and embedding, its dimension and classes
+        against = SimpleNamespace(meta=dict(clf.meta_ or {}), dim=clf.n_features_in_, class_names=names)
+        per_client, part, outsider, s = None, None, None, None
+        if site is not None:
+            from fedhype.cli.common import open_site, site_records
 
-                raise ArtifactError(f"{why} (the run whose synthetic store trained --model {model}): its {split} "
-                                    "split may hold that run's training records; pass the partition the run "
-                                    "trained on")
-            test = part.split_store(store, split)
+            what = f"--model {model}"
+            s, store, outsider = open_site(site, against, what, f"the synthetic store that trained {what}")
+            test = site_records(s, store, split, list(names) if names is not None else store.class_names, site, what)
+            if names is None and test.n_classes > len(clf.classes_):
+                raise ValidationError(f"site {s.name!r} ({site}) has {test.n_classes} classes, the model "
+                                      f"{len(clf.classes_)}")
         else:
-            test = store
-        warnings = []
+            store = EmbeddingStore.load(real)
+            if store.dim != clf.n_features_in_:
+                raise ValidationError(f"--store {real} has D={store.dim}, the model was trained on D={clf.n_features_in_} "
+                                      "(use embeddings from the same encoder)")
+            if names is not None and list(names) != store.class_names:
+                raise ValidationError(f"--store {real} has classes {store.class_names}, the model {names}")
+            check_provenance(store, against, f"--store {real}", f"--model {model}")  # the embedding (keys: below)
+            if partition is not None:
+                part = Partition.load(partition)
+                part.check_store(store)
+                keys = (clf.meta_ or {}).get("data_keys") or []
+                why = part.key_mismatch(keys)  # as `fedhype evaluate` (a probe: it scored silently)
+                if why:
+                    from fedhype.errors import ArtifactError
+
+                    raise ArtifactError(f"{why} (the run whose synthetic store trained --model {model}): its {split} "
+                                        "split may hold that run's training records; pass the partition the run "
+                                        "trained on")
+                test = part.split_store(store, split)
+            else:
+                test = store
+        warnings = [outsider] if outsider else []
         seen = (clf.meta_ or {}).get("trained_on")
-        if isinstance(seen, dict) and seen.get("store_digest") == store.digest() and (
-                seen.get("records") == "all" or partition is None or seen.get("records") == split):
+        if isinstance(seen, dict) and seen.get("store_digest") == store.digest():
             desc = "all of them" if seen.get("records") == "all" else f"its {seen.get('records')} split"
-            warnings.append(f"the model was trained on real records of this store ({desc}) and the records evaluated "
-                            "here include them: these figures are not held-out accuracy")
-            console.print(f"[yellow]warning[/]: {warnings[-1]}", highlight=False)
+            if s is not None:  # the site's split is not the partition the model trained on: they may overlap
+                desc = "all of them" if seen.get("records") == "all" else f"the {seen.get('records')} split of a partition"
+                warnings.append(f"the model was trained on real records of site {s.name!r}'s store ({desc}) and the "
+                                f"site's {split} split may include them: these figures may not be held-out accuracy")
+                console.print(f"[yellow]warning[/]: {warnings[-1]}", highlight=False)
+            elif seen.get("records") == "all" or partition is None or seen.get("records") == split:
+                warnings.append(f"the model was trained on real records of this store ({desc}) and the records "
+                                "evaluated here include them: these figures are not held-out accuracy")
+                console.print(f"[yellow]warning[/]: {warnings[-1]}", highlight=False)
         x, y = test.embeddings, test.labels.numpy()
         probs = {h: clf.predict_proba(x, head=h) for h in ("linear", "prototype", "both")}
         preds = {h: clf.classes_[p.argmax(1)] for h, p in probs.items()}
         pred = preds[clf.head]
-        if partition is not None:
+        if part is not None:
             per_client = _metrics_by(part.client_ids(split), [c.name for c in part.clients], y, pred)
-        return {"model": str(model), "store": str(real), "partition": None if partition is None else str(partition),
-                "split": split if partition is not None else None, "n": len(test), "head": clf.head,
+        elif s is not None:
+            per_client = {s.name: {"n": len(test), **classification_metrics(y, pred)}}
+        return {"model": str(model), "store": str(real) if s is None else str(s.store_path),
+                "site": None if s is None else s.name, "site_dir": None if s is None else str(site),
+                "partition": None if partition is None else str(partition),
+                "split": split if part is not None or s is not None else None, "n": len(test), "head": clf.head,
                 **classification_metrics(y, pred), "heads": {h: float((p == y).mean()) for h, p in preds.items()},
                 "per_domain": _metrics_by(test.domains.numpy(), test.domain_names, y, pred),
                 "per_client": per_client, "privacy": clf.privacy_, "model_meta": clf.meta_, "warnings": warnings}
@@ -270,11 +356,23 @@ def evaluate(
 @sub.command("dp-linear")
 def dp_linear(
     ctx: typer.Context,
-    real: Path = renamed_option(..., "--store", "--real", help="Real embeddings store of the partition.",
-                              callback=existing("embeddings store", "create it with `fedhype embed`")),
-    partition: Path = typer.Option(..., "--partition", help="Partition JSON: clients train on their train split, "
-                                   "the test split is the held-out evaluation set.",
-                                   callback=existing("partition file", "create it with `fedhype partition`")),
+    real: Optional[Path] = renamed_option(None, "--store", "--real", help="Real embeddings store of the partition "
+                                          "(with --partition).",
+                                          callback=existing("embeddings store", "create it with `fedhype embed`")),
+    partition: Optional[Path] = typer.Option(None, "--partition", help="Partition JSON: clients train on their train "
+                                             "split, the test split is the held-out evaluation set.",
+                                             callback=existing("partition file", "create it with `fedhype partition`")),
+    site: Optional[list[Path]] = typer.Option(None, "--site", help="A site folder (from `fedhype site`), once per "
+                                              "site, instead of --store/--partition: each site is one client "
+                                              "training on its own train split, the sites' test splits are the "
+                                              "held-out set, and each site's ledger across runs (site-ledger.json) "
+                                              "is charged the run's ε on its records; a site whose cap the plan "
+                                              "would pass, or a seeded run on a capped site, is refused (exit 3) "
+                                              "before anything runs.",
+                                              callback=existing("site folder", "write it with `fedhype site`", kind="dir")),
+    classes: Optional[str] = typer.Option(None, "--classes", help="With --site: the federation's class names, "
+                                          "comma-separated, in label order (default: the sorted union of the sites' "
+                                          "classes)."),
     epsilon: Optional[float] = typer.Option(1.0, "--epsilon", help="Target ε (σ calibrated for the whole plan)."),
     delta: float = typer.Option(1e-4, "--delta", help="δ (must be < 1/n for every client)."),
     noise_multiplier: Optional[float] = typer.Option(None, "--noise-multiplier", help="Set σ directly (overrides --epsilon)."),
@@ -285,25 +383,40 @@ def dp_linear(
     lr: float = typer.Option(1.0, "--lr", help="Local SGD learning rate."),
     clip_norm: float = typer.Option(1.0, "--clip-norm", help="Per-example clipping norm C."),
     max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="Refuse (exit 3) a plan above this ε."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible sampling and noise (not secure)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible sampling and noise (not secure; with --site "
+                                       "ε = ∞ in each site's ledger, refused on a capped site)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for the model and its ledger.json."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """DP-SGD FedAvg logistic regression on the clients' REAL embeddings: the downstream reference.
 
     A separate DP release (its own ε, in its own ledger), evaluated on the held-out real test split.
+
+    Clients: a partition of a pooled store (--store, --partition), or sites (--site, once per site).
     """
 
     def body() -> dict[str, Any]:
+        from fedhype.cli.train_cmd import _sites
         from fedhype.data.partition import Partition
         from fedhype.data.store import EmbeddingStore
         from fedhype.prototypes.dp_linear import DPLinearConfig, dp_linear_downstream
 
         if out is not None and (out / "model.safetensors").exists():
             raise ValidationError(f"{out} already holds a model; choose another --out")
+        sites = _sites(real, partition, site, classes)  # one of --site and --store/--partition (exit 2)
+        if sites is not None and out is not None:  # the sites are charged before the model is written: check now
+            check_out_kind(out, "prototypes dp-linear", ())
+            _check_writable_parent(out)
         cfg = DPLinearConfig(rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, clip_norm=clip_norm,
                              epsilon=None if (noise_multiplier is not None or no_dp) else epsilon, delta=delta,
                              noise_multiplier=noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed)
+        if sites is not None:
+            from fedhype.prototypes.dp_linear_sites import dp_linear_sites
+
+            console.print(f"DP FedAvg linear classifier: {rounds} rounds over {len(sites)} "
+                          f"site{'s' if len(sites) != 1 else ''} …", highlight=False)
+            vocab = [k.strip() for k in classes.split(",")] if classes else None
+            return dp_linear_sites(sites, cfg, out=out, classes=vocab)
         store = EmbeddingStore.load(real)
         if store.kind == "synthetic":
             raise ValidationError(f"--store {real} is a synthetic store; this reference trains on real records")
@@ -311,18 +424,40 @@ def dp_linear(
         return dp_linear_downstream(store, Partition.load(partition), cfg, out=out)
 
     def render(r: dict[str, Any]) -> None:
-        t = Table(title=f"DP FedAvg linear classifier on {r['n_test']} held-out real embeddings")
+        where = f" of sites {', '.join(r['sites'])}" if r.get("sites") else ""
+        t = Table(title=f"DP FedAvg linear classifier on {r['n_test']} held-out real embeddings{where}")
         for col in ("", *_METRICS):
             t.add_column(col, justify="left" if col == "" else "right")
         t.add_row("pooled", *[_fmt(r[m]) for m in _METRICS])
         for title in ("per_client", "per_domain"):
             for name, row in r[title].items():
-                t.add_row(f"{title[4:]} {name} (n={row['n']})", *[_fmt(row[m]) for m in _METRICS])
+                t.add_row(f"{'site' if r.get('sites') and title == 'per_client' else title[4:]} {name} "
+                          f"(n={row['n']})", *[_fmt(row[m]) for m in _METRICS])
         Console().print(t)
         console.print(f"ε = {_fmt(r['epsilon'])} at δ = {r['delta']} (PRV, worst client)" if r["private"]
                       else "[bold yellow]NON-PRIVATE (--no-dp)[/]", highlight=False)
+        for name, led in (r.get("site_ledgers") or {}).items():
+            eps = "∞" if led["epsilon_infinite"] else _fmt(led["epsilon"])
+            cap = "no cap" if led["max_epsilon"] is None else f"cap {_fmt(led['max_epsilon'])}"
+            console.print(f"site {name}: ε = {eps} at δ = {led['delta']:g} over all its runs ({cap}; {led['ledger']})",
+                          highlight=False)
 
     run_command(body, _json(ctx, json_mode), render)
+
+
+def _check_writable_parent(out: Path) -> None:
+    """Refuse an ``--out`` folder that cannot be written (checked in its nearest existing folder; nothing is made)."""
+    import tempfile
+
+    above = next((p for p in (out.absolute(), *out.absolute().parents) if p.exists()), None)
+    if above is None:
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=above, prefix=".fedhype-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValidationError(f"--out {out}: cannot write into {above} ({exc.strerror or exc}); give an --out in a "
+                              "folder you can write to (nothing was run or charged)") from None
 
 
 def register(app: typer.Typer) -> None:

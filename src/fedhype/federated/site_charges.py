@@ -30,23 +30,50 @@ def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Si
     """
     from fedhype.federated.run_plan import plan_privacy
     from fedhype.federated.secure_release import planned_tails
-    from fedhype.privacy.ledger import LedgerEvent
-    from fedhype.privacy.site_ledger import NO_DP, check_writable, refuse_plan
+    from fedhype.privacy.site_ledger import refuse_plan
 
     chargers = _site_chargers(sites, key or "planned", cfg)
-    for ch in chargers.values():  # before the run folder is written: a failed charge would leave it behind
-        check_writable(ch.folder, ch.site)
-    if cfg.no_dp or cfg.seed is not None:
-        for ch in chargers.values():
-            mark = (LedgerEvent(ch.site, -1, NO_DP, 0.0, 1.0, 1, 0.0) if cfg.no_dp else
-                    LedgerEvent(ch.site, -1, "planned", 1.0, 1.0, 1, 1.0, seeded=True))
-            if (err := ch.refusal([mark])) is not None:
-                raise err
-        if cfg.no_dp:
-            return
+    refuse_unbounded(chargers.values(), no_dp=cfg.no_dp, seeded=cfg.seed is not None)
+    if cfg.no_dp:
+        return
     prefix, tails = list(plan_privacy(cfg, list(sizes))["prefix"]), planned_tails(cfg, list(sizes))
     for i, ch in chargers.items():
         refuse_plan(ch, prefix + tails[i])
+
+
+def refuse_unbounded(chargers, *, no_dp: bool, seeded: bool) -> None:
+    """Refuse, before anything is written, a run whose loss a capped site cannot bound, and a site ledger that
+    cannot be written: every charger's folder must be writable; a run without DP, or a seeded one (its noise can be
+    regenerated from the seed: ε = ∞ for the site, :data:`fedhype.privacy.site_ledger.SEEDED_NOTE`), is refused on
+    any site with a cap. ``chargers``: :class:`fedhype.privacy.site_ledger.SiteCharger` of the run's sites.
+
+    Raises:
+        BudgetExceededError: a capped site, naming it. ArtifactError: a read-only or unusable site ledger.
+    """
+    from fedhype.privacy.ledger import LedgerEvent
+    from fedhype.privacy.site_ledger import NO_DP, check_writable
+
+    chargers = list(chargers)
+    for ch in chargers:  # before the run folder is written: a failed charge would leave it behind
+        check_writable(ch.folder, ch.site)
+    if no_dp or seeded:
+        for ch in chargers:
+            mark = (LedgerEvent(ch.site, -1, NO_DP, 0.0, 1.0, 1, 0.0) if no_dp else
+                    LedgerEvent(ch.site, -1, "planned", 1.0, 1.0, 1, 1.0, seeded=True))
+            if (err := ch.refusal([mark])) is not None:
+                raise err
+
+
+def start_site_ledgers(sites: Sequence[Site], delta: float) -> None:
+    """Start the ledger across runs of a site folder written before site ledgers existed, and mark its site.json
+    (:func:`mark_site_ledger`); sites made in memory (no folder) and sites whose ledger exists are left alone."""
+    from fedhype.privacy.site_ledger import load_site_ledger, set_site_ledger
+
+    for s in sites:
+        if s.folder is not None and not s.ledger:
+            if load_site_ledger(s.folder, site=s.name) is None:
+                set_site_ledger(s.folder, s.name, delta=float(delta))
+            mark_site_ledger(s)
 
 
 def _site_chargers(sites: Sequence[Site], key: str, cfg: TrainConfig) -> dict:
@@ -65,13 +92,7 @@ def attach_site_ledgers(state, sites: Sequence[Site], key: str) -> None:
         state: the opened run (:class:`fedhype.federated.engine.RunState`). key: the run's key
             (:meth:`fedhype.federated.rundir.RunDir.run_key`), noted on each site's events.
     """
-    from fedhype.privacy.site_ledger import load_site_ledger, set_site_ledger
-
-    for s in sites:  # a site folder written before site ledgers: start its ledger now, and mark its site.json
-        if s.folder is not None and not s.ledger:
-            if load_site_ledger(s.folder, site=s.name) is None:
-                set_site_ledger(s.folder, s.name, delta=float(state.plan.cfg.delta))
-            mark_site_ledger(s)
+    start_site_ledgers(sites, state.plan.cfg.delta)
     chargers = _site_chargers(sites, key, state.plan.cfg)
     if state.plan.cfg.no_dp:
         for ch in chargers.values():

@@ -42,12 +42,13 @@ separate release from the generator's: a client that takes part in both spends b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -156,14 +157,26 @@ def _client_generator(seed: int | None, i: int) -> torch.Generator:
 
 
 def fit_dp_fedavg_linear(clients: Mapping[str, tuple[Any, Any]], n_classes: int, cfg: DPLinearConfig | None = None,
-                         *, ledger: PrivacyLedger | None = None) -> tuple[DPLinearModel, PrivacyLedger]:
+                         *, ledger: PrivacyLedger | None = None,
+                         on_plan: Callable[[dict[str, list[tuple[float, float, int]]]], None] | None = None,
+                         ) -> tuple[DPLinearModel, PrivacyLedger]:
     """Train the DP-SGD FedAvg linear classifier (module docstring) on the clients' records.
 
     Args:
         clients: client id → ``(X_i [n_i, D] float, y_i [n_i] int in [0, n_classes))`` (real records).
         n_classes: K (public: the store's classes).
         cfg: settings (default :class:`DPLinearConfig`).
-        ledger: ledger to append to (its δ must equal ``cfg.delta``); default a new one.
+        ledger: ledger to append to (its δ must equal ``cfg.delta``); default a new one. Its
+            :attr:`~fedhype.privacy.ledger.PrivacyLedger.mirrors` (a site's ledger across runs per client) are
+            charged first, write-ahead, by every charge.
+        on_plan: called once the plan is settled — σ₀ and σ calibrated, δ < 1/n_i and ``cfg.max_epsilon``
+            checked — and before anything is charged or any record touched, with client id → the accountant
+            terms of its whole plan ``[(σ, q, steps), …]`` (the statistics release first; ``[]`` for every
+            client without DP); it may refuse by raising (:mod:`fedhype.prototypes.dp_linear_sites`: a site's cap).
+
+    A seeded run (``cfg.seed``) records its events with ``seeded: true`` (its noise can be regenerated from the
+    seed: a site's ledger counts it as ε = ∞, :data:`fedhype.privacy.site_ledger.SEEDED_NOTE`); the run's own ε is
+    the accountant's either way.
 
     Returns:
         ``(model, ledger)``; ``model.privacy`` = ``{"private", "epsilon", "delta", "epsilon_per_client",
@@ -176,10 +189,10 @@ def fit_dp_fedavg_linear(clients: Mapping[str, tuple[Any, Any]], n_classes: int,
     # one intra-op thread: the ops are tiny and threads only synchronise (bundled job, ε = 1, loaded
     # 2-core machine: 0.8–2.5 s with one thread, 11.5 s with two; identical results)
     with torch_threads(1):
-        return _fit(clients, n_classes, cfg or DPLinearConfig(), ledger)
+        return _fit(clients, n_classes, cfg or DPLinearConfig(), ledger, on_plan)
 
 
-def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | None):
+def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | None, on_plan=None):
     if not clients:
         raise ValidationError("the DP linear classifier needs at least one client")
     raw, dim = {}, None
@@ -196,6 +209,7 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
     plan = {c: (cfg.sample_rate(n), cfg.rounds * cfg.steps_per_round(n)) for c, n in sizes.items()}
     private, stats = not cfg.no_dp, cfg.class_stats_share > 0
     sigma = sigma0 = None
+    prefix: list = []
     if private:
         for c, n in sizes.items():
             check_delta(cfg.delta, n, where=f"client {c!r}")
@@ -203,12 +217,14 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
         noise = plan_noise(list(plan.values()), cfg.delta, target_epsilon=cfg.epsilon,
                            noise_multiplier=cfg.noise_multiplier, release_share=cfg.class_stats_share,
                            release_follows_sigma=True)
-        sigma, sigma0 = noise["noise_multiplier"], noise["class_stats_noise_multiplier"]
+        sigma, sigma0, prefix = noise["noise_multiplier"], noise["class_stats_noise_multiplier"], list(noise["prefix"])
         check_max_epsilon(list(plan.values()), cfg.delta, sigma, cfg.max_epsilon, prefix=noise["prefix"],
                           what="the DP linear classifier's plan", flag="max_epsilon", show_delta=False)
     ledger = ledger if ledger is not None else PrivacyLedger(cfg.delta, meta={"mechanism": MECHANISM})
     if ledger.delta != cfg.delta:
         raise ValidationError(f"the ledger's δ = {ledger.delta:g} differs from dp_linear.delta = {cfg.delta:g}")
+    if on_plan is not None:
+        on_plan({c: ([*prefix, (sigma, q, k)] if private else []) for c, (q, k) in plan.items()})
     gens = {c: _client_generator(cfg.seed, i) for i, c in enumerate(raw)}
     center, theta = torch.zeros(dim), {"weight": torch.zeros(n_classes, dim), "bias": torch.zeros(n_classes)}
     if stats:
@@ -222,8 +238,9 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
         for c, (x, y) in data.items():
             n, q, k = sizes[c], cfg.sample_rate(sizes[c]), cfg.steps_per_round(sizes[c])
             if private:  # write-ahead: recorded before the client's records are touched
-                charge(ledger, dp_sgd_events(r, [(c, q, k)], sigma, cfg.clip_norm, mechanism=MECHANISM,
-                                             note="DP-SGD FedAvg linear classifier (downstream reference)"))
+                charge(ledger, _seeded(dp_sgd_events(r, [(c, q, k)], sigma, cfg.clip_norm, mechanism=MECHANISM,
+                                                     note="DP-SGD FedAvg linear classifier (downstream reference)"),
+                                       cfg))
             session = LocalDPSession(c, theta, {}, dp, sample_rate=q, expected_batch_size=q * n, generator=gens[c],
                                      make_optimizer=_sgd(cfg.lr))
             for _ in range(k):
@@ -255,14 +272,20 @@ def _class_stats_start(raw, n_classes: int, cfg: DPLinearConfig, sigma0: float |
     updates = []
     for c, (x, y) in raw.items():
         if dp0.enabled:  # write-ahead
-            charge(ledger, release_events([c], [(sigma0, 1.0, 1)], [STATS_MECHANISM], CLASS_STATS_SENSITIVITY,
-                                          ["class sums and counts (DP linear classifier's centring and start)"]))
+            charge(ledger, _seeded(release_events([c], [(sigma0, 1.0, 1)], [STATS_MECHANISM], CLASS_STATS_SENSITIVITY,
+                                                  ["class sums and counts (DP linear classifier's centring and start)"]),
+                                   cfg))
         updates.append(privatize_class_sums(c, x, y, n_classes, dp0, gens[c]))
     std = sigma0 * CLASS_STATS_SENSITIVITY if dp0.enabled else 0.0
     pooled = aggregate_class_stats(updates, std)  # type-checks the PrivatizedUpdates
     center = pooled["space_mean"]
     w = cfg.feature_scale * pooled["class_bias"] * pooled["space_scale"]  # s(μ_k − m)
     return center, {"weight": w, "bias": -0.5 * (w ** 2).sum(1)}
+
+
+def _seeded(events: list, cfg: DPLinearConfig) -> list:
+    """``events`` marked ``seeded`` where the noise comes from ``cfg.seed`` (reproducible, not secret)."""
+    return [dataclasses.replace(e, seeded=True) for e in events] if cfg.seed is not None else events
 
 
 def _payload(update: PrivatizedUpdate) -> Mapping[str, torch.Tensor]:
