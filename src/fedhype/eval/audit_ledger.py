@@ -15,6 +15,10 @@ upper bounds; a PRV figure above RDP (a numerical failure of PRV) is a warning. 
 * synthetic stores given by the caller (and a job's ``synthetic.safetensors``): their
   ``meta["epsilon"]`` and ``meta["delta"]``.
 
+ε is recomputed from the ledger's charges in force: a write-ahead charge withdrawn by a void (a Flower node
+refused the request before touching its records, :func:`fedhype.privacy.ledger.void`) counts for nothing, and
+each one is named in the warnings (``voided_charges``: how many).
+
 ``run_dir`` may be a run directory or a ``fedhype run`` output directory (``out/run/`` is audited).
 
 A run trained with ``--no-dp`` claims no ε: any ε figure it reports is a mismatch. A ledger that
@@ -203,6 +207,7 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         target = train_conf.get("epsilon") if train_conf.get("noise_multiplier") is None else None
         rerun = [e for e in ledger.events if "charged again" in str(e.note or "")]
         res.update(target_epsilon=target, above_target=above_target(worst, target), recharged_events=len(rerun))
+        _note_voids(ledger, res)
         if rerun:
             res["warnings"].append(
                 f"{len(rerun)} ledger event(s) were charged again after an interruption (fresh noise on resume: "
@@ -386,13 +391,31 @@ def _audit_unstarted(run: RunDir, config: dict) -> dict[str, Any]:
                    epsilon_per_client=ledger.epsilons(), epsilon_rdp_per_client=rdp,
                    epsilon_rdp=max(rdp.values()) if rdp else 0.0, events=len(ledger))
         rows.append(_equal("config.json: train.delta", (config.get("train") or {}).get("delta"), ledger.delta))
-    elif not no_dp:
+        _note_voids(ledger, res)
+        charges = len(ledger.events)
+    else:
+        charges = 0
+    if not no_dp and not run.ledger.exists():
         res["epsilon"] = 0.0
     res["warnings"].append(
-        f"interrupted before its first round was committed: no model was written; the ledger's {res['events']} "
+        f"interrupted before its first round was committed: no model was written; the ledger's {charges} "
         f"event(s) were written ahead and are spent (ε {res['epsilon'] or 0:.4g}), and nothing else claims an ε; "
         "resume the run (fedhype train --resume, or resume=true on Flower) to continue it")
     return _finish(res, rows)
+
+
+def _note_voids(ledger: PrivacyLedger, res: dict[str, Any]) -> None:
+    """``res["voided_charges"]``, and a warning naming each write-ahead charge a void withdrew (client, step, why)."""
+    pairs = ledger.voided()
+    res["voided_charges"] = len(pairs)
+    if pairs:
+        names = res.get("client_names") or {}
+        what = "; ".join(f"client {c.client!r}" + (f" ({names[c.client]})" if names.get(c.client) not in (None, c.client)
+                                                   else "")
+                         + (f", the statistics release ({c.mechanism})" if c.round < 0 else f", round {c.round + 1}")
+                         + f": {v.note.removeprefix('void: ')}" for c, v in pairs)
+        res["warnings"].append(f"{len(pairs)} write-ahead charge(s) were voided in the ledger and do not count in ε "
+                               f"(each void names its charge by digest): {what}")
 
 
 def _finish(res: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from fedhype.errors import ValidationError
+from fedhype.errors import FedhypeError, ValidationError
 from fedhype.federated.client_shrinkage import SHRINKAGE, ClipShift, shrinkage_mode
 from fedhype.federated.covariance import MIN_TOTAL_VARIANCE, _gaussian, class_mean_snr, resolve_located_share
 from fedhype.federated.release_outputs import (_has_centre, is_partial, load_release_outputs, load_secure_outputs,
@@ -461,6 +461,10 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     its resume releases, and is charged for, the statistics step of the missing clients alone (pending charges under
     the same rerun rule; ``budget_check`` sees only those events), merges the updates in client order and goes on
     as a normal run (per-client releases only: under secure aggregation the server holds a sum, nothing per client).
+    A client whose node refuses a step explicitly, before touching its records (a Flower node's refusal:
+    :data:`fedhype.federated.transport.REFUSED`), has what this call charged it for that step voided in the ledger
+    (:func:`~fedhype.federated.transport.void_refused`; both steps where it refused its centre); its resume charges
+    them afresh. A missing reply or any other error keeps the charge (not on the Flower integer path either).
     ``release_centre`` (``train.release_centre``) says around
     which centre each client clips: ``"client"`` its own DP centre pulled toward the pooled one, with
     one common radius (:func:`fedhype.privacy.centring.client_centrings`), ``"pooled"`` the pooled one
@@ -517,6 +521,7 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     # interrupted during the statistics step after some clients' updates arrived: only the missing clients' again
     missing = [i for i, u in enumerate(kept[1]) if u is None] if kept is not None and is_partial(kept[1]) else None
     only_stats = kept is not None and (kept[1] is None or missing is not None)
+    pending: list = []  # what this call charges (write-ahead): a client that refuses its step has its part voided
     if dp.enabled and (kept is None or only_stats):
         stats_note = (f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
                       + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split)
@@ -558,7 +563,13 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     if kept is not None:  # a resume: the updates the clients released before the interruption (charged then)
         centres, updates = kept
     else:
-        centres = [c.release_centre(sigma_a) for c in clients] if centred else []
+        try:
+            centres = [c.release_centre(sigma_a) for c in clients] if centred else []
+        except FedhypeError as exc:  # a node that refused its centre ran neither step: both its charges are voided
+            from fedhype.federated.transport import void_refused
+
+            void_refused(ledger, pending, exc, ledger_path)
+            raise
         updates = None
         if centred and outputs is not None:  # saved the moment they arrive: a resume after them releases the rest only
             save_release_outputs(outputs, centres, [])
@@ -572,8 +583,14 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     else:
         cens = [None] * len(clients)
     if updates is None or missing is not None:  # saved before the (slower) post-processing: a resume reuses them
-        updates = _release_missing(clients, n_classes, dp, weights, cens, updates,
-                                   outputs if dp.enabled else None, centres)
+        try:
+            updates = _release_missing(clients, n_classes, dp, weights, cens, updates,
+                                       outputs if dp.enabled else None, centres)
+        except FedhypeError as exc:  # a node that refused the statistics step did not run it: that charge is voided
+            from fedhype.federated.transport import void_refused
+
+            void_refused(ledger, [e for e in pending if e.mechanism == MECHANISM], exc, ledger_path)
+            raise
     counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
         notes = []

@@ -45,7 +45,7 @@ import torch
 from fedhype.data.partition import Partition
 from fedhype.data.sites import Site
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import BudgetExceededError, ValidationError
+from fedhype.errors import BudgetExceededError, FedhypeError, ValidationError
 from fedhype.federated.baselines import make_server, training_partition
 from fedhype.federated.class_stats import RELEASE_NOTE_KEYS, run_class_stats_stage
 from fedhype.federated.client import Client
@@ -56,7 +56,8 @@ from fedhype.federated.rundir import RELEASE_OUTPUTS, RELEASE_STATE, RunDir, bac
 from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan, check_run_disk,  # noqa: F401
                                         committed_rounds, plan_privacy, recorded_config, resolve_plan)
 from fedhype.federated.server import ServerStrategy
-from fedhype.federated.transport import ClientHandle, ClientTransport, InProcessTransport, RoundTask, SupportsPreflight
+from fedhype.federated.transport import (ClientHandle, ClientTransport, InProcessTransport, RoundTask, SupportsPreflight,
+                                         void_refused)
 from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
 from fedhype.privacy.dp_step import DPConfig
 from fedhype.privacy.events import DP_SGD as MECHANISM
@@ -374,8 +375,9 @@ def sample_clients(state: RunState) -> list[int]:
     return sorted(torch.randperm(m, generator=state.generator)[:k].tolist()) if k < m else list(range(m))
 
 
-def charge_round(state: RunState, round_idx: int, chosen: list[int]) -> None:
-    """Record the round's DP-SGD steps in the ledger before any record is touched (write-ahead).
+def charge_round(state: RunState, round_idx: int, chosen: list[int]) -> list:
+    """Record the round's DP-SGD steps in the ledger before any record is touched (write-ahead); returns the events
+    charged.
 
     Every chosen client is charged its (σ, q_i, K_i) for round ``round_idx``, except a rerun that
     replays the same seeded noise (the ledger's rerun rule, :func:`fedhype.privacy.ledger.pending_charges`).
@@ -386,7 +388,7 @@ def charge_round(state: RunState, round_idx: int, chosen: list[int]) -> None:
     """
     cfg, ledger, clients, transport = state.plan.cfg, state.ledger, state.clients, state.transport
     if cfg.no_dp:
-        return
+        return []
     index = {clients[i].id: i for i in chosen}
     planned = pending_charges(ledger, dp_sgd_events(
         round_idx, [(clients[i].id, cfg.sample_rate(clients[i].n), cfg.steps_per_round(clients[i].n)) for i in chosen],
@@ -401,6 +403,7 @@ def charge_round(state: RunState, round_idx: int, chosen: list[int]) -> None:
                 f"{cfg.max_epsilon}; stopped before spending (completed rounds: {round_idx})", epsilon=worst,
                 limit=cfg.max_epsilon)
     charge(ledger, planned, state.run.ledger)  # write-ahead: recorded before the data is touched
+    return planned
 
 
 def run_round(state: RunState, round_idx: int) -> RoundOutcome:
@@ -411,7 +414,9 @@ def run_round(state: RunState, round_idx: int) -> RoundOutcome:
             transport can check it: :class:`~fedhype.federated.transport.SupportsPreflight`).
         BudgetExceededError: as :func:`charge_round`.
         FedhypeError: the aggregate is not finite (the round's steps stay in the ledger; nothing of it is
-            written), or whatever the transport raises when a client fails.
+            written), or whatever the transport raises when a client fails (the charges of the clients it names
+            as having refused the round before touching their records are voided first:
+            :func:`~fedhype.federated.transport.void_refused`).
     """
     t0 = time.perf_counter()
     plan, server, clients = state.plan, state.server, state.clients
@@ -419,13 +424,17 @@ def run_round(state: RunState, round_idx: int) -> RoundOutcome:
     chosen = sample_clients(state)
     if isinstance(state.transport, SupportsPreflight):  # a corrupt private state fails here, before the ledger is charged
         state.transport.preflight(round_idx, chosen, mcfg)
-    charge_round(state, round_idx, chosen)
+    charged = charge_round(state, round_idx, chosen)
     tasks = [RoundTask(round=round_idx, index=i, client=clients[i].id, theta=functools.partial(server.theta_for, i),
                        model=mcfg, dp=state.dp, batch_size=cfg.batch_size, steps=cfg.steps_per_round(clients[i].n),
                        lr=cfg.local_lr(mcfg))
              for i in chosen]
-    for t, upd in zip(tasks, state.transport.run_round(round_idx, tasks), strict=True):  # PrivatizedUpdates only
-        server.accept(t.index, float(plan.sizes[t.index]), upd)  # weighted by the public client sizes
+    try:
+        for t, upd in zip(tasks, state.transport.run_round(round_idx, tasks), strict=True):  # PrivatizedUpdates only
+            server.accept(t.index, float(plan.sizes[t.index]), upd)  # weighted by the public client sizes
+    except FedhypeError as exc:  # a client that refused the round ran nothing: its write-ahead charge is voided
+        void_refused(state.ledger, charged, exc, state.run.ledger)
+        raise
     agg = server.aggregate()
     _check_finite(server, round_idx)  # a diverged round is not committed and the next one is not charged
     return RoundOutcome(round_idx, chosen, agg, t0)
@@ -525,16 +534,17 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
 
 
 def _release_charged(ledger: PrivacyLedger, clients: list[ClientHandle], cfg: TrainConfig, any_step: bool = False) -> bool:
-    """Whether every client's statistics release is in the ledger (or the run is not private); with ``any_step``,
+    """Whether every client's statistics release was charged (or the run is not private); with ``any_step``,
     its statistics step or its centre step (a release interrupted between the two steps charged the centre only:
-    its saved outputs are reusable, :func:`fedhype.federated.class_stats.run_class_stats_stage`)."""
+    its saved outputs are reusable, :func:`fedhype.federated.class_stats.run_class_stats_stage`). A charge since
+    voided counts (its node refused and released nothing: a saved partial file lacks it, and the resume asks it)."""
     from fedhype.federated.class_stats import MECHANISM as RELEASE
     from fedhype.privacy.centring import MECHANISM as CENTRE
 
     if cfg.no_dp:
         return True
     steps = {RELEASE, CENTRE} if any_step else {RELEASE}
-    done = {e.client for e in ledger.events if e.mechanism in steps and e.round == -1}
+    done = {e.client for e in ledger.recorded if e.mechanism in steps and e.round == -1 and not e.voids}
     return all(c.id in done for c in clients)
 
 

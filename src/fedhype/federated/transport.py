@@ -12,7 +12,10 @@ carries one :class:`RoundTask` per sampled client to that client and brings back
   SuperNode on its institution's machine (optional extra ``fedhype[flower]``).
 
 A transport either returns one update per task or raises: a round with a missing update is
-never aggregated (the engine then stops before its commit; ``resume`` reruns it).
+never aggregated (the engine then stops before its commit; ``resume`` reruns it). Where some clients
+refused the request explicitly, before touching their records (a Flower node's refusal), the error
+names them in its :data:`REFUSED` attribute and the engine voids their write-ahead charges for it
+(:func:`void_refused`); a missing reply, a time-out or any other error keeps the charge.
 """
 
 from __future__ import annotations
@@ -118,6 +121,34 @@ class ClientTransport(Protocol):
 
     def after_commit(self, rounds_done: int) -> None:
         """Called once round ``rounds_done`` is committed (clients may drop older private state)."""
+
+
+#: the attribute of an error a transport raises where some clients refused the request explicitly, before touching
+#: their records: ``{client id: the refusal's text}`` (those clients ran nothing for it). A missing reply, a time-out
+#: or any other error is no refusal: the client may have run its mechanism.
+REFUSED = "refused"
+
+
+def void_refused(ledger, charged, exc: BaseException, path) -> list:
+    """Void (:func:`fedhype.privacy.ledger.void`, saved to ``path``) the write-ahead charges ``charged`` (the events
+    charged for the request that failed with ``exc``) of the clients that ``exc`` names as having refused it
+    (:data:`REFUSED`); nothing for any other error, nor for a client whose charges also go to a site's ledger across
+    runs (:attr:`~fedhype.privacy.ledger.PrivacyLedger.mirrors`). Returns the void events recorded."""
+    from fedhype.privacy.ledger import void
+
+    refused = getattr(exc, REFUSED, None) or {}
+    # a client mirrored to a site's ledger across runs keeps its charge there and here (never raised over the
+    # original error: :func:`void` refuses mirrored clients)
+    mine = [e for e in charged if e.client in refused and e.client not in getattr(ledger, "mirrors", {})]
+    if not mine:
+        return []
+
+    def why(e) -> str:
+        text = " ".join(str(refused[e.client]).split())
+        return ("its node refused the request before running anything, so nothing was released: "
+                + (text if len(text) <= 240 else text[:239] + "…"))
+
+    return void(ledger, mine, why, path)
 
 
 @runtime_checkable

@@ -14,6 +14,14 @@ whichever accountant is asked for. Gaussian events are written without these two
 unseeded events without ``seeded`` (true where the noise came from the run seed, the fact the rerun
 rule of :func:`pending_charges` needs), so older ledgers and their hashes are unchanged.
 
+A write-ahead charge whose mechanism provably did not run — a Flower node refused the request before touching its
+records (:func:`void`) — stays in the file and is withdrawn by a later *void* event: the same client, round,
+mechanism and numbers, ``voids`` = :func:`event_digest` of the charge, and a note saying why. Neither counts in ε:
+:attr:`PrivacyLedger.events` (what every ε, the rerun rule and the audit read) holds the charges in force;
+:attr:`PrivacyLedger.recorded` holds every line. A void must name an earlier charge of its ledger that is not void yet,
+with the same client, round, mechanism and numbers (checked on load: a void that withdraws anything else is an
+invalid ledger). Events without ``voids`` are written without it.
+
 File format ``fedhype-ledger/1`` (JSON, written atomically)::
 
     {"format": "fedhype-ledger/1", "delta": δ, "meta": {...},
@@ -94,6 +102,8 @@ class LedgerEvent:
         seeded: the mechanism drew its noise (and sampling) from the run seed, so a rerun with the same
             seed replays it exactly (:func:`pending_charges`); written to JSON only when true, so ledgers
             of unseeded runs and of earlier versions keep their form and hashes.
+        voids: "" for a charge; for a *void*, :func:`event_digest` of the earlier charge of the ledger it
+            withdraws (the mechanism did not run: :func:`void`); written to JSON only when set.
         time: ISO 8601 timestamp (UTC now by default).
 
     Raises:
@@ -112,6 +122,7 @@ class LedgerEvent:
     scale: float = 0.0
     record_dim: int = 0
     seeded: bool = False
+    voids: str = ""
     time: str = dataclasses.field(default_factory=_now)
 
     def __post_init__(self) -> None:
@@ -133,6 +144,10 @@ class LedgerEvent:
         set_(self, "record_dim", validate_steps(self.record_dim, "LedgerEvent.record_dim"))
         if not isinstance(self.seeded, bool):
             raise ValidationError(f"LedgerEvent.seeded must be true or false, got {self.seeded!r}")
+        if not isinstance(self.voids, str) or (self.voids and (len(self.voids) != 64 or self.voids.strip(
+                "0123456789abcdef"))):
+            raise ValidationError(f"LedgerEvent.voids must be \"\" or the sha256 (64 hex digits) of the charge it "
+                                  f"withdraws, got {self.voids!r}")
         if self.noise not in NOISES:
             raise ValidationError(f"LedgerEvent.noise must be one of {NOISES}, got {self.noise!r}")
         if self.noise == GAUSSIAN and (self.scale or self.record_dim):
@@ -149,10 +164,12 @@ class LedgerEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-ready); a Gaussian event has no ``noise``, ``scale``, ``record_dim`` keys, an
-        unseeded one no ``seeded`` key."""
+        unseeded one no ``seeded`` key, a charge no ``voids`` key."""
         d = dataclasses.asdict(self)
         if not self.seeded:
             d.pop("seeded")
+        if not self.voids:
+            d.pop("voids")
         if not self.discrete:
             for k in ("noise", "scale", "record_dim"):
                 d.pop(k)
@@ -171,6 +188,16 @@ class LedgerEvent:
         if missing := sorted(required - set(data)):
             raise ValidationError(f"missing event field(s) {missing}")
         return cls(**data)
+
+
+def event_digest(event: LedgerEvent) -> str:
+    """SHA-256 (hex) of ``event``'s canonical JSON (:meth:`LedgerEvent.to_dict`): how a void names its charge."""
+    return _sha256(_canonical(event.to_dict()))
+
+
+#: the fields a void repeats from the charge it withdraws
+_VOID_SAME = ("client", "round", "mechanism", "noise_multiplier", "sample_rate", "steps", "clip_norm", "noise", "scale",
+              "record_dim", "seeded")
 
 
 def _history_of(events: Iterable[LedgerEvent]) -> History:
@@ -209,18 +236,43 @@ class PrivacyLedger:
         self._genesis = _sha256(header)
         self._events: list[LedgerEvent] = []
         self._chain: list[str] = []
+        self._voided: dict[int, int] = {}  # index of a withdrawn charge → index of its void
+        self._in_force: tuple[LedgerEvent, ...] | None = None  # cache of :attr:`events`
         #: client id → a site's ledger across runs (:class:`fedhype.privacy.site_ledger.SiteCharger`) that
         #: :func:`charge` charges with that client's events first, or is refused by; not saved
         self.mirrors: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ recording
     def record(self, event: LedgerEvent) -> None:
-        """Append ``event`` (never rewrites earlier events)."""
+        """Append ``event`` (never rewrites earlier events).
+
+        Raises:
+            ValidationError: a void (``event.voids`` set) that names no earlier charge of this ledger in force, or
+                one whose client, round, mechanism or numbers differ from that charge's (nothing is recorded).
+        """
         if not isinstance(event, LedgerEvent):
             raise ValidationError(f"record() takes a LedgerEvent, got {type(event).__name__}")
+        target = self._void_target(event) if event.voids else None
         prev = self._chain[-1] if self._chain else self._genesis
         self._chain.append(_sha256(prev + _canonical(event.to_dict())))
         self._events.append(event)
+        if target is not None:
+            self._voided[target] = len(self._events) - 1
+        self._in_force = None
+
+    def _void_target(self, event: LedgerEvent) -> int:
+        """Index of the charge in force that the void ``event`` withdraws (the latest one with its digest)."""
+        voids = set(self._voided.values())
+        for i in range(len(self._events) - 1, -1, -1):
+            x = self._events[i]
+            if i in self._voided or i in voids or x.voids or event_digest(x) != event.voids:
+                continue
+            differ = [f for f in _VOID_SAME if getattr(x, f) != getattr(event, f)]
+            if differ:
+                raise ValidationError(f"a void must repeat the charge it withdraws (event {i}); its {differ} differ")
+            return i
+        raise ValidationError(f"a void must name an earlier charge of this ledger that is still in force (voids = "
+                              f"{event.voids[:12]}…: no such charge)")
 
     @property
     def genesis(self) -> str:
@@ -229,12 +281,25 @@ class PrivacyLedger:
 
     @property
     def events(self) -> tuple[LedgerEvent, ...]:
-        """All events in recording order (read-only)."""
+        """The charges in force, in recording order (read-only): every recorded event but the voids and the charges
+        they withdraw (:func:`void`). Every ε, the rerun rule and the audit read these; :attr:`recorded` has all."""
+        if self._in_force is None:
+            out = set(self._voided) | set(self._voided.values())
+            self._in_force = tuple(e for i, e in enumerate(self._events) if i not in out)
+        return self._in_force
+
+    @property
+    def recorded(self) -> tuple[LedgerEvent, ...]:
+        """Every recorded event in recording order, the voids and the charges they withdraw included (read-only)."""
         return tuple(self._events)
 
+    def voided(self) -> list[tuple[LedgerEvent, LedgerEvent]]:
+        """``[(charge, void), ...]``: the write-ahead charges withdrawn by a void (:func:`void`), in recording order."""
+        return [(self._events[c], self._events[v]) for c, v in sorted(self._voided.items())]
+
     def clients(self) -> list[str]:
-        """Client ids in order of first appearance."""
-        return list(dict.fromkeys(e.client for e in self._events))
+        """Client ids in order of first appearance (among the charges in force)."""
+        return list(dict.fromkeys(e.client for e in self.events))
 
     # ------------------------------------------------------------------ ε
     def history(self, client: str, extra: Iterable[LedgerEvent] = ()) -> History:
@@ -244,11 +309,11 @@ class PrivacyLedger:
         ``extra`` events (planned, not recorded) are appended first; other clients' are ignored.
         A client without events has the empty history (ε = 0).
         """
-        return _history_of(e for e in [*self._events, *extra] if e.client == client)
+        return _history_of(e for e in [*self.events, *extra] if e.client == client)
 
     def discrete_terms(self, client: str, extra: Iterable[LedgerEvent] = ()) -> list[tuple[float, float, int, int]]:
         """``client``'s integer-domain (Skellam) releases as accountant terms ``(σ, γ, d, steps)``."""
-        return _terms_of(e for e in [*self._events, *extra] if e.client == client)
+        return _terms_of(e for e in [*self.events, *extra] if e.client == client)
 
     def _epsilon(self, client: str, extra: Iterable[LedgerEvent] = (), accountant: str = REPORTED) -> float:
         extra = list(extra)
@@ -275,7 +340,7 @@ class PrivacyLedger:
         (at 1,000 clients a round's commit computed ε a thousand times over the whole ledger).
         """
         by_client: dict[str, list[LedgerEvent]] = {}
-        for e in self._events:
+        for e in self.events:
             by_client.setdefault(e.client, []).append(e)
         memo: dict[tuple, float] = {}
         out = {}
@@ -302,11 +367,11 @@ class PrivacyLedger:
             if self.discrete_terms(c):
                 eps = self.epsilon(c)
                 rep = {"epsilon": eps, "accountant": "rdp", "epsilon_prv": None, "epsilon_rdp": eps, "epsilon_pld": None,
-                       "delta": self.delta, "steps": sum(e.steps for e in self._events if e.client == c),
+                       "delta": self.delta, "steps": sum(e.steps for e in self.events if e.client == c),
                        "warnings": [], "note": "integer-domain (Skellam) release: accounted by RDP alone"}
             else:
                 rep = epsilon_report(self.history(c), self.delta)
-            rep["events"] = sum(1 for e in self._events if e.client == c)
+            rep["events"] = sum(1 for e in self.events if e.client == c)
             clients[c] = rep
         worst, worst_eps = self.worst()
         return {"delta": self.delta, "accountant": REPORTED, "clients": clients,
@@ -367,7 +432,10 @@ class PrivacyLedger:
                 event = LedgerEvent.from_dict(data)
             except (ValidationError, TypeError) as exc:
                 raise ArtifactError(f"{source}: event {i} is invalid: {exc}") from None
-            ledger.record(event)
+            try:
+                ledger.record(event)
+            except ValidationError as exc:  # a void that withdraws no charge of this ledger
+                raise ArtifactError(f"{source}: event {i} is invalid: {exc}") from None
             if ledger._chain[-1] != link:
                 raise ArtifactError(f"ledger tampered: event {i} hash mismatch ({source})"
                                     + ("; or its header (δ, meta) was edited" if i == 0 else ""))
@@ -389,6 +457,7 @@ class PrivacyLedger:
         if other.delta != self.delta:
             raise ArtifactError(f"ledger state has delta={other.delta:g}, this run uses delta={self.delta:g}")
         self.meta, self._genesis, self._events, self._chain = other.meta, other._genesis, other._events, other._chain
+        self._voided, self._in_force = other._voided, None
 
     def save(self, path: str | Path) -> Path:
         """Write the ledger atomically to ``path`` (JSON; one event per line, earlier lines never change)."""
@@ -476,7 +545,8 @@ def pending_charges(ledger: PrivacyLedger, events: Iterable[LedgerEvent], replay
     an attempt already charged was recorded as seeded — then the rerun releases exactly what that
     attempt did. Otherwise (fresh noise now, or a first attempt whose noise came from OS entropy and
     cannot be replayed, whatever a node reports today) it is a new release, charged again and marked
-    by :func:`as_rerun`. Events not yet recorded are charged as they are.
+    by :func:`as_rerun`. Events not yet recorded are charged as they are. A charge withdrawn by a void (:func:`void`:
+    its node refused before running anything) is no earlier attempt: only the charges in force count.
     """
     out = []
     for e in events:
@@ -488,6 +558,42 @@ def pending_charges(ledger: PrivacyLedger, events: Iterable[LedgerEvent], replay
         e = dataclasses.replace(e, seeded=seeded)
         out.append(as_rerun(e) if prev else e)
     return out
+
+
+def void(ledger: PrivacyLedger, charges: Iterable[LedgerEvent], reason, path: str | Path | None = None
+         ) -> list[LedgerEvent]:
+    """Withdraw write-ahead ``charges`` whose mechanisms provably did not run, and save the ledger atomically to
+    ``path``: each gets a void event (its client, round, mechanism and numbers, ``voids`` = its digest, the note
+    ``"void: <reason>"``). Only for a charge whose records were not touched — a node's explicit refusal, sent before
+    it ran anything (:func:`fedhype.federated.transport.void_refused`) — never for a missing reply, a time-out or a
+    crash, where the mechanism may have run.
+
+    Args:
+        charges: events recorded in ``ledger`` and in force (the ones :func:`charge` recorded for the request).
+        reason: text, or ``reason(charge) -> text``.
+
+    Returns:
+        The void events recorded.
+
+    Raises:
+        ValidationError: a charge that is not in force in ``ledger``, or a client with a site ledger across runs in
+            :attr:`PrivacyLedger.mirrors` (its charge there is not withdrawn; nothing is recorded).
+    """
+    charges = list(charges)
+    mirrored = sorted({e.client for e in charges} & set(ledger.mirrors))
+    if mirrored:
+        raise ValidationError(f"client(s) {mirrored} charge a site's ledger across runs: their charges are not voided")
+    voids = [dataclasses.replace(e, voids=event_digest(e), time=_now(),
+                                 note=f"void: {reason(e) if callable(reason) else reason}") for e in charges]
+    trial = PrivacyLedger(ledger.delta, ledger.meta)  # every void must be valid before any is recorded
+    trial._events, trial._chain, trial._voided = list(ledger._events), list(ledger._chain), dict(ledger._voided)
+    for v in voids:
+        trial.record(v)
+    for v in voids:
+        ledger.record(v)
+    if path is not None and voids:
+        ledger.save(path)
+    return voids
 
 
 def charge(ledger: PrivacyLedger, events: Iterable[LedgerEvent], path: str | Path | None = None) -> None:

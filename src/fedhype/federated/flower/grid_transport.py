@@ -8,7 +8,11 @@ over a Flower ``Grid`` (one SuperNode per client).
 :class:`NodeFailure` — it is then not aggregated, :func:`fedhype.federated.engine.run_federation`
 stops before its commit, and a later run with ``resume = true`` reruns it (the write-ahead ledger
 already holds its events: a node with seeded noise replays them and is not charged again, an
-unseeded node is charged again).
+unseeded node is charged again). A node that *refused* the request (its reply is a
+:class:`~fedhype.federated.flower.handshake.Refusal`, raised before it touches its records) released
+nothing: :class:`NodeFailure` names it in ``refused`` and the engine voids its write-ahead charge
+(:func:`fedhype.federated.transport.void_refused`); a node without a reply in time, or with any other
+error, keeps its charge (it may have run).
 
 Waiting is bounded: ``connect_timeout`` for the nodes to appear, ``round_timeout`` per round, and
 ``straggler_timeout`` after the first reply of a round (a node that died mid-round is detected
@@ -47,11 +51,16 @@ class NodeFailure(FedhypeError):
     Attributes:
         received: the updates that did arrive, by client index (a pre-round release that failed for some clients:
             :meth:`FlowerTransport.class_stats`); empty otherwise.
+        refused: ``{client id: the node's refusal}`` of the clients whose node refused the request explicitly,
+            before touching its records (:data:`fedhype.federated.transport.REFUSED`: their charges are voided);
+            a node without a reply in time or with another error is not in it.
     """
 
-    def __init__(self, message: str, *, received: "dict[int, PrivatizedUpdate] | None" = None):
+    def __init__(self, message: str, *, received: "dict[int, PrivatizedUpdate] | None" = None,
+                 refused: "dict[str, str] | None" = None):
         super().__init__(message)
         self.received = dict(received or {})
+        self.refused = dict(refused or {})
 
 
 def run_key_of(run: RunDir, create: bool = False) -> str | None:
@@ -399,7 +408,7 @@ class FlowerTransport:
         """Raise NodeFailure naming every client without an update; ``step``: "this round" or "the release" (what
         the write-ahead ledger holds the events of, and what a rerun repeats); ``received``: the updates that did
         arrive, by client index (carried by the NodeFailure)."""
-        problems, refused = [], False
+        problems, refused = [], {}
         for lab in labels:
             c = self.clients[lab]
             if lab not in replies:
@@ -407,15 +416,21 @@ class FlowerTransport:
                                 "(node stopped or unreachable?)")
             elif replies[lab].has_error():
                 reason = str(replies[lab].error.reason)
-                refused = refused or node_refused(reason)
+                if node_refused(reason):  # raised before the node touched its records: it released nothing
+                    refused[c.id] = node_reason(reason).removeprefix("node refused: ")
                 problems.append(f"client {c.id} ({c.name}): {node_reason(reason)}")
         if problems:
             advice = ("A node refused the request (its reason is above): a restart does not change that; fix what it "
                       "names (the federation file every node holds, the node config, a site's card), then run again "
                       "with resume=true. " if refused else "Restart the SuperNode(s), then run again with resume=true. ")
+            others = len(problems) > len(refused)
+            ledger = (f"(The write-ahead ledger keeps {step}'s events" + (" of the client(s) without a refusal" if refused
+                                                                          else "")
+                      + (": seeded nodes replay them uncharged, unseeded nodes are charged again" if others else "")
+                      + ("; the charge of each client that refused is voided in it: its node released nothing, and "
+                         "the resume charges it afresh" if refused else "") + ".)")
             raise NodeFailure(f"{what}: no update from {len(problems)} client(s): " + "; ".join(problems) + f". {state} "
-                              + advice + f"(The write-ahead ledger keeps {step}'s events: seeded nodes replay them "
-                              "uncharged, unseeded nodes are charged again.)", received=received)
+                              + advice + ledger, received=received, refused=refused)
 
     def _log(self, direction: str, kind: str, round_idx: int | None, client: str | None, content: Any) -> None:
         """Append the structure of a message (never values) to the wire log, and the arrays of a received one to
