@@ -115,7 +115,8 @@ def test_server_refuses_wrong_dtype_or_shape(setup):
 
 def test_identity_handshake_and_node_config(setup, tmp_path):
     setup["part"].save(tmp_path / "part.json")
-    base = {"embeddings": "/nowhere.safetensors", "partition": str(tmp_path / "part.json"), "state-dir": str(tmp_path)}
+    # the identity reads the partition file only, but checks that every path of the node config is there
+    base = {"embeddings": str(setup["store_path"]), "partition": str(tmp_path / "part.json"), "state-dir": str(tmp_path)}
     name = setup["part"].clients[1].name
     for client in ("1", name):
         got = handshake.decode_identity(_wire(handshake.node_identity({**base, "client": client})), "test")

@@ -41,12 +41,19 @@ and in both cases:
   aggregation (:mod:`fedhype.federated.flower.secagg`: its share would carry only σ²/(m − t) of the
   noise, relying on the other clients' noise and the protocol); a run with secure aggregation then
   stops before anything is released.
+
+Flower (1.42) reads a node config only when a run reaches the node: ``flower-supernode`` keeps it as a mapping and
+starts, and the ClientApp — its lifespan included — first runs for a message. A path that is not there therefore
+shows at the identity handshake, the first message of every run (:func:`check_node_paths`: every key named at once,
+as a refusal the coordinator sees; the paths in the node's own log). Check a node config before starting the
+SuperNode with ``python -m fedhype.federated.flower.check --node-config '...'`` (:mod:`fedhype.federated.flower.check`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -85,6 +92,38 @@ class NodeError(FedhypeError):
     """What the server learns of any other error on a node: its type and a reference into the node's log."""
 
 
+class NodeConfigError(Refusal, ValidationError):
+    """A SuperNode's ``--node-config`` names a file or folder that is not there, or a ``state-dir`` it cannot write
+    (:func:`check_node_paths`).
+
+    Flower gives an app no hook at SuperNode start: ``flower-supernode`` keeps ``--node-config`` as a plain mapping and
+    the ClientApp (with its lifespan) first runs when a run's first message reaches the node. So this is raised at the
+    identity handshake, the first message of every run. Its text (sent to the server) names the keys and what to do,
+    never a local path; :attr:`detail` (the node's own log, under :attr:`reference`) names the keys and their paths.
+
+    Attributes:
+        problems: ``[(key, path, what is wrong and what to do), ...]``.
+        detail: the text with the paths, for the node's own log and ``python -m fedhype.federated.flower.check``.
+        reference: the random reference that the server's text and the node's log line share.
+    """
+
+    def __init__(self, problems: list[tuple[str, str, str]]):
+        self.problems = list(problems)
+        self.reference = secrets.token_hex(4)
+        keys = ", ".join(f"{k}=" for k, _, _ in self.problems)
+        self.detail = ("SuperNode --node-config: "
+                       + "; ".join(f'{k}="{path}": {what}' for k, path, what in self.problems)
+                       + ". Fix the node config and restart the SuperNode")
+        super().__init__(
+            "this SuperNode's --node-config names what is not there or cannot be written: "
+            + "; ".join(f"{k}= — {what}" for k, _, what in self.problems)
+            + f". The path{'s are' if len(self.problems) > 1 else ' is'} in that SuperNode's log (reference "
+            f"{self.reference}); the node's operator fixes {keys} and restarts the SuperNode. Flower hands a "
+            "SuperNode its node config only with a run's first message, so a wrong path shows only when the "
+            "coordinator runs: check a node config before starting the SuperNode with `python -m "
+            "fedhype.federated.flower.check --node-config '...'`")
+
+
 def for_the_server(exc: BaseException) -> BaseException:
     """The exception a node's ClientApp raises to Flower (whose reply carries its type and text to the server).
 
@@ -93,6 +132,8 @@ def for_the_server(exc: BaseException) -> BaseException:
     (Flower's logger, on the SuperNode's side only) under a random reference, and the server gets a
     :class:`NodeError` naming the type and that reference.
     """
+    if isinstance(exc, NodeConfigError):  # its paths go to the node's own log, under the reference its text names
+        log(ERROR, "fedhype: node config error %s: %s", exc.reference, exc.detail)
     if isinstance(exc, Refusal):
         return exc
     ref = secrets.token_hex(4)
@@ -104,7 +145,7 @@ def for_the_server(exc: BaseException) -> BaseException:
 #: Flower's text of an error a ClientApp raised: ``<class 'module.Type'>:<'text'>``
 _FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
 #: a node's refusals (:class:`~fedhype.federated.flower.handshake.Refusal`): their text is meant for the server
-_REFUSALS = ("NodeRefusal", "NodeMismatch")
+_REFUSALS = ("NodeRefusal", "NodeMismatch", "NodeConfigError")
 
 
 def _parse_reason(reason: str) -> tuple[str, str]:
@@ -289,8 +330,10 @@ def node_identity(nc: Mapping[str, Any], query: RecordDict | None = None) -> Rec
 
     Raises:
         NodeRefusal / NodeMismatch: as above, and as :func:`site_place`.
+        NodeConfigError: a path of the node config is not there (:func:`check_node_paths`).
     """
     node = NodeSettings.from_node_config(nc)
+    check_node_paths(node)  # the first message of every run: a wrong path is named here, before anything else
     if node.site is not None:
         client = str(site_place(node)[0])
         run = query_run(query)
@@ -309,6 +352,60 @@ def node_identity(nc: Mapping[str, Any], query: RecordDict | None = None) -> Rec
         client = clients[node.client_index(clients)][0]
     return RecordDict({IDENTITY: ConfigRecord({"client": client, "seeded": node.seed is not None,
                                                "federation": own_federation(node), "fedhype-version": __version__})})
+
+
+def check_node_paths(node: NodeSettings) -> None:
+    """Check that the files and folders a node config names are there: ``site`` (a folder holding the ``site.json``
+    that ``fedhype site`` writes, or that file), ``federation`` (a JSON file), ``embeddings`` and ``partition`` (files),
+    and that ``state-dir`` is a folder this process can write, or can create (its nearest existing parent is a
+    writable folder). JSON only: no torch import. Every problem is named at once.
+
+    Raises:
+        NodeConfigError: naming each key with what is wrong and what to do (its paths in ``detail`` only).
+    """
+    from fedhype.data.sites import SITE_FILE
+
+    problems: list[tuple[str, str, str]] = []
+
+    def json_file(key: str, path: Path, what: str, fix: str) -> None:
+        if not path.exists():
+            problems.append((key, str(path), f"no {what} there; {fix}"))
+        elif not path.is_file():
+            problems.append((key, str(path), f"a folder, not the {what}; {fix}"))
+        else:
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                problems.append((key, str(path), f"the {what} is unreadable ({type(exc).__name__}); {fix}"))
+
+    if node.site is not None:
+        site_fix = "give the site folder that `fedhype site` wrote, which holds site.json"
+        if not node.site.exists():
+            problems.append(("site", str(node.site), f"no site folder there; {site_fix}"))
+        elif node.site.is_dir() and not (node.site / SITE_FILE).exists():
+            problems.append(("site", str(node.site), f"a folder without {SITE_FILE}, not a site folder; {site_fix}"))
+        else:
+            json_file("site", node.site / SITE_FILE if node.site.is_dir() else node.site, "site file",
+                      "write the site again with `fedhype site`")
+    if node.federation is not None:
+        json_file("federation", node.federation, "federation file", "give the federation.json the coordinator sent")
+    for key, path, what in (("embeddings", node.embeddings, "embeddings store"), ("partition", node.partition,
+                                                                                  "partition file")):
+        if path is not None and not path.is_file():
+            problems.append((key, str(path), f"no {what} there" if not path.exists() else f"a folder, not the {what}"))
+    state = Path(node.state_dir)
+    if state.exists() and not state.is_dir():
+        problems.append(("state-dir", str(state), "a file, not a folder; give a folder for the node's private state"))
+    elif state.is_dir() and not os.access(state, os.W_OK | os.X_OK):
+        problems.append(("state-dir", str(state), "a folder this SuperNode's user cannot write; give it write access "
+                                                  "or name another folder"))
+    elif not state.exists():
+        parent = next((p for p in state.absolute().parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            problems.append(("state-dir", str(state), f"missing, and it cannot be created ({parent} is not a writable "
+                                                      "folder); create it or name another folder"))
+    if problems:
+        raise NodeConfigError(problems)
 
 
 def site_place(node: NodeSettings) -> tuple[int, str, dict[str, Any]]:
