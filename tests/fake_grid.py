@@ -41,3 +41,26 @@ class InboxGrid:
             out.append(SimpleNamespace(metadata=meta, has_error=lambda: False, has_content=lambda: True, error=None,
                                        content=content))
         return out
+
+
+def set_task_identity(monkeypatch) -> None:
+    """Messages are built inside a ServerApp run in production; give them a run, task and node id (1) here."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+
+
+def two_site_folders(store, root):
+    """Two sites of ``store`` (an iid split of it, partition seed 0: each its own store file and split, as
+    ``fedhype site`` writes them) in folders ``root/site0`` and ``root/site1``; returns the two folder paths."""
+    from fedhype.data.partition import make_partition
+    from fedhype.data.sites import make_site
+
+    part = make_partition(store, scheme="iid", n_clients=2, seed=0)
+    out = []
+    for i, c in enumerate(part.clients):
+        own = store.subset(store.positions(c.train + c.val + c.test))
+        own.save(root / f"site{i}.safetensors")
+        out.append(make_site(own, root / f"site{i}.safetensors", f"site-{i}", seed=i).save(root / f"site{i}"))
+    return out

@@ -16,12 +16,11 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
 
-from fedhype.data.partition import make_partition  # noqa: E402
 from fedhype.federated.config import TrainConfig  # noqa: E402
 from fedhype.federated.flower import check, handshake  # noqa: E402
 from fedhype.federated.flower.grid_transport import FlowerTransport, NodeFailure  # noqa: E402
 from fedhype.federated.flower.handshake import NodeConfigError  # noqa: E402
-from fake_grid import InboxGrid, NodeError  # noqa: E402  (tests/fake_grid.py)
+from fake_grid import InboxGrid, NodeError, set_task_identity, two_site_folders  # noqa: E402  (tests/fake_grid.py)
 
 CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
            model={"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8})
@@ -29,26 +28,16 @@ CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplie
 
 @pytest.fixture(autouse=True)
 def _run_identity(monkeypatch):
-    """Messages are built inside a ServerApp run in production; give them a run id here."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name in ("_run_id", "_task_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+    set_task_identity(monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def sites(real_store, tmp_path_factory):
     """Two sites and the federation written from their cards: ``(site folders, federation path, Federation)``."""
-    from fedhype.data.sites import make_site
     from fedhype.federated.flower.federation import Federation, write_site_federation
 
-    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
     root = tmp_path_factory.mktemp("sites")
-    folders = []
-    for i, c in enumerate(part.clients):
-        own = real_store.subset(real_store.positions(c.train + c.val + c.test))
-        own.save(root / f"site{i}.safetensors")
-        folders.append(make_site(own, root / f"site{i}.safetensors", f"site-{i}", seed=i).save(root / f"site{i}"))
+    folders = two_site_folders(real_store, root)
     fed = write_site_federation(root / "fed", folders, TrainConfig(**CFG))
     return folders, fed, Federation.load(fed)
 

@@ -16,13 +16,12 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed: pip install -e '.[flower]' (scripts/setup.sh does)")
 
-from fedhype.data.partition import make_partition  # noqa: E402
 from fedhype.federated.config import TrainConfig  # noqa: E402
 from fedhype.federated.flower import handshake, wire  # noqa: E402
 from fedhype.federated.flower.grid_transport import NodeFailure  # noqa: E402
 from fedhype.privacy.accountant import epsilon  # noqa: E402
 from fedhype.privacy.ledger import PrivacyLedger  # noqa: E402
-from fake_grid import InboxGrid, NodeError  # noqa: E402  (tests/fake_grid.py)
+from fake_grid import InboxGrid, NodeError, set_task_identity, two_site_folders  # noqa: E402  (tests/fake_grid.py)
 
 #: max_epsilon: room for the unseeded reruns a resume pays (the nodes' own caps allow up to it)
 CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
@@ -31,24 +30,14 @@ CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplie
 
 @pytest.fixture(autouse=True)
 def _run_identity(monkeypatch):
-    """Messages are built inside a ServerApp run in production; give them a run id here."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name in ("_run_id", "_task_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+    set_task_identity(monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def sites(real_store, tmp_path_factory):
-    from fedhype.data.sites import make_site
 
-    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
     root = tmp_path_factory.mktemp("sites")
-    out = []
-    for i, c in enumerate(part.clients):
-        own = real_store.subset(real_store.positions(c.train + c.val + c.test))
-        own.save(root / f"site{i}.safetensors")
-        out.append(make_site(own, root / f"site{i}.safetensors", f"site-{i}", seed=i).save(root / f"site{i}"))
+    out = two_site_folders(real_store, root)
     return out
 
 

@@ -29,7 +29,7 @@ from fedhype.federated.flower.node_budget import BINDINGS, LEDGER, charge_reques
 from fedhype.federated.rundir import RunDir  # noqa: E402
 from fedhype.privacy.dp_step import LEGACY_WEIGHTS, RELEASE_SENSITIVITY, DPConfig  # noqa: E402
 from fedhype.privacy.ledger import PrivacyLedger  # noqa: E402
-from fake_grid import InboxGrid, NodeError  # noqa: E402  (tests/fake_grid.py)
+from fake_grid import InboxGrid, NodeError, set_task_identity, two_site_folders  # noqa: E402  (tests/fake_grid.py)
 
 CFG = dict(rounds=2, local_steps=2, batch_size=32, epsilon=None, noise_multiplier=1.0, delta=1e-4, seed=0,
            model={"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8})
@@ -38,26 +38,16 @@ RUN_A, RUN_B = "run-a-0123456789ab", "run-b-ba9876543210"
 
 @pytest.fixture(autouse=True)
 def _run_identity(monkeypatch):
-    """Messages are built inside a ServerApp run in production; give them a run id here."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name in ("_run_id", "_task_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+    set_task_identity(monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def sites(real_store, tmp_path_factory):
     """Two sites (each its own store and split) and the federation written from their cards."""
-    from fedhype.data.sites import make_site
     from fedhype.federated.flower.federation import write_site_federation
 
-    part = make_partition(real_store, scheme="iid", n_clients=2, seed=0)
     root = tmp_path_factory.mktemp("sites")
-    out = []
-    for i, c in enumerate(part.clients):
-        own = real_store.subset(real_store.positions(c.train + c.val + c.test))
-        own.save(root / f"site{i}.safetensors")
-        out.append(make_site(own, root / f"site{i}.safetensors", f"site-{i}", seed=i).save(root / f"site{i}"))
+    out = two_site_folders(real_store, root)
     return root, out
 
 

@@ -148,18 +148,12 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
     """
     from fedhype.data.roster import Roster
     from fedhype.federated.baselines import federation
-    from fedhype.federated.site_charges import attach_site_ledgers, refuse_site_plans
+    from fedhype.federated.site_charges import attach_site_ledgers, refuse_site_plans, site_stores
 
     if federation(cfg.method) == "pooled":
         raise ValidationError(f"method {cfg.method!r} pools every record on one machine; sites keep their records "
                               "(use a pooled store and `fedhype partition` to simulate it)")
-    stores = [s.store() for s in sites]
-    seen: dict[str, str] = {}
-    for s, st in zip(sites, stores):  # one client per set of records: each site's ledger counts its records once
-        if (other := seen.setdefault(st.digest(), s.name)) != s.name:
-            raise ValidationError(f"sites {other!r} and {s.name!r} hold the same records (the same store): their "
-                                  "privacy loss would compose across the two clients, which neither site's ledger "
-                                  "sees; give each set of records once")
+    stores = site_stores(sites)  # one client per set of records (two sites of one store are refused)
     roster = Roster.from_cards([s.public_card(st) for s, st in zip(sites, stores)], classes)
 
     def connect(run: RunDir) -> InProcessTransport:

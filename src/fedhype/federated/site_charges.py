@@ -41,6 +41,25 @@ def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Si
         refuse_plan(ch, prefix + tails[i])
 
 
+def site_stores(sites: Sequence[Site]) -> list:
+    """Each site's store (:meth:`~fedhype.data.sites.Site.store`), refusing two sites that hold the same store: one
+    client per set of records, so that each site's ledger counts its records once.
+
+    Raises:
+        ValidationError: naming the two sites.
+    """
+    from fedhype.errors import ValidationError
+
+    stores = [s.store() for s in sites]
+    seen: dict[str, str] = {}
+    for s, st in zip(sites, stores):
+        if (other := seen.setdefault(st.digest(), s.name)) != s.name:
+            raise ValidationError(f"sites {other!r} and {s.name!r} hold the same records (the same store): their "
+                                  "privacy loss would compose across the two clients, which neither site's ledger "
+                                  "sees; give each set of records once")
+    return stores
+
+
 def refuse_unbounded(chargers, *, no_dp: bool, seeded: bool) -> None:
     """Refuse, before anything is written, a run whose loss a capped site cannot bound, and a site ledger that
     cannot be written: every charger's folder must be writable; a run without DP, or a seeded one (its noise can be

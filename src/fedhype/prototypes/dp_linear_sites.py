@@ -66,7 +66,7 @@ def dp_linear_sites(sites: Sequence[Any], cfg: DPLinearConfig | None = None, *, 
     """
     from fedhype.data.roster import Roster
     from fedhype.eval.utility import classification_metrics
-    from fedhype.federated.site_charges import refuse_unbounded, start_site_ledgers
+    from fedhype.federated.site_charges import refuse_unbounded, site_stores, start_site_ledgers
     from fedhype.privacy.site_ledger import SiteCharger, load_site_ledger, refuse_plan, report
 
     t0 = time.perf_counter()
@@ -74,13 +74,7 @@ def dp_linear_sites(sites: Sequence[Any], cfg: DPLinearConfig | None = None, *, 
     sites = list(sites)
     if out is not None and (Path(out) / "model.safetensors").exists():  # before any site is charged
         raise ValidationError(f"{out} already holds a model; choose another output folder")
-    stores = [s.store() for s in sites]
-    seen: dict[str, str] = {}
-    for s, st in zip(sites, stores):  # one client per set of records: each site's ledger counts its records once
-        if (other := seen.setdefault(st.digest(), s.name)) != s.name:
-            raise ValidationError(f"sites {other!r} and {s.name!r} hold the same records (the same store): their "
-                                  "privacy loss would compose across the two clients, which neither site's ledger "
-                                  "sees; give each set of records once")
+    stores = site_stores(sites)  # one client per set of records (two sites of one store are refused)
     roster = Roster.from_cards([s.public_card(st) for s, st in zip(sites, stores)], classes)
     names = list(roster.class_names)
     train = {s.name: s.records("train", names, st) for s, st in zip(sites, stores)}
