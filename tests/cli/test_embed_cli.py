@@ -57,7 +57,9 @@ def test_folder_with_bad_files_is_embedded_and_they_are_listed(tmp_path, tiny):
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     assert set(got) == {"store", "n", "dim", "encoder", "weights_hash", "class_counts", "domain_counts", "skipped",
-                        "duplicates", "images_per_s", "from_cache", "image_size", "layout", "splits"}
+                        "duplicates", "label_conflicts", "empty_classes", "small_images", "images_per_s", "from_cache",
+                        "image_size", "layout", "splits"}
+    assert got["label_conflicts"] == [] and got["empty_classes"] == [] and got["small_images"] is None
     assert got["image_size"] == 28 and got["layout"] == "class" and got["splits"] is None
     assert got["n"] == 11 and got["dim"] == 32 and got["class_counts"] == {"0": 4, "1": 3, "2": 4}
     assert got["domain_counts"] == {"imgs": 11}
@@ -151,3 +153,59 @@ def test_builtin_dataset_with_the_default_bundled_encoder(tmp_path, monkeypatch)
     res = _embed(*args[:2], "--limit", "20", *args[4:], "--out", str(tmp_path / "other.safetensors"), "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["from_cache"] is False and json.loads(res.stdout)["n"] == 20
     assert len(list((tmp_path / "cache" / "embeddings").iterdir())) == 2 and cached.exists()
+
+
+def test_a_limit_that_leaves_classes_without_a_record_is_warned_about(tmp_path, tiny):
+    """A probe's `embed --limit 3` on 5 class folders wrote a store listing 2 classes with no record, silently."""
+    root = _tree(tmp_path / "imgs", classes=("0", "1", "2", "3", "4"), per_class=2)
+    r = _embed("--images", str(root), *tiny, "--limit", "3", "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert sum(v > 0 for v in got["class_counts"].values()) == 3
+    empty = sorted(k for k, v in got["class_counts"].items() if v == 0)
+    assert got["empty_classes"] == empty and len(empty) == 2
+    err = " ".join(r.stderr.split())
+    assert f"warning: classes {', '.join(empty)} have no record in {tmp_path / 's.safetensors'}: a class with no " \
+           "record cannot be trained on (--limit 3 keeps 3 image(s) of 5 classes; give a larger --limit" in err, err
+    r = _embed("--images", str(root), *tiny, "--limit", "5", "--out", str(tmp_path / "t.safetensors"), "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["empty_classes"] == [] and "no record" not in r.stderr
+
+
+def test_tiny_images_are_warned_about_once_with_a_count_and_examples(tmp_path, tiny):
+    """1×1 and 2×2 images were upscaled to the encoder's input without a word (a probe)."""
+    root = _tree(tmp_path / "imgs")
+    Image.new("L", (1, 1), 200).save(root / "0" / "dot.png")
+    Image.new("L", (2, 2), 90).save(root / "1" / "speck.png")
+    Image.new("L", (3, 40), 90).save(root / "2" / "sliver.png")  # 3 px < 28 / 8 on one side
+    Image.new("L", (4, 4), 90).save(root / "2" / "four.png")  # 4 px ≥ 3.5: kept quiet
+    for extra in ([], []):  # the second embed comes from the cache: the same warning
+        r = _embed("--images", str(root), *tiny, "--out", str(tmp_path / "s.safetensors"), "--overwrite", "--json",
+                   *extra)
+        assert r.exit_code == 0, r.output
+        got = json.loads(r.stdout)
+        assert got["small_images"] == {"n": 3, "below_px": 3.5, "input_px": 28,
+                                       "examples": ["0/dot.png (1×1)", "1/speck.png (2×2)", "2/sliver.png (3×40)"]}
+        err = " ".join(r.stderr.split())
+        assert err.count("have a side below") == 1 and ("3 image(s) have a side below 3.5 px, 1/8 of the encoder's 28 px "
+                                                         "input (e.g. 0/dot.png (1×1), 1/speck.png (2×2)") in err, err
+    assert got["from_cache"] is True
+    assert EmbeddingStore.load(tmp_path / "s.safetensors").meta["small_images"]["n"] == 3
+
+
+def test_a_byte_identical_image_under_two_classes_is_a_label_conflict(tmp_path, tiny):
+    """A probe's image copied into two class folders was reported only as a duplicate."""
+    import shutil
+
+    root = _tree(tmp_path / "imgs")
+    first = sorted((root / "0").iterdir())[0]
+    shutil.copyfile(first, root / "2" / "also.png")
+    shutil.copyfile(sorted((root / "1").iterdir())[0], root / "1" / "same-class-copy.png")  # a duplicate only
+    r = _embed("--images", str(root), *tiny, "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert len(got["duplicates"]) == 2
+    assert got["label_conflicts"] == [{"files": [f"0/{first.name}", "2/also.png"], "classes": ["0", "2"]}]
+    err = " ".join(r.stderr.split())
+    assert "2 image file(s) are byte-identical copies of others" in err
+    assert (f"1 image(s) are stored byte-identical under different classes, so their labels conflict (e.g. 0/{first.name} "
+            "(class 0) = 2/also.png (class 2)): one image cannot be of two classes") in err, err

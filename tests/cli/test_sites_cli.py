@@ -309,6 +309,9 @@ def test_the_coordinator_plans_the_budget_from_the_cards(consortium):
 def test_a_site_file_given_as_a_partition_is_a_usage_error_saying_what_takes_it(consortium, tmp_path):
     """`audit --mia --partition <site>/site.json` said "format 'fedhype-site/1', expected …" with exit 4 (a damaged
     file), though the file was sound and only given where it does not belong (a new user's probe)."""
+    from fedhype.data.partition import Partition
+    from fedhype.errors import ValidationError
+
     root = consortium["root"]
     site = root / list(SITES)[0] / "site"
     for f in ("site.json", "card.json"):
@@ -317,7 +320,11 @@ def test_a_site_file_given_as_a_partition_is_a_usage_error_saying_what_takes_it(
                                 "--json"])
         assert r.exit_code == 2, r.output
         err = json.loads(r.stdout)["error"]
-        assert "is a site's file" in err and "--site" in err and "audit --mia" in err
+        # the run is a site run: that is said first (no pooled store to attack), whatever --store/--partition are
+        assert "trained with `train --site`" in err and "no pooled store" in err and "evaluate --site" in err
+        with pytest.raises(ValidationError) as e:  # the file itself, given where a partition is read
+            Partition.load(site / f)
+        assert "is a site's file" in str(e.value) and "--site" in str(e.value) and "audit --mia" in str(e.value)
 
 
 def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):

@@ -109,7 +109,15 @@ def test_mixed_depth_is_refused_and_class_reads_it(tmp_path):
     assert Counter(src.class_names[r.label] for r in src.records) == {"7": 2, "8": 2}
     for i in _rows(7, 2):  # a folder holding images and sub-folders is named once, as holding both (a probe)
         _save(tmp_path, f"7/extra/{i}.png", i)
-    with pytest.raises(ValidationError, match=r"mixed layout: folder\(s\) 8 hold sub-folders, while 7 hold both \("):
+    # and the nested folder is named, grammatically (a probe: "sneaker hold both (e.g. sneaker/)")
+    with pytest.raises(ValidationError, match=r"mixed layout: folder 8 holds sub-folders \(e\.g\. 8/scanner_b/\), while 7 "
+                                              r"holds both images and sub-folders \(e\.g\. 7/extra/\)\. Use"):
+        scan_image_folder(tmp_path)
+    for i in _rows(9, 2):
+        _save(tmp_path, f"9/{i}.png", i)
+        _save(tmp_path, f"6/{i}.png", i)
+    with pytest.raises(ValidationError, match=r"folder 8 holds sub-folders \(e\.g\. 8/scanner_b/\), while 6, 9 hold images "
+                                              r"directly, while 7 holds both"):
         scan_image_folder(tmp_path)
 
 

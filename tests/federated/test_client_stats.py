@@ -110,33 +110,49 @@ def test_trained_model_carries_the_counts_and_its_mixture_follows_them(real_stor
         src = syn.domains[syn.labels == y]
         share = torch.bincount(src, minlength=3).to(torch.float64) / src.numel()
         assert torch.allclose(share, probs[y], atol=4 * math.sqrt(0.25 / 400) + 1e-9), y
-    # one client's code: the classes it holds (almost) none of by its DP counts are named in the provenance
-    j = int(counts.clamp_min(0).gt(0.2 / real_store.n_classes * counts.clamp_min(0).sum(1, keepdim=True)).sum(1).argmin())
-    lacks = [meta["class_names"][k] for k in range(real_store.n_classes)
-             if counts[j].clamp_min(0)[k] < 0.2 / real_store.n_classes * counts[j].clamp_min(0).sum()]
+    # one client's code: the classes whose DP count it cannot be told from 0 (within 3 noise std of the count: σ / b
+    # of the release's statistics step, the ledger's) are named in the provenance
+    from fedhype.synthesis.absent import ABSENT_Z, count_noise_std
+
+    std = count_noise_std(tmp_path / "run")
+    assert syn.meta["count_noise_std"] == std and std > 1.0  # ε = 4 on 3 clients: counts carry several records of noise
+    unclear = counts.clamp_min(0) <= ABSENT_Z * std
+    j = int(unclear.sum(1).argmax())
+    lacks = [meta["class_names"][k] for k in range(real_store.n_classes) if unclear[j, k]]
     assert lacks  # Dirichlet α = 0.3: some client lacks a class
     for code in (f"mixture:{j}=1", f"client:{j}"):
         note = synthesize(tmp_path / "run", code, per_class=5, seed=0).meta.get("codes_note") or ""
-        assert f"class(es) {', '.join(map(str, lacks))} (their DP class counts)" in note, (code, note)
-    assert "few or no records" not in (syn.meta.get("codes_note") or "")  # the all-client mixture holds every class
+        assert (f"cannot be told to hold class(es) {lacks[0]} (DP count {counts[j, meta['class_names'].index(lacks[0])].clamp_min(0):.1f} "
+                f"± {std:.1f})") in note, (code, note)
+        assert note.count("(DP count") == len(lacks), note
+    assert "cannot be told to hold" not in (syn.meta.get("codes_note") or "")  # the all-client mixture holds every class
 
 
-def test_few_classes_note_names_the_classes_the_chosen_clients_lack():
+def test_few_classes_note_names_the_classes_the_chosen_clients_cannot_be_told_to_hold():
     from fedhype.synthesis.codes import parse_code_spec
     from fedhype.synthesis.sample import few_classes_note
 
-    meta = {"client_class_counts": [[50.0, -3.0, 40.0, 0.4], [10.0, 30.0, 0.0, 20.0]], "class_names": list("abcd")}
+    meta = {"client_class_counts": [[50.0, -3.0, 40.0, 14.0], [10.0, 30.0, 0.0, 20.0]], "class_names": list("abcd")}
     names = ["north", "south"]
 
-    def note(code):
-        return few_classes_note(parse_code_spec(code, ["0", "1"], names, [90, 60]), meta, 4, names)
+    def note(code, std=5.0, skip=()):
+        return few_classes_note(parse_code_spec(code, ["0", "1"], names, [90, 60]), meta, 4, names, count_std=std,
+                                skip=skip)
 
-    # client 0: class b (a negative DP count) and class d (0.4 of 90: under 0.2 / 4 = 5 % of its records)
-    assert "client(s) north hold few or no records of class(es) b, d" in note("client:0")
-    assert "class(es) c" in note("mixture:1=1")
+    # σ = 5 per count: client 0's b (a negative DP count, floored at 0) and d (14 ≤ 3 × 5) cannot be told from 0
+    assert "client(s) north cannot be told to hold class(es) b (DP count 0.0 ± 5.0), d (DP count 14.0 ± 5.0), each " \
+           "within 3 noise std of 0" in note("client:0")
+    assert "class(es) b (" not in note("client:0", skip={1})  # a class the whole federation is warned about
+    assert "class(es) a (DP count 10.0 ± 5.0), c (DP count 0.0 ± 5.0), each within 3" in note("mixture:1=1")
+    # two clients: their counts summed, against 3 × 5 × √2 = 21.2: d (34) is held, nothing is named
     assert note("mixture:0=1,1=1") is None and note("mixture") is None and note("neutral") is None
-    # 0.9 / 0.1: class b is 0.1 × 30/60 = 5 % of the mixture (not under it), class d 3.7 %
-    assert "of class(es) d (" in note("mixture:0=0.9,1=0.1") and note("mixture:0=0.5,1=0.5") is None
+    # a smaller noise tells client 1's class a from 0 (10 > 3 × 2)
+    assert "class(es) c (DP count 0.0 ± 2.0), within 3" in note("client:1", std=2.0)
+    # a client of weight 0 draws nothing: only client 0 counts
+    assert "class(es) b" in note("mixture:0=1,1=0")
+    # without DP (std 0) only a count of 0 is absent; the noise unknown: the share rule, saying so
+    assert "class(es) b (no record)" in note("client:0", std=0.0) and ", within" not in note("client:0", std=0.0)
+    assert "their noise is unknown" in note("client:0", std=None)
     assert few_classes_note(parse_code_spec("client:0", ["0", "1"], names, [90, 60]), {}, 4, names) is None
 
 

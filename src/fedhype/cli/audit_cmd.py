@@ -267,6 +267,12 @@ def register(app: typer.Typer) -> None:
                                           "canary audit only; add --canaries white-box or --canaries black-box, or leave "
                                           f"{'them' if len(stray) > 1 else 'it'} out (the ledger check and --mia use the "
                                           "run's own δ)")
+            if mia and run is not None:  # before the store is read: a site run has none (a probe was told of digests)
+                from fedhype.eval.audit_mia import run_sites, site_run_refusal
+
+                sites = run_sites(run)
+                if sites:
+                    raise site_run_refusal(run, sites)
             if canaries not in (None, "white-box", "black-box"):
                 raise ValidationError(f"--canaries must be white-box or black-box, got {canaries!r}")
             if breakage is not None and canaries != "white-box":

@@ -126,7 +126,8 @@ def embed(
                 hit.save(out)
                 console.print(f"reused the cached embeddings {cache_path} (the same files, layout, encoder, weights, "
                               f"size; --no-cache embeds again); wrote {out} ({len(hit)} × {hit.dim})", highlight=False)
-                return _summary(out, hit, enc, cached=True, duplicates=source.duplicates)
+                _warn_store(hit, out, limit, images=True)
+                return _summary(out, hit, enc, cached=True, duplicates=source.duplicates, source=source)
         else:
             from fedhype.data.datasets import load_builtin
             from fedhype.encoders.cache import cache_lookup
@@ -136,6 +137,7 @@ def embed(
                 hit.save(out)
                 console.print(f"reused the cached embeddings {cache_path} (same dataset, encoder, weights, size, "
                               f"subset; --no-cache embeds again); wrote {out} ({len(hit)} × {hit.dim})", highlight=False)
+                _warn_store(hit, out, limit, images=False)
                 return _summary(out, hit, enc, cached=True)
             source = load_builtin(dataset, limit=limit, seed=seed)
         for s in source.skipped[:5]:
@@ -150,24 +152,79 @@ def embed(
             cache_save(cache_path, cache_key, store)
         store.save(out)
         console.print(f"wrote {out} ({len(store)} × {store.dim})", highlight=False)
-        return _summary(out, store, enc, cached=False, duplicates=source.duplicates)
+        _warn_store(store, out, limit, images=images is not None)
+        return _summary(out, store, enc, cached=False, duplicates=source.duplicates,
+                        source=source if images is not None else None)
 
     run_command(body, json_mode, _render)
 
 
 def _warn_duplicates(source) -> None:
     """A warning for byte-identical image files: each copy is its own record, so one image stored k
-    times is protected only as a group of k (ε grows about k-fold: group privacy, Dwork & Roth 2014, Th. 2.2)."""
+    times is protected only as a group of k (ε grows about k-fold: group privacy, Dwork & Roth 2014, Th. 2.2);
+    and another for copies under different classes, whose labels conflict (:func:`label_conflicts`)."""
+    from rich.markup import escape
+
     if not source.duplicates:
         return
     extra = sum(len(g) - 1 for g in source.duplicates)
     ex = source.duplicates[0]
-    console.print(f"[yellow]warning[/]: {extra} image file(s) are byte-identical copies of others (e.g. {ex[0]} = "
-                  f"{ex[1]}): each copy is a separate record, so an image stored k times is protected only as a "
-                  "group of k; remove the copies before embedding (--json lists them)", highlight=False)
+    text = (f"{extra} image file(s) are byte-identical copies of others (e.g. {ex[0]} = {ex[1]}): each copy is a "
+            "separate record, so an image stored k times is protected only as a group of k; remove the copies before "
+            "embedding (--json lists them)")
+    console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False)
+    conflicts = label_conflicts(source)
+    if conflicts:  # a probe's image in two class folders was reported only as a duplicate
+        c = conflicts[0]
+        ex = " = ".join(f"{f} (class {k})" for f, k in zip(c["files"], c["classes"]))
+        text = (f"{len(conflicts)} image(s) are stored byte-identical under different classes, so their labels conflict "
+                f"(e.g. {ex}): one image cannot be of two classes; keep it in its right class folder and remove the "
+                "other copies (--json lists them under label_conflicts)")
+        console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False, soft_wrap=True)
 
 
-def _summary(out: Path, store, enc, cached: bool, duplicates: list | None = None) -> dict[str, Any]:
+def label_conflicts(source) -> list[dict[str, list[str]]]:
+    """The groups of byte-identical files (``source.duplicates``) that lie under more than one class:
+    ``[{"files": [...], "classes": [...]}]`` (the class of each file, in the group's order)."""
+    cls = {r.sample_id: source.class_names[r.label] for r in source.records}
+    out = []
+    for group in source.duplicates or []:
+        classes = [cls.get(f, "?") for f in group]
+        if len(set(classes)) > 1:
+            out.append({"files": list(group), "classes": classes})
+    return out
+
+
+def _warn_store(store, out: Path, limit: int | None, images: bool) -> None:
+    """Warnings about the written store: classes it lists without a record (a class with no record cannot be
+    trained on; a small --limit keeps only some classes), and (``images``: the user's own folder) images far
+    smaller than the encoder's input (:func:`fedhype.encoders.embed.small_images_warning`)."""
+    from rich.markup import escape
+
+    empty = empty_classes(store)
+    if empty:  # a probe's --limit 3 on 5 class folders wrote a store listing 2 classes without records
+        names, k = ", ".join(empty), len(store.class_names)
+        if limit is not None:
+            why = (f"--limit {limit} keeps {len(store)} image(s) of {k} classes; give a larger --limit (every class "
+                   "keeps an image once it is at least the number of (domain, class) folders, split folders counted)")
+        else:
+            why = "every image of it failed to decode (see skipped): fix or replace them"
+        text = (f"class{'es' if len(empty) > 1 else ''} {names} {'have' if len(empty) > 1 else 'has'} no record in {out}: "
+                f"a class with no record cannot be trained on ({why})")
+        console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False, soft_wrap=True)
+    small = store.meta.get("small_images")
+    if images and small:
+        from fedhype.encoders.embed import small_images_warning
+
+        console.print(f"[yellow]warning[/]: {escape(small_images_warning(small))}", highlight=False, soft_wrap=True)
+
+
+def empty_classes(store) -> list[str]:
+    """The classes the store lists without a record."""
+    return [c for c, n in zip(store.class_names, store.class_counts()) if n == 0]
+
+
+def _summary(out: Path, store, enc, cached: bool, duplicates: list | None = None, source=None) -> dict[str, Any]:
     return {
         "store": str(out),
         "n": len(store),
@@ -178,6 +235,9 @@ def _summary(out: Path, store, enc, cached: bool, duplicates: list | None = None
         "domain_counts": dict(zip(store.domain_names, store.domain_counts())),
         "skipped": store.meta.get("skipped"),
         "duplicates": duplicates or [],
+        "label_conflicts": label_conflicts(source) if source is not None else [],
+        "empty_classes": empty_classes(store),
+        "small_images": store.meta.get("small_images"),
         "images_per_s": None if cached else store.meta.get("images_per_s"),
         "from_cache": cached,
         "image_size": (store.meta.get("preprocess") or {}).get("crop"),

@@ -19,6 +19,10 @@ DEFAULT_PER_CLASS = DEFAULTS["synthesis"]["per_class"]
 DEFAULT_CODE = DEFAULTS["synthesis"]["code"]
 DEFAULT_ANCHOR = DEFAULTS["synthesis"]["anchor"]
 
+#: The kinds of a synthetic store's ``meta["notes"]`` (:func:`fedhype.synthesis.synthesize`) printed as warnings: samples
+#: of classes the release cannot tell from absent (DP noise, not data), classes left without a sample
+WARNING_NOTES = ("absent", "empty")
+
 #: Most embeddings one synthetic store holds: their sample ids ("syn/<i>") must fit the header that
 #: safetensors allows (:data:`fedhype.data.store.MAX_HEADER_BYTES`, 100 MB; 5 million ids take ~75 MB).
 MAX_SYNTHETIC = 5_000_000
@@ -242,14 +246,19 @@ def register(app: typer.Typer) -> None:
             m = store.meta
             if not m["private"]:
                 console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
-            if store.meta.get("codes_note"):
-                console.print(f"[yellow]note[/]: {store.meta['codes_note']}", highlight=False)
+            from rich.markup import escape
+
+            for nt in m.get("notes") or ([{"kind": "codes", "text": m["codes_note"]}] if m.get("codes_note") else []):
+                level = "warning" if nt["kind"] in WARNING_NOTES else "note"
+                console.print(f"[yellow]{level}[/]: {escape(nt['text'])}", highlight=False, soft_wrap=True)
             if anchor and str(m.get("anchor", "")).startswith("none"):  # a probe: --anchor did nothing, silently
                 console.print(f"[yellow]note[/]: --anchor: {m['anchor']}; the store is drawn unanchored", highlight=False)
             return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "anchor": m.get("anchor"),
                     "epsilon": m["epsilon"],
                     "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": store.class_counts(),
+                    "absent_classes": [a["class"] for a in m.get("absent_classes") or []],
+                    "notes": [nt["text"] for nt in m.get("notes") or []],
                     "embeddings_per_s": len(store) / max(secs, 1e-9), "release": None if release is None else str(release)}
 
         run_command(body, json_out, lambda r: Console().print(kv_table("fedhype synthesize", {
-            k: v for k, v in r.items() if k != "class_counts"})))
+            k: v for k, v in r.items() if k not in ("class_counts", "notes", "absent_classes")})))

@@ -136,6 +136,39 @@ MEANINGLESS_EPSILON = 50.0
 
 
 
+def finished_run(out: Path, cfg: "TrainConfig | None" = None) -> dict | None:
+    """``{"rounds", "planned", "epsilon", "delta"}`` of a finished run in ``out`` — every round its recorded
+    configuration plans committed (for a statistics-only method, its release), its model written — else None
+    (no run there, one to resume, files that the resume itself will report on, or, with ``cfg``, other train
+    settings than the recorded ones, ``max_epsilon`` aside: the resume refuses those, naming them)."""
+    from fedhype.errors import FedhypeError
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.rundir import RunDir, load_model
+    from fedhype.io import read_json
+
+    run = RunDir(out)
+    if not (run.config.is_file() and run.model.is_file()):
+        return None
+    try:
+        recorded = read_json(run.config, "run config")["train"]
+        if cfg is not None:
+            import json
+
+            def same(d: dict) -> dict:
+                return {k: v for k, v in json.loads(json.dumps(d)).items() if k != "max_epsilon"}
+
+            if same(cfg.to_dict()) != same(recorded):
+                return None
+        cfg = TrainConfig(**recorded)
+        planned, done = cfg.rounds_run(), run.committed_round()
+        if done < planned or (planned == 0 and not run.statistics_released()):
+            return None
+        meta = load_model(run.model)[2]
+    except (FedhypeError, KeyError, TypeError, ValueError):
+        return None
+    return {"rounds": done, "planned": planned, "epsilon": meta.get("epsilon"), "delta": cfg.delta}
+
+
 def _sites(store: Optional[Path], partition: Optional[Path], site: Optional[list[Path]], classes: Optional[str]):
     """The sites of ``--site`` (None with --store/--partition); refuses a mix or a half of either (exit 2)."""
     if site:
@@ -281,7 +314,25 @@ def register(app: typer.Typer) -> None:
             m = len(sites) if sites is not None else len(p.clients)
             what = ("the statistics release alone (no DP-SGD round)" if cfg.statistics_only else
                     f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''}")  # dp-gaussian said "8 rounds", ran 0 (a probe)
-            if resume and (out / "config.json").exists():  # a refused resume printed the new settings first (a probe)
+            finished = finished_run(out, cfg) if resume else None
+            if finished is not None:
+                # a probe's --resume --max-epsilon 0.1 of a finished run was refused for the ε of the whole plan: nothing
+                # is left to run, so nothing is spent and the cap has nothing to stop (the settings are still checked)
+                eps = finished["epsilon"]
+                spent = "not private (--no-dp)" if eps is None else f"ε = {eps:.4g} at δ = {finished['delta']:g}"
+                cap = ""
+                if cfg.max_epsilon is not None:
+                    cap = (f"; --max-epsilon {cfg.max_epsilon:g} has nothing to stop"
+                           + (" (the run's ε is above it already: spent before, when it was not capped)"
+                              if eps is not None and eps > cfg.max_epsilon else ""))
+                    import dataclasses
+
+                    cfg = dataclasses.replace(cfg, max_epsilon=None)
+                k = finished["planned"]
+                what = f"its {k} round{'s' if k != 1 else ''}" if k else "its statistics release"
+                log_line(f"train: the run in {out} is finished ({what}, {spent}): nothing to resume, nothing is spent"
+                         f"{cap}; start a new run in another --out to train again")
+            elif resume and (out / "config.json").exists():  # a refused resume printed the new settings first (a probe)
                 from fedhype.federated.rundir import RunDir
                 from fedhype.pipeline.job import release_resume_note
 
@@ -315,6 +366,7 @@ def register(app: typer.Typer) -> None:
 
             target = cfg.epsilon if res["private"] and cfg.noise_multiplier is None else None
             res["target_epsilon"] = target
+            res["nothing_to_resume"] = finished is not None
             # a resumed run recharges the round that was interrupted: the accountant's ε then exceeds the target
             res["above_target"] = above_target(res["epsilon"], target)
             if json_out and res["above_target"]:  # stdout is the JSON object: say it on stderr too

@@ -182,9 +182,7 @@ def _detect(root: Path, level: list[Path]) -> str:
     if not holds_dirs:
         return "class"  # every folder holds only files (or is empty: reported as an empty class folder)
     if holds_files:
-        both = [d for d in holds_files if d in holds_dirs]
-        ex = both[0] if both else holds_dirs[0]
-        return _refuse_mixed(root, ex, holds_files, holds_dirs)
+        return _refuse_mixed(root, holds_files, holds_dirs)
     subs = {d: [Path(e.path) for e in c] for d, c in full.items()}
     if all(_splits_of(d, True) is not None for d in full):
         return "domain/class"  # <domain>/<split>/<class>/...: a class has no train/test folders
@@ -198,12 +196,21 @@ def _detect(root: Path, level: list[Path]) -> str:
         f"{_names(list(full))}; classes {_names(inner)}). Choose one ({HOW})")
 
 
-def _refuse_mixed(root: Path, ex: Path, holds_files: list[Path], holds_dirs: list[Path]) -> str:
+def _refuse_mixed(root: Path, holds_files: list[Path], holds_dirs: list[Path]) -> str:
     both = [d for d in holds_files if d in holds_dirs]  # each folder named once (a probe read 'square' on both sides)
     dirs, files = [d for d in holds_dirs if d not in both], [d for d in holds_files if d not in both]
-    parts = ([f"folder(s) {_names(dirs)} hold sub-folders"] if dirs else []) \
-        + ([f"{_names(files)} hold images directly"] if files else []) \
-        + ([f"{_names(both)} hold both"] if both else [])
+
+    def hold(paths: list[Path], noun: bool = False) -> str:  # "sneaker holds", "bag, tshirt hold" (a probe: "sneaker hold")
+        one = len({p.name for p in paths}) == 1
+        return f"{('folder ' if one else 'folders ') if noun else ''}{_names(paths)} {'holds' if one else 'hold'}"
+
+    def nested(d: Path) -> str:  # the sub-folder itself, e.g. sneaker/loop/ (a probe was shown "e.g. sneaker/")
+        sub = next((Path(e.path) for e in _entries(d) if e.is_dir()), d)
+        return f"{sub.relative_to(root).as_posix()}/"
+
+    parts = ([f"{hold(dirs, noun=True)} sub-folders (e.g. {nested(dirs[0])})"] if dirs else []) \
+        + ([f"{hold(files)} images directly"] if files else []) \
+        + ([f"{hold(both)} both images and sub-folders (e.g. {nested(both[0])})"] if both else [])
     raise ValidationError(
-        f"{root}: mixed layout: {', while '.join(parts)} (e.g. {ex.relative_to(root)}/). Use <class>/<image> or <domain>/<class>/<image> for every "
+        f"{root}: mixed layout: {', while '.join(parts)}. Use <class>/<image> or <domain>/<class>/<image> for every "
         f"folder, or pass --layout class to read each top folder as one class with everything below it ({HOW})")

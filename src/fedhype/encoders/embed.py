@@ -26,8 +26,15 @@ from fedhype.errors import ValidationError
 _console = Console(stderr=True)
 
 
+#: An image whose smaller side is below this fraction of the encoder's input side is upscaled so far that its
+#: embedding says little of it (a probe's 1×1 and 2×2 images were embedded without a word): listed in the store's
+#: ``meta["small_images"]`` (:func:`small_images`), which ``fedhype embed`` warns about
+SMALL_IMAGE_FRACTION = 1 / 8
+
+
 class _RecordDataset(Dataset):
-    """Decodes and transforms one record; a failure becomes ``(zeros, index, reason)``."""
+    """Decodes and transforms one record: ``(pixels, index, "", (width, height))``; a failure becomes
+    ``(zeros, index, reason, (0, 0))``."""
 
     def __init__(self, source: ImageSource, transform, crop: int) -> None:
         self.records = source.records
@@ -39,9 +46,10 @@ class _RecordDataset(Dataset):
 
     def __getitem__(self, i: int):
         try:
-            return self.transform(self.records[i].load()), i, ""
+            img = self.records[i].load()
+            return self.transform(img), i, "", tuple(int(v) for v in img.size)
         except Exception as exc:  # noqa: BLE001 - any decode failure skips the record
-            return torch.zeros(3, self.crop, self.crop), i, f"{type(exc).__name__}: {exc}"
+            return torch.zeros(3, self.crop, self.crop), i, f"{type(exc).__name__}: {exc}", (0, 0)
 
 
 def default_workers() -> int:
@@ -74,7 +82,9 @@ def embed_source(
         An :class:`EmbeddingStore` with float32 embeddings ``[N, encoder.dim]`` (N = decodable
         records) and ``meta`` holding ``kind="real"``, the encoder description, source
         provenance, counts, skipped files (``source.skipped`` plus decode failures, each
-        ``{"file", "reason"}``), fedhype version, ``elapsed_s`` and ``images_per_s``.
+        ``{"file", "reason"}``), fedhype version, ``elapsed_s`` and ``images_per_s``, and, where some images
+        have a side below :data:`SMALL_IMAGE_FRACTION` of the encoder's input, ``small_images``
+        (:func:`small_images`).
 
     Raises:
         ValidationError: empty source, bad batch size, no decodable image, or (strict) a bad image.
@@ -94,6 +104,7 @@ def embed_source(
     chunks: list[torch.Tensor] = []
     kept: list[int] = []
     failed: list[dict[str, str]] = []
+    small: list[tuple[str, int, int]] = []
     start = time.perf_counter()
     plain = LineProgress(f"embed: {encoder.id}", len(dataset), "img", every_s=5.0) \
         if progress and not _console.is_terminal else None
@@ -104,13 +115,15 @@ def embed_source(
     ) as bar:
         task = bar.add_task(encoder.id, total=len(dataset), rate="-")
         done = 0
-        for pixels, index, reasons in loader:
+        for pixels, index, reasons, (widths, heights) in loader:
             ok = torch.tensor([not r for r in reasons], dtype=torch.bool)
-            for i, r in zip(index.tolist(), reasons):
+            for i, r, w, h in zip(index.tolist(), reasons, widths.tolist(), heights.tolist()):
                 if r:
                     if strict:
                         raise ValidationError(f"cannot decode image {source.records[i].sample_id}: {r} (--strict)")
                     failed.append({"file": source.records[i].sample_id, "reason": r})
+                elif min(w, h) < SMALL_IMAGE_FRACTION * encoder.preprocess["crop"]:
+                    small.append((source.records[i].sample_id, w, h))
             if ok.any():
                 chunks.append(encoder(pixels[ok]))
                 kept.extend(index[ok].tolist())
@@ -132,7 +145,24 @@ def embed_source(
         domain_names=list(source.domain_names),
     )
     store.meta = _metadata(source, encoder, store, list(source.skipped) + failed, elapsed, len(dataset), workers, batch_size)
+    if small:
+        store.meta["small_images"] = small_images(small, encoder.preprocess["crop"])
     return store
+
+
+def small_images(small: list[tuple[str, int, int]], crop: int, k: int = 5) -> dict[str, Any]:
+    """``meta["small_images"]``: how many images have a side below :data:`SMALL_IMAGE_FRACTION` of the encoder's
+    input side ``crop``, the limit in pixels, and up to ``k`` examples (``"<id> (W×H)"``, smallest first)."""
+    ex = sorted(small, key=lambda t: (min(t[1], t[2]), t[0]))[:k]
+    return {"n": len(small), "below_px": SMALL_IMAGE_FRACTION * crop, "input_px": int(crop),
+            "examples": [f"{sid} ({w}×{h})" for sid, w, h in ex]}
+
+
+def small_images_warning(info: dict[str, Any]) -> str:
+    """The one warning about ``meta["small_images"]`` (:func:`small_images`)."""
+    return (f"{info['n']} image(s) have a side below {info['below_px']:g} px, 1/{round(1 / SMALL_IMAGE_FRACTION)} of "
+            f"the encoder's {info['input_px']} px input (e.g. {', '.join(info['examples'])}): upscaled that far they "
+            "give embeddings that say little of the image; remove them, or use larger images")
 
 
 def _metadata(source, encoder, store, skipped, elapsed, n_seen, workers, batch_size) -> dict[str, Any]:

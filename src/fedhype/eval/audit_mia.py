@@ -15,7 +15,7 @@ from typing import Any
 
 from fedhype.data.partition import Partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ArtifactError
+from fedhype.errors import ArtifactError, ValidationError
 from fedhype.eval.attacks import mia_report
 from fedhype.eval.audit_ledger import run_directory
 from fedhype.eval.inputs import check_compatible
@@ -23,11 +23,44 @@ from fedhype.federated.rundir import RunDir
 from fedhype.io import read_json
 
 
+def run_sites(run_dir: str | Path) -> list[str] | None:
+    """The sites of a run trained with ``fedhype train --site`` (its ``config.json`` names them under ``store``),
+    or None for a run on a pooled store and its partition (or a folder without a readable config)."""
+    path = RunDir(run_directory(run_dir)).config
+    if not path.is_file():
+        return None
+    try:
+        sites = read_json(path, "run config").get("store", {}).get("sites")
+    except (ArtifactError, AttributeError):
+        return None
+    return [str(x) for x in sites] if isinstance(sites, list) and sites else None
+
+
+def site_run_refusal(run_dir: str | Path, sites: list[str], what: str = "--mia",
+                     drop: str = "--mia") -> ValidationError:
+    """Why ``what`` (membership inference, or a check against ``--store``/``--partition``: ``drop`` the flags to
+    leave out) cannot be run on a site run."""
+    return ValidationError(
+        f"{what} is not available for run {run_dir}: it was trained with `train --site` on the sites "
+        f"{', '.join(sites)}, and a site run has no pooled store. Membership inference needs the run's real records "
+        "in one store and its partition (--store, --partition: members = the training split, non-members = the test "
+        "split); a site's records stay at the site. Instead, each site can evaluate the synthetic data on its own test "
+        "split (`fedhype evaluate --site <site folder> --synthetic <store>`), and `fedhype audit --run "
+        f"{run_dir}` without {drop} checks the run's ledger")
+
+
 def check_run_data(run_dir: str | Path, store: EmbeddingStore, partition: Partition) -> None:
     """Raise :class:`ArtifactError` unless ``store`` and ``partition`` are the ones the run trained on.
 
     ``run_dir``: a run directory or a ``fedhype run`` output folder (its ``run/`` is checked).
+
+    Raises:
+        ValidationError: a run trained with ``train --site`` (no pooled store: :func:`site_run_refusal`).
+        ArtifactError: another store or partition than the run's.
     """
+    sites = run_sites(run_dir)
+    if sites:  # its config's digest is the sites' keys': "not the store it trained on" misled a probe
+        raise site_run_refusal(run_dir, sites, "a check of --store/--partition against the run", "--store/--partition")
     run_dir = run_directory(run_dir)
     config = read_json(RunDir(run_dir).config, "run config")
     partition.check_store(store)
@@ -61,8 +94,12 @@ def run_mia(run_dir: str | Path, store: EmbeddingStore, partition: Partition, sy
         ``"synthetic_epsilon"`` (the ε its metadata claims).
 
     Raises:
-        ArtifactError: data that is not the run's; ValidationError: incompatible stores.
+        ArtifactError: data that is not the run's; ValidationError: incompatible stores, or a site run
+            (:func:`site_run_refusal`).
     """
+    sites = run_sites(run_dir)
+    if sites:
+        raise site_run_refusal(run_dir, sites)
     run_dir = run_directory(run_dir)
     check_run_data(run_dir, store, partition)
     members = partition.split_store(store, "train")

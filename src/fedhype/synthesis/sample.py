@@ -20,6 +20,7 @@ from fedhype.federated.rundir import load_model, model_digest
 from fedhype.models.config import DP_LATENT
 from fedhype.models.cvae import sample
 from fedhype.privacy.randomness import entropy_seed, noise_generator
+from fedhype.synthesis.absent import absent_note, count_noise_std, unclear_classes, within
 from fedhype.synthesis.anchor import anchored
 from fedhype.synthesis.codes import parse_code_spec
 from fedhype.synthesis.defaults import DEFAULT_ANCHOR
@@ -30,7 +31,9 @@ def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None 
     """Labels int64 [N]: ``per_class`` each, or ``n`` split by ``label_weights`` (uniform default).
 
     With ``n``, counts are the largest-remainder rounding of n·w (deterministic), so the class
-    proportions are exact up to one sample; order is shuffled with ``generator``.
+    proportions are exact up to one sample; order is shuffled with ``generator``. An ``n`` below the number
+    of classes of positive weight is refused (every class is drawn: one would get none); a larger one may
+    still round a class of small weight to none (:func:`empty_classes_note` names it).
     """
     if (per_class is None) == (n is None):
         raise ValidationError("give exactly one of --per-class or --n")
@@ -44,6 +47,14 @@ def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None 
         w = torch.tensor(label_weights if label_weights is not None else [1.0] * n_classes, dtype=torch.float64)
         if w.numel() != n_classes or (w < 0).any() or w.sum() <= 0:
             raise ValidationError(f"--label-weights needs {n_classes} non-negative numbers with a positive sum")
+        drawn = int((w > 0).sum())
+        if n < drawn:  # a probe's --n 3 with 4 classes left a class empty without a word
+            which = f"{drawn} classes" + (" with a positive --label-weights" if label_weights is not None else "")
+            raise ValidationError(
+                f"--n {n} is fewer than the {which}: --n is the total number of synthetic embeddings, split between "
+                f"the classes ({'by --label-weights' if label_weights is not None else 'evenly'}), so "
+                f"{drawn - n} class(es) would get none; give --n {drawn} or more, --per-class N for N of every class, "
+                "or --label-weights with 0 for the classes to leave out")
         exact = n * w / w.sum()
         counts = exact.floor().long()
         rest = n - int(counts.sum())
@@ -96,10 +107,17 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
 
     Returns:
         EmbeddingStore with float32 [N, D] unit-norm embeddings; ``domains`` = source client for
-        ``mixture``, else 0 (one domain named after the code spec).
+        ``mixture``, else 0 (one domain named after the code spec). Its ``meta`` (the provenance) holds, besides
+        the run's figures, ``count_noise_std`` (the noise std of one client's DP class count,
+        :func:`fedhype.synthesis.absent.count_noise_std`; None where unknown), ``absent_classes`` (the classes
+        whose pooled DP count cannot be told from 0: their samples are DP noise, not data;
+        :func:`fedhype.synthesis.absent.unclear_classes`) and ``notes`` (``[{"kind", "text"}]``: ``absent``
+        (:func:`fedhype.synthesis.absent.absent_note`), ``empty`` (:func:`empty_classes_note`), ``codes``
+        (:func:`codes_note`), ``few`` (:func:`few_classes_note`)), joined in ``codes_note``.
 
     Raises:
-        ArtifactError: unreadable model; ValidationError: bad code spec or counts.
+        ArtifactError: unreadable model; ValidationError: bad code spec or counts (an ``n`` below the number of
+            classes drawn: :func:`class_labels`).
     """
     hnet, codes, meta = load_model(model)
     cfg = hnet.cfg
@@ -149,17 +167,28 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
             theta = params(code_vec, client_stats=not (spec.kind == "neutral" and getattr(hnet.cfg, "client_heads", False)))
             out = _decode(theta, labels, cfg, gen, batch_size, temperature, _space(hnet, code_vec))
             domain_names = [spec.text]
-    note = codes_note(hnet, meta, spec.kind)
-    few = few_classes_note(spec, meta, cfg.n_classes, names)
-    note = "; ".join(x for x in (note, few) if x) or None
+    counts = torch.bincount(labels, minlength=cfg.n_classes).tolist()
+    class_names = [str(c) for c in meta.get("class_names") or range(cfg.n_classes)]
+    run_dir = Path(model) if Path(model).is_dir() else Path(model).parent
+    std = count_noise_std(run_dir, cfg) if meta.get("client_class_counts") is not None else None
+    unclear = unclear_classes(meta["client_class_counts"], std, class_names) if std is not None else []
+    notes = [("absent", absent_note(unclear, counts, label_weights=label_weights, n_clients=len(clients))),
+             ("empty", empty_classes_note(counts, label_weights, class_names, n)),
+             ("codes", codes_note(hnet, meta, spec.kind)),
+             ("few", few_classes_note(spec, meta, cfg.n_classes, names, count_std=std,
+                                      skip={u.index for u in unclear} | {k for k, c in enumerate(counts) if not c}))]
+    notes = [{"kind": k, "text": t} for k, t in notes if t]
+    note = "; ".join(x["text"] for x in notes) or None
     provenance = {
-        **({"codes_note": note} if note else {}),
+        **({"codes_note": note, "notes": notes} if note else {}),
+        **({"absent_classes": [u.as_dict() for u in unclear]} if unclear else {}),
+        "count_noise_std": std,
         "kind": "synthetic", "space": "l2", "run_id": meta.get("run_id"), "method": meta.get("method"),
         "epsilon": meta.get("epsilon"), "delta": meta.get("delta"), "private": bool(meta.get("private")),
         "privacy": "DP (post-processing of the run's DP outputs)" if meta.get("private") else "NON-PRIVATE (trained with --no-dp)",
         "code": spec.text, "seed": seed_used, "seed_given": seed is not None, "temperature": temperature,
         "anchor": anchor_note(anchor, anchors), "model_digest": model_digest(model),
-        "counts": torch.bincount(labels, minlength=cfg.n_classes).tolist(), "fedhype_version": __version__,
+        "counts": counts, "fedhype_version": __version__,
         # provenance (public): the run's clients, their random data keys, how their data was embedded
         "client_names": list(meta.get("client_names") or []), "data_keys": meta.get("data_keys"),
         "embedding": meta.get("embedding"),
@@ -195,35 +224,70 @@ def codes_note(hnet, meta: dict, kind: str) -> str | None:
             "without secure aggregation")
 
 
-#: :func:`few_classes_note`: a class below this fraction of a uniform share of the chosen clients' records
+def empty_classes_note(counts: list[int], label_weights: list[float] | None, class_names: list[str],
+                       n: int | None) -> str | None:
+    """The classes with a positive weight that the rounding of ``--n`` split by ``--label-weights`` left without
+    a sample, or None (:func:`class_labels` refuses an ``--n`` below the number of such classes)."""
+    if n is None:
+        return None
+    w = label_weights if label_weights is not None else [1.0] * len(counts)
+    empty = [class_names[k] for k, c in enumerate(counts) if c == 0 and w[k] > 0]
+    if not empty:
+        return None
+    return (f"class(es) {', '.join(empty)} got no sample: --n {n} split by --label-weights rounds their share below "
+            "one; give a larger --n, or --per-class N for N of every class")
+
+
+#: :func:`few_classes_note` without the count noise (no ``config.json`` beside the model): a class below this
+#: fraction of a uniform share of the chosen clients' records
 FEW_CLASS_SHARE = 0.2
 
 
-def few_classes_note(spec, meta: dict, n_classes: int, names) -> str | None:
-    """Which classes the clients of a ``client:`` / ``mixture:`` code hold (almost) none of, or None.
+def few_classes_note(spec, meta: dict, n_classes: int, names, count_std: float | None = None,
+                     skip=()) -> str | None:
+    """Which classes the clients of a ``client:`` / ``mixture:`` code cannot be told to hold, or None.
 
     Every class is drawn in the numbers asked, whatever the code; a client's model generates a class it
     lacks from the federation's pooled class statistics (the client statistics of a class at the count
     floor are the pool's, docs/method.md decision 11), not from its own records. Read from the clients'
-    DP class counts (model metadata ``client_class_counts``, public DP outputs): a class whose weighted
-    share Σ_j w_j n_jy / Σ_j w_j Σ_y' n_jy' of the chosen clients' records is below
-    :data:`FEW_CLASS_SHARE` / K is named. None for ``neutral`` / ``mix``, or without counts (secure
-    aggregation, older models).
+    DP class counts (model metadata ``client_class_counts``, public DP outputs) against their noise: a class
+    whose DP count summed over the code's clients (those of positive weight: a mixture draws each class from
+    the clients that hold it, :func:`mixture_source_probs`) is at most :data:`fedhype.synthesis.absent.ABSENT_Z`
+    noise standard deviations of the sum is named (:func:`fedhype.synthesis.absent.unclear_classes`;
+    ``count_std``: the noise std of one client's count, :func:`fedhype.synthesis.absent.count_noise_std`).
+    Without ``count_std`` (the noise unknown: no ``config.json`` beside the model) a class below
+    :data:`FEW_CLASS_SHARE` / K of the weighted share Σ_j w_j n_jy / Σ_j w_j Σ_y' n_jy' of the chosen
+    clients' records is named instead. Classes in ``skip`` (those the whole federation cannot be told to hold:
+    :func:`fedhype.synthesis.absent.absent_note`) are left out. None for ``neutral`` / ``mix``, or without
+    counts (secure aggregation, older models).
     """
     counts = meta.get("client_class_counts")
     if counts is None or spec.kind not in ("client", "mixture"):
         return None
+    cls = [str(c) for c in meta.get("class_names") or range(n_classes)]
+    who = ", ".join(str(names[i]) for i in spec.indices)
+    if count_std is not None:
+        idx = [i for i, w in zip(spec.indices, spec.weights) if w > 0]
+        few = [u for u in unclear_classes(counts, count_std, cls, idx) if u.index not in set(skip)]
+        if not few:
+            return None
+        what = "DP count" if len(idx) == 1 else "summed DP count"
+        source = ("their own DP class statistics, which are noise for those classes (a local-cvae run has no "
+                  "pooled model)" if is_local(meta) else
+                  "the federation's pooled class statistics, not from these clients' own data")
+        return (f"client(s) {who} cannot be told to hold class(es) {', '.join(u.describe(what) for u in few)}"
+                f"{within(len(few), count_std == 0)}: those classes are drawn from {source} (--n with "
+                "--label-weights 0 for them leaves them out)")
     c = torch.tensor([counts[i] for i in spec.indices], dtype=torch.float64).clamp_min(0)  # [J, K]
     w = torch.tensor(spec.weights if spec.kind == "mixture" else (1.0,), dtype=torch.float64)
     share = (w[:, None] * c / c.sum(1, keepdim=True).clamp_min(1e-12)).sum(0) / w.sum()
-    few = [k for k in range(n_classes) if share[k] < FEW_CLASS_SHARE / n_classes]
+    few = [k for k in range(n_classes) if share[k] < FEW_CLASS_SHARE / n_classes and k not in set(skip)]
     if not few:
         return None
-    cls = [str(meta["class_names"][k]) for k in few] if meta.get("class_names") else [str(k) for k in few]
-    who = ", ".join(str(names[i]) for i in spec.indices)
-    return (f"client(s) {who} hold few or no records of class(es) {', '.join(cls)} (their DP class counts): those "
-            "classes are drawn from the federation's pooled class statistics, not from these clients' own data "
-            "(--n with --label-weights 0 for them leaves them out)")
+    return (f"client(s) {who} hold few or no records of class(es) {', '.join(cls[k] for k in few)} (their DP class "
+            "counts; their noise is unknown: no config.json beside the model): those classes are drawn from the "
+            "federation's pooled class statistics, not from these clients' own data (--n with --label-weights 0 "
+            "for them leaves them out)")
 
 
 def mixture_source_probs(weights, indices, class_counts, n_classes: int) -> torch.Tensor:
