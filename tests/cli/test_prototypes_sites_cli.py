@@ -239,3 +239,64 @@ def test_train_synthetic_and_its_old_name_data_give_the_same_model(files):
     assert r.exit_code == 2 and "--synthetic" in json.loads(r.stdout)["error"]
     shown = _run("prototypes", "train", "--help").stdout
     assert "--synthetic" in shown and "--data" not in shown  # the old name works, hidden
+
+
+# ---------------------------------------------------------------------------- what a run prints (a user's probe)
+def test_dp_linear_seeded_says_the_noise_can_be_regenerated_and_the_plan_line_waits_for_acceptance(files, tmp_path):
+    """A probe: `dp-linear --site siteC --seed 3` printed "ε = 0.09973 (PRV, worst client)" as if private (only the
+    site line said ∞), and "10 rounds over 2 sites …" came before a refusal."""
+    north, capped = tmp_path / "north", tmp_path / "capped"
+    _site(files["halves"]["north"], "north", north)
+    _site(files["halves"]["south"], "capped", capped, "--max-epsilon", 0.5)
+    r = _run("prototypes", "dp-linear", "--site", north, "--epsilon", 1, "--rounds", 1, "--seed", 3)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert ("note: --seed makes the noise reproducible, which is not secure: whoever holds the seed (the model's "
+            "metadata carries it) can regenerate the noise and remove it, so the ε above holds only while the seed "
+            "stays secret; the sites' ledgers count this run as ε = ∞") in text
+    assert "(PRV, worst client; seeded noise: only while the seed stays secret" in text
+    assert "DP FedAvg linear classifier: 1 rounds over 1 site (the plan fits every site's ledger)" in text
+    res = _json(_run("prototypes", "dp-linear", "--site", north, "--epsilon", 1, "--rounds", 1, "--seed", 3, "--json"))
+    assert res["seeded"] is True and res["noise_seeded"] is True
+    res = _json(_run("prototypes", "dp-linear", "--site", north, "--epsilon", 1, "--rounds", 1, "--json"))
+    assert res["seeded"] is False
+    # a refused plan prints its refusal only, not the plan line
+    r = _run("prototypes", "dp-linear", "--site", north, "--site", capped, "--epsilon", 1, "--rounds", 10)
+    assert r.exit_code == 3 and "rounds over" not in r.output and "site 'capped'" in r.output, r.output
+
+
+def test_train_synthetic_shows_the_stores_delta_or_none(files, real_store, tmp_path):
+    """A probe: `prototypes train --synthetic` showed "delta None" beside ε."""
+    r = _run("prototypes", "train", "--synthetic", files["syn"], "--epochs", 1, "--out", tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    assert not [ln for ln in r.output.splitlines() if "│ delta " in ln]  # the store carries no δ: left out
+    syn = _synthetic(real_store, {"delta": 1e-5}).save(tmp_path / "syn-delta.safetensors")
+    r = _run("prototypes", "train", "--synthetic", syn, "--epochs", 1, "--out", tmp_path / "b")
+    assert r.exit_code == 0, r.output
+    assert [ln.split("│")[2].strip() for ln in r.output.splitlines() if "│ delta " in ln] == ["1e-05"], r.output
+    res = _json(_run("prototypes", "train", "--synthetic", syn, "--epochs", 1, "--out", tmp_path / "c", "--json"))
+    assert res["delta"] == 1e-5 and res["epsilon"] == 1.0
+# Append to tests/cli/test_prototypes_sites_cli.py once /tmp/helper-check/inputs.diff is applied (it fails without it).
+
+
+def test_evaluate_with_another_split_names_the_file_of_the_runs_split(files, real_store, tmp_path):
+    """A probe: `prototypes evaluate --model proto2 --site siteB/site.2922b685.json` (the old split; the model was
+    trained on the new one) suggested site.30046d30.json, the current split's key, which is no file (it is site.json)."""
+    folder = tmp_path / "siteB"
+    old = _site(files["halves"]["north"], "siteB", folder)
+    old_key = Site.load(folder).key
+    _site(files["halves"]["north"], "siteB", folder, "--overwrite")
+    new_key = Site.load(folder).key
+    kept = folder / f"site.{old_key[:8]}.json"
+    assert kept.is_file() and old_key != new_key and old is not None
+    for key, model in ((new_key, "on-new"), (old_key, "on-old")):
+        syn = _synthetic(real_store, {"data_keys": [key], "client_names": ["siteB"]}).save(tmp_path / f"{model}.st")
+        _json(_run("prototypes", "train", "--synthetic", syn, "--epochs", 1, "--out", tmp_path / model, "--json"))
+    r = _run("prototypes", "evaluate", "--model", tmp_path / "on-new", "--site", kept, "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 4 and f"evaluate with the split the run used: --site {folder / 'site.json'}" in err, err
+    assert f"site.{new_key[:8]}.json" not in err
+    r = _run("prototypes", "evaluate", "--model", tmp_path / "on-old", "--site", folder, "--json")
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 4 and f"evaluate with the split the run used: --site {kept}" in err, err
+    _json(_run("prototypes", "evaluate", "--model", tmp_path / "on-old", "--site", kept, "--json"))  # its own split

@@ -164,7 +164,147 @@ def test_the_check_module_names_key_and_path_before_the_supernode_starts(sites, 
                            "that `fedhype site` wrote, which holds site.json. Fix the node config and restart the "
                            "SuperNode")
     assert check.main(["--node-config", f'site="{site0}" federation="{fed_path}" state-dir="{tmp_path / "st"}"']) == 0
-    assert capsys.readouterr().out.strip() == "node config ok: this SuperNode holds client 0"
+    out = capsys.readouterr().out.strip()
+    assert out.endswith("node config ok: this SuperNode holds client 0") and "site ledger:" in out
     assert not (tmp_path / "st").exists()  # a check writes nothing
     assert check.main(["--node-config", f'site="{site0}" federation="{fed_path}"']) == 2  # a missing key
     assert "lacks ['state-dir']" in capsys.readouterr().err
+
+
+def _fresh_sites(sites, tmp_path, **over):
+    """A copy of the two site folders (their ledgers untouched by other tests) and a federation of ``CFG | over``."""
+    import shutil
+
+    from fedhype.federated.flower.federation import write_site_federation
+
+    copies = []
+    for i, p in enumerate(sites[0]):
+        shutil.copytree(p, tmp_path / f"site{i}")
+        copies.append(tmp_path / f"site{i}")
+    return copies, write_site_federation(tmp_path / "fed", copies, TrainConfig(**{**CFG, **over}))
+
+
+def _check(site, fed, state, capsys, extra=""):
+    rc = check.main(["--node-config", f'site="{site}" federation="{fed}" state-dir="{state}"{extra}'])
+    got = capsys.readouterr()
+    return rc, got.out, got.err
+
+
+def test_the_check_module_refuses_what_the_handshake_refuses_on_the_sites_ledger(sites, tmp_path, capsys):
+    """A user's probe: the checker said "node config ok" for a plan past the site's cap, an ε = 50 federation on a
+    capped site and an edited or missing site ledger, all of which the handshake refuses."""
+    import json
+
+    from fedhype.federated.flower.node_budget import BINDINGS, bind_run, site_cap
+    from fedhype.privacy.ledger import LedgerEvent
+    from fedhype.privacy.site_ledger import SiteCharger, ledger_path, set_site_ledger
+
+    (site0, _), fed = _fresh_sites(sites, tmp_path)
+    state = tmp_path / "state"
+    nc = {"site": str(site0), "federation": str(fed), "state-dir": str(state)}
+    plan_eps, delta = site_cap(handshake.NodeSettings.from_node_config(nc), "0")
+    # a plan past the site's cap: the handshake refuses, so does the checker (with the figures: it runs at the site)
+    set_site_ledger(site0, "site-0", max_epsilon=plan_eps * 0.9, delta=delta)
+    with pytest.raises(handshake.NodeRefusal, match="would pass the site's lifetime ε cap"):
+        handshake.node_identity(nc, handshake.encode_query(""))
+    rc, out, err = _check(site0, fed, state, capsys)
+    assert rc == 2 and "node config ok" not in out
+    assert err.startswith("PlanRefused: the identity handshake would refuse: this site's ledger across runs: the "
+                          "federation's plan (the release and every planned round) would pass the site's lifetime ε "
+                          "cap; refused at the handshake")
+    assert f"At the site: site 'site-0': this run's plan (ε = {plan_eps:.4f} alone)" in err
+    assert f"past the site's cap of {plan_eps * 0.9:g}" in err
+    # the plan fits: the checker says what it checked
+    set_site_ledger(site0, "site-0", max_epsilon=plan_eps * 1.05)
+    handshake.node_identity(nc, handshake.encode_query(""))
+    rc, out, err = _check(site0, fed, state, capsys)
+    assert rc == 0, err
+    assert f"site ledger: {ledger_path(site0)} intact, ε = 0.0000 at δ = {delta:g} spent over its runs, cap " \
+           f"{plan_eps * 1.05:g}" in out
+    assert f"run binding: {state / BINDINGS}: this federation file is not bound to a run yet" in out
+    assert ("plan: the federation's plan (the release and every planned round), as a new run, composed with the "
+            f"site's ledger, fits under its cap {plan_eps * 1.05:g}") in out
+    assert "the run key of its query (at the handshake)" in out
+    assert out.strip().endswith("node config ok: this SuperNode holds client 0")
+    # a seeded node on the capped site: ε = ∞ for the site
+    rc, _, err = _check(site0, fed, state, capsys, " seed=0")
+    assert rc == 2 and "a node with seeded noise (ε = ∞ for the site) would pass" in err
+    # an ε = 50 federation on the capped site
+    (site0b, _), fed50 = _fresh_sites(sites, tmp_path / "b", epsilon=50.0, noise_multiplier=None)
+    set_site_ledger(site0b, "site-0", max_epsilon=plan_eps * 1.05, delta=delta)
+    nc50 = {**nc, "site": str(site0b), "federation": str(fed50)}
+    with pytest.raises(handshake.NodeRefusal, match="would pass the site's lifetime ε cap"):
+        handshake.node_identity(nc50, handshake.encode_query(""))
+    rc, _, err = _check(site0b, fed50, state, capsys)
+    assert rc == 2 and "PlanRefused: the identity handshake would refuse" in err
+    # a federation file already bound to a run: the checker says which, and checks the plan as that run's resume
+    bind_run(handshake.NodeSettings.from_node_config(nc), "run-a-0123456789ab")
+    rc, out, _ = _check(site0, fed, state, capsys)
+    assert rc == 0 and ("this federation file is bound to run run-a-0123456789ab: the node serves only its resume, "
+                        "and refuses a new run with this file") in out and "as the resume of run run-a-0123456789ab" in out
+    # an edited site ledger
+    SiteCharger(site0, "site-0", "other-000000000001", delta, expected=True).charge(
+        [LedgerEvent("site-0", -1, "release", 4.0, 1.0, 1, 1.0)])
+    path = ledger_path(site0)
+    good = path.read_text()
+    raw = json.loads(good)
+    raw["events"][0]["noise_multiplier"] = 40.0
+    path.write_text(json.dumps(raw))
+    with pytest.raises(Exception) as refused:
+        handshake.node_identity(nc, handshake.encode_query("run-a-0123456789ab"))
+    rc, out, err = _check(site0, fed, state, capsys)
+    assert rc == 2 and err.startswith("ArtifactError: the site's ledger across runs") and "node config ok" not in out
+    assert type(refused.value).__name__ == "ArtifactError"
+    # a missing site ledger where site.json says `fedhype site` started it (as `fedhype site` writes it now)
+    path.unlink()
+    own = json.loads((site0 / "site.json").read_text())
+    (site0 / "site.json").write_text(json.dumps({**own, "site_ledger": "site-ledger.json"}))
+    with pytest.raises(Exception, match="is missing"):
+        handshake.node_identity(nc, handshake.encode_query("run-a-0123456789ab"))
+    rc, _, err = _check(site0, fed, state, capsys)
+    assert rc == 2 and f"ArtifactError: {path} is missing, though the site's site.json says `fedhype site` started " \
+                       "it" in err
+
+
+@pytest.mark.parametrize("keys, named", [
+    ('federaton="{fed}" state-dir="{st}"', "'federaton': did you mean 'federation'?"),
+    ('federation="{fed}" state_dir="{st}"', "'state_dir': did you mean 'state-dir'?"),
+    ('federation="{fed}" state-dir="{st}" alow-no-dp=true', "'alow-no-dp': did you mean 'allow-no-dp'?"),
+])
+def test_an_unknown_key_is_named_with_the_closest_known_one(sites, tmp_path, capsys, keys, named):
+    """A user's probe: "federaton=" gave only "lacks ['federation']", "state_dir=" only "lacks ['state-dir']"."""
+    (site0, _), fed_path, _ = sites
+    nc_text = f'site="{site0}" ' + keys.format(fed=fed_path, st=tmp_path / "st")
+    assert check.main(["--node-config", nc_text]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key(s)" in err and named in err and "lacks" not in err
+
+
+def test_a_misspelt_site_key_is_not_taken_for_a_pooled_partition_node_and_the_server_is_told(sites, tmp_path, capsys):
+    """``Site=… alow-no-dp=true`` fell back to the pooled-partition keys and named neither unknown key."""
+    from flwr.common.config import parse_config_args
+
+    (site0, _), fed_path, _ = sites
+    text = f'Site="{site0}" federation="{fed_path}" state-dir="{tmp_path / "st"}" alow-no-dp=true'
+    assert check.main(["--node-config", text]) == 2
+    err = capsys.readouterr().err
+    assert ("unknown key(s) ['Site', 'alow-no-dp'] ('Site': did you mean 'site'?; 'alow-no-dp': did you mean "
+            "'allow-no-dp'?)") in err and "lacks" not in err
+    # at the handshake: a refusal the server sees as it is (key names only, no local path)
+    with pytest.raises(handshake.NodeRefusal) as refused:
+        handshake.node_identity(parse_config_args([text]), handshake.encode_query(""))
+    assert handshake.for_the_server(refused.value) is refused.value
+    assert "did you mean 'site'?" in str(refused.value) and str(tmp_path) not in str(refused.value)
+    assert str(site0) not in str(refused.value)
+    reason = _flower_reason(refused.value)
+    assert handshake.node_refused(reason)
+
+
+def test_a_site_card_given_as_the_federation_file_is_named_as_such(sites, tmp_path, capsys):
+    """``federation=<card.json>`` gave "unreadable ('roster')"."""
+    (site0, _), _, _ = sites
+    rc = check.main(["--node-config", f'site="{site0}" federation="{site0 / "card.json"}" '
+                                      f'state-dir="{tmp_path / "st"}"'])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is not a federation file: it looks like a site card (card.json)" in err
+    assert "'roster'" not in err and "write_site_federation" in err

@@ -258,7 +258,7 @@ def test_a_void_withdraws_exactly_one_charge_in_force_and_a_forged_one_fails_ver
     from fedhype.privacy.ledger import LedgerEvent, charge, event_digest, pending_charges, void
 
     delta = 1e-5
-    ledger = PrivacyLedger(delta, {"run": "t"})
+    ledger = PrivacyLedger(delta, {"run": "t", "refusals": True})
     a = LedgerEvent("0", 0, "dp-sgd", 1.0, 0.1, 10, 1.0)
     b = LedgerEvent("1", 0, "dp-sgd", 1.0, 0.1, 10, 1.0, seeded=True)
     charge(ledger, [a, b], tmp_path / "ledger.json")
@@ -280,7 +280,7 @@ def test_a_void_withdraws_exactly_one_charge_in_force_and_a_forged_one_fails_ver
     assert len(ledger) == 3
     # a void forged into the file (hashes recomputed) that withdraws no charge of it fails verification
     state = again.state_dict()
-    forged = PrivacyLedger(delta, {"run": "t"})
+    forged = PrivacyLedger(delta, {"run": "t", "refusals": True})
     link = forged.genesis
     for e in (a, LedgerEvent("0", 0, "dp-sgd", 1.0, 0.1, 10, 1.0, voids="0" * 64)):  # record() would refuse it
         link = hashlib.sha256((link + json.dumps(e.to_dict(), sort_keys=True, separators=(",", ":"),
@@ -292,3 +292,52 @@ def test_a_void_withdraws_exactly_one_charge_in_force_and_a_forged_one_fails_ver
     assert PrivacyLedger.from_state_dict(state).epsilons() == ledger.epsilons()
     # a ledger without voids keeps its form: no "voids" key
     assert "voids" not in json.dumps(a.to_dict())
+
+
+def test_only_a_flower_coordinators_ledger_takes_voids_and_an_appended_void_elsewhere_is_tampering(tmp_path):
+    """A probe appended exact-match voids to a site's ledger across runs (chain extended, earlier links kept): its
+    spent ε fell 2.942 → 2.677 and a run its cap refused went through. Only a ledger started with meta
+    ``refusals`` (a Flower coordinator's: part of its genesis hash) takes voids; in any other the record is refused,
+    and a file holding one fails to load."""
+    import dataclasses
+    import json
+
+    from fedhype.errors import ArtifactError, ValidationError
+    from fedhype.privacy.ledger import LedgerEvent, charge, event_digest, void
+    from fedhype.privacy.site_ledger import load_site_ledger, set_site_ledger
+
+    delta = 1e-5
+    a = LedgerEvent("0", 0, "dp-sgd", 1.0, 0.1, 10, 1.0)
+    plain = PrivacyLedger(delta, {"run": "t"})  # an in-process run's
+    charge(plain, [a], tmp_path / "plain.json")
+    assert not plain.takes_voids
+    with pytest.raises(ValidationError, match="cannot have refused requests"):
+        void(plain, [a], "refused")
+    assert plain.events == (a,)
+
+    def append_void(path, charge_event):  # what the probe did: a valid-looking line, the chain and checksum extended
+        from fedhype.privacy import ledger as lm
+
+        state = json.loads(path.read_text())
+        v = dataclasses.replace(charge_event, voids=event_digest(charge_event), note="void: forged")
+        state["events"].append(v.to_dict())
+        state["chain"].append(lm._sha256(state["chain"][-1] + lm._canonical(v.to_dict())))
+        body = {k: state[k] for k in ("format", "delta", "meta", "events", "chain")}
+        state["checksum"] = lm._sha256(lm._canonical(body))
+        path.write_text(json.dumps(state))
+
+    append_void(tmp_path / "plain.json", a)
+    with pytest.raises(ArtifactError, match="cannot have refused requests"):
+        PrivacyLedger.load(tmp_path / "plain.json")
+
+    site = tmp_path / "site"
+    site.mkdir()
+    set_site_ledger(site, "hospital_a", delta=delta)
+    led = load_site_ledger(site, site="hospital_a")
+    b = LedgerEvent("hospital_a", 0, "dp-sgd", 1.0, 0.1, 10, 1.0, note="run r1")
+    charge(led, [b], site / "site-ledger.json")
+    before = load_site_ledger(site, site="hospital_a").epsilons()
+    append_void(site / "site-ledger.json", b)
+    with pytest.raises(ArtifactError, match="cannot have refused requests"):
+        load_site_ledger(site, site="hospital_a")
+    assert before["hospital_a"] > 0

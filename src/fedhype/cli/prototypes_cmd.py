@@ -205,11 +205,13 @@ def train(
                     "the training run's ledger and the DP matching, composed by the accountant" if composed else
                     "the DP matching alone (add --ledger to compose it with the run that made the data)"
                     if matching == "dp" else "no client records touched here; the data's own ε (data_epsilon)"),
-                "delta": clf.privacy_.get("delta"), "privacy": clf.privacy_,
+                # δ beside ε: the DP matching's, else the synthetic store's own (its metadata); None where unknown
+                "delta": clf.privacy_.get("delta") if matching == "dp" else
+                store.meta.get("delta") if private else None, "privacy": clf.privacy_,
                 "train_accuracy": float((clf.predict(x_tr) == y_tr).mean()), "seconds": time.perf_counter() - t0}
 
     run_command(body, _json(ctx, json_mode), lambda r: Console().print(kv_table("hyper-prototype classifier", {
-        k: v for k, v in r.items() if not isinstance(v, (dict, list))})))
+        k: v for k, v in r.items() if not isinstance(v, (dict, list)) and not (k == "delta" and v is None)})))
 
 
 def _metrics_by(groups: np.ndarray, names: list[str], y: np.ndarray, pred: np.ndarray) -> dict[str, dict]:
@@ -413,15 +415,21 @@ def dp_linear(
         if sites is not None:
             from fedhype.prototypes.dp_linear_sites import dp_linear_sites
 
-            console.print(f"DP FedAvg linear classifier: {rounds} rounds over {len(sites)} "
-                          f"site{'s' if len(sites) != 1 else ''} …", highlight=False)
             vocab = [k.strip() for k in classes.split(",")] if classes else None
-            return dp_linear_sites(sites, cfg, out=out, classes=vocab)
-        store = EmbeddingStore.load(real)
-        if store.kind == "synthetic":
-            raise ValidationError(f"--store {real} is a synthetic store; this reference trains on real records")
-        console.print(f"DP FedAvg linear classifier: {rounds} rounds …", highlight=False)
-        return dp_linear_downstream(store, Partition.load(partition), cfg, out=out)
+            # said once every site accepted the plan (a refused plan prints only its refusal)
+            r = dp_linear_sites(sites, cfg, out=out, classes=vocab, on_accepted=lambda: console.print(
+                f"DP FedAvg linear classifier: {rounds} rounds over {len(sites)} site{'s' if len(sites) != 1 else ''} "
+                "(the plan fits every site's ledger) …", highlight=False))
+        else:
+            store = EmbeddingStore.load(real)
+            if store.kind == "synthetic":
+                raise ValidationError(f"--store {real} is a synthetic store; this reference trains on real records")
+            console.print(f"DP FedAvg linear classifier: planning {rounds} rounds …", highlight=False)
+            r = dp_linear_downstream(store, Partition.load(partition), cfg, out=out)
+        r["seeded"] = seed is not None
+        if seed is not None and not no_dp:
+            console.print(_seeded_note(sites is not None), highlight=False)
+        return r
 
     def render(r: dict[str, Any]) -> None:
         where = f" of sites {', '.join(r['sites'])}" if r.get("sites") else ""
@@ -434,8 +442,9 @@ def dp_linear(
                 t.add_row(f"{'site' if r.get('sites') and title == 'per_client' else title[4:]} {name} "
                           f"(n={row['n']})", *[_fmt(row[m]) for m in _METRICS])
         Console().print(t)
-        console.print(f"ε = {_fmt(r['epsilon'])} at δ = {r['delta']} (PRV, worst client)" if r["private"]
-                      else "[bold yellow]NON-PRIVATE (--no-dp)[/]", highlight=False)
+        console.print(f"ε = {_fmt(r['epsilon'])} at δ = {r['delta']} (PRV, worst client"
+                      + ("; seeded noise: only while the seed stays secret, see the note above)" if r.get("seeded")
+                         else ")") if r["private"] else "[bold yellow]NON-PRIVATE (--no-dp)[/]", highlight=False)
         for name, led in (r.get("site_ledgers") or {}).items():
             eps = "∞" if led["epsilon_infinite"] else _fmt(led["epsilon"])
             cap = "no cap" if led["max_epsilon"] is None else f"cap {_fmt(led['max_epsilon'])}"
@@ -443,6 +452,14 @@ def dp_linear(
                           highlight=False)
 
     run_command(body, _json(ctx, json_mode), render)
+
+
+def _seeded_note(sites: bool) -> str:
+    """What a seeded DP run's ε means (as `fedhype train --seed`: "whoever knows the seed can remove it")."""
+    return ("[yellow]note[/]: --seed makes the noise reproducible, which is not secure: whoever holds the seed (the "
+            "model's metadata carries it) can regenerate the noise and remove it, so the ε above holds only while the "
+            "seed stays secret" + ("; the sites' ledgers count this run as ε = ∞" if sites else "")
+            + ". Leave out --seed (noise from OS entropy) for a release")
 
 
 def _check_writable_parent(out: Path) -> None:

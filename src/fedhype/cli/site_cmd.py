@@ -48,7 +48,7 @@ def site(
                                        "own classes, so it does not say which classes the site holds."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing site folder (a new split and a new "
                                    "site key: runs trained on the old one no longer accept it; the old site.json is "
-                                   "kept as site.<old key>.json for evaluating them). The folder's ledger across runs "
+                                   "kept as site.<first 8 hex digits of the old key>.json for evaluating them). The folder's ledger across runs "
                                    "is kept: a store of other records than the previous split's is refused (give "
                                    "another --out), unless --same-records."),
     same_records: bool = typer.Option(False, "--same-records", help="With --overwrite and a --store other than the "

@@ -20,8 +20,9 @@ DEFAULT_CODE = DEFAULTS["synthesis"]["code"]
 DEFAULT_ANCHOR = DEFAULTS["synthesis"]["anchor"]
 
 #: The kinds of a synthetic store's ``meta["notes"]`` (:func:`fedhype.synthesis.synthesize`) printed as warnings: samples
-#: of classes the release cannot tell from absent (DP noise, not data), classes left without a sample
-WARNING_NOTES = ("absent", "empty")
+#: of classes the release cannot tell from absent (DP noise, not data), classes left without a sample, a model whose ε
+#: and its run ledger's differ
+WARNING_NOTES = ("absent", "empty", "epsilon")
 
 #: Most embeddings one synthetic store holds: their sample ids ("syn/<i>") must fit the header that
 #: safetensors allows (:data:`fedhype.data.store.MAX_HEADER_BYTES`, 100 MB; 5 million ids take ~75 MB).

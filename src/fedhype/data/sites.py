@@ -20,6 +20,7 @@ with every task and the site refuses a task for another key (another split, or a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -333,3 +334,19 @@ def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *
 def site_splits(site: Site) -> dict[str, int]:
     """Record counts per split (private to the site)."""
     return {k: len(site.split.ids(k)) for k in SPLITS}
+
+
+def split_file(folder: str | os.PathLike, key: str) -> Path | None:
+    """The file of site folder ``folder`` that holds the split whose site key is ``key``: ``site.json`` where that is
+    the current split, else ``site.<first 8 hex digits of key>.json`` (``fedhype site --overwrite`` keeps the previous
+    split under that name) where it is there and carries ``key``; None where neither does (for the message that
+    names the split a run used: a file that is not there must not be suggested).
+    """
+    folder = Path(folder)
+    for path in (folder / SITE_FILE, folder / f"site.{str(key)[:8]}.json"):
+        try:
+            if path.is_file() and str(json.loads(path.read_text(encoding="utf-8")).get("key")) == str(key):
+                return path
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None

@@ -168,9 +168,13 @@ def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name:
     if site is not None:
         names = list(synthetic.meta.get("client_names") or [])
         if site.name in names and len(names) == len(keys) and keys[names.index(site.name)] != site.key:
+            from fedhype.data.sites import split_file
+
+            run_key = keys[names.index(site.name)]
+            used = split_file(site.folder, run_key) if site.folder is not None else None
             raise ArtifactError(f"site {site.name!r} here has site key {site.key[:8]}…, while the site of that name "
-                                  f"in the run of {syn_name} had site key {keys[names.index(site.name)][:8]}…: it was "
-                                  "split again since "
+                                  f"in the run of {syn_name} had site key {run_key[:8]}…: it was split again since "
                                   "(its test split may hold records the run trained on), or it is another site of the "
-                                  "same name; evaluate with the split the run used (`fedhype site --overwrite` keeps the "
-                                  f"previous one as site.{keys[names.index(site.name)][:8]}.json in the site folder)")
+                                  "same name; " + (f"evaluate with the split the run used: --site {used}" if used else
+                                  "evaluate with the split the run used (`fedhype site --overwrite` keeps the previous "
+                                  f"one as site.{run_key[:8]}.json in the site folder; none is in {site.folder})"))

@@ -62,7 +62,7 @@ from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_t
 from fedhype.privacy.dp_step import DPConfig
 from fedhype.privacy.events import DP_SGD as MECHANISM
 from fedhype.privacy.events import dp_sgd_events
-from fedhype.privacy.ledger import PrivacyLedger, charge, pending_charges
+from fedhype.privacy.ledger import REFUSALS, PrivacyLedger, charge, pending_charges
 
 if TYPE_CHECKING:
     from fedhype.data.roster import Roster
@@ -226,8 +226,10 @@ class RunState:
         return self.transport.clients
 
 
-def open_ledger(run: RunDir, cfg: TrainConfig, done: int) -> PrivacyLedger:
-    """The run's privacy ledger: the one on disk, or a new empty one.
+def open_ledger(run: RunDir, cfg: TrainConfig, done: int, refusals: bool = False) -> PrivacyLedger:
+    """The run's privacy ledger: the one on disk, or a new empty one (``refusals``: its clients can refuse a request
+    before touching their records — a Flower transport —, so the ledger may take void events,
+    :attr:`fedhype.privacy.ledger.PrivacyLedger.takes_voids`).
 
     A private run's ledger is written ahead of round 0, so one missing at ``done > 0`` is an error; a
     ``--no-dp`` run records no releases and has none.
@@ -238,7 +240,8 @@ def open_ledger(run: RunDir, cfg: TrainConfig, done: int) -> PrivacyLedger:
     if (done > 0 and not cfg.no_dp) or run.ledger.exists():
         return PrivacyLedger.load(run.ledger)
     # the run's folder name only: the ledger is shared in a release, and a path can name a user or a study
-    return PrivacyLedger(cfg.delta, meta={"run": run.root.name, "method": cfg.method})
+    return PrivacyLedger(cfg.delta, meta={"run": run.root.name, "method": cfg.method,
+                                          **({REFUSALS: True} if refusals else {})})
 
 
 def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], ClientTransport]) -> RunState:
@@ -256,7 +259,7 @@ def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], 
     gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else 0)
     server = make_server(plan.model, len(transport.clients), gen, cfg.method,  # local-cvae: one server per client
                          lr_server=cfg.lr_server, lr_hyper=cfg.lr_hyper, lr_code=cfg.lr_code)
-    ledger = open_ledger(run, cfg, done)
+    ledger = open_ledger(run, cfg, done, refusals=bool(getattr(transport, "explicit_refusals", False)))
     metrics: list[dict] = read_json(run.metrics, "metrics") if (done > 0 and run.metrics.exists()) else []
     metrics = [m for m in metrics if m["round"] < done]
     filled = False

@@ -20,7 +20,9 @@ mechanism and numbers, ``voids`` = :func:`event_digest` of the charge, and a not
 :attr:`PrivacyLedger.events` (what every ε, the rerun rule and the audit read) holds the charges in force;
 :attr:`PrivacyLedger.recorded` holds every line. A void must name an earlier charge of its ledger that is not void yet,
 with the same client, round, mechanism and numbers (checked on load: a void that withdraws anything else is an
-invalid ledger). Events without ``voids`` are written without it.
+invalid ledger). Only a ledger started with ``meta["refusals"] = true`` takes voids (a Flower coordinator's, whose
+nodes can refuse; :attr:`PrivacyLedger.takes_voids`): a void in any other ledger — a site's or a node's, an in-process
+run's — is refused as an edit. Events without ``voids`` are written without it.
 
 File format ``fedhype-ledger/1`` (JSON, written atomically)::
 
@@ -195,6 +197,10 @@ def event_digest(event: LedgerEvent) -> str:
     return _sha256(_canonical(event.to_dict()))
 
 
+#: the ledger meta key that lets a ledger hold void events (:attr:`PrivacyLedger.takes_voids`); part of its genesis
+#: hash, so it cannot be added to a ledger after its start without rewriting every hash
+REFUSALS = "refusals"
+
 #: the fields a void repeats from the charge it withdraws
 _VOID_SAME = ("client", "round", "mechanism", "noise_multiplier", "sample_rate", "steps", "clip_norm", "noise", "scale",
               "record_dim", "seeded")
@@ -260,8 +266,19 @@ class PrivacyLedger:
             self._voided[target] = len(self._events) - 1
         self._in_force = None
 
+    @property
+    def takes_voids(self) -> bool:
+        """Whether this ledger may hold void events: only a ledger started with ``meta[REFUSALS] = True`` (a Flower
+        coordinator's, whose nodes can refuse a request before touching their records). A site's or node's ledger,
+        and an in-process run's, never does, so a void appended to one is refused on load (tampering)."""
+        return bool(self.meta.get(REFUSALS))
+
     def _void_target(self, event: LedgerEvent) -> int:
         """Index of the charge in force that the void ``event`` withdraws (the latest one with its digest)."""
+        if not self.takes_voids:
+            raise ValidationError("a void event in a ledger whose run cannot have refused requests (only a Flower "
+                                  f"coordinator's ledger, started with meta {REFUSALS!r}, takes voids): the file was "
+                                  "edited")
         voids = set(self._voided.values())
         for i in range(len(self._events) - 1, -1, -1):
             x = self._events[i]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -41,7 +41,8 @@ from fedhype.prototypes.dp_linear import DPLinearConfig, fit_dp_fedavg_linear
 
 
 def dp_linear_sites(sites: Sequence[Any], cfg: DPLinearConfig | None = None, *, out: str | Path | None = None,
-                    classes: Sequence[str] | None = None, test_split: str = "test") -> dict[str, Any]:
+                    classes: Sequence[str] | None = None, test_split: str = "test",
+                    on_accepted: Callable[[], None] | None = None) -> dict[str, Any]:
     """Train the DP linear reference over ``sites`` (client *i* is site *i*'s ``train`` split), charging each
     site's ledger across runs (module docstring), and evaluate it on the sites' ``test_split`` records.
 
@@ -52,6 +53,7 @@ def dp_linear_sites(sites: Sequence[Any], cfg: DPLinearConfig | None = None, *, 
         out: if given, the model and the run's ``ledger.json`` are written there (after training).
         classes: the federation's class names in label order (default: the sorted union of the sites').
         test_split: the held-out split of every site the reference is scored on.
+        on_accepted: called once every site accepted the plan, before anything is trained (e.g. to say so).
 
     Returns:
         As :func:`~fedhype.prototypes.dp_linear.dp_linear_downstream` (``per_client`` by site, ``per_domain`` by
@@ -100,6 +102,8 @@ def dp_linear_sites(sites: Sequence[Any], cfg: DPLinearConfig | None = None, *, 
                 ch.charge_no_dp()
         else:  # every event of a site's client is charged to its ledger first (write-ahead)
             ledger.mirrors.update(chargers)
+        if on_accepted is not None:
+            on_accepted()
 
     model, ledger = fit_dp_fedavg_linear(clients, len(names), cfg, ledger=ledger, on_plan=on_plan)
     x = torch.cat([t.embeddings for t in tests])

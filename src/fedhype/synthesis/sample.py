@@ -23,6 +23,7 @@ from fedhype.privacy.randomness import entropy_seed, noise_generator
 from fedhype.synthesis.absent import absent_note, count_noise_std, unclear_classes, within
 from fedhype.synthesis.anchor import anchored
 from fedhype.synthesis.codes import parse_code_spec
+from fedhype.synthesis.spent import checked_epsilon
 from fedhype.synthesis.defaults import DEFAULT_ANCHOR
 
 
@@ -113,10 +114,13 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
         whose pooled DP count cannot be told from 0: their samples are DP noise, not data;
         :func:`fedhype.synthesis.absent.unclear_classes`) and ``notes`` (``[{"kind", "text"}]``: ``absent``
         (:func:`fedhype.synthesis.absent.absent_note`), ``empty`` (:func:`empty_classes_note`), ``codes``
-        (:func:`codes_note`), ``few`` (:func:`few_classes_note`)), joined in ``codes_note``.
+        (:func:`codes_note`), ``few`` (:func:`few_classes_note`), ``epsilon`` where the model's ε and its run's
+        ledger's differ), joined in ``codes_note``. Its ``epsilon`` is checked against the run's ledger
+        (:func:`fedhype.synthesis.spent.checked_epsilon`: the larger of the two; ``epsilon_source`` says which).
 
     Raises:
-        ArtifactError: unreadable model; ValidationError: bad code spec or counts (an ``n`` below the number of
+        ArtifactError: unreadable model, or an invalid (edited, truncated) ledger beside it; ValidationError: bad
+            code spec or counts (an ``n`` below the number of
             classes drawn: :func:`class_labels`).
     """
     hnet, codes, meta = load_model(model)
@@ -172,7 +176,9 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
     run_dir = Path(model) if Path(model).is_dir() else Path(model).parent
     std = count_noise_std(run_dir, cfg) if meta.get("client_class_counts") is not None else None
     unclear = unclear_classes(meta["client_class_counts"], std, class_names) if std is not None else []
-    notes = [("absent", absent_note(unclear, counts, label_weights=label_weights, n_clients=len(clients))),
+    eps, eps_source, eps_note = checked_epsilon(run_dir, meta)
+    notes = [("epsilon", eps_note),
+             ("absent", absent_note(unclear, counts, label_weights=label_weights, n_clients=len(clients))),
              ("empty", empty_classes_note(counts, label_weights, class_names, n)),
              ("codes", codes_note(hnet, meta, spec.kind)),
              ("few", few_classes_note(spec, meta, cfg.n_classes, names, count_std=std,
@@ -184,7 +190,7 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
         **({"absent_classes": [u.as_dict() for u in unclear]} if unclear else {}),
         "count_noise_std": std,
         "kind": "synthetic", "space": "l2", "run_id": meta.get("run_id"), "method": meta.get("method"),
-        "epsilon": meta.get("epsilon"), "delta": meta.get("delta"), "private": bool(meta.get("private")),
+        "epsilon": eps, "epsilon_source": eps_source, "delta": meta.get("delta"), "private": bool(meta.get("private")),
         "privacy": "DP (post-processing of the run's DP outputs)" if meta.get("private") else "NON-PRIVATE (trained with --no-dp)",
         "code": spec.text, "seed": seed_used, "seed_given": seed is not None, "temperature": temperature,
         "anchor": anchor_note(anchor, anchors), "model_digest": model_digest(model),

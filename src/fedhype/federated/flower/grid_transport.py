@@ -145,6 +145,10 @@ class FlowerTransport:
     as the engine's ``connect`` callback).
     """
 
+    #: a node refuses a request before touching its records (its reply says so): the run's ledger may void the
+    #: refused charge (:attr:`fedhype.privacy.ledger.PrivacyLedger.takes_voids`)
+    explicit_refusals = True
+
     def __init__(self, grid, partition: Roster | Partition, dim: int, nodes: dict[int, int], seeded: dict[int, bool], *,
                  round_timeout: float, straggler_timeout: float, poll: float = 0.25, wire_log: Path | None = None,
                  wire_dump: Path | None = None, federation: str = ""):

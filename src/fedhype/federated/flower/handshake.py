@@ -183,6 +183,22 @@ SITE_KEYS = ("site", "federation", "state-dir")
 OPTIONAL_KEYS = ("seed", "min-noise-multiplier", "allow-no-dp", "secure-aggregation")
 
 
+def unknown_keys(nc: Mapping[str, Any]) -> dict[str, str | None]:
+    """``{unknown key: the closest known key, or None}`` of a node config (:func:`difflib.get_close_matches`, case
+    folded: ``Site`` → ``site``, ``federaton`` → ``federation``, ``state_dir`` → ``state-dir``)."""
+    import difflib
+
+    known = list(dict.fromkeys((*SITE_KEYS, *NODE_KEYS, *OPTIONAL_KEYS)))
+    out: dict[str, str | None] = {}
+    for k in map(str, nc):
+        if k in known:
+            continue
+        folded = k.lower().replace("_", "-")
+        close = [folded] if folded in known else difflib.get_close_matches(folded, known, n=1, cutoff=0.6)
+        out[k] = close[0] if close else None
+    return out
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     """A SuperNode's ``--node-config`` (see the module docstring)."""
@@ -200,19 +216,24 @@ class NodeSettings:
 
     @classmethod
     def from_node_config(cls, nc: Mapping[str, Any]) -> "NodeSettings":
-        """Raises ValidationError naming a missing or bad key."""
+        """Raises ValidationError naming a missing or bad key: an unknown key (each named, with the closest known
+        key, :func:`unknown_keys`) or a missing one as a :class:`NodeRefusal` (its text names only keys, never a
+        path or a value, so the server sees it at the handshake)."""
+        unknown = unknown_keys(nc)
+        if unknown:  # before the missing keys: a misspelt key (federaton=, Site=) is the cause of a "missing" one
+            # a misspelt safety setting (min-noise-multiplier, allow-no-dp) must not be dropped silently
+            raise NodeRefusal(f"SuperNode --node-config has unknown key(s) {sorted(unknown)} ("
+                              + "; ".join(f"{k!r}: did you mean {v!r}?" if v else f"{k!r}: no key is close"
+                                          for k, v in sorted(unknown.items()))
+                              + "); the keys are " + ", ".join(SITE_KEYS) + " (a site) or " + ", ".join(NODE_KEYS)
+                              + " (a pooled store's partition), and optionally " + ", ".join(OPTIONAL_KEYS))
         site_mode = "site" in nc
         keys = SITE_KEYS if site_mode else NODE_KEYS
         missing = [k for k in keys if k not in nc or str(nc[k]) == ""]
         if missing:
-            raise ValidationError(f"SuperNode --node-config lacks {missing}; give "
-                                  + " ".join(f'{k}="..."' for k in SITE_KEYS) + " (a site), or "
-                                  + " ".join(f'{k}="..."' for k in NODE_KEYS) + " (a pooled store's partition)")
-        unknown = sorted(set(map(str, nc)) - set(NODE_KEYS) - set(SITE_KEYS) - set(OPTIONAL_KEYS))
-        if unknown:  # a misspelt safety setting (min-noise-multiplier, allow-no-dp) must not be dropped silently
-            raise ValidationError(f"SuperNode --node-config has unknown key(s) {unknown}; the keys are "
-                                  + ", ".join(SITE_KEYS) + " (a site) or " + ", ".join(NODE_KEYS)
-                                  + " (a pooled store's partition), and optionally " + ", ".join(OPTIONAL_KEYS))
+            raise NodeRefusal(f"SuperNode --node-config lacks {missing}; give "
+                              + " ".join(f'{k}="..."' for k in SITE_KEYS) + " (a site), or "
+                              + " ".join(f'{k}="..."' for k in NODE_KEYS) + " (a pooled store's partition)")
         mixed = [k for k in ("client", "embeddings", "partition") if site_mode and k in nc]
         if mixed:
             raise ValidationError(f"SuperNode --node-config gives site= and {mixed}: a site node reads its store and "
@@ -427,7 +448,9 @@ def site_place(node: NodeSettings) -> tuple[int, str, dict[str, Any]]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"SuperNode site file {site} is unreadable ({exc}); write it with `fedhype site`") from None
     try:
-        roster = json.loads(node.federation.read_text(encoding="utf-8"))["roster"]
+        raw = json.loads(node.federation.read_text(encoding="utf-8"))
+        not_federation(raw, node.federation)
+        roster = raw["roster"]
         clients = [(int(c["id"]), str(c["name"]), str(c["key"])) for c in roster["clients"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"SuperNode federation file {node.federation} is unreadable ({exc})") from None
@@ -443,6 +466,25 @@ def site_place(node: NodeSettings) -> tuple[int, str, dict[str, Any]]:
             return cid, key, roster
     raise NodeMismatch(f"site {name!r} is not in the server's federation (sites: {[c[1] for c in clients]}); send the "
                        "coordinator this site's card.json (nothing was released)")
+
+
+def not_federation(raw: Any, path: Path) -> None:
+    """Refuse a JSON file given as ``federation=`` that is a site's card or site file rather than the
+    ``federation.json`` the coordinator writes from the sites' cards.
+
+    Raises:
+        ArtifactError: naming what the file looks like and what to give instead (the node's own log and the checker).
+    """
+    from fedhype.data.sites import CARD_FORMAT, SITE_FORMAT
+
+    if not isinstance(raw, dict) or "roster" in raw:
+        return
+    what = {CARD_FORMAT: "a site card (card.json)", SITE_FORMAT: "a site file (site.json, PRIVATE to the site)"}.get(
+        raw.get("format"), "")
+    if what:
+        raise ArtifactError(f"SuperNode federation file {path} is not a federation file: it looks like {what}. The "
+                            "coordinator writes federation.json from the sites' cards (write_site_federation) and sends "
+                            "it to every site; give that file as federation=")
 
 
 def _check_site_fits(name: str, own: dict[str, Any], entry: dict[str, Any], roster: dict[str, Any]) -> None:
