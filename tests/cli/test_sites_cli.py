@@ -594,3 +594,41 @@ def test_a_read_only_site_ledger_stops_train_before_the_run_folder_is_written(co
     finally:
         os.chmod(sites[1] / "site-ledger.json", 0o644)
     _json(runner.invoke(app, _small_train(sites, tmp_path / "run")))  # the same command again: it runs
+
+
+def test_audit_compares_the_run_s_ledger_with_each_site_s_own(consortium, tmp_path):
+    """A probe rewrote every coordinator file consistently (ledger chain recomputed, plan, metrics, model) and
+    `audit --run` passed at ε 0.263 instead of 0.999; each site's own ledger still held the truth. `audit --run R
+    --site DIR` compares them: the run must not report less ε for a site's client than the site recorded for it."""
+    import shutil
+
+    from fedhype.privacy import ledger as lm
+    from fedhype.privacy.site_ledger import composed, load_site_ledger, run_of
+
+    root = consortium["root"]
+    sites = [str(root / n / "site") for n in SITES]
+    ok = _json(runner.invoke(app, ["audit", "--run", str(root / "run"), *[f"--site={s}" for s in sites], "--json"]))
+    assert ok["consistent"] and len(ok["sites"]) == len(SITES)
+    for row, name in zip(ok["sites"], SITES):
+        own = load_site_ledger(root / name / "site", site=name)
+        mine = [e for e in own.events if run_of(e) == row["run_key"]]
+        assert row["events"] == len(mine) > 0 and row["ok"]
+        assert abs(row["recomputed"] - composed(mine, lm.PrivacyLedger.load(root / "run" / "ledger.json").delta)) < 1e-9
+        assert abs(row["claimed"] - row["recomputed"]) < 1e-6  # the same events on both sides
+
+    # the coordinator's ledger rebuilt without its first client's statistics-release events (chain recomputed)
+    forged = tmp_path / "run"
+    shutil.copytree(root / "run", forged)
+    state = json.loads((forged / "ledger.json").read_text())
+    first = ok["sites"][0]["name"].split("client ")[1].split("'")[0]
+    keep = [e for e in state["events"] if not (e["client"] == first and e["round"] == -1)]
+    led = lm.PrivacyLedger(state["delta"], state["meta"])
+    for e in keep:
+        led.record(lm.LedgerEvent.from_dict(e))
+    led.save(forged / "ledger.json")
+    bad = runner.invoke(app, ["audit", "--run", str(forged), f"--site={sites[0]}", "--json"])
+    assert bad.exit_code == 4
+    out = json.loads(bad.stdout)
+    assert not out["consistent"] and out["sites"][0]["claimed"] < out["sites"][0]["recomputed"]
+    # --site needs --run; a site outside the run is named
+    assert runner.invoke(app, ["audit", "--canaries", "white-box", f"--site={sites[0]}"]).exit_code != 0

@@ -235,6 +235,10 @@ def register(app: typer.Typer) -> None:
         audit_out: Optional[Path] = typer.Option(None, "--out", "--audit-out", help="Black-box: keep the canary run in this folder "
                                                 "(--out, as in every command; --audit-out is its earlier name)."),
         seed: int = typer.Option(0, "--seed", help="Seed of canaries, sampling, attacks."),
+        sites_dirs: Optional[list[Path]] = typer.Option(None, "--site", help="With --run (a run over sites): a site "
+                                                        "folder whose own ledger across runs is compared with the run's "
+                                                        "ledger (repeatable): the run must not report less ε for the "
+                                                        "site's client than the site recorded for the run."),
         json_out: bool = JsonOpt,
     ) -> None:
         """Audit privacy claims: recompute ε from the ledger, attack the synthetic data, bound ε with canaries."""
@@ -300,6 +304,16 @@ def register(app: typer.Typer) -> None:
                     res["checked"] += rows
                     res["mismatches"] += [{k: v for k, v in r.items() if k != "ok"} for r in rows if not r["ok"]]
                     res["consistent"] = not res["mismatches"]
+            if sites_dirs and run is None:
+                raise ValidationError("--site compares a run's ledger with the sites' own: give --run DIR too")
+            if sites_dirs and res.get("ledger_ok") is not False:
+                from fedhype.eval.audit_sites import compare_site
+
+                rows = [compare_site(run, d, tolerance) for d in sites_dirs]
+                res["sites"] = rows
+                res["checked"] += rows
+                res["mismatches"] += [{k: v for k, v in r.items() if k != "ok"} for r in rows if not r["ok"]]
+                res["consistent"] = not res["mismatches"]
             s, p = _load_data(store, partition)
             if mia:
                 if run is None or s is None or p is None:

@@ -1,0 +1,68 @@
+"""A run's ledger against the sites' own ledgers across runs (``fedhype audit --run R --site DIR``).
+
+The coordinator writes a run's ``ledger.json``, ``config.json`` and model; whoever controls the coordinator could
+rewrite them all consistently (a ledger's hash chain catches an edit, not a ledger rebuilt from scratch), and
+``fedhype audit --run`` alone would then pass. Each site's ``site-ledger.json`` (:mod:`fedhype.privacy.site_ledger`)
+is written by the site — by ``train --site`` charging it write-ahead, or by the site's own SuperNode — with the
+run's key on every event it charged for that run. So the site's ledger is evidence the coordinator does not hold:
+the ε of the site's events for the run, composed at the run ledger's δ (:func:`fedhype.privacy.site_ledger.composed`),
+must not exceed the ε the run's ledger reports for the site's client. Post-processing of ledgers only (no ε).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from fedhype.errors import ValidationError
+
+
+def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1e-6) -> dict[str, Any]:
+    """The run's ε for a site's client against the site's own ledger's events for the run.
+
+    Args:
+        run_dir: a run directory (its ``ckpt/run-key.json`` names the run in the sites' ledgers; ``ledger.json``).
+        site_dir: the site folder (``fedhype site``) whose ``site-ledger.json`` is read.
+        tolerance: allowed ε difference (rounding only).
+
+    Returns:
+        An audit row: ``name``, ``claimed`` (the run ledger's ε for the site's client), ``recomputed`` (the site's
+        events for the run, at the run's δ; ∞ is None with ``"infinite": true``: a seeded or non-private run),
+        ``difference``, ``ok`` (the run does not report less than the site recorded), ``site``, ``run_key``,
+        ``events`` (the site's events for the run).
+
+    Raises:
+        ValidationError: the run has no key (not a ``--site`` run, or a release folder), the site is not one of the
+            run's sites, or its ledger holds no event of this run. ArtifactError: an unreadable or edited ledger.
+    """
+    from fedhype.data.sites import Site
+    from fedhype.eval.audit_mia import run_sites
+    from fedhype.federated.rundir import RunDir
+    from fedhype.privacy.ledger import PrivacyLedger
+    from fedhype.privacy.site_ledger import composed, load_site_ledger, run_of
+
+    run = RunDir(Path(run_dir))
+    key = run.run_key()
+    sites = run_sites(run_dir)
+    if key is None or not sites:
+        raise ValidationError(f"--site: {run_dir} is not the folder of a run trained over sites (`train --site`, or a "
+                              "Flower run): it has no run key (ckpt/run-key.json) naming it in the sites' ledgers")
+    site = Site.load(site_dir)
+    if site.name not in sites:
+        raise ValidationError(f"--site {site_dir}: site {site.name!r} is not one of the run's sites {sites}")
+    run_ledger = PrivacyLedger.load(run.ledger)
+    own = load_site_ledger(site.folder, expected=True, site=site.name)
+    events = [e for e in (own.events if own is not None else ()) if run_of(e) == key]
+    if not events:
+        raise ValidationError(f"--site {site_dir}: the site's ledger holds no event of run {key} (a site ledger started "
+                              "after the run, or another run's folder)")
+    client = site.name if site.name in run_ledger.clients() else str(sites.index(site.name))
+    claimed = run_ledger.epsilon(client)
+    recomputed = composed(events, run_ledger.delta)
+    infinite = math.isinf(recomputed)
+    ok = (not infinite) and claimed >= recomputed - tolerance
+    return {"name": f"ledger.json: client {client}'s ε vs site {site.name!r}'s own ledger for run {key}",
+            "claimed": claimed, "recomputed": None if infinite else recomputed, "infinite": infinite,
+            "difference": None if infinite else claimed - recomputed, "ok": bool(ok), "site": site.name,
+            "run_key": key, "events": len(events)}
