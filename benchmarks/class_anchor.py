@@ -93,7 +93,7 @@ def job_conf(dataset: str, method: str, eps: str, seed: int) -> dict:
     sets = [f'train.method="{base}"', *(["train.secure_aggregation=true"] if secagg else []), f"train.seed={seed}",
             f"partition.seed={seed}", f"synthesis.seed={seed}", f'synthesis.code="{code_for(method)}"',
             *(['data.dtype="float32"'] if dataset in FLOAT32 else []),
-            "train.no_dp=true" if eps == "none" else f"train.epsilon={float(eps)}"]
+            "train.epsilon=none", "train.no_dp=true" if eps == "none" else f"train.epsilon={float(eps)}"]
     return resolve(config, sets)
 
 

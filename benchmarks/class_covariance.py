@@ -58,7 +58,7 @@ def release_sigma(name: str, eps: str, sizes: list[int]) -> tuple[float, tuple[f
     from fedhype.federated.run_plan import plan_privacy
     from fedhype.pipeline.config import resolve, train_config
 
-    sets = ['train.method="dp-gaussian"'] + (["train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
+    sets = ['train.method="dp-gaussian"'] + (["train.epsilon=none", "train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
     cfg = train_config(resolve(CONFIGS[name], sets))
     w = cfg.release_weights(cfg.model_config(1, 1))
     weights = (float(w.sums), float(w.counts), float(w.second_moment))

@@ -95,7 +95,7 @@ def run_row(dataset: str, store, eps: str, seed: int) -> dict:
 
     t0 = time.perf_counter()
     sets = [f"train.seed={seed}", f"partition.seed={seed}", f"synthesis.seed={seed}"] + (
-        ["train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
+        ["train.epsilon=none", "train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
     conf = resolve(DATASETS[dataset], sets)
     p, s = conf["partition"], conf["synthesis"]
     part = make_partition(store, scheme=p["scheme"], n_clients=p["clients"] or None, alpha=p["alpha"],

@@ -45,7 +45,7 @@ def rows_of(name: str, seed: int, latent: int, store, part, config) -> list[dict
 
     val = part.split_store(store, "val")
     t = time.perf_counter()
-    cfg = train_config(resolve(config, [f"train.seed={seed}", "train.no_dp=true", f"model.latent={latent}"]))
+    cfg = train_config(resolve(config, [f"train.seed={seed}", "train.epsilon=none", "train.no_dp=true", f"model.latent={latent}"]))
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         train(store, part, cfg, Path(tmp) / "run", diagnostics=False)

@@ -226,7 +226,7 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
 
     from fedhype.federated import covariance
 
-    sets = [f"train.seed={seed}"] + (["train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
+    sets = [f"train.seed={seed}"] + (["train.epsilon=none", "train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
     overrides = dict(overrides)
     overrides.pop("dataset", None)
     code = overrides.pop("code", "neutral")

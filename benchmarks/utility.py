@@ -120,7 +120,7 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
             "evaluate.prototypes=false", "evaluate.code_domain=false", "evaluate.downstream=false",  # (benchmarks/downstream.py)
             "evaluate.permutations=20"]  # the p-value is not in the tables
     sets.append(f"synthesis.code=\"{code_for(method)}\"")
-    sets += [*extra, "train.no_dp=true"] if eps == "none" else [*extra, f"train.epsilon={float(eps)}"]
+    sets += [*extra, "train.epsilon=none", "train.no_dp=true"] if eps == "none" else [*extra, f"train.epsilon={float(eps)}"]
     conf = resolve(config, sets)
     tag = "" if not extra else "-" + hashlib.sha1(json.dumps(list(extra)).encode()).hexdigest()[:8]
     out = root / f"{method}-eps{eps}-s{seed}{tag}"

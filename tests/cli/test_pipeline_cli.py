@@ -133,6 +133,12 @@ def test_run_end_to_end_and_resume(tmp_path):
     # progress: one plain line per stage and per round on a non-terminal stderr
     assert "run: embed → partition → train (2 rounds)" in r.stderr and "train: round 2/2" in r.stderr
     assert "train: 4 clients release their DP class statistics, then 2 DP-SGD rounds (latent size L = " in r.stderr
+    # a private job's words (a no_dp job says the opposite: tests/pipeline/test_job_interrupted.py)
+    assert "train: checking the privacy plan (σ calibrated for the target ε)" in r.stderr
+    assert f"release: {tmp_path / 'job' / 'release'} holds what may be shared (model, ledger" in r.stderr
+    assert "- **What to share.** `release/` (the DP model, its ledger" in glance
+    assert (tmp_path / "job" / "release" / "README.md").read_text().startswith(
+        "# fedhype release\n\nEverything in this folder may leave the site: it is the output of DP mechanisms")
     job = tmp_path / "job"
     for f in ("report.md", "report.json", "plots/projection.png", "plots/training.png", "synthetic.safetensors",
               "evaluation.json", "partition.json", "config.toml", "run/ledger.json"):
@@ -203,3 +209,80 @@ def test_a_job_refused_before_training_leaves_its_folder_reusable(tmp_path):
     r = runner.invoke(app, base)
     assert r.exit_code == 0, r.output
     assert _json(r)["delta"] == 1e-4
+
+
+def test_run_refuses_no_dp_over_a_config_files_epsilon_naming_both(tmp_path):
+    """A probe's `fedhype run --config job.toml --set train.no_dp=true` (job.toml: epsilon = 2.0) ran the whole job
+    non-private without a word; it is refused before anything is written, naming both sources."""
+    (tmp_path / "job.toml").write_text("[train]\nepsilon = 2.0\n")
+    r = CliRunner().invoke(app, ["run", "--config", str(tmp_path / "job.toml"), "--set", "train.no_dp=true",
+                                 "--out", str(tmp_path / "jr0"), "--json"])
+    assert r.exit_code == 2, r.output
+    err = _json(r)["error"]
+    assert err.startswith(f"{tmp_path / 'job.toml'} sets train.epsilon = 2.0 and --set train.no_dp=true turns DP off: "
+                          "a job is never silently run without the privacy it asks for (nothing was done)")
+    assert "--set train.epsilon=none" in err and "for a private run drop --set train.no_dp=true" in err
+    assert not (tmp_path / "jr0").exists()
+
+
+def test_run_into_a_folder_it_cannot_write_is_refused_before_embedding(tmp_path, monkeypatch):
+    """A probe's `fedhype run` into a read-only --out embedded and partitioned, then failed at train with
+    "Read-only file system". /proc takes no new file (even for root); a read-only mount is simulated (the tests may
+    run as root, for whom permission bits do not stop a write), as tests/cli/test_out_overwrite.py does."""
+    import errno
+    import tempfile
+
+    import fedhype.pipeline.job as job
+
+    def no_embedding(*a, **k):
+        raise AssertionError("embedded before the --out folder was checked")
+
+    monkeypatch.setattr(job, "_embed_store", no_embedding)
+    r = CliRunner().invoke(app, ["run", "--out", "/proc/fedhype-job", "--json"])
+    assert r.exit_code == 2 and _json(r)["error"].startswith("--out /proc/fedhype-job: cannot write into /proc ("), r.output
+    assert not __import__("os").path.exists("/proc/fedhype-job")
+
+    real = tempfile.NamedTemporaryFile
+
+    def read_only(*a, dir=None, **k):  # noqa: A002 - tempfile's own name
+        if str(dir).startswith(str(tmp_path)):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    (tmp_path / "ro").mkdir()
+    for out, above in ((tmp_path / "ro" / "jr0", tmp_path / "ro"), (tmp_path / "ro", tmp_path / "ro")):
+        r = CliRunner().invoke(app, ["run", "--out", str(out), "--json"])
+        assert r.exit_code == 2, r.output
+        assert _json(r)["error"] == (f"--out {out}: cannot write into {above} (Read-only file system); give an --out "
+                                     "in a folder you can write to (nothing was done)")
+        assert "embed:" not in r.stderr
+    assert list((tmp_path / "ro").iterdir()) == []
+
+
+def test_run_names_the_partition_field_at_fault(tmp_path):
+    """A probe's `--set 'partition.fractions=[0.5,0.5]'` printed "error:  (scheme = 'domain', clients = 0): …": the
+    label "[partition]" was eaten as console markup, and no client count had been asked."""
+    r = CliRunner().invoke(app, ["run", "--set", "partition.fractions=[0.5,0.5]", "--out", str(tmp_path / "jr0")])
+    assert r.exit_code == 2
+    assert ("error: partition.fractions = [0.5, 0.5]: give three fractions, train, val and test, each ≥ 0 with train "
+            "> 0, summing to 1 (e.g. [0.6, 0.2, 0.2]); nothing was embedded") in " ".join(r.output.split()), r.output
+    assert "clients = 0" not in r.output and not (tmp_path / "jr0").exists()
+
+
+@pytest.mark.parametrize("no_dp", [True, False])
+def test_an_interrupted_run_speaks_of_charges_only_when_private(tmp_path, monkeypatch, no_dp):
+    import fedhype.pipeline.job as job
+    from fedhype.cli.common import INTERRUPTED_TRAINING
+    from fedhype.cli.run_cmd import INTERRUPTED_NON_PRIVATE
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "run_job", ctrl_c)
+    r = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "jr0"), "--json",
+                                 *(["--set", "train.no_dp=true"] if no_dp else [])])
+    assert r.exit_code == 130, r.output
+    err = _json(r)["error"]
+    assert err == (INTERRUPTED_NON_PRIVATE if no_dp else INTERRUPTED_TRAINING)
+    assert ("charged again" in err) is not no_dp and ("nothing is charged" in err) is no_dp

@@ -68,22 +68,52 @@ def test_data_store_takes_an_existing_real_store_and_refuses_the_rest(real_store
     assert len(got) == len(real_store)  # the store's own settings, spelled out, are fine
 
 
-def test_no_dp_of_a_later_layer_overrides_a_config_files_epsilon(tmp_path):
-    """--set train.no_dp=true over a config file with a target ε (configs/fashion-mnist.toml) runs without
-    DP; asking both in one layer, or ε in a later layer than no_dp, is refused."""
-    from pathlib import Path
-
-    fashion = Path(__file__).resolve().parents[2] / "configs" / "fashion-mnist.toml"
-    conf = resolve(fashion, ["train.no_dp=true"])
-    assert conf["train"]["no_dp"] is True and conf["train"]["epsilon"] is None
-    both = tmp_path / "both.toml"
-    both.write_text("[train]\nno_dp = true\nepsilon = 2.0\n")
-    with pytest.raises(ValidationError, match="asks for privacy but train.no_dp"):
-        resolve(both)
+def test_no_dp_beside_a_config_files_privacy_setting_is_refused_naming_both(tmp_path):
+    """A probe's `--config job.toml --set train.no_dp=true` (job.toml: epsilon = 2.0) ran the whole job without
+    privacy and without a word. Any user layer's ε, σ or max ε beside train.no_dp = true from any layer is refused,
+    naming both sources and how to ask for either run; the bundled defaults' ε (TrainConfig's 1.0) is no request."""
+    job = tmp_path / "job.toml"
+    job.write_text("[train]\nepsilon = 2.0\n")
+    with pytest.raises(ValidationError) as err:
+        resolve(job, ["train.no_dp=true"])
+    assert str(err.value) == (
+        f"{job} sets train.epsilon = 2.0 and --set train.no_dp=true turns DP off: a job is never silently run without "
+        f"the privacy it asks for (nothing was done); for a non-private run use a config without train.epsilon (drop "
+        f"it from {job} and set train.no_dp = true there, or unset it here with --set train.epsilon=none); for a "
+        f"private run drop --set train.no_dp=true")
+    for key, value in (("noise_multiplier", "1.5"), ("max_epsilon", "3.0")):
+        (tmp_path / f"{key}.toml").write_text(f"[train]\n{key} = {value}\n")
+        with pytest.raises(ValidationError, match=rf"{key}.toml sets train.{key} = {value} and --set train.no_dp=true "
+                                                  r"turns DP off"):
+            resolve(tmp_path / f"{key}.toml", ["train.no_dp=true"])
+    # the Python API's no_dp over a config file's ε: the same refusal
+    with pytest.raises(ValidationError, match=r"job.toml sets train.epsilon = 2.0 and FedHypeVAE: no_dp = True turns DP off"):
+        resolve(job, values={"train.no_dp": True}, where="FedHypeVAE:")
+    # the other order: a file's no_dp and a later ε
     off = tmp_path / "off.toml"
     off.write_text("[train]\nno_dp = true\n")
-    with pytest.raises(ValidationError, match=r"--set train.epsilon=4: train.epsilon asks for privacy"):
+    with pytest.raises(ValidationError) as err:
         resolve(off, ["train.epsilon=4"])
+    assert str(err.value).startswith(f"--set train.epsilon=4 asks for privacy and {off} sets train.no_dp = true: ")
+    assert str(err.value).endswith(f"for a private run drop train.no_dp from {off} (or add --set train.no_dp=false); "
+                                   "for a non-private run drop --set train.epsilon=4")
+    # both in one file
+    both = tmp_path / "both.toml"
+    both.write_text("[train]\nno_dp = true\nepsilon = 2.0\n")
+    with pytest.raises(ValidationError, match=r"both.toml sets both train.epsilon = 2.0 and train.no_dp = true; a job is "
+                                              r"private or not \(nothing was done\): drop one of the two"):
+        resolve(both)
+    # what the refusals offer works: ε unset by a later layer, no_dp in the file alone, the defaults' ε alone
+    conf = resolve(job, ["train.no_dp=true", "train.epsilon=none"])
+    assert conf["train"]["no_dp"] is True and conf["train"]["epsilon"] is None
+    assert resolve(off)["train"]["no_dp"] is True and resolve(off)["train"]["epsilon"] is None
+    assert resolve(None, ["train.no_dp=true"])["train"]["epsilon"] is None
+    assert resolve(job, ["train.no_dp=false"])["train"]["epsilon"] == 2.0
+    # a written config.toml of a non-private job leaves ε out and resolves again (resume with --config)
+    from fedhype.pipeline.config import to_toml
+
+    (tmp_path / "written.toml").write_text(to_toml(conf))
+    assert resolve(tmp_path / "written.toml") == conf
 
 
 def test_partition_alpha_without_the_dirichlet_scheme_is_refused(tmp_path):
@@ -166,11 +196,22 @@ def test_a_job_folder_written_with_the_old_partition_keys_resumes(tmp_path):
 
 
 @pytest.mark.parametrize("sets, msg", [
-    (["partition.scheme='iid'", "partition.clients=-3"], r"\[partition\] \(scheme = 'iid', clients = -3\): scheme 'iid' "
-                                                          r"needs the number of clients"),
-    (["partition.scheme='dirichlet'", "partition.clients=4", "partition.alpha=0"], "alpha"),
-    (["partition.fractions=[0.5, 0.5, 0.5]"], "fractions"),
-    (["partition.scheme='bogus'"], "unknown scheme 'bogus'"),
+    (["partition.scheme='iid'", "partition.clients=-3"], r"^partition.clients = -3: partition.scheme = 'iid' needs the "
+                                                          r"number of clients, an integer ≥ 1"),
+    (["partition.clients=-3"], r"^partition.clients = -3: give the number of clients, an integer ≥ 1, or 0 for one "
+                               r"client per domain; nothing was embedded$"),
+    (["partition.scheme='dirichlet'", "partition.clients=4", "partition.alpha=0"],
+     r"^partition.alpha = 0: the Dirichlet concentration must be a number > 0"),
+    (["partition.fractions=[0.5, 0.5, 0.5]"], r"^partition.fractions = \[0.5, 0.5, 0.5\]: give three fractions, train, "
+                                              r"val and test, each ≥ 0 with train > 0, summing to 1 \(e.g. \[0.6, 0.2, "
+                                              r"0.2\]\); these sum to 1.5; nothing was embedded$"),
+    # a probe's two fractions: "error:  (scheme = 'domain', clients = 0): …" (no field named; no clients asked)
+    (["partition.fractions=[0.5, 0.5]"], r"^partition.fractions = \[0.5, 0.5\]: give three fractions, train, val and "
+                                         r"test, each ≥ 0 with train > 0, summing to 1 \(e.g. \[0.6, 0.2, 0.2\]\); "
+                                         r"nothing was embedded$"),
+    (["partition.fractions='abc'"], r"^partition.fractions = 'abc': give three fractions"),
+    (["partition.min_records=-1"], r"^partition.min_records = -1: the smallest client training set must be an integer ≥ 0"),
+    (["partition.scheme='bogus'"], r"^partition.scheme = 'bogus': unknown scheme; expected one of domain, dirichlet, iid"),
 ])
 def test_bad_partition_settings_are_refused_before_the_embedding(tmp_path, monkeypatch, sets, msg):
     """`fedhype run --set partition.clients=-3 …` embedded 6,797 images for 6 minutes and then refused the partition
@@ -181,8 +222,9 @@ def test_bad_partition_settings_are_refused_before_the_embedding(tmp_path, monke
         raise AssertionError("embedded before the partition settings were checked")
 
     monkeypatch.setattr(job, "_embed_store", no_embedding)
-    with pytest.raises(ValidationError, match=msg):
+    with pytest.raises(ValidationError, match=msg) as err:
         run_job(resolve(None, sets), tmp_path / "job", log=lambda s: None)
+    assert "clients = 0" not in str(err.value) and "[" + "partition]" not in str(err.value)  # (rich ate "[partition]")
     assert not (tmp_path / "job").exists()  # nothing written either
 
 

@@ -24,6 +24,25 @@ def _render(r: dict) -> None:
 
 
 
+#: what an interrupted non-private job says (INTERRUPTED_TRAINING speaks of the ledger and of rounds charged again)
+INTERRUPTED_NON_PRIVATE = (
+    "interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command: it reuses what finished (the "
+    "cached embeddings and partition) and, if training had started, continues from the last completed round "
+    "(a NON-PRIVATE job, train.no_dp: nothing is charged)")
+
+
+def _interrupted_text(config: Optional[Path], sets: list[str]) -> str:
+    """The interruption message for this job: :data:`INTERRUPTED_NON_PRIVATE` for a ``train.no_dp`` job, else
+    INTERRUPTED_TRAINING. Resolved quietly (the command resolves again and reports any error)."""
+    from fedhype.pipeline.config import resolve
+
+    try:
+        no_dp = bool(resolve(config, sets, warn=lambda m: None)["train"]["no_dp"])
+    except Exception:  # noqa: BLE001 - the body reports it
+        no_dp = False
+    return INTERRUPTED_NON_PRIVATE if no_dp else INTERRUPTED_TRAINING
+
+
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
@@ -41,14 +60,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the whole job on real data and write report.json, report.md and plots."""
 
+        flags = ([f"train.secure_aggregation={str(secure_aggregation).lower()}"] if secure_aggregation is not None else []) + (
+            [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else [])
+
         def body() -> dict:
             from fedhype.pipeline.config import resolve
             from fedhype.pipeline.job import run_job
 
             check_out_dir(out, "run", "give a new folder, or the folder of the job to resume")
             check_out_kind(out, "run", ("job",))  # never into a training run, a model or a folder of other files
-            flags = ([f"train.secure_aggregation={str(secure_aggregation).lower()}"] if secure_aggregation is not None else []) + (
-                [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else [])
             conf = resolve(config, [*set_, *flags], warn=lambda m: typer.echo(f"warning: {m}", err=True))
             log_line(f"run: embed → partition → train ({conf['train']['rounds']} round{'s' if conf['train']['rounds'] != 1 else ''}) → synthesize → evaluate → "
                      f"report, into {out}")
@@ -63,4 +83,4 @@ def register(app: typer.Typer) -> None:
                 print_above_target(res)
             return res
 
-        run_command(body, json_out, _render, interrupted=INTERRUPTED_TRAINING)
+        run_command(body, json_out, _render, interrupted=_interrupted_text(config, [*set_, *flags]))

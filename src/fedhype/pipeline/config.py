@@ -97,8 +97,11 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
 
     Raises:
         ValidationError: unreadable TOML, unknown section/key, malformed ``--set``, a value of the
-            wrong type, or ``train.no_dp`` together with an explicit ε, σ or max ε of the same or a
-            later layer (a config file's ε is overridden by ``--set train.no_dp=true``).
+            wrong type, or ``train.no_dp = true`` together with a ``train.epsilon``, ``train.noise_multiplier``
+            or ``train.max_epsilon`` that a config file, ``--set`` or ``values`` gives, in any layer and any
+            order (a probe's ``--set train.no_dp=true`` over a config file's ``epsilon = 2.0`` ran without
+            privacy and without a word); the bundled defaults' ε (:data:`DEFAULTS`) is no request. A later
+            layer may unset an earlier one's ε: ``--set train.epsilon=none``.
     """
     conf = copy.deepcopy(DEFAULTS)
     given: dict[str, str] = {}  # "section.key" → where it was set (file or --set)
@@ -129,7 +132,8 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
             raise ValidationError(f"--config {path}: not valid TOML ({exc})") from None
         for section, entries in data.items():
             if not isinstance(entries, dict):
-                raise ValidationError(f"--config {path}: top-level key {section!r} must be a [section]")
+                raise ValidationError(f"--config {path}: top-level key {section!r} must be a section (a TOML table "
+                                      f"of settings, e.g. train with rounds = 8 under it), not a single value")
             for key, value in entries.items():
                 key = _set(conf, section, key, value, where=f"--config {path}")
                 given[f"{section}.{key}"] = f"--config {path}"
@@ -150,14 +154,7 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
         if isinstance(conf["train"].get(k), str) and conf["train"][k].lower() in ("none", "null", ""):
             conf["train"][k] = None
     if conf["train"]["no_dp"]:
-        # a later layer (file ← --set ← values) turning DP off overrides an ε of an earlier one (a config
-        # file's target ε with --set train.no_dp=true); the same layer asking both is refused
-        layer = {label: _layer(label) for label in given.values()}
-        off = layer.get(given.get("train.no_dp", ""), 0)
-        for k in ("epsilon", "noise_multiplier", "max_epsilon"):
-            if conf["train"][k] is not None and f"train.{k}" in given and layer[given[f"train.{k}"]] >= off:
-                raise ValidationError(f"{given[f'train.{k}']}: train.{k} asks for privacy but train.no_dp = true "
-                                      f"({given.get('train.no_dp', 'set')}) turns it off; drop one of the two")
+        _refuse_no_dp_with_privacy(conf, given)
     if conf["train"]["noise_multiplier"] is not None and conf["train"]["epsilon"] is not None \
             and "train.epsilon" in given and "train.noise_multiplier" in given:
         raise ValidationError(f"train.epsilon ({given['train.epsilon']}) asks σ to be calibrated for a target ε and "
@@ -235,22 +232,110 @@ def check_partition(conf: dict) -> None:
     """Check the ``[partition]`` section of a resolved configuration, loading nothing
     (:func:`fedhype.data.partition.check_partition_args`); ``fedhype run`` calls it before it embeds.
 
+    Each setting is checked on its own, so the refusal names the one at fault (a probe's
+    ``partition.fractions=[0.5,0.5]`` was reported under an empty label with "clients = 0").
+
     Raises:
-        ValidationError: naming the ``partition.*`` settings and what is wrong with them.
+        ValidationError: ``partition.<key> = <value>: <what is wrong>; <what it needs>; nothing was embedded``.
     """
-    from fedhype.data.partition import check_partition_args
+    from fedhype.data.partition import SCHEMES, check_partition_args
 
     p = conf["partition"]
-    try:
-        check_partition_args(p["scheme"], p["clients"] or None, p["alpha"], None, p["fractions"], p["min_records"])
+    scheme, clients, fractions = p["scheme"], p["clients"], p["fractions"]
+    end = "; nothing was embedded"
+    if scheme not in SCHEMES:
+        raise ValidationError(f"partition.scheme = {scheme!r}: unknown scheme; expected one of {', '.join(SCHEMES)}{end}")
+    if not (isinstance(fractions, list) and len(fractions) == 3
+            and all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in fractions)):
+        raise ValidationError(f"partition.fractions = {fractions!r}: give three fractions, train, val and test, "
+                              f"each ≥ 0 with train > 0, summing to 1 (e.g. [0.6, 0.2, 0.2]){end}")
+    checks = (  # (the setting, the arguments with every other setting valid)
+        ("scheme/clients" if scheme != "domain" else "clients", (scheme, clients or None, 1.0, None, [1, 0, 0], 0)),
+        ("alpha", (scheme, 1, p["alpha"], None, [1, 0, 0], 0)),
+        ("fractions", ("domain", None, 1.0, None, fractions, 0)),
+        ("min_records", ("domain", None, 1.0, None, [1, 0, 0], p["min_records"])),
+    )
+    for key, args in checks:
+        try:
+            check_partition_args(*args)
+        except ValidationError:
+            if key == "fractions":
+                raise ValidationError(f"partition.fractions = {fractions!r}: give three fractions, train, val and test, "
+                                      f"each ≥ 0 with train > 0, summing to 1 (e.g. [0.6, 0.2, 0.2])"
+                                      + (f"; these sum to {sum(fractions):g}" if abs(sum(fractions) - 1) > 1e-6 else "")
+                                      + end) from None
+            if key == "scheme/clients":
+                raise ValidationError(f"partition.clients = {clients!r}: partition.scheme = {scheme!r} needs the number "
+                                      f"of clients, an integer ≥ 1 (0, one client per domain, is for the 'domain' "
+                                      f"scheme only){end}") from None
+            need = {"clients": "give the number of clients, an integer ≥ 1, or 0 for one client per domain",
+                    "alpha": "the Dirichlet concentration must be a number > 0 (smaller = more label skew)",
+                    "min_records": "the smallest client training set must be an integer ≥ 0 (0: no minimum)"}[key]
+            raise ValidationError(f"partition.{key} = {p[key]!r}: {need}{end}") from None
+    try:  # every setting together (none of the checks above depends on another today)
+        check_partition_args(scheme, clients or None, p["alpha"], None, fractions, p["min_records"])
     except ValidationError as exc:
-        raise ValidationError(f"[partition] (scheme = {p['scheme']!r}, clients = {p['clients']!r}): {exc}; "
-                              "nothing was embedded") from None
+        raise ValidationError(f"partition settings (partition.scheme = {scheme!r}): {exc}{end}") from None
 
 
 def _layer(label: str) -> int:
     """The layer a setting came from: 0 a config file, 1 ``--set``, 2 the Python API's values."""
     return 0 if label.startswith("--config") else 1 if label.startswith("--set") else 2
+
+
+#: the ``[train]`` keys that ask for privacy (refused beside ``train.no_dp = true``)
+_PRIVACY_KEYS = ("epsilon", "noise_multiplier", "max_epsilon")
+
+
+def _says(label: str, key: str, value: Any, verb: str) -> str:
+    """A setting and where it came from, as a refusal names it: ``job.toml sets train.epsilon = 2.0``,
+    ``--set train.no_dp=true <verb>``, ``FedHypeVAE: epsilon = 4.0 <verb>``."""
+    if label.startswith("--config "):
+        return f"{label[len('--config '):]} sets {key} = {_toml_value(value)}"
+    return f"{label} {verb}" if label.startswith("--set") else f"{label} = {value!r} {verb}"
+
+
+def _toml_value(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else repr(value)
+
+
+def _refuse_no_dp_with_privacy(conf: dict, given: dict[str, str]) -> None:
+    """Refuse ``train.no_dp = true`` beside a privacy setting that a user layer gave, naming both sources.
+
+    The bundled defaults' ε (:data:`DEFAULTS`: TrainConfig's ``epsilon = 1.0``) is not in ``given`` and is no
+    request; a later layer's ``train.epsilon = none`` unsets an earlier one's ε (its value is then None).
+
+    Raises:
+        ValidationError: e.g. ``"job.toml sets train.epsilon = 2.0 and --set train.no_dp=true turns DP off: …"``,
+            and how to ask for either run.
+    """
+    off = given.get("train.no_dp")
+    if off is None:  # the default (false) cannot be true
+        return
+    for k in _PRIVACY_KEYS:
+        on = given.get(f"train.{k}")
+        if on is None or conf["train"][k] is None:
+            continue
+        if _layer(on) == _layer(off):  # one layer asks both
+            if on.startswith("--config"):
+                say = f"{on[len('--config '):]} sets both train.{k} = {_toml_value(conf['train'][k])} and train.no_dp = true"
+            else:  # (the words the CLI and the Python API have said since the refusal exists)
+                say = f"{on}: train.{k} asks for privacy but train.no_dp = true ({off}) turns it off"
+            raise ValidationError(f"{say}; a job is private or not (nothing was done): drop one of the two — "
+                                  f"train.{k} for a non-private run, train.no_dp for a private one")
+        both = (f"{_says(on, f'train.{k}', conf['train'][k], 'asks for privacy')} and "
+                f"{_says(off, 'train.no_dp', True, 'turns DP off')}")
+        if on.startswith("--config"):  # a file's ε and a later (or other) layer's no_dp: the probe's case
+            fix = (f"for a non-private run use a config without train.{k} (drop it from {on[len('--config '):]} and set "
+                   f"train.no_dp = true there, or unset it here with --set train.{k}=none); for a private run drop "
+                   + (off if off.startswith("--set") else "train.no_dp"))
+        elif off.startswith("--config"):  # a file's no_dp and a later layer's ε
+            fix = (f"for a private run drop train.no_dp from {off[len('--config '):]} (or add --set train.no_dp=false); "
+                   f"for a non-private run drop {on}")
+        else:
+            fix = f"for a non-private run drop {on}; for a private run drop {off}"
+        raise ValidationError(f"{both}: a job is never silently run without the privacy it asks for (nothing was "
+                              f"done); {fix}")
 
 
 def upgrade_keys(conf: dict) -> dict:
@@ -278,6 +363,9 @@ def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None
             raise ValidationError(f"{where}: {section}.{key} must be \"auto\" or an integer ≥ 1, got {value!r}")
         conf[section][key] = value if value == "auto" else int(value)
         return
+    if (section, key) == ("train", "epsilon") and isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        conf[section][key] = None  # unset a config file's target ε (with train.no_dp or train.noise_multiplier)
+        return
     # a number or switch must stay one (a typo like rounds=abc would otherwise fail much later)
     if isinstance(default, bool) and not isinstance(value, bool):
         raise ValidationError(f"{where}: {section}.{key} must be true or false, got {value!r}")
@@ -301,7 +389,7 @@ def train_config(conf: dict) -> TrainConfig:
         cfg = TrainConfig(**t, model=dict(conf["model"]))
         cfg.model_config(1, 2)  # validates the [model] section too
     except TypeError as exc:
-        raise ValidationError(f"[train]/[model]: a value has the wrong type ({exc}); numbers must not be quoted") from None
+        raise ValidationError(f"a train.* or model.* setting has the wrong type ({exc}); numbers must not be quoted") from None
     return cfg
 
 

@@ -13,7 +13,10 @@ Output directory::
                                    the clients' real embeddings (model + its own ledger: a separate release)
       report.json, report.md       the summary; plots/*.png (for the data holder: computed on real records)
       release/                     what may be shared: model, ledger, config, synthetic store, privacy.json
-                                   (:mod:`fedhype.pipeline.release`); everything else here stays private
+                                   (:mod:`fedhype.pipeline.release`); everything else here stays private.
+                                   A train.no_dp job's release is NOT private: nothing of it may leave the
+                                   site as private data (its README, the report and the log say so)
+      timings.json                 every run's stage seconds, an interrupted run's included (:class:`StageTimings`)
 
 Rerunning the same command after an interruption continues where it stopped: embeddings come
 from the cache, the partition is reused, training resumes from its last committed round
@@ -332,13 +335,19 @@ TIMINGS_FILE = "timings.json"
 class StageTimings(dict):
     """This run's stage timings (``{"embed_s": seconds, …}``), kept with those of the earlier runs into the folder.
 
-    Each stage's time is written to ``path`` (atomic JSON: ``{"runs": [{"started", "stages"}, …]}``) when it
-    ends, so a job that was interrupted and resumed reports the earlier runs' stages beside this one's
-    (:attr:`earlier`) instead of replacing them (a probe: a resumed job's report showed only the resume's
-    seconds). ``fresh``: a folder whose job never trained and whose settings changed starts a new history.
+    Each stage's time is written to ``path`` (atomic JSON: ``{"runs": [{"started", "stages"[, "interrupted",
+    "stopped_by"]}, …]}``) when it ends, so a job that was interrupted and resumed reports the earlier runs' stages
+    beside this one's (:attr:`earlier`, :attr:`earlier_runs`) instead of replacing them (a probe: a resumed job's
+    report showed only the resume's seconds). A run that stops (Ctrl-C, SIGTERM, an error) records the stage it
+    was in, with its seconds up to then, as ``"interrupted"`` (:meth:`stopped`) before the exception goes on.
+
+    Nothing is written until the folder holds the job (``attached``: a rerun into the job's own folder, or
+    :meth:`attach` once the job wrote its configuration): a job refused before it wrote anything leaves its
+    folder, an older job's timings included, as it was. ``fresh``: a folder whose job never trained and whose
+    settings changed starts a new history.
     """
 
-    def __init__(self, path: Path, fresh: bool = False):
+    def __init__(self, path: Path, fresh: bool = False, attached: bool = True):
         super().__init__()
         self.path = Path(path)
         runs: list = []
@@ -349,13 +358,78 @@ class StageTimings(dict):
             except (OSError, ValueError, AttributeError):
                 runs = []  # a damaged history is only a loss of earlier timings
         self.earlier = [dict(r["stages"]) for r in runs]
+        #: the earlier runs' records: ``{"started", "stages"[, "interrupted": stage key, "stopped_by"]}``
+        self.earlier_runs = [dict(r) for r in runs]
         self._runs = runs + [{"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "stages": {}}]
+        self._attached = attached
+        self._stage: tuple[str, float] | None = None
 
     def __setitem__(self, key: str, seconds: float) -> None:
         super().__setitem__(key, seconds)
         self._runs[-1]["stages"][key] = float(seconds)
-        if self.path.parent.is_dir():  # a job refused before it wrote anything leaves no folder: none is made here
+        self._flush()
+
+    def begin(self, key: str) -> None:
+        """Stage ``key`` (``"train_s"``) starts now: :meth:`end` records its seconds, :meth:`stopped` those so far."""
+        self._stage = (key, time.perf_counter())
+
+    def end(self) -> float:
+        """Record the seconds of the stage :meth:`begin` started; returns them."""
+        key, t0 = self._stage  # type: ignore[misc]
+        self._stage = None
+        self[key] = seconds = time.perf_counter() - t0
+        return seconds
+
+    def attach(self) -> None:
+        """The folder now holds this job: write what was timed so far, and every stage from here on."""
+        self._attached = True
+        self._flush()
+
+    def stopped(self, exc: BaseException) -> None:
+        """The run stops with ``exc`` (KeyboardInterrupt: Ctrl-C or SIGTERM): record the stage it was in, its
+        seconds up to now and why (``"interrupted"``, ``"stopped_by"``). Never raises: the caller re-raises ``exc``."""
+        try:
+            run = self._runs[-1]
+            if self._stage is not None:
+                key, t0 = self._stage
+                self._stage = None
+                seconds = time.perf_counter() - t0
+                super().__setitem__(key, seconds)
+                run["stages"][key] = float(seconds)
+                run["interrupted"] = key
+            run["stopped_by"] = ("Ctrl-C or SIGTERM" if isinstance(exc, KeyboardInterrupt)
+                                 else f"error {type(exc).__name__}")
+            self._flush()
+        except Exception:  # noqa: BLE001 - a lost timing must not hide why the run stopped
+            pass
+
+    def _flush(self) -> None:
+        if self._attached and self.path.parent.is_dir():  # a job refused before it wrote anything leaves no folder
             atomic_write_json(self.path, {"runs": self._runs})
+
+
+def check_out_writable(out: Path) -> None:
+    """Refuse a job folder ``out`` that cannot be written, before any work (the words of the other commands'
+    ``--out`` check, :func:`fedhype.cli.common.check_out_file`): a file is created and removed in ``out``, or in
+    the nearest folder above it that exists (where ``out`` would be made). Permission bits do not stop root; a
+    read-only mount or /proc does.
+
+    Raises:
+        ValidationError: naming ``out`` and the folder that cannot be written (nothing was done).
+    """
+    import tempfile
+
+    above = out if out.exists() else next((p for p in out.absolute().parents if p.exists()), None)
+    if above is None or above == out and not out.is_dir():
+        return  # an --out that is a file: the CLI's check_out_dir names it
+    if not above.is_dir():
+        raise ValidationError(f"--out {out}: {above} is a file, not a folder; give a path in a folder (nothing was done)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=above, prefix=".fedhype-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValidationError(f"--out {out}: cannot write into {above} ({exc.strerror or exc}); give an --out in a "
+                              "folder you can write to (nothing was done)") from None
 
 
 def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
@@ -366,6 +440,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     check_partition(conf)  # and [partition], which was refused only after the embedding (a new user's probe)
     _check_synthesis_code(conf)
     out = Path(out)
+    check_out_writable(out)  # a read-only --out failed at train, after the embedding and the partition (a probe)
     cfg_path = out / "config.json"
     old_conf = read_json(cfg_path, "job config") if cfg_path.exists() else None
     if isinstance(old_conf, dict) and isinstance(old_conf.get("data"), dict):
@@ -384,16 +459,30 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
         # a job refused before training spent nothing: its folder is reused, and what its stages wrote
         # under the old settings is not (removed below, once the new settings are known to be valid)
         log(f"run: {out} held a job that never started training (nothing was spent); replacing its configuration")
-    timings = StageTimings(out / TIMINGS_FILE, fresh=stale)
-    t = time.perf_counter()
+    # a rerun into the job's own folder records its timings from the start; a new (or replaced) job's once its
+    # configuration is written, so a job refused before that leaves its folder as it was
+    timings = StageTimings(out / TIMINGS_FILE, fresh=stale, attached=old_conf is not None and not stale)
+    try:
+        return _stages(conf, out, log, on_round, tcfg, timings, stale=stale)
+    except BaseException as exc:  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt by the CLI), an error
+        timings.stopped(exc)  # the run's stage timings so far, the interrupted one marked (atomic)
+        raise
+
+
+def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, timings: StageTimings, *,
+            stale: bool) -> dict[str, Any]:
+    """The stages of :func:`_run_job`, once every setting was checked; each timed in ``timings``."""
+    cfg_path = out / "config.json"
+    private = not tcfg.no_dp
+    timings.begin("embed_s")
     log.stage("embed")
     store = _embed(conf, out, log, reuse=not stale)
-    timings["embed_s"] = time.perf_counter() - t
+    timings.end()
 
-    t = time.perf_counter()
+    timings.begin("partition_s")
     log.stage("partition")
     part = _partition(conf, store, out, log, reuse=not stale)
-    timings["partition_s"] = time.perf_counter() - t
+    timings.end()
 
     from fedhype.federated.baselines import training_partition
     from fedhype.federated.config import STATISTICS_ONLY
@@ -413,7 +502,10 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
         full = subsampling_advice(tcfg.batch_size, {c.name: len(c.train) for c in part.clients}, "train.batch_size")
         if full:
             log(f"train: warning: {full}")
-    log.stage("train", "train: checking the privacy plan (σ calibrated for the target ε)")
+    timings.begin("train_s")
+    log.stage("train", "train: checking the privacy plan (" + (
+        "σ calibrated for the target ε" if tcfg.noise_multiplier is None else "σ = train.noise_multiplier")
+        + ")" if private else "train: checking the training plan (NON-PRIVATE: no clipping, no noise)")
     mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)[0]
     mcfg = keep_recorded_latent(tcfg, mcfg, recorded_config(RunDir(out / "run"), True))  # a resumed run keeps its L
     out.mkdir(parents=True, exist_ok=True)
@@ -422,6 +514,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
             (out / name).unlink(missing_ok=True)
     atomic_write_json(cfg_path, conf)
     atomic_write_text(out / "config.toml", to_toml(conf))
+    timings.attach()  # the folder holds this job: its timings so far are written, and each stage's from here
     if not (out / "embeddings.safetensors").exists():
         store.save(out / "embeddings.safetensors")
     if not (out / "partition.json").exists():
@@ -429,7 +522,6 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
 
     from fedhype.federated.engine import train
 
-    t = time.perf_counter()
     run_dir = out / "run"
     resume = (run_dir / "config.json").exists()
     released, done = False, 0
@@ -439,30 +531,34 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
         stage = rd.release_stage()
         released = stage in ("committed", "saved")
         log(f"train: resuming after round {done} of {tcfg.rounds} ("
-            + release_resume_note(stage, tcfg.seed is not None) + ")")
+            + (release_resume_note(stage, tcfg.seed is not None) if private else
+               "NON-PRIVATE: nothing is charged; "
+               + ("the class statistics were computed before and are reused" if released else
+                  "the class statistics are computed again")) + ")")
     # what is still to run (a resumed job said "4 clients release their DP class statistics" although it did not)
-    left = [] if released else [f"{len(part.clients)} clients release their DP class statistics"]
+    left = [] if released else [f"{len(part.clients)} clients release their "
+                                + ("DP class statistics" if private else "class statistics (NON-PRIVATE: no noise)")]
     if tcfg.method not in STATISTICS_ONLY and tcfg.rounds > done:
-        left.append(f"{tcfg.rounds - done} DP-SGD round{'s' if tcfg.rounds - done != 1 else ''}"
-                    + (" left" if done else ""))
+        left.append(f"{tcfg.rounds - done} {'DP-SGD' if private else 'training'} round{'s' if tcfg.rounds - done != 1 else ''}"
+                    + (" left" if done else "") + ("" if private else " (no clipping, no noise)"))
     log("train: " + (", then ".join(left) or "nothing left to train") + f" (latent size L = {mcfg.latent})")
     trained = train(store, part, tcfg, run_dir, resume=resume, progress=on_round)
-    timings["train_s"] = time.perf_counter() - t
+    timings.end()
 
     from fedhype.synthesis import synthesize
 
-    t = time.perf_counter()
+    timings.begin("synthesize_s")
     s = conf["synthesis"]
     log.stage("synthesize")
     syn = synthesize(run_dir, s["code"], per_class=s["per_class"], seed=s["seed"], temperature=s["temperature"],
                      anchor=s["anchor"])
     syn.save(out / "synthetic.safetensors")
-    timings["synthesize_s"] = time.perf_counter() - t
+    timings.end()
     log(f"synthesize: {len(syn)} embeddings from code {s['code']!r}")
 
     from fedhype.eval import ClientSplits, evaluate, interpolation_protocol
 
-    t = time.perf_counter()
+    timings.begin("evaluate_s")
     e = conf["evaluate"]
     test, train_split = part.split_store(store, "test"), part.split_store(store, "train")
     log.stage("evaluate", f"evaluate: MMD², FD, PRDC and TSTR against {len(test)} held-out real test embeddings")
@@ -498,15 +594,16 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
 
         log("evaluate: hyper-prototype classifier trained on the synthetic embeddings")
         ev["prototypes"] = prototypes_downstream(syn, test, real_train=train_split, seed=e["seed"])
-    timings["evaluate_s"] = time.perf_counter() - t
+    timings.end()
     if e.get("dp_linear"):
         from fedhype.prototypes.dp_linear import dp_linear_downstream
 
-        t = time.perf_counter()
+        timings.begin("dp_linear_s")
         log.stage("dp linear", "dp linear: DP-SGD FedAvg linear classifier on the clients' real embeddings (the reference, "
-                  "its own ε)")
+                  "its own ε)" if private else "dp linear: FedAvg linear classifier on the clients' real embeddings (the "
+                  "reference; NON-PRIVATE, as the job: no clipping, no noise)")
         ev["dp_linear"] = dp_linear_downstream(store, part, dp_linear_config(conf), out=out / "dp_linear")
-        timings["dp_linear_s"] = time.perf_counter() - t
+        timings.end()
         log(f"dp linear: accuracy {ev['dp_linear']['accuracy']:.3f} on real test embeddings "
             + (f"(its own ε = {ev['dp_linear']['epsilon']:.4g})" if ev['dp_linear']['epsilon'] is not None
                else "(NON-PRIVATE)"))
@@ -514,12 +611,23 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
 
     from fedhype.pipeline.report import write_report
 
+    timings.begin("report_s")  # timed only if the run stops in it (the report lists the stages before it)
     log.stage("report", "report: report.md, report.json and plots")
     report = write_report(out, conf, store, part, trained, syn, ev, timings)
     from fedhype.pipeline.release import write_release
 
+    timings.begin("release_s")  # (as the report: a stop here is recorded)
     log.stage("release")
     write_release(run_dir, out / "release", synthetic=out / "synthetic.safetensors", overwrite=True)
-    log(f"release: {out / 'release'} holds what may be shared (model, ledger, synthetic embeddings, privacy.json); "
-        "everything else in the folder stays private")
+    log(release_line(out / "release", private))
     return report
+
+
+def release_line(release: Path, private: bool) -> str:
+    """The job's last line: what its release folder holds and whether it may leave the site."""
+    if private:
+        return (f"release: {release} holds what may be shared (model, ledger, synthetic embeddings, privacy.json); "
+                "everything else in the folder stays private")
+    return (f"release: {release} holds the NON-PRIVATE generator, its synthetic embeddings and privacy.json (private = "
+            "false): none of it is private, so it must not leave the site as private data; like everything else in "
+            "the folder it stays with the data holder")

@@ -3,7 +3,8 @@
 Layout::
 
     release/
-      model.safetensors       the DP generator (Φ and the DP client codes): synthesize from it
+      model.safetensors       the DP generator (Φ and the DP client codes): synthesize from it (a no_dp run's
+                              generator is not private: its README then says the folder must not leave the site)
       ledger.json             every mechanism event, hash-chained: ε is recomputed from it
       config.json             the run's public settings (hyperparameters, privacy plan, public sizes; the
                               store digest left out: it is a function of the real embeddings)
@@ -91,27 +92,35 @@ def privacy_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def _readme(summary: dict[str, Any], files: list[str]) -> str:
-    if summary["private"]:
+    private = bool(summary["private"])
+    if private:
         claim = (f"(ε = {summary['epsilon']:.4g}, δ = {summary['delta']:g})-differential privacy per training record "
                  f"(worst client; accountant: the smaller of Opacus's PRV and RDP bounds, recomputed from ledger.json)")
-    else:
-        claim = "NO differential privacy (trained with no_dp)"
-    lines = ["# fedhype release", "",
-             f"Everything in this folder may leave the site: it is the output of DP mechanisms and their public "
-             f"bookkeeping, with {claim}.", ""]
+        lines = ["# fedhype release", "",
+                 f"Everything in this folder may leave the site: it is the output of DP mechanisms and their public "
+                 f"bookkeeping, with {claim}.", ""]
+    else:  # a probe's no_dp release said "may leave the site: it is the output of DP mechanisms"
+        lines = ["# fedhype release (NOT private)", "",
+                 "This folder is NOT private: the model was trained without differential privacy (no_dp), so the "
+                 "generator and its synthetic embeddings may reveal training records. Nothing here may leave the "
+                 "site as private data; it stays with the data holder like the training data itself.", ""]
     if summary.get("warning"):
         lines += [f"**Warning: {summary['warning']}.**", ""]
-    what = {"model.safetensors": "the DP generator (hypernetwork Φ and the DP client codes)",
+    what = {"model.safetensors": "the DP generator (hypernetwork Φ and the DP client codes)" if private else
+                                 "the generator (hypernetwork Φ and the client codes), trained without DP",
             "ledger.json": "every mechanism event (σ, q, steps per client), hash-chained",
-            "config.json": "the run's settings: hyperparameters, privacy plan, public client sizes",
+            "config.json": "the run's settings: hyperparameters, privacy plan, public client sizes" if private else
+                           "the run's settings: hyperparameters, client sizes",
             "checkpoint.json": "how many rounds the model holds (the audit reads it)",
-            "synthetic.safetensors": "synthetic embeddings sampled from the model (post-processing: no further cost)",
-            "privacy.json": "ε per client and worst, δ, mechanisms (recomputed from the ledger)"}
+            "synthetic.safetensors": "synthetic embeddings sampled from the model (post-processing: no further cost)"
+                                     if private else "synthetic embeddings sampled from the model (not private)",
+            "privacy.json": "ε per client and worst, δ, mechanisms (recomputed from the ledger)" if private else
+                            "private = false and the warning above (no ε: there is no guarantee)"}
     lines += [f"- `{f}`: {what.get(f, '')}" for f in files]
-    lines += ["", "Not here (private to the data holder): the real embeddings, the partition, the clients' private "
-                  "states, the per-round held-out diagnostics and the evaluation report (computed on real records "
-                  "outside the DP path).", "",
-              "Check the claim: `fedhype audit --run <this folder>"
+    lines += ["", ("Not here (private to the data holder): " if private else "Not here either: ")
+              + "the real embeddings, the partition, the clients' private states, the per-round held-out diagnostics "
+                "and the evaluation report (computed on real records outside the DP path).", "",
+              ("Check the claim: " if private else "Check the files: ") + "`fedhype audit --run <this folder>"
               + (" --synthetic <this folder>/synthetic.safetensors" if "synthetic.safetensors" in files else "")
               + "`. Sample more: `fedhype synthesize --run <this folder> --code mixture --per-class 300 --out syn.safetensors`.",
               ""]

@@ -100,6 +100,8 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "anchor": syn.meta.get("anchor", "off"),
         "release_choices": _release_choices(out / "run"),
         "timings_s": dict(timings), "timings_earlier_s": list(getattr(timings, "earlier", [])),
+        # each earlier run's record: its start, its stages and, for a run that stopped, the stage it stopped in
+        "timings_earlier_runs": list(getattr(timings, "earlier_runs", [])),
         "traffic": trained.get("traffic"),
         "held_out_not_dp": held_out_trend(metrics),
         "report": str(out / "report.md"), "plots": [str(plots / "projection.png"), str(plots / "training.png")],
@@ -368,6 +370,27 @@ def _release_centre(conf: dict) -> str:
                        secure_aggregation=bool(t.get("secure_aggregation"))).centre_mode()
 
 
+def _stopped(run: dict) -> str:
+    """`` (interrupted in train: Ctrl-C or SIGTERM)`` for an earlier run that stopped (:class:`StageTimings`)."""
+    if not run.get("stopped_by"):
+        return ""
+    stage = run.get("interrupted")
+    return f" (interrupted{' in ' + stage[:-2] if stage else ''}: {run['stopped_by']})"
+
+
+def share_line(private: bool) -> str:
+    """The report's "What to share" item: the release folder for a private run; nothing, as private, without DP."""
+    stays = ("This report, the plots, `evaluation.json`, the real embeddings, the partition and `run/` stay with the "
+             "data holder: their figures are computed on real records outside the DP path.")
+    if private:
+        return ("- **What to share.** `release/` (the DP model, its ledger, the synthetic embeddings and `privacy.json`; "
+                "a recipient checks ε with `fedhype audit --run release/`). " + stays)
+    return ("- **What to share: nothing, as private data.** This run was trained without DP (`no_dp`): `release/` "
+            "holds the generator, the synthetic embeddings and `privacy.json` (private = false), and none of it is "
+            "private: it must not leave the site as private data (train again with a target ε for a folder that "
+            "may). " + stays)
+
+
 def _markdown(r: dict, ev: dict, conf: dict) -> str:
     target = conf["train"].get("epsilon")
     over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
@@ -393,10 +416,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
     eps_rows = [f"| {c['name']} | {c['id']} | {_fmt(c['epsilon'])} |" for c in r.get("client_epsilons") or []]
     lines = [
         "# fedhype report", "", "## At a glance", "", *glance(r),
-        "- **What to share.** `release/` (the DP model, its ledger, the synthetic embeddings and `privacy.json`; "
-        "a recipient checks ε with `fedhype audit --run release/`). This report, the plots, `evaluation.json`, the "
-        "real embeddings, the partition and `run/` stay with the data holder: their figures are computed on real "
-        "records outside the DP path.", "", "## Details", "",
+        share_line(r["private"]), "", "## Details", "",
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
         "", f"Privacy: {priv}.", "",
@@ -439,10 +459,12 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         eps = (f"its own ε = {_fmt(r['dp_fedavg_linear_epsilon'])} at δ = {r['dp_fedavg_linear_delta']} (PRV, worst "
                "client) — a separate release from the generator's ε above; a client in both spends both"
                if r["dp_fedavg_linear_private"] else "NON-PRIVATE (--no-dp)")
-        lines += ["", "## Reference: DP-SGD FedAvg linear classifier on the clients' real embeddings", "",
+        lines += ["", f"## Reference: {'DP-SGD' if r['dp_fedavg_linear_private'] else 'non-private'} FedAvg linear "
+                      "classifier on the clients' real embeddings", "",
                   f"Trained directly on the real training records ({eps}); tested on the same held-out real set.", "",
                   "| | accuracy | balanced accuracy | macro-F1 |", "|---|---|---|---|",
-                  f"| DP FedAvg logistic regression | {_fmt(r['dp_fedavg_linear_accuracy'])} | "
+                  f"| {'DP ' if r['dp_fedavg_linear_private'] else ''}FedAvg logistic regression | "
+                  f"{_fmt(r['dp_fedavg_linear_accuracy'])} | "
                   f"{_fmt(r['dp_fedavg_linear_balanced_accuracy'])} | {_fmt(r['dp_fedavg_linear_macro_f1'])} |"]
     cd = r.get("code_domain")
     if cd:
@@ -461,9 +483,12 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
             lines.append(f"| {name} | {_fmt(d.get('tstr_accuracy'))} | {_fmt(d.get('trtr_accuracy'))} |")
     timing_lines = [" · ".join(f"{k[:-2]} {v:.1f}" for k, v in r["timings_s"].items())]
     if r.get("timings_earlier_s"):  # an interrupted job resumed (or a finished one rerun) into this folder
+        runs = r.get("timings_earlier_runs") or [{} for _ in r["timings_earlier_s"]]
         timing_lines = [f"- this run: {timing_lines[0]}"] + [
-            f"- earlier run {i + 1}: " + (" · ".join(f"{k[:-2]} {v:.1f}" for k, v in st.items()) or "no stage finished")
-            for i, st in enumerate(r["timings_earlier_s"])]
+            f"- earlier run {i + 1}{_stopped(run)}: "
+            + (" · ".join(f"{k[:-2]} {v:.1f}" + (" (interrupted)" if k == run.get("interrupted") else "")
+                          for k, v in st.items()) or "no stage finished")
+            for i, (st, run) in enumerate(zip(r["timings_earlier_s"], runs))]
     lines += ["", "## Timings (s)", "", *timing_lines,
               "", "![projection](plots/projection.png)", "",
               "The projection (PCA fit on the held-out real test records, which it plots beside the synthetic "

@@ -1,0 +1,126 @@
+"""A `fedhype run` that stops (Ctrl-C, SIGTERM, an error) keeps its stage timings, and a non-private job never
+calls its output shareable DP output.
+
+One small non-private job (the shared real test store, 4 domain clients, 2 tiny rounds) is interrupted during
+training (KeyboardInterrupt from the round callback: what Ctrl-C and SIGTERM raise), stopped by an error in
+synthesis (monkeypatched), then finished; the report lists all three runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REAL_STORE, TEST_CACHE
+from fedhype.pipeline.config import resolve
+from fedhype.pipeline.job import TIMINGS_FILE, run_job
+
+SMALL = [f"data.limit={REAL_STORE['limit']}", f"data.image_size={REAL_STORE['image_size']}",
+         f"data.cache_dir=\"{TEST_CACHE / 'embeddings'}\"", "train.rounds=2", "train.batch_size=32", "train.seed=0",
+         "model.hidden=32", "model.latent=8", "model.hyper_hidden=16", "model.code_dim=8", "synthesis.per_class=20",
+         "evaluate.permutations=20", "evaluate.dp_linear=false", "evaluate.downstream=false",
+         "evaluate.interpolation=false", "evaluate.prototypes=false", "evaluate.code_domain=false"]
+
+
+def _runs(out):
+    return json.loads((out / TIMINGS_FILE).read_text())["runs"]
+
+
+def test_an_interrupted_non_private_job_keeps_its_timings_and_never_calls_its_release_private(tmp_path, monkeypatch, real_store):
+    import fedhype.synthesis as synthesis
+    from fedhype.eval.audit_ledger import audit_run
+
+    out = tmp_path / "jr0"
+    conf = resolve(None, [*SMALL, "train.no_dp=true", "evaluate.dp_linear=true"])
+
+    # 1. Ctrl-C (or SIGTERM, which the CLI raises as KeyboardInterrupt) after the first committed round
+    def ctrl_c(m):
+        raise KeyboardInterrupt
+
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_job(conf, out, log=said.append, on_round=ctrl_c)
+    runs = _runs(out)
+    assert len(runs) == 1 and list(runs[0]["stages"]) == ["embed_s", "partition_s", "train_s"]
+    assert runs[0]["interrupted"] == "train_s" and runs[0]["stopped_by"] == "Ctrl-C or SIGTERM"
+    assert all(v > 0 for v in runs[0]["stages"].values())
+    assert not list(out.glob(".*timings*"))  # written atomically: no temporary file left beside it
+    # a non-private job's progress speaks of no σ, no DP statistics, no DP-SGD
+    log = "\n".join(said)
+    assert "train: checking the training plan (NON-PRIVATE: no clipping, no noise)" in log and "σ" not in log
+    assert ("train: 4 clients release their class statistics (NON-PRIVATE: no noise), then 2 training rounds (no "
+            "clipping, no noise) (latent size L = 8)") in log and "DP" not in log.replace("NON-PRIVATE", "")
+
+    # 2. an error in a later stage of the rerun: recorded too, with the stage it stopped in
+    def broken(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(synthesis, "synthesize", broken)
+    said.clear()
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        run_job(conf, out, log=said.append)
+    runs = _runs(out)
+    assert len(runs) == 2 and runs[0]["stopped_by"] == "Ctrl-C or SIGTERM"
+    assert list(runs[1]["stages"]) == ["embed_s", "partition_s", "train_s", "synthesize_s"]
+    assert runs[1]["interrupted"] == "synthesize_s" and runs[1]["stopped_by"] == "error RuntimeError"
+    log = "\n".join(said)
+    assert ("train: resuming after round 1 of 2 (NON-PRIVATE: nothing is charged; the class statistics were computed "
+            "before and are reused)") in log and "charged again" not in log
+    assert "train: 1 training round left (no clipping, no noise) (latent size L = 8)" in log
+
+    # 3. the rerun that finishes lists every run into the folder, the stopped ones marked
+    monkeypatch.undo()
+    said.clear()
+    rep = run_job(conf, out, log=said.append)
+    runs = _runs(out)
+    assert len(runs) == 3 and "stopped_by" not in runs[2] and list(runs[2]["stages"]) == list(rep["timings_s"])
+    assert rep["timings_earlier_s"] == [runs[0]["stages"], runs[1]["stages"]]
+    assert [r.get("interrupted") for r in rep["timings_earlier_runs"]] == ["train_s", "synthesize_s"]
+    md = (out / "report.md").read_text()
+    timings = md[md.index("## Timings (s)"):md.index("![projection]")]
+    e1, e2 = runs[0]["stages"], runs[1]["stages"]
+    assert (f"- earlier run 1 (interrupted in train: Ctrl-C or SIGTERM): embed {e1['embed_s']:.1f} · partition "
+            f"{e1['partition_s']:.1f} · train {e1['train_s']:.1f} (interrupted)") in timings
+    assert (f"- earlier run 2 (interrupted in synthesize: error RuntimeError): embed {e2['embed_s']:.1f} · partition "
+            f"{e2['partition_s']:.1f} · train {e2['train_s']:.1f} · synthesize {e2['synthesize_s']:.1f} "
+            "(interrupted)") in timings
+    assert timings.count("(interrupted") == 4 and "- this run: embed " in timings
+
+    # the non-private release, report and last line say so, consistently with the NON-PRIVATE warning
+    assert rep["private"] is False
+    readme = (out / "release" / "README.md").read_text()
+    assert readme.startswith("# fedhype release (NOT private)\n\nThis folder is NOT private: the model was trained "
+                             "without differential privacy (no_dp)")
+    assert "Nothing here may leave the site as private data" in readme
+    assert "**Warning: NON-PRIVATE: trained with no_dp; nothing here is differentially private.**" in readme
+    assert "- `model.safetensors`: the generator (hypernetwork Φ and the client codes), trained without DP" in readme
+    for claim in ("may leave the site:", "DP mechanisms", "DP generator", "DP client codes", "no further cost"):
+        assert claim not in readme, claim
+    assert audit_run(out / "release")["mismatches"] == []  # the audit recomputes that README: still consistent
+    glance = md[md.index("## At a glance"):md.index("## Details")]
+    assert "- **What to share: nothing, as private data.** This run was trained without DP (`no_dp`)" in glance
+    assert "must not leave the site as private data" in glance and "the DP model" not in glance
+    assert said[-1] == (f"release: {out / 'release'} holds the NON-PRIVATE generator, its synthetic embeddings and "
+                        "privacy.json (private = false): none of it is private, so it must not leave the site as "
+                        "private data; like everything else in the folder it stays with the data holder")
+    assert not any("may be shared" in line or "σ calibrated" in line for line in said)
+    assert ("dp linear: FedAvg linear classifier on the clients' real embeddings (the reference; NON-PRIVATE, as the "
+            "job: no clipping, no noise)") in said and not any("DP-SGD" in line for line in said)
+    assert "## Reference: non-private FedAvg linear classifier" in md and "| FedAvg logistic regression |" in md
+
+
+def test_a_job_refused_before_it_wrote_anything_leaves_an_older_jobs_timings_as_they_were(tmp_path):
+    """The timings of a new (or replaced) job are written only once it wrote its configuration: a refusal before
+    that (here: δ ≥ 1/n, known only after the partition) leaves the folder, timings.json included, untouched."""
+    from fedhype.errors import ValidationError
+
+    out = tmp_path / "job"
+    old = resolve(None, [*SMALL, "train.epsilon=2"])
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(old))  # a job that never started training
+    (out / TIMINGS_FILE).write_text(json.dumps({"runs": [{"started": "then", "stages": {"embed_s": 1.0}}]}))
+    before = (out / TIMINGS_FILE).read_bytes()
+    with pytest.raises(ValidationError, match="is not below 1/n"):
+        run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.delta=0.05"]), out, log=lambda s: None)
+    assert (out / TIMINGS_FILE).read_bytes() == before
