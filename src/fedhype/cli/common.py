@@ -222,7 +222,10 @@ def error_object(message: str, code: int, extra: dict[str, Any] | None = None) -
 
 
 def _fail(message: str, code: int, json_mode: bool, extra: dict[str, Any] | None = None) -> None:
-    console.print(f"[bold red]error[/]: {message}", highlight=False, markup=True, soft_wrap=True)
+    from rich.markup import escape
+
+    # the message is text, not markup: "[partition]" or "[train]" in it would vanish as a style tag
+    console.print(f"[bold red]error[/]: {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     if json_mode:
         emit_json(error_object(message, code, extra))
     raise typer.Exit(code)

@@ -168,7 +168,8 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: OS entropy)."),
         release: Optional[Path] = typer.Option(None, "--release", help="Also write a release folder here: what may be "
                                                "shared (the DP model, ledger, public config, this synthetic store, "
-                                               "privacy.json recomputed from the ledger), nothing else of the run."),
+                                               "privacy.json recomputed from the ledger), nothing else of the run; "
+                                               "a --no-dp run's is not private."),
         json_out: bool = JsonOpt,
     ) -> None:
         """Decode synthetic class-conditional embeddings from the DP hypernetwork and codes."""
@@ -243,7 +244,10 @@ def register(app: typer.Typer) -> None:
                     # the same command can be run again (a probe's interrupted run left --out and refused the rerun)
                     out.unlink(missing_ok=True)
                     raise
-                console.print(f"wrote the release folder {release} (what may be shared)", highlight=False)
+                console.print(f"wrote the release folder {release} "
+                              + ("(what may be shared)" if store.meta["private"] else
+                                 "(NOT private: trained with --no-dp; it must not leave the site as private data)"),
+                              highlight=False)
             m = store.meta
             if not m["private"]:
                 console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
