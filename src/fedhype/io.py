@@ -28,6 +28,36 @@ def _writable_target(path: str | os.PathLike) -> Path:
     return path
 
 
+def check_writable_folder(out: str | os.PathLike, done: str = "nothing was done", *, shown=None,
+                          is_file: bool = False) -> Path | None:
+    """Refuse an ``--out`` that cannot be written, before any work: a file is created and removed in ``out`` (a
+    folder), or in the nearest folder above it that exists (where ``out`` would be made; with ``is_file``, ``out``
+    is a file to write and only the folders above it are probed). Permission bits do not stop
+    root; a read-only mount or /proc does. Returns the folder probed (None where no folder above exists).
+
+    Raises:
+        ValidationError: naming ``shown`` (default ``out``: the ``--out`` the user gave), the folder that cannot be
+            written and ``done`` (what was not done), or a file where a folder above ``out`` should be.
+    """
+    out = Path(out)
+    shown = out if shown is None else shown
+    above = next((p for p in ((() if is_file else (out.absolute(),)) + tuple(out.absolute().parents))
+                  if p.exists()), None)
+    if above is None:
+        return None
+    if not above.is_dir():
+        if above == out.absolute():
+            return above  # --out is an existing file: each command's own rule names it
+        raise ValidationError(f"--out {shown}: {above} is a file, not a folder; give a path in a folder ({done})")
+    try:
+        with tempfile.NamedTemporaryFile(dir=above, prefix=".fedhype-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValidationError(f"--out {shown}: cannot write into {above} ({exc.strerror or exc}); give an --out in a "
+                              f"folder you can write to ({done})") from None
+    return above
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file + fsync + ``os.replace``).
 

@@ -212,7 +212,7 @@ def test_an_out_file_under_a_file_is_refused_naming_it(files, tmp_path):
                      "--per-class", 2, "--json")
     assert r.exit_code == 2 and obj["error"] == (f"--out {files['dir'] / 'real.safetensors' / 's.safetensors'}: "
                                                  f"{files['dir'] / 'real.safetensors'} is a file, not a folder; give a "
-                                                 "path in a folder")
+                                                 "path in a folder (nothing was done)")
 
 
 def test_an_out_that_cannot_be_written_is_refused_before_any_work(files, tmp_path, monkeypatch):

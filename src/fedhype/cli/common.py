@@ -432,7 +432,7 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
         ValidationError: (exit 2) naming the file and what it is.
     """
     from fedhype.errors import ValidationError
-    from fedhype.io import artifact_format
+    from fedhype.io import artifact_format, check_writable_folder
 
     if out.is_dir():
         raise ValidationError(f"--out {out} is a folder; give a file name such as {out / 'out.safetensors'}"
@@ -440,18 +440,9 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
                               f"--out {out} is a folder; give a file name such as {out / 'partition.json'}")
     from fedhype.pipeline.release import is_release, release_holding
 
-    above = next((p for p in out.absolute().parents if p.exists()), None)
-    if above is not None and not above.is_dir():  # a probe got "File exists: emb.safetensors"
-        raise ValidationError(f"--out {out}: {above} is a file, not a folder; give a path in a folder")
-    if above is not None:  # a probe's `embed --out` into a read-only folder embedded every image, then failed
-        import tempfile
-
-        try:
-            with tempfile.NamedTemporaryFile(dir=above, prefix=".fedhype-write-check-"):
-                pass
-        except OSError as exc:
-            raise ValidationError(f"--out {out}: cannot write into {above} ({exc.strerror or exc}); give an --out in "
-                                  "a folder you can write to (nothing was done)") from None
+    # a probe got "File exists: emb.safetensors" under a file, and `embed --out` into a read-only folder embedded
+    # every image, then failed: the folder that would hold the file is probed before any work
+    check_writable_folder(out, is_file=True)
     if not out.exists():
         if is_release(out.parent):  # a file added to a release folder is outside its claim (audit --release fails)
             raise ValidationError(f"--out {out} is inside the release folder {out.parent}, which holds only what its "

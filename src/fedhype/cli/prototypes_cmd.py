@@ -464,17 +464,9 @@ def _seeded_note(sites: bool) -> str:
 
 def _check_writable_parent(out: Path) -> None:
     """Refuse an ``--out`` folder that cannot be written (checked in its nearest existing folder; nothing is made)."""
-    import tempfile
+    from fedhype.io import check_writable_folder
 
-    above = next((p for p in (out.absolute(), *out.absolute().parents) if p.exists()), None)
-    if above is None:
-        return
-    try:
-        with tempfile.NamedTemporaryFile(dir=above, prefix=".fedhype-write-check-"):
-            pass
-    except OSError as exc:
-        raise ValidationError(f"--out {out}: cannot write into {above} ({exc.strerror or exc}); give an --out in a "
-                              "folder you can write to (nothing was run or charged)") from None
+    check_writable_folder(out, "nothing was run or charged")
 
 
 def register(app: typer.Typer) -> None:

@@ -409,27 +409,15 @@ class StageTimings(dict):
 
 
 def check_out_writable(out: Path) -> None:
-    """Refuse a job folder ``out`` that cannot be written, before any work (the words of the other commands'
-    ``--out`` check, :func:`fedhype.cli.common.check_out_file`): a file is created and removed in ``out``, or in
-    the nearest folder above it that exists (where ``out`` would be made). Permission bits do not stop root; a
-    read-only mount or /proc does.
+    """Refuse a job folder ``out`` that cannot be written, before any work (:func:`fedhype.io.check_writable_folder`:
+    the words of the other commands' ``--out`` check); an ``--out`` that is a file is left to the CLI's check.
 
     Raises:
         ValidationError: naming ``out`` and the folder that cannot be written (nothing was done).
     """
-    import tempfile
+    from fedhype.io import check_writable_folder
 
-    above = out if out.exists() else next((p for p in out.absolute().parents if p.exists()), None)
-    if above is None or above == out and not out.is_dir():
-        return  # an --out that is a file: the CLI's check_out_dir names it
-    if not above.is_dir():
-        raise ValidationError(f"--out {out}: {above} is a file, not a folder; give a path in a folder (nothing was done)")
-    try:
-        with tempfile.NamedTemporaryFile(dir=above, prefix=".fedhype-write-check-"):
-            pass
-    except OSError as exc:
-        raise ValidationError(f"--out {out}: cannot write into {above} ({exc.strerror or exc}); give an --out in a "
-                              "folder you can write to (nothing was done)") from None
+    check_writable_folder(out)
 
 
 def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
