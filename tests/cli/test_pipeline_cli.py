@@ -135,10 +135,15 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert "train: 4 clients release their DP class statistics, then 2 DP-SGD rounds (latent size L = " in r.stderr
     # a private job's words (a no_dp job says the opposite: tests/pipeline/test_job_interrupted.py)
     assert "train: checking the privacy plan (σ calibrated for the target ε)" in r.stderr
-    assert f"release: {tmp_path / 'job' / 'release'} holds what may be shared (model, ledger" in r.stderr
-    assert "- **What to share.** `release/` (the DP model, its ledger" in glance
-    assert (tmp_path / "job" / "release" / "README.md").read_text().startswith(
-        "# fedhype release\n\nEverything in this folder may leave the site: it is the output of DP mechanisms")
+    assert f"release: {tmp_path / 'job' / 'release'} holds the DP model, ledger, synthetic embeddings and privacy.json, " \
+           "but the noise was seeded (train.seed)" in r.stderr  # the job is seeded: not "what may be shared"
+    assert "- **What to share: nothing, as private data, while the noise is seeded.** `release/` holds the DP model" \
+        in glance  # seeded job; an unseeded one says "- **What to share.** `release/` (the DP model, its ledger"
+    # the job is seeded (train.seed=0): its release says it may not leave the site as private data, not "may leave"
+    readme = (tmp_path / "job" / "release" / "README.md").read_text()
+    assert readme.startswith("# fedhype release (seeded noise: not to be shared as private)\n\nThis folder is the "
+                             "output of DP mechanisms") and "nothing here may leave the site as private data" in readme
+    assert "Everything in this folder may leave the site" not in readme
     job = tmp_path / "job"
     for f in ("report.md", "report.json", "plots/projection.png", "plots/training.png", "synthetic.safetensors",
               "evaluation.json", "partition.json", "config.toml", "run/ledger.json"):

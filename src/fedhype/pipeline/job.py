@@ -607,12 +607,18 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     timings.begin("release_s")  # (as the report: a stop here is recorded)
     log.stage("release")
     write_release(run_dir, out / "release", synthetic=out / "synthetic.safetensors", overwrite=True)
-    log(release_line(out / "release", private))
+    seeded = bool(read_json(out / "release" / "privacy.json", "release privacy file").get("noise_seeded"))
+    log(release_line(out / "release", private, seeded))
     return report
 
 
-def release_line(release: Path, private: bool) -> str:
-    """The job's last line: what its release folder holds and whether it may leave the site."""
+def release_line(release: Path, private: bool, seeded: bool = False) -> str:
+    """The job's last line: what its release folder holds and whether it may leave the site (not as private data
+    where the run is not private, or its noise was seeded: whoever holds the seed can remove it)."""
+    if private and seeded:
+        return (f"release: {release} holds the DP model, ledger, synthetic embeddings and privacy.json, but the noise "
+                "was seeded (train.seed): whoever holds the seed can remove it, so none of it may leave the site as "
+                "private data; train again without a seed for a release")
     if private:
         return (f"release: {release} holds what may be shared (model, ledger, synthetic embeddings, privacy.json); "
                 "everything else in the folder stays private")

@@ -96,9 +96,16 @@ def _readme(summary: dict[str, Any], files: list[str]) -> str:
     if private:
         claim = (f"(ε = {summary['epsilon']:.4g}, δ = {summary['delta']:g})-differential privacy per training record "
                  f"(worst client; accountant: the smaller of Opacus's PRV and RDP bounds, recomputed from ledger.json)")
-        lines = ["# fedhype release", "",
-                 f"Everything in this folder may leave the site: it is the output of DP mechanisms and their public "
-                 f"bookkeeping, with {claim}.", ""]
+        if summary.get("noise_seeded"):  # a probe: "may leave the site" beside "must not be shared as private"
+            lines = ["# fedhype release (seeded noise: not to be shared as private)", "",
+                     f"This folder is the output of DP mechanisms and their public bookkeeping, with {claim} — but its "
+                     "noise was drawn from a seed (the warning below): whoever holds the seed can regenerate and remove "
+                     "it, so nothing here may leave the site as private data. Train again without a seed for a "
+                     "release.", ""]
+        else:
+            lines = ["# fedhype release", "",
+                     f"Everything in this folder may leave the site: it is the output of DP mechanisms and their public "
+                     f"bookkeeping, with {claim}.", ""]
     else:  # a probe's no_dp release said "may leave the site: it is the output of DP mechanisms"
         lines = ["# fedhype release (NOT private)", "",
                  "This folder is NOT private: the model was trained without differential privacy (no_dp), so the "

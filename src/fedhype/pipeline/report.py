@@ -378,10 +378,16 @@ def _stopped(run: dict) -> str:
     return f" (interrupted{' in ' + stage[:-2] if stage else ''}: {run['stopped_by']})"
 
 
-def share_line(private: bool) -> str:
-    """The report's "What to share" item: the release folder for a private run; nothing, as private, without DP."""
+def share_line(private: bool, seeded: bool = False) -> str:
+    """The report's "What to share" item: the release folder for a private run; nothing, as private, without DP or
+    with seeded noise (``train.seed``: whoever holds the seed can remove the noise)."""
     stays = ("This report, the plots, `evaluation.json`, the real embeddings, the partition and `run/` stay with the "
              "data holder: their figures are computed on real records outside the DP path.")
+    if private and seeded:
+        return ("- **What to share: nothing, as private data, while the noise is seeded.** `release/` holds the DP "
+                "model, its ledger, the synthetic embeddings and `privacy.json`, but the noise was drawn from "
+                "`train.seed`, which its config carries: whoever holds the seed can regenerate and remove it (train "
+                "again without a seed for a release). " + stays)
     if private:
         return ("- **What to share.** `release/` (the DP model, its ledger, the synthetic embeddings and `privacy.json`; "
                 "a recipient checks ε with `fedhype audit --run release/`). " + stays)
@@ -416,7 +422,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
     eps_rows = [f"| {c['name']} | {c['id']} | {_fmt(c['epsilon'])} |" for c in r.get("client_epsilons") or []]
     lines = [
         "# fedhype report", "", "## At a glance", "", *glance(r),
-        share_line(r["private"]), "", "## Details", "",
+        share_line(r["private"], conf["train"].get("seed") is not None), "", "## Details", "",
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
         "", f"Privacy: {priv}.", "",
