@@ -219,20 +219,12 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(files, tmp_pat
     """A probe's `embed --out` into a read-only folder embedded every image and only then failed. The folder an --out
     is written into is now tried first (a file created and removed there): /proc takes no new file; a read-only mount
     (simulated here: the tests may run as root, for whom permission bits do not stop a write) says so."""
-    import errno
-    import tempfile
+    from read_only import simulate_read_only  # tests/read_only.py
 
     r, obj = _invoke("synthesize", "--run", files["run"], "--out", "/proc/fedhype-syn.safetensors", "--json")
     assert r.exit_code == 2 and "cannot write into /proc" in obj["error"] and "nothing was done" in obj["error"]
 
-    real = tempfile.NamedTemporaryFile
-
-    def read_only(*a, dir=None, **k):  # noqa: A002 - tempfile's own name
-        if str(dir).startswith(str(tmp_path)):
-            raise OSError(errno.EROFS, "Read-only file system")
-        return real(*a, dir=dir, **k)
-
-    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    simulate_read_only(monkeypatch, tmp_path)
     r, obj = _invoke("partition", "--store", files["dir"] / "real.safetensors", "--scheme", "iid", "--clients", 2,
                      "--out", tmp_path / "sub" / "p.json", "--json")
     assert r.exit_code == 2 and f"cannot write into {tmp_path} (Read-only file system)" in obj["error"]

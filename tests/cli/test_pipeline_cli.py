@@ -234,8 +234,7 @@ def test_run_into_a_folder_it_cannot_write_is_refused_before_embedding(tmp_path,
     """A probe's `fedhype run` into a read-only --out embedded and partitioned, then failed at train with
     "Read-only file system". /proc takes no new file (even for root); a read-only mount is simulated (the tests may
     run as root, for whom permission bits do not stop a write), as tests/cli/test_out_overwrite.py does."""
-    import errno
-    import tempfile
+    from read_only import simulate_read_only  # tests/read_only.py
 
     import fedhype.pipeline.job as job
 
@@ -247,14 +246,7 @@ def test_run_into_a_folder_it_cannot_write_is_refused_before_embedding(tmp_path,
     assert r.exit_code == 2 and _json(r)["error"].startswith("--out /proc/fedhype-job: cannot write into /proc ("), r.output
     assert not __import__("os").path.exists("/proc/fedhype-job")
 
-    real = tempfile.NamedTemporaryFile
-
-    def read_only(*a, dir=None, **k):  # noqa: A002 - tempfile's own name
-        if str(dir).startswith(str(tmp_path)):
-            raise OSError(errno.EROFS, "Read-only file system")
-        return real(*a, dir=dir, **k)
-
-    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    simulate_read_only(monkeypatch, tmp_path)
     (tmp_path / "ro").mkdir()
     for out, above in ((tmp_path / "ro" / "jr0", tmp_path / "ro"), (tmp_path / "ro", tmp_path / "ro")):
         r = CliRunner().invoke(app, ["run", "--out", str(out), "--json"])
