@@ -790,3 +790,15 @@ def test_partition_overwrite_says_a_run_bound_to_the_old_key_needs_the_old_file(
     assert r.exit_code == 0, r.output
     new = json.loads((tmp_path / "p.json").read_text())["key"]
     assert new != old and f"warning: --overwrite replaced the partition" in r.stderr and old[:8] in r.stderr
+
+
+def test_python_dash_m_fedhype_is_the_cli():
+    # ``python -m fedhype`` runs the console script's app (a venv whose bin/ is not on PATH), without torch for --help
+    r = subprocess.run([sys.executable, "-m", "fedhype", "budget", "--help"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "--epsilon" in r.stdout, r.stderr
+    code = "import sys, runpy\nsys.argv = ['fedhype', '--help']\ntry:\n    runpy.run_module('fedhype', run_name='__main__')\n" \
+           "except SystemExit as e:\n    assert e.code == 0\nprint('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("False"), (r.stdout[-500:], r.stderr[-500:])
+    r = subprocess.run([sys.executable, "-m", "fedhype", "train", "--method", "gan"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "gan" in r.stderr
