@@ -11,7 +11,7 @@ import torch
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.eval.audit_ledger import audit_run
-from fedhype.io import load_tensors
+from fedhype.io import DIGEST_KEY, load_tensors
 from fedhype.pipeline.release import write_release
 from fedhype.privacy.ledger import PrivacyLedger
 from fedhype.synthesis import synthesize
@@ -157,3 +157,56 @@ def test_a_run_with_seeded_node_noise_is_flagged_by_the_release_and_the_audit(re
     assert s["noise_seeded"] is True and s["seeded_clients"] == ["client-1"] and "client(s) client-1 was seeded" in s["warning"]
     res = audit_run(run)
     assert res["noise_seeded"] is True and any("client(s) ['1'] was seeded" in w for w in res["warnings"])
+
+
+def _model_meta(path):
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _set_model_epsilon(run, eps):
+    from safetensors.torch import save_file
+
+    meta, tensors = _model_meta(run / "model.safetensors")
+    fed = json.loads(meta["fedhype"])
+    fed["epsilon"] = eps
+    save_file(tensors, str(run / "model.safetensors"), metadata={**meta, "fedhype": json.dumps(fed)})
+
+
+def test_the_released_model_says_the_ledger_s_epsilon(audit_run, tmp_path):
+    """A probe: one number in a model file's metadata (its digest covers only the tensors) went into the release
+    unchanged beside the ledger-checked privacy.json. The released model now says the ledger's ε where the ledger
+    records more (tensors and digest unchanged), and a model saying more than its ledger is refused."""
+    import shutil
+
+    src, _ = audit_run
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    spent = PrivacyLedger.load(run / "ledger.json").worst()[1]
+    honest = write_release(run, tmp_path / "honest")
+    assert (honest / "model.safetensors").read_bytes() == (run / "model.safetensors").read_bytes()
+    assert "model_epsilon_note" not in json.loads((honest / "privacy.json").read_text())
+
+    _set_model_epsilon(run, 0.1)  # less than the ledger: an edited model (or an interrupted run's last model)
+    rel = write_release(run, tmp_path / "rel")
+    meta, tensors = _model_meta(rel / "model.safetensors")
+    fed = json.loads(meta["fedhype"])
+    assert fed["epsilon"] == pytest.approx(spent, rel=1e-9) and spent > 0.1 and "0.1" in fed["epsilon_note"]
+    _, original = _model_meta(run / "model.safetensors")
+    assert tensors.keys() == original.keys() and all(torch.equal(tensors[k], original[k]) for k in tensors)
+    assert meta[DIGEST_KEY] == _model_meta(run / "model.safetensors")[0][DIGEST_KEY]
+    load_tensors(rel / "model.safetensors", what="model")  # its digest still verifies
+    priv = json.loads((rel / "privacy.json").read_text())
+    assert priv["epsilon"] == pytest.approx(spent, rel=1e-9) and "0.1" in priv["model_epsilon_note"]
+    assert priv["model_epsilon_note"] in (rel / "README.md").read_text()
+    from fedhype.eval.audit_ledger import audit_run as audit
+
+    res = audit(rel)
+    assert res["consistent"] and res["ledger_ok"], res["mismatches"]
+
+    _set_model_epsilon(run, 10 * spent)  # more than the ledger: the ledger lacks charges, refused
+    with pytest.raises(ArtifactError, match="more than its run's ledger"):
+        write_release(run, tmp_path / "rel2")
+    assert not (tmp_path / "rel2").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

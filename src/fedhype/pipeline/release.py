@@ -113,6 +113,8 @@ def _readme(summary: dict[str, Any], files: list[str]) -> str:
                  "site as private data; it stays with the data holder like the training data itself.", ""]
     if summary.get("warning"):
         lines += [f"**Warning: {summary['warning']}.**", ""]
+    if summary.get("model_epsilon_note"):
+        lines += [f"Note: {summary['model_epsilon_note']}.", ""]
     what = {"model.safetensors": "the DP generator (hypernetwork Φ and the DP client codes)" if private else
                                  "the generator (hypernetwork Φ and the client codes), trained without DP",
             "ledger.json": "every mechanism event (σ, q, steps per client), hash-chained",
@@ -247,6 +249,46 @@ def public_config(conf: dict[str, Any]) -> dict[str, Any]:
     return conf
 
 
+def _copy_model(src: Path, dest: Path, ledger_eps: float | None) -> str | None:
+    """Copy the run's model file into the release with the ledger's ε in its metadata; a note where it differed.
+
+    The model's metadata ``epsilon`` is written when the model is (:func:`fedhype.federated.engine._write_model`),
+    but the file's content digest covers only its tensors, so that figure alone is no evidence. Where the run's
+    ledger (hash-chained, recomputed by the accountant into ``ledger_eps``) records more — an interrupted run whose
+    next round was charged write-ahead, or an edited model — the released copy says the ledger's figure (tensors and
+    digest unchanged). Where the model says more than the ledger, the ledger lacks charges the model records.
+
+    Raises:
+        ArtifactError: the model's metadata ε exceeds the ledger's (an older or edited ledger: the release would
+            understate the records' cost; ``fedhype audit --run`` on the run says which).
+    """
+    import json
+    import math
+
+    from fedhype.io import DIGEST_KEY, atomic_save_tensors, load_tensors, tensor_metadata
+    from fedhype.synthesis.spent import REL_TOL
+
+    raw = tensor_metadata(src)
+    meta = json.loads(raw.get("fedhype") or "{}")
+    model_eps = meta.get("epsilon")
+    if ledger_eps is None or model_eps is None or math.isclose(float(model_eps), float(ledger_eps), rel_tol=REL_TOL,
+                                                                abs_tol=1e-12):
+        shutil.copy2(src, dest)
+        return None
+    if float(model_eps) > float(ledger_eps):
+        raise ArtifactError(f"{src}: the model's metadata says ε = {float(model_eps):.6g}, more than its run's ledger "
+                            f"records ({float(ledger_eps):.6g}): the ledger lacks charges the model was trained under "
+                            "(an older or edited ledger.json), so a release would understate what the records cost; "
+                            "run `fedhype audit --run` on the run and release from the run folder whose ledger is whole")
+    note = (f"the run's model file said ε = {float(model_eps):.6g} (written before the run's last charges: an "
+            f"interrupted run, or an edited model); its ledger records {float(ledger_eps):.6g}, which the released "
+            "model's metadata now says")
+    meta.update(epsilon=float(ledger_eps), epsilon_note=note)
+    extra = {k: v for k, v in raw.items() if k not in (DIGEST_KEY, "fedhype")}
+    atomic_save_tensors(dest, load_tensors(src, what="model"), {**extra, "fedhype": json.dumps(meta)})
+    return note
+
+
 def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthetic: str | os.PathLike | None = None,
                   overwrite: bool = False) -> Path:
     """Write the release folder ``dest`` of the run ``run_dir`` (see the module docstring).
@@ -264,7 +306,9 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
 
     Raises:
         ValidationError: ``dest`` exists (without ``overwrite``, or it is not a release).
-        ArtifactError: no model in ``run_dir``, a tampered ledger, a synthetic store of another run.
+        ArtifactError: no model in ``run_dir``, a tampered ledger, a synthetic store of another run, a model whose
+            metadata says more ε than the run's ledger records (:func:`_copy_model`; where the ledger records more,
+            the released model's metadata says the ledger's figure and ``privacy.json`` a ``model_epsilon_note``).
     """
     src, dest = Path(run_dir), Path(dest)
     if not (src / "model.safetensors").is_file():
@@ -289,7 +333,12 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
     try:
         files = []
         for name in RUN_FILES:
-            if name == "config.json" and (src / name).is_file():
+            if name == "model.safetensors":
+                note = _copy_model(src / name, tmp / name, summary["epsilon"] if summary["private"] else None)
+                if note:
+                    summary["model_epsilon_note"] = note
+                files.append(name)
+            elif name == "config.json" and (src / name).is_file():
                 atomic_write_json(tmp / name, public_config(read_json(src / name, "run config")))
                 files.append(name)
             elif (src / name).is_file():
