@@ -241,6 +241,9 @@ def test_a_class_without_training_records_is_warned_about(tmp_path, enc, tiny_di
     r = runner.invoke(app, ["run", "--out", str(tmp_path / "job"), *data, *SMALL_JOB, "--json"])
     assert r.exit_code == 0, r.output
     assert "no client has a training record of class(es) ['3']" in r.stderr
+    # the synthesis' warning for that class's samples was only in report.md: the log says it too
+    line = [ln for ln in r.stderr.splitlines() if "synthesize: warning:" in ln and "absent" in ln]
+    assert line and "3" in line[0], r.stderr[-2000:]
 
 
 def test_a_one_class_folder_is_refused_before_any_epsilon_is_spent(tmp_path, enc, tiny_dinov2_dir):

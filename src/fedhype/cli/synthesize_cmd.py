@@ -12,6 +12,7 @@ from rich.console import Console
 from fedhype.cli.common import JsonOpt, check_out_file, console, existing, kv_table, run_command
 from fedhype.resources import available_memory, format_bytes
 from fedhype.pipeline.config import DEFAULTS
+from fedhype.synthesis.defaults import WARNING_NOTES
 
 #: Samples per class when neither --per-class nor --n is given, and the code when --code is not: the
 #: job's ``[synthesis]`` defaults (:data:`fedhype.pipeline.config.DEFAULTS`, their one source).
@@ -19,10 +20,6 @@ DEFAULT_PER_CLASS = DEFAULTS["synthesis"]["per_class"]
 DEFAULT_CODE = DEFAULTS["synthesis"]["code"]
 DEFAULT_ANCHOR = DEFAULTS["synthesis"]["anchor"]
 
-#: The kinds of a synthetic store's ``meta["notes"]`` (:func:`fedhype.synthesis.synthesize`) printed as warnings: samples
-#: of classes the release cannot tell from absent (DP noise, not data), classes left without a sample, a model whose ε
-#: and its run ledger's differ
-WARNING_NOTES = ("absent", "empty", "epsilon")
 
 #: Most embeddings one synthetic store holds: their sample ids ("syn/<i>") must fit the header that
 #: safetensors allows (:data:`fedhype.data.store.MAX_HEADER_BYTES`, 100 MB; 5 million ids take ~75 MB).

@@ -543,6 +543,10 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     syn.save(out / "synthetic.safetensors")
     timings.end()
     log(f"synthesize: {len(syn)} embeddings from code {s['code']!r}")
+    from fedhype.synthesis.defaults import WARNING_NOTES
+
+    for nt in syn.meta.get("notes") or []:  # a class no site holds was said only in report.md
+        log(f"synthesize: {'warning' if nt['kind'] in WARNING_NOTES else 'note'}: {nt['text']}")
 
     from fedhype.eval import ClientSplits, evaluate, interpolation_protocol
 

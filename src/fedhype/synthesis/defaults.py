@@ -9,3 +9,8 @@ DEFAULT_ANCHOR = False
 #: The largest ``temperature`` (the factor on the prior's standard deviation) synthesis takes: far beyond any use
 #: (1 is the model's distribution), and below the float32 overflow that made a probe's 1e20 write all-zero vectors
 MAX_TEMPERATURE = 100.0
+
+#: The kinds of a synthetic store's ``meta["notes"]`` (:func:`fedhype.synthesis.synthesize`) that are warnings, not
+#: notes: samples of classes the release cannot tell from absent (DP noise, not data), classes left without a
+#: sample, a model whose ε and its run ledger's differ. ``fedhype synthesize`` and ``fedhype run`` print them so.
+WARNING_NOTES = ("absent", "empty", "epsilon")
