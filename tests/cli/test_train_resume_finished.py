@@ -38,3 +38,8 @@ def test_resuming_a_finished_run_says_it_is_finished_and_spends_nothing(real_sto
     # the recorded settings still decide: another --rounds is not this run (refused, as before)
     r = runner.invoke(app, [*args[:-1], "--rounds", "2", "--resume", "--json"])
     assert r.exit_code != 0 and "is finished" not in r.stderr
+    # … with --max-epsilon too: the difference is named, not a budget refusal of a plan that is not this run's
+    r = runner.invoke(app, [*args[:-1], "--rounds", "2", "--resume", "--max-epsilon", "0.1", "--json"])
+    assert r.exit_code == 2 and "train.rounds: 1 → 2" in json.loads(r.stdout)["error"], r.output
+    assert "would reach" not in r.output
+    assert (tmp_path / "run" / "ledger.json").read_text() == ledger

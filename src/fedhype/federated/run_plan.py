@@ -300,6 +300,30 @@ def recorded_config(run: RunDir, resume: bool) -> dict | None:
     return read_json(run.config, "run config") if resume and run.config.exists() else None
 
 
+def _refuse_differences(run: RunDir, old: dict, new: dict) -> None:
+    """Raise the resume's ValidationError naming where ``new`` differs from the recorded ``old`` config."""
+    new = json.loads(json.dumps(new))  # as config.json holds it (tuples as lists)
+    if _comparable(old) != _comparable(new):
+        diff = _differences(_comparable(old), _comparable(new))
+        # the settings a user gives first (train.*: --method, --epsilon, …) before the model fields they imply
+        diff.sort(key=lambda d: not d.startswith("train."))
+        raise ValidationError(f"--resume: the configuration differs from the one in {run.config} "
+                              f"({'; '.join(diff[:5]) or 'details differ'}); "
+                              "resume with the same settings or start a new run")
+
+
+def check_resumed_settings(run: RunDir, cfg: TrainConfig, recorded: dict | None) -> None:
+    """Refuse a resume whose training settings (``train.*``, ``max_epsilon`` aside) differ from the recorded run's
+    before its plan is checked: a probe's ``--resume --rounds 2 --max-epsilon 0.1`` of a finished 1-round run was
+    told the 2-round plan "would reach ε = 3.98" — a plan that is not this run's — instead of what differs.
+
+    Raises:
+        ValidationError: as :func:`committed_rounds` (naming the differing ``train.*`` keys).
+    """
+    if recorded is not None and isinstance(recorded.get("train"), dict):
+        _refuse_differences(run, {"train": recorded["train"]}, {"train": cfg.to_dict()})
+
+
 def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:
     """The rounds already committed in ``run`` that this call continues from (0 for a new run).
 
@@ -316,14 +340,7 @@ def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:
         if not resume:
             raise ValidationError(f"run directory {run.root} already holds a run; pass --resume to continue it "
                                   "or choose another --out")
-        old = read_json(run.config, "run config")
-        if _comparable(old) != _comparable(plan.resolved):
-            diff = _differences(_comparable(old), _comparable(json.loads(json.dumps(plan.resolved))))
-            # the settings a user gives first (train.*: --method, --epsilon, …) before the model fields they imply
-            diff.sort(key=lambda d: not d.startswith("train."))
-            raise ValidationError(f"--resume: the configuration differs from the one in {run.config} "
-                                  f"({'; '.join(diff[:5]) or 'details differ'}); "
-                                  "resume with the same settings or start a new run")
+        _refuse_differences(run, read_json(run.config, "run config"), plan.resolved)
     else:
         # a new run writes its files here: never into a folder that holds files of something else (a site
         # folder, a store), which the Flower ServerApp's run-dir= would otherwise have mixed into
