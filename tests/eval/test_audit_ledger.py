@@ -186,6 +186,26 @@ def test_interrupted_run_is_reported_as_interrupted_not_tampered(real_store, tmp
     # the spent ε (full ledger, 2 rounds charged) is above what the committed model claims (1 round)
     assert res["events"] == 4 and res["epsilon"] > load_model(tmp_path / "run")[2]["epsilon"] * 1.1
     assert res["recharged_events"] == 0 and res["target_epsilon"] is None and not res["above_target"]
+    assert "round(s) ≥ 1 (counted from 0" in " ".join(res["warnings"])  # the ledger's own round numbers
+
+    # a store drawn from it carries the full ledger's ε (fedhype.synthesis.spent), and its release keeps the model's
+    # committed figure: both honest, and the audit takes both (a probe saw each fail it after the store's ε check)
+    from fedhype.pipeline.release import write_release
+    from fedhype.synthesis import synthesize
+
+    syn = synthesize(tmp_path / "run", per_class=5, seed=0)
+    assert syn.meta["epsilon"] == pytest.approx(res["epsilon"], rel=1e-9)
+    syn.save(tmp_path / "syn.safetensors")
+    again = audit_run(tmp_path / "run", synthetic=[tmp_path / "syn.safetensors"])
+    assert again["consistent"], again["mismatches"]
+    rel = write_release(tmp_path / "run", tmp_path / "release", synthetic=tmp_path / "syn.safetensors")
+    assert (rel / "model.safetensors").read_bytes() == (tmp_path / "run" / "model.safetensors").read_bytes()
+    released = audit_run(rel, synthetic=[rel / "synthetic.safetensors"])
+    assert released["consistent"] and released["epsilon"] == pytest.approx(res["epsilon"]), released["mismatches"]
+    # a store saying less than the committed rounds cost still fails
+    syn.meta["epsilon"] = 0.5 * load_model(tmp_path / "run")[2]["epsilon"]
+    syn.save(tmp_path / "low.safetensors")
+    assert not audit_run(tmp_path / "run", synthetic=[tmp_path / "low.safetensors"])["consistent"]
 
 
 def test_a_resumed_run_names_the_events_charged_again_and_the_target_it_passed(real_store, tmp_path, monkeypatch):

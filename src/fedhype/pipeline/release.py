@@ -228,7 +228,9 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
             f"{extra} was not written by the release and no privacy claim covers it: remove it before the folder "
             "is shared")
     if files:
-        want = _readme({**fresh, "files": files}, [*files, "privacy.json"])
+        # the note on a model released with its ledger's ε is text, not a claim (the figures are checked above)
+        note = {"model_epsilon_note": claimed["model_epsilon_note"]} if isinstance(claimed.get("model_epsilon_note"), str) else {}
+        want = _readme({**fresh, **note, "files": files}, [*files, "privacy.json"])
         readme = root / "README.md"
         have = readme.read_text(encoding="utf-8") if readme.is_file() else None
         row("README.md", "as written" if have == want else ("missing" if have is None else "edited"), "as written",
@@ -249,41 +251,53 @@ def public_config(conf: dict[str, Any]) -> dict[str, Any]:
     return conf
 
 
-def _copy_model(src: Path, dest: Path, ledger_eps: float | None) -> str | None:
-    """Copy the run's model file into the release with the ledger's ε in its metadata; a note where it differed.
+def _copy_model(src: Path, dest: Path, private: bool) -> str | None:
+    """Copy the run's model file into the release; where its metadata understates ε, with the ledger's figure.
 
-    The model's metadata ``epsilon`` is written when the model is (:func:`fedhype.federated.engine._write_model`),
-    but the file's content digest covers only its tensors, so that figure alone is no evidence. Where the run's
-    ledger (hash-chained, recomputed by the accountant into ``ledger_eps``) records more — an interrupted run whose
-    next round was charged write-ahead, or an edited model — the released copy says the ledger's figure (tensors and
-    digest unchanged). Where the model says more than the ledger, the ledger lacks charges the model records.
+    The model's metadata ``epsilon`` is written with the model (:func:`fedhype.federated.engine._write_model`): the
+    run's ledger ε over its committed rounds. The file's content digest covers only its tensors, so that figure
+    alone is no evidence. The ledger beside it (hash-chained, recomputed by the accountant) gives two honest figures:
+    over the committed rounds (``checkpoint.json``; :func:`fedhype.eval.audit_ledger.committed_ledger`) and in full
+    (an interrupted run's next round charged write-ahead too). A model saying either is copied unchanged (an
+    interrupted run's model says the first). One saying less than the committed figure (an edited model) is
+    released with the full ledger's figure in its metadata (tensors and digest unchanged) and a note.
+
+    Returns:
+        the note, or None where the model was copied unchanged.
 
     Raises:
-        ArtifactError: the model's metadata ε exceeds the ledger's (an older or edited ledger: the release would
-            understate the records' cost; ``fedhype audit --run`` on the run says which).
+        ArtifactError: the model's metadata ε exceeds the full ledger's (an older or edited ledger: the release
+            would understate what the records cost; ``fedhype audit --run`` on the run says which).
     """
     import json
     import math
 
+    from fedhype.eval.audit_ledger import committed_ledger
+    from fedhype.federated.rundir import RunDir
     from fedhype.io import DIGEST_KEY, atomic_save_tensors, load_tensors, tensor_metadata
+    from fedhype.privacy.ledger import PrivacyLedger
     from fedhype.synthesis.spent import REL_TOL
 
     raw = tensor_metadata(src)
     meta = json.loads(raw.get("fedhype") or "{}")
     model_eps = meta.get("epsilon")
-    if ledger_eps is None or model_eps is None or math.isclose(float(model_eps), float(ledger_eps), rel_tol=REL_TOL,
-                                                                abs_tol=1e-12):
+    if not private or model_eps is None:
         shutil.copy2(src, dest)
         return None
-    if float(model_eps) > float(ledger_eps):
-        raise ArtifactError(f"{src}: the model's metadata says ε = {float(model_eps):.6g}, more than its run's ledger "
-                            f"records ({float(ledger_eps):.6g}): the ledger lacks charges the model was trained under "
-                            "(an older or edited ledger.json), so a release would understate what the records cost; "
-                            "run `fedhype audit --run` on the run and release from the run folder whose ledger is whole")
-    note = (f"the run's model file said ε = {float(model_eps):.6g} (written before the run's last charges: an "
-            f"interrupted run, or an edited model); its ledger records {float(ledger_eps):.6g}, which the released "
-            "model's metadata now says")
-    meta.update(epsilon=float(ledger_eps), epsilon_note=note)
+    full = PrivacyLedger.load(src.parent / "ledger.json")
+    figures = (committed_ledger(full, RunDir(src.parent).committed_round()).worst()[1], full.worst()[1])
+    m = float(model_eps)
+    if any(math.isclose(m, f, rel_tol=REL_TOL, abs_tol=1e-12) for f in figures):
+        shutil.copy2(src, dest)
+        return None
+    if m > figures[1]:
+        raise ArtifactError(f"{src}: the model's metadata says ε = {m:.6g}, more than its run's ledger records "
+                            f"({figures[1]:.6g}): the ledger lacks charges the model was trained under (an older or "
+                            "edited ledger.json), so a release would understate what the records cost; run `fedhype "
+                            "audit --run` on the run and release from the run folder whose ledger is whole")
+    note = (f"the run's model file said ε = {m:.6g}, not what its ledger records ({figures[0]:.6g} over the committed "
+            f"rounds, {figures[1]:.6g} in all: an edited model); the released model's metadata says {figures[1]:.6g}")
+    meta.update(epsilon=figures[1], epsilon_note=note)
     extra = {k: v for k, v in raw.items() if k not in (DIGEST_KEY, "fedhype")}
     atomic_save_tensors(dest, load_tensors(src, what="model"), {**extra, "fedhype": json.dumps(meta)})
     return note
@@ -307,8 +321,9 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
     Raises:
         ValidationError: ``dest`` exists (without ``overwrite``, or it is not a release).
         ArtifactError: no model in ``run_dir``, a tampered ledger, a synthetic store of another run, a model whose
-            metadata says more ε than the run's ledger records (:func:`_copy_model`; where the ledger records more,
-            the released model's metadata says the ledger's figure and ``privacy.json`` a ``model_epsilon_note``).
+            metadata says more ε than the run's ledger records (:func:`_copy_model`; where it says less than the
+            committed rounds cost, the released model's metadata says the ledger's figure and ``privacy.json`` a
+            ``model_epsilon_note``).
     """
     src, dest = Path(run_dir), Path(dest)
     if not (src / "model.safetensors").is_file():
@@ -334,7 +349,7 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
         files = []
         for name in RUN_FILES:
             if name == "model.safetensors":
-                note = _copy_model(src / name, tmp / name, summary["epsilon"] if summary["private"] else None)
+                note = _copy_model(src / name, tmp / name, summary["private"])
                 if note:
                     summary["model_epsilon_note"] = note
                 files.append(name)
