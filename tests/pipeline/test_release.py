@@ -210,3 +210,25 @@ def test_the_released_model_says_the_ledger_s_epsilon(audit_run, tmp_path):
     with pytest.raises(ArtifactError, match="more than its run's ledger"):
         write_release(run, tmp_path / "rel2")
     assert not (tmp_path / "rel2").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_nothing_is_trained_into_a_release_folder(released, audit_run, real_store):  # noqa: F811
+    """A probe: ``FedHypeVAE.load(release).fit(...)`` was refused ("already holds a run") but left ``.lock`` in the
+    release, which then failed ``fedhype audit`` (a file privacy.json does not list). Every writer refuses a release
+    folder before touching it."""
+    import fedhype
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import train
+
+    _, rel = released
+    _, part = audit_run
+    before = sorted(p.name for p in rel.iterdir())
+    with pytest.raises(ValidationError, match="is a release folder"):
+        fedhype.FedHypeVAE.load(rel).fit(real_store, part)
+    with pytest.raises(ValidationError, match="is a release folder"):
+        train(real_store, part, TrainConfig(epsilon=1.0, rounds=1), rel, resume=True, diagnostics=False)
+    assert sorted(p.name for p in rel.iterdir()) == before
+    from fedhype.eval.audit_ledger import audit_run as audit_run_fn
+
+    res = audit_run_fn(rel, synthetic=[rel / "synthetic.safetensors"])
+    assert res["consistent"], res["mismatches"]

@@ -96,8 +96,13 @@ class RunDir:
         it created in a folder that holds no run afterwards (a refused configuration leaves nothing behind).
 
         Raises:
-            ValidationError: another process holds the lock (the message names its pid).
+            ValidationError: another process holds the lock (the message names its pid), or the folder is a release
+                (its ``privacy.json``: a release is shared as written; a lock file in it failed its audit).
         """
+        if (self.root / "privacy.json").is_file():
+            raise ValidationError(f"{self.root} is a release folder (it holds privacy.json): a release is shared as "
+                                  "written and never trained into, so nothing was written to it; train into a new "
+                                  "folder (--out, out=), or resume the run folder it was released from")
         created = not self.root.exists()
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / ".lock"
