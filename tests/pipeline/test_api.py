@@ -87,6 +87,11 @@ def test_bad_arguments_are_refused_with_the_name():
         fedhype.FedHypeVAE(no_dp=True, epsilon=4.0)
     with pytest.raises(ValidationError, match="method"):
         fedhype.FedHypeVAE(method="gan")
+    for seed in ("abc", 1.5, 2 ** 70, -1):  # a probe: these crashed inside torch after config.json was written
+        with pytest.raises(ValidationError, match="train.seed must be a whole number"):
+            fedhype.FedHypeVAE(seed=seed)
+        with pytest.raises(ValidationError, match="train.seed must be a whole number"):
+            fedhype.FedHypeVAE(train={"seed": seed})
     g = fedhype.FedHypeVAE()
     with pytest.raises(ValidationError, match="call fit"):
         g.sample()

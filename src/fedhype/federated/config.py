@@ -213,6 +213,14 @@ class TrainConfig:
     model: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # a probe's seed="abc" / 1.5 / 2**70 passed here and crashed inside torch after config.json was written
+        if self.seed is not None:
+            import numbers
+
+            if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2 ** 63:
+                raise ValidationError(f"train.seed must be a whole number in [0, 2^63) or none (noise from OS "
+                                      f"entropy), got {self.seed!r}")
+            self.seed = int(self.seed)  # a numpy integer as the int config.json records
         if self.rounds < 1:
             raise ValidationError(f"train.rounds must be ≥ 1, got {self.rounds}")
         if self.local_steps is not None and self.local_steps < 1:
