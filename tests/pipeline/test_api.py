@@ -48,6 +48,8 @@ def test_readme_notebook_block_runs_and_reports_the_accountants_epsilon(tmp_path
     assert 3.9 <= spent.epsilon <= 4.0 and spent.private and spent.delta == 1e-4
     assert set(spent.mechanisms) == {"dp-release-centre", "dp-class-stats", "dp-sgd"} and len(spent.per_client) == 4
     assert f"ε = {spent.epsilon:.3f}" in out
+    # seed=0: the API says what the release's privacy.json and the audit say (a probe saw only the claim)
+    assert spent.noise_seeded and "SEEDED noise" in out and "not to be shared as private" in str(spent)
     tstr = float(re.search(r"TSTR accuracy ([0-9.]+)", out).group(1))
     assert tstr > 0.25  # chance 0.10 over the 10 digits
     assert len(syn) == 300 * 10 and syn.meta["private"] and syn.meta["epsilon"] == pytest.approx(spent.epsilon)

@@ -132,6 +132,9 @@ class PrivacySpent:
             centred statistics release before round 0, :mod:`fedhype.privacy.centring`; ``dp-sgd``:
             the local DP-SGD steps).
         private: False for a run trained with ``no_dp``.
+        noise_seeded: the noise was drawn from a seed (``seed=`` / ``train.seed``, or a Flower node's ``seed=``):
+            reproducible, so whoever knows the seed can remove it — the run must not be shared as private (the
+            release's ``privacy.json`` and README and ``fedhype audit`` say the same).
     """
 
     epsilon: float | None
@@ -140,13 +143,16 @@ class PrivacySpent:
     accountant: str
     mechanisms: tuple[str, ...]
     private: bool
+    noise_seeded: bool = False
 
     def __str__(self) -> str:
         if not self.private:
             return "NON-PRIVATE (trained with no_dp): no ε guarantee"
         how = "min of PRV and RDP" if self.accountant == "best" else self.accountant
+        seeded = ("; SEEDED noise: reproducible, not to be shared as private — train without a seed for a release"
+                  if self.noise_seeded else "")
         return (f"(ε = {self.epsilon:.3f}, δ = {self.delta:g})-DP per record, worst of {len(self.per_client)} clients "
-                f"(accountant: {how}; mechanisms: {', '.join(self.mechanisms)})")
+                f"(accountant: {how}; mechanisms: {', '.join(self.mechanisms)}){seeded}")
 
 
 class FedHypeVAE:
@@ -299,7 +305,8 @@ class FedHypeVAE:
         ledger = PrivacyLedger.load(path)
         eps = ledger.epsilons()
         mechanisms = tuple(dict.fromkeys(e.mechanism for e in ledger.events))
-        return PrivacySpent(max(eps.values()) if eps else 0.0, ledger.delta, eps, REPORTED, mechanisms, True)
+        seeded = meta.get("seed") is not None or any(e.seeded for e in ledger.events)
+        return PrivacySpent(max(eps.values()) if eps else 0.0, ledger.delta, eps, REPORTED, mechanisms, True, seeded)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike) -> Path:
