@@ -133,3 +133,19 @@ def test_import_is_light_and_the_package_is_typed():
     assert (Path(fedhype.__file__).parent / "py.typed").is_file()
     with pytest.raises(AttributeError):
         fedhype.no_such_thing  # noqa: B018
+
+
+def test_a_resume_with_a_partition_drawn_again_says_so(real_store, tmp_path):
+    """A probe: an API script rebuilding its partition after an interruption was told only that the configuration
+    differs (partition.keys): ``fedhype.partition`` draws new random keys on every call."""
+    kw = dict(epsilon=4.0, rounds=1, out=str(tmp_path / "run"), train={"local_steps": 1, "batch_size": 16},
+              model={"hidden": 16, "latent": 4})
+    first = fedhype.partition(real_store, scheme="iid", clients=2)
+    first.save(tmp_path / "part.json")
+    fedhype.FedHypeVAE(**kw).fit(real_store, first)
+    with pytest.raises(ValidationError, match="drawn again.*Partition.load"):
+        fedhype.FedHypeVAE(**kw).fit(real_store, fedhype.partition(real_store, scheme="iid", clients=2), resume=True)
+    from fedhype.data.partition import Partition
+
+    again = fedhype.FedHypeVAE(**kw).fit(real_store, Partition.load(tmp_path / "part.json"), resume=True)
+    assert again.privacy_spent().epsilon == pytest.approx(fedhype.FedHypeVAE.load(tmp_path / "run").privacy_spent().epsilon)

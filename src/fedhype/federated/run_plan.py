@@ -307,8 +307,13 @@ def _refuse_differences(run: RunDir, old: dict, new: dict) -> None:
         diff = _differences(_comparable(old), _comparable(new))
         # the settings a user gives first (train.*: --method, --epsilon, …) before the model fields they imply
         diff.sort(key=lambda d: not d.startswith("train."))
+        hint = ("; the partition's random keys differ: it was drawn again (each `fedhype partition` / "
+                "`fedhype.partition(...)` call draws new keys) — resume with the partition the run started with "
+                "(`--partition part.json`; in Python `clients.save('part.json')` before fit, then "
+                "`fedhype.data.partition.Partition.load('part.json')`)" if any(d.startswith("partition.keys") for d in diff)
+                else "")
         raise ValidationError(f"--resume: the configuration differs from the one in {run.config} "
-                              f"({'; '.join(diff[:5]) or 'details differ'}); "
+                              f"({'; '.join(diff[:5]) or 'details differ'}){hint}; "
                               "resume with the same settings or start a new run")
 
 
