@@ -141,9 +141,18 @@ def require_file(path: Path, what: str, hint: str = "") -> None:
     raise ArtifactError(f"{what} {path} is {kind}; give the file itself{tail}")
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file", advice: str = "re-create it") -> Any:
+#: what to do about an unreadable file of a run folder: it cannot be re-created without training again
+_RUN_FILE_ADVICE = ("it is part of a run folder that `fedhype train` wrote and cannot be re-created without training "
+                    "again (which spends budget again): restore the run folder from a backup, or use the release "
+                    "folder it was shared as")
+_ADVICE = {"run config": _RUN_FILE_ADVICE, "checkpoint": _RUN_FILE_ADVICE}
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file", advice: str | None = None) -> Any:
     """Read JSON, raising :class:`ArtifactError` naming ``path`` when missing or invalid (followed by
-    ``advice`` when it is not JSON: what to do about it)."""
+    ``advice`` when it is not JSON: what to do about it; default "re-create it", or for a run's ``config.json`` /
+    ``checkpoint.json`` how to restore it)."""
+    advice = advice or _ADVICE.get(what, "re-create it")
     path = Path(path)
     require_file(path, what)
     try:

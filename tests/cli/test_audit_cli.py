@@ -224,3 +224,32 @@ def test_white_box_audit_without_a_run_replays_the_model_train_builds():
     assert (ModelConfig(dim=384, n_classes=10).hidden, ModelConfig(dim=384, n_classes=10).latent) == (128, 64)
     built, theta = default_model(384, 10, 0, cfg=cfg)
     assert built is cfg and theta["dec.wl"].shape[0] == 64
+
+
+def test_wrong_files_are_named_with_what_to_give(audit_run, tmp_path):
+    """A probe's messages: a ledger given as --synthetic pointed at `fedhype embed` only; a model.safetensors that is
+    a folder was "not found: …/model.safetensors/model.safetensors"; an empty config.json said "re-create it" (a run's
+    files cannot be); `budget --card` on a folder without card.json exited 4 where a missing path exits 2."""
+    from fedhype.cli.main import app as full
+
+    src, _ = audit_run
+    runner = CliRunner()
+    r = runner.invoke(full, ["audit", "--run", str(src), "--synthetic", str(src / "ledger.json"), "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 4 and "JSON file" in err and "`fedhype synthesize` a synthetic one" in err, err
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    (run / "model.safetensors").unlink()
+    (run / "model.safetensors").mkdir()
+    r = runner.invoke(full, ["audit", "--run", str(run), "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 4 and "is a folder, not the model file" in err and "model.safetensors/model" not in err, err
+    shutil.rmtree(run)
+    shutil.copytree(src, run)
+    (run / "config.json").write_text("")
+    r = runner.invoke(full, ["audit", "--run", str(run), "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 4 and "restore the run folder from a backup" in err and "re-create it" not in err, err
+    (tmp_path / "empty").mkdir()
+    r = runner.invoke(full, ["budget", "--epsilon", "1", "--card", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and "without card.json" in r.output, r.output

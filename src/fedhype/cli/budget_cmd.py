@@ -388,7 +388,7 @@ def budget(
     card: Optional[list[Path]] = typer.Option(None, "--card", help="A site's public card (card.json, or its site "
                                               "folder), once per site (plan): the coordinator's sizes n_i.",
                                               callback=existing("site card", "the site writes it with `fedhype site`",
-                                                                kind="any")),
+                                                                kind="any", inside="card.json")),
     participation: float = typer.Option(..., "--participation", default_factory=config_default("train", "participation"),
                                         help="Fraction of rounds each client takes part in."),
     class_stats_share: float = typer.Option(..., "--class-stats-share", default_factory=config_default("train", "class_stats_share"),

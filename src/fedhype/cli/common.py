@@ -362,13 +362,14 @@ def renamed_option(default: Any, new: str, old: str, *, help: str, callback: Cal
 
 
 # ---------------------------------------------------------------------------- input paths
-def existing(what: str, hint: str = "", *, kind: str = "file") -> Callable[[Any], Any]:
+def existing(what: str, hint: str = "", *, kind: str = "file", inside: str | None = None) -> Callable[[Any], Any]:
     """A Typer option callback refusing a path that does not exist (a usage error, exit 2).
 
     Args:
         what: what the path should be, e.g. ``"embeddings store"``.
         hint: what to do, e.g. ``"create it with `fedhype embed`"``.
         kind: ``"file"``, ``"dir"`` or ``"any"`` (a file or a folder).
+        inside: with ``kind="any"``, the file a folder must hold (``"card.json"``: a site folder given for its card).
 
     The message reads ``Invalid value for '--store': PATH: no such file (the embeddings store;
     create it with `fedhype embed`)``. ``None`` (option not given) and lists (repeatable options)
@@ -390,6 +391,8 @@ def existing(what: str, hint: str = "", *, kind: str = "file") -> Callable[[Any]
                 raise typer.BadParameter(f"{path} is not a regular file (a device, pipe or socket){tail}")
             if kind == "dir" and not path.is_dir():
                 raise typer.BadParameter(f"{path} is a file, not a folder{tail}")
+            if inside and path.is_dir() and not (path / inside).is_file():
+                raise typer.BadParameter(f"{path} is a folder without {inside}{tail}")
         return value
 
     return check

@@ -238,7 +238,7 @@ class EmbeddingStore:
             from fedhype.io import not_safetensors
 
             why = not_safetensors(path)
-            raise ArtifactError(f"embeddings store {path}: {why}; give the .safetensors file `fedhype embed` wrote" if why
+            raise ArtifactError(f"embeddings store {path}: {why}; give an embeddings store (.safetensors): `fedhype embed` writes a real one, `fedhype synthesize` a synthetic one" if why
                                 else f"embeddings store {path} is corrupt or truncated ({exc}); re-create it") from None
         if raw is None:
             raise ArtifactError(f"{path} is a safetensors file but not a fedhype embeddings store (no metadata)")

@@ -231,6 +231,8 @@ def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
         ArtifactError: missing/corrupt file or wrong format.
     """
     path = Path(path)
+    if path.is_dir() and path.name.endswith(".safetensors"):  # said "model not found: …/model.safetensors/model.safetensors"
+        raise ArtifactError(f"model {path} is a folder, not the model file; give the run folder or its model.safetensors")
     if path.is_dir():
         path = path / "model.safetensors"
     t = load_tensors(path, what="model")
