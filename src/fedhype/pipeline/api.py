@@ -17,8 +17,10 @@ the accountant are theirs.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -28,6 +30,8 @@ from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.eval.result import Evaluation
 from fedhype.pipeline.config import DEFAULTS, resolve, train_config
+from fedhype.pipeline.arguments import (MAX_SEED, check_store, check_whole, evaluate_store, in_api_words, is_number,
+                                        is_whole, parse_fractions, same_value, shown)
 
 def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: str = DEFAULTS["data"]["encoder"],
           image_size: int | None = None, layout: str = DEFAULTS["data"]["layout"], limit: int | None = None,
@@ -47,18 +51,35 @@ def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: s
             nested folders stay in their class, as torchvision's ImageFolder), ``domain/class``
             (``<folder>/<domain>/<class>/...``) or ``auto`` (detected where unambiguous, else refused).
             Split folders (``train/``, ``val/``, ``test/``) give the records' splits.
-        limit: a stratified subset of this many images (None: all). pooling: ``cls`` or ``mean``.
+        limit: a stratified subset of this many images, a whole number ≥ 1 (None: all; as ``fedhype embed
+            --limit``, which refuses 0 too). pooling: ``cls`` or ``mean``.
         device, dtype: ``auto`` picks CUDA / bfloat16 autocast where the machine has them.
+        seed: seed of the ``limit`` subset (a whole number ≥ 0).
 
     Returns:
         An :class:`~fedhype.data.store.EmbeddingStore` (float32 ``[N, D]`` embeddings, labels, domains).
 
     Raises:
-        ValidationError: unknown dataset or encoder, an unreadable folder, an ambiguous layout, bad sizes.
+        ValidationError: unknown dataset or encoder, a file or missing folder as ``source``, an unreadable
+            folder, an ambiguous layout, a ``limit`` or ``image_size`` that is not a whole number ≥ 1.
     """
+    from fedhype.data.datasets import BUILTIN_DATASETS
     from fedhype.data.layout import check_layout
     from fedhype.pipeline.job import embed_store
 
+    names = ", ".join(BUILTIN_DATASETS)
+    takes = (f"embed takes a folder of images (<folder>/<class>/..., or <folder>/<domain>/<class>/... with "
+             f"layout='domain/class') or a bundled dataset name ({names})")
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValidationError(f"embed: source must be a bundled dataset name or an image folder (a str or "
+                              f"os.PathLike), got {shown(source)}; {takes}")
+    if limit is not None:
+        limit = check_whole("embed", "limit", limit, 1, what=" (a stratified subset of that many images) or None "
+                             "for every image")
+    if image_size is not None:
+        image_size = check_whole("embed", "image_size", image_size, 1, what=" (the input side in pixels) or None "
+                                  "for the encoder's own default")
+    seed = check_whole("embed", "seed", seed, 0, what=" (the seed of the limit= subset)")
     check_layout(layout, "layout=")
     d = {**DEFAULTS["data"], "encoder": encoder, "image_size": image_size or 0, "limit": limit or 0,
          "pooling": pooling, "device": device, "dtype": dtype, "seed": seed, "cache_dir": str(cache_dir or ""),
@@ -66,6 +87,11 @@ def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: s
     folder = Path(source)
     if folder.is_dir():
         d.update(images=str(folder), dataset="")
+    elif folder.exists():
+        raise ValidationError(f"embed: {str(folder)!r} is a file, not a folder; {takes}")
+    elif str(source) not in BUILTIN_DATASETS and (isinstance(source, os.PathLike) or "/" in str(source)
+                                                  or os.sep in str(source)):
+        raise ValidationError(f"embed: {str(folder)!r}: no such folder; {takes}")
     else:
         d.update(dataset=str(source), images="")
     return embed_store(d, progress=progress)
@@ -83,22 +109,41 @@ def partition(store: EmbeddingStore, *, scheme: str = DEFAULTS["partition"]["sch
     (``--fractions`` of the CLI).
     ``min_records``: the smallest training set a client may have (records; ``--min-records`` of the CLI).
 
+    ``fractions`` is a sequence of three numbers, e.g. ``(0.6, 0.2, 0.2)``; the CLI's spelling ``"0.6,0.2,0.2"``
+    (three comma-separated numbers) is read too. ``clients``: a whole number ≥ 1, or None (``domain``: one client
+    per domain). ``seed``: a whole number ≥ 0.
+
     ``split`` is the old name of ``fractions`` (deprecated: a ``FutureWarning``; removed in the next release).
 
     Raises:
-        ValidationError: unknown scheme, bad fractions, a client below ``min_records``.
+        ValidationError: ``store`` not an EmbeddingStore, unknown scheme, bad fractions, a count or seed that is not
+            a whole number, a client below ``min_records``.
     """
+    name = "fractions"
     if split is not None:
         import warnings
 
         warnings.warn("fedhype.partition(split=) is deprecated and will be removed in the next release; use fractions=",
                       FutureWarning, stacklevel=2)
-        fractions = split
-    return make_partition(store, scheme=scheme, n_clients=clients, alpha=alpha, splits=tuple(fractions),
+        fractions, name = split, "split"
+    store = check_store("partition", "store", store, "what fedhype.embed(...) returns")
+    if not isinstance(scheme, str):
+        raise ValidationError(f"partition: scheme must be one of 'domain', 'dirichlet', 'iid', got {shown(scheme)}")
+    if clients is not None:
+        clients = check_whole("partition", "clients", clients, 1, what=" or None (scheme 'domain': one client per "
+                               "domain)")
+    if not is_number(alpha):
+        raise ValidationError(f"partition: alpha must be a positive number (the Dirichlet concentration), "
+                              f"got {shown(alpha)}")
+    fractions = parse_fractions(fractions, name)
+    min_records = check_whole("partition", "min_records", min_records, 0, what=" (the smallest client training set)")
+    seed = check_whole("partition", "seed", seed, 0)
+    return make_partition(store, scheme=scheme, n_clients=clients, alpha=alpha, splits=fractions,
                           min_train_per_client=min_records, seed=seed)
 
 
-def evaluate(real_test: EmbeddingStore, synthetic: EmbeddingStore, *, real_train: EmbeddingStore | None = None,
+def evaluate(real_test: EmbeddingStore | str | os.PathLike, synthetic: EmbeddingStore | str | os.PathLike, *,
+             real_train: EmbeddingStore | str | os.PathLike | None = None,
              seed: int = DEFAULTS["evaluate"]["seed"], permutations: int = DEFAULTS["evaluate"]["permutations"],
              max_samples: int = DEFAULTS["evaluate"]["max_samples"], k: int = DEFAULTS["evaluate"]["k"]) -> Evaluation:
     """Fidelity (MMD², FD, PRDC) and utility (TSTR; TRTR with ``real_train``) of ``synthetic``.
@@ -107,11 +152,40 @@ def evaluate(real_test: EmbeddingStore, synthetic: EmbeddingStore, *, real_train
     :class:`~fedhype.eval.result.Evaluation` (``.tstr_accuracy``, ``.mmd2``, …, ``.to_dict()``);
     the metrics and their sources are those of :func:`fedhype.eval.evaluate`.
 
+    Each store argument is an :class:`~fedhype.data.store.EmbeddingStore` or the path of a store file saved with
+    ``.save(path)`` (read with :meth:`EmbeddingStore.load <fedhype.data.store.EmbeddingStore.load>`). ``real_test``
+    and ``real_train`` must be real stores: one whose ``kind`` is ``"synthetic"`` is refused (the arguments swapped,
+    a probe's ``evaluate(syn, test)`` was scored without a word); ``synthetic`` may be a real store (a
+    real-vs-real reference).
+
     Raises:
-        ValidationError: stores of different dimension or class names, sets too small for a metric.
+        ValidationError: an argument that is neither a store nor a store file's path, a synthetic store given as
+            ``real_test`` or ``real_train``, stores of different dimension or class names, sets too small for a
+            metric. ArtifactError: an unreadable store file.
     """
     from fedhype.eval.evaluate import evaluate as _evaluate
 
+    real_test = evaluate_store("real_test", real_test, "the held-out real embeddings, e.g. "
+                                "clients.split_store(store, 'test')")
+    synthetic = evaluate_store("synthetic", synthetic, "the synthetic embeddings, e.g. gen.sample(...)")
+    if real_train is not None:
+        real_train = evaluate_store("real_train", real_train, "the real training embeddings, e.g. "
+                                     "clients.split_store(store, 'train'), or None")
+    if real_test.kind == "synthetic":
+        if synthetic.kind == "real":
+            raise ValidationError("evaluate: the arguments are swapped: real_test= is a synthetic store (kind "
+                                  "'synthetic') and synthetic= a real one (kind 'real'); call evaluate(real_test, "
+                                  "synthetic) with the held-out real embeddings first")
+        raise ValidationError("evaluate: real_test= is a synthetic store (kind 'synthetic'); give the held-out real "
+                              "embeddings first (e.g. clients.split_store(store, 'test')), then the synthetic ones")
+    if real_train is not None and real_train.kind == "synthetic":
+        raise ValidationError("evaluate: real_train= is a synthetic store (kind 'synthetic'); TRTR trains on real "
+                              "embeddings: give the real training split (e.g. clients.split_store(store, 'train')) or "
+                              "leave real_train out")
+    seed = check_whole("evaluate", "seed", seed, 0)
+    permutations = check_whole("evaluate", "permutations", permutations, 0, what=" (0: no MMD² permutation test)")
+    max_samples = check_whole("evaluate", "max_samples", max_samples, 2)
+    k = check_whole("evaluate", "k", k, 1, what=" (the neighbours of PRDC)")
     metrics = _evaluate(real_test, synthetic, real_train=real_train, n_permutations=permutations,
                         max_samples=max_samples, k=k, seed=seed)
     return Evaluation.from_metrics(metrics, real_test.n_classes)
@@ -195,6 +269,19 @@ class FedHypeVAE:
         named = {"epsilon": epsilon, "delta": delta, "noise_multiplier": noise_multiplier,
                  "max_epsilon": max_epsilon, "no_dp": no_dp, "rounds": rounds, "method": method,
                  "secure_aggregation": secure_aggregation, "seed": seed}
+        for what, given in (("train", train), ("model", model)):
+            if given is not None and not isinstance(given, Mapping):
+                example = "{'local_epochs': 3}" if what == "train" else "{'latent': 32}"
+                raise ValidationError(f"FedHypeVAE: {what}= must be a dict of [{what}] keys, got {shown(given)} "
+                                      f"(e.g. {what}={example})")
+        if out is not None and not isinstance(out, (str, os.PathLike)):
+            raise ValidationError(f"FedHypeVAE: out= must be a folder path (a str or os.PathLike) or None (a temporary "
+                                  f"folder), got {shown(out)}")
+        # a probe's FedHypeVAE(epsilon=1, train={"epsilon": 2}) trained at ε = 1 without a word
+        for k, v in named.items():
+            if v is not None and train is not None and k in train and not same_value(train[k], v):
+                raise ValidationError(f"FedHypeVAE: {k}={v!r} and train={{{k!r}: {train[k]!r}}} both set train.{k}, "
+                                      f"to different values; give it once")
         values = {f"train.{k}": v for k, v in (train or {}).items()}
         values.update({f"train.{k}": v for k, v in named.items() if v is not None})
         values.update({f"model.{k}": v for k, v in (model or {}).items()})
@@ -226,15 +313,35 @@ class FedHypeVAE:
             self.
 
         Raises:
-            ValidationError: a client too small, δ ≥ 1/n, an existing run in ``out`` without ``resume``.
+            ValidationError: ``store`` not an EmbeddingStore or ``partition`` not a Partition (or the two swapped),
+                a client too small, δ ≥ 1/n, an existing run in ``out`` without ``resume``, ``resume`` without one.
             BudgetExceededError: the plan would exceed ``max_epsilon``.
         """
         from fedhype.federated.engine import train
 
+        if isinstance(store, Partition) and isinstance(partition, EmbeddingStore):
+            raise ValidationError("fit: the arguments are swapped: fit(store, partition) takes the EmbeddingStore "
+                                  "first (what fedhype.embed(...) returns), then its Partition (what "
+                                  "fedhype.partition(store) returns): fit(store, clients)")
+        store = check_store("fit", "store", store, "what fedhype.embed(...) returns; the partition goes second: "
+                             "fit(store, partition)")
+        if not isinstance(partition, Partition):
+            raise ValidationError(f"fit: partition must be a Partition (what fedhype.partition(store) returns, or "
+                                  f"fedhype.data.partition.Partition.load(path) of a saved one), "
+                                  f"got {shown(partition)}")
+        if not isinstance(resume, bool):
+            raise ValidationError(f"fit: resume must be True or False, got {shown(resume)}")
+        self._check_out(resume)
         out = self.out if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-")) / "run"
         cfg = self.train_config if self.train_config is not None else train_config(self.config)
-        self.result_ = train(store, partition, cfg, out, resume=resume, progress=progress,
-                             diagnostics=diagnostics)
+        try:
+            self.result_ = train(store, partition, cfg, out, resume=resume, progress=progress,
+                                 diagnostics=diagnostics)
+        except ValidationError as exc:  # the engine's words are the CLI's (--resume)
+            text = str(exc)
+            if type(exc) is not ValidationError or not text.startswith("--resume: "):
+                raise
+            raise ValidationError("fit(resume=True): " + text[len("--resume: "):]) from None
         self.run_dir_ = Path(out)
         if self.out is None:  # a temporary run cannot be resumed: drop what is private, keep the DP outputs
             import shutil
@@ -243,6 +350,31 @@ class FedHypeVAE:
                 shutil.rmtree(out / name, ignore_errors=True)
             (out / "metrics.json").unlink(missing_ok=True)
         return self
+
+    def _check_out(self, resume: bool) -> None:
+        """Refuse, in the API's words, an ``out`` folder that ``fit`` cannot use (the engine refuses the same, in the
+        CLI's: ``--resume``, ``--out``; :func:`fedhype.federated.run_plan.committed_rounds`)."""
+        if self.out is None:
+            if resume:
+                raise ValidationError("fit(resume=True): this FedHypeVAE has no out= folder, so there is no run to "
+                                      "resume (a temporary run cannot be resumed); give the folder of the run to "
+                                      "continue: FedHypeVAE(..., out='run').fit(store, partition, resume=True)")
+            return
+        root = self.out
+        if root.exists() and not root.is_dir():
+            raise ValidationError(f"fit: out= {str(root)!r} is a file; give FedHypeVAE a folder for the run (out=)")
+        if (root / "privacy.json").is_file():  # FedHypeVAE.load(release).fit(...): the release is never trained into
+            raise ValidationError(f"fit: out= {str(root)!r} is a release folder (it holds privacy.json): a release is "
+                                  "shared as written and never trained into, so nothing was written to it; give "
+                                  "FedHypeVAE a new out= folder, or resume the run folder it was released from")
+        has_run = (root / "config.json").exists()
+        if has_run and not resume:
+            raise ValidationError(f"fit: the out= folder {str(root)!r} already holds a run; continue it with "
+                                  "fit(store, partition, resume=True) (the same settings and partition), or give "
+                                  "FedHypeVAE another out= folder")
+        if resume and not has_run:
+            raise ValidationError(f"fit(resume=True): the out= folder {str(root)!r} holds no run to resume (check "
+                                  "out=); call fit without resume=True to start a new run")
 
     def _model_dir(self) -> Path:
         if self.run_dir_ is None:
@@ -262,8 +394,9 @@ class FedHypeVAE:
             code: ``mixture`` (default: every client's model in proportion to its size), ``neutral``
                 (the domain-neutral meta-code), ``client:<id>``, ``mix:<id>=<w>,…``
                 (:mod:`fedhype.synthesis.codes`).
-            seed: sampling seed (None: the configuration's ``[synthesis] seed``).
-            temperature: scale of the prior's standard deviation (1: the model's distribution).
+            seed: sampling seed, a whole number in [0, 2^63) (None: the configuration's ``[synthesis] seed``).
+            temperature: scale of the prior's standard deviation (1: the model's distribution; > 0 and at most
+                :data:`fedhype.synthesis.defaults.MAX_TEMPERATURE`, as ``fedhype synthesize --temperature``).
             anchor: put each code's class means back on the statistics release's (None: the configuration's
                 ``[synthesis] anchor``; :mod:`fedhype.synthesis.anchor`).
 
@@ -272,17 +405,47 @@ class FedHypeVAE:
             carries ε, δ and the code.
 
         Raises:
-            ValidationError: no model yet, a bad code or counts. ArtifactError: an unreadable model.
+            ValidationError: no model yet, a bad code, counts, seed, temperature or anchor. ArtifactError: an
+                unreadable model.
         """
         from fedhype.synthesis import synthesize
+        from fedhype.synthesis.defaults import MAX_TEMPERATURE
 
+        if per_class is not None and n is not None:
+            raise ValidationError(f"sample: give per_class= (samples of every class) or n= (a total, split between the "
+                                  f"classes), not both; got per_class={shown(per_class)}, n={shown(n)}")
+        if per_class is not None and per_class != "auto":
+            per_class = check_whole("sample", "per_class", per_class, 1, what=" or \"auto\" (samples of every class)")
+        if n is not None:
+            n = check_whole("sample", "n", n, 1, what=" (the total number of synthetic embeddings)")
+        if code is not None and not isinstance(code, str):
+            raise ValidationError(f"sample: code must be a string (mixture, neutral, client:<id> or mix:<id>=<w>,...), "
+                                  f"got {shown(code)}")
+        if seed is not None and not (is_whole(seed) and 0 <= seed < MAX_SEED):
+            raise ValidationError(f"sample: seed must be a whole number or None (the configuration's [synthesis] "
+                                  f"seed), got {shown(seed)}; a seed is in [0, 2^63)")
+        if temperature is not None and not (is_number(temperature) and math.isfinite(temperature)
+                                            and 0 < temperature <= MAX_TEMPERATURE):
+            raise ValidationError(f"sample: temperature must be a number > 0 and ≤ {MAX_TEMPERATURE:g}, got "
+                                  f"{shown(temperature)}: it scales the prior's standard deviation (1 = the model's "
+                                  "distribution, below 1 closer to the class means, above 1 more spread out); use e.g. "
+                                  "temperature=1")
+        if anchor is not None and not isinstance(anchor, bool):
+            raise ValidationError(f"sample: anchor must be True or False (or None: the configuration's [synthesis] "
+                                  f"anchor), got {shown(anchor)}")
         s = self.config["synthesis"]
         if per_class is None and n is None:
             per_class = s["per_class"]
-        return synthesize(self._model_dir(), s["code"] if code is None else code, per_class=per_class, n=n,
-                          seed=s["seed"] if seed is None else seed,
-                          temperature=s["temperature"] if temperature is None else temperature,
-                          anchor=s.get("anchor", DEFAULTS["synthesis"]["anchor"]) if anchor is None else anchor)
+        try:
+            return synthesize(self._model_dir(), s["code"] if code is None else code, per_class=per_class, n=n,
+                              seed=s["seed"] if seed is None else int(seed),
+                              temperature=s["temperature"] if temperature is None else float(temperature),
+                              anchor=s.get("anchor", DEFAULTS["synthesis"]["anchor"]) if anchor is None else anchor)
+        except ValidationError as exc:  # synthesis words its refusals for `fedhype synthesize` (--n, --code)
+            better = in_api_words(str(exc), n) if type(exc) is ValidationError else None
+            if better is None:
+                raise
+            raise better from None
 
     # ------------------------------------------------------------------ privacy
     def privacy_spent(self) -> PrivacySpent:
