@@ -210,3 +210,34 @@ def test_a_site_node_records_a_task_without_dp_as_infinite_once_per_run_or_refus
         charge_no_dp(node, tmp_path / "state" / "r-000000000001" / "client-1")
     led = load_site_ledger(tmp_path / "site")
     assert len(led) == 1 and spent(led) == float("inf")
+
+
+def test_a_stop_between_the_site_charge_and_the_nodes_own_is_not_charged_twice(real_store, part, tmp_path, monkeypatch):
+    """A node killed after its site's ledger took a request's charge and before its own ledger did: the request
+    never ran, and the server's retry is that charge (the site's and the node's ledgers hold each request once)."""
+    from fedhype.data.sites import make_site
+    from fedhype.privacy.site_ledger import load_site_ledger
+
+    cfg, reqs, priv, node, _ = _site(real_store, part, tmp_path)
+    sub = part.client_store(real_store, part.clients[1].id, "train")
+    sub.save(tmp_path / "s1.safetensors")
+    make_site(sub, tmp_path / "s1.safetensors", "hospital_b", min_train=5).save(tmp_path / "site")
+    node = NodeSettings(**{**node.__dict__, "site": tmp_path / "site"})
+    state = tmp_path / "state" / "run-000000000001" / "client-1"
+    charge_request(node, state, reqs[0], f"{0:064x}")
+    real_save = PrivacyLedger.save
+
+    def killed(self, path):
+        if str(path).endswith(f"client-1/{LEDGER}"):
+            raise KeyboardInterrupt
+        return real_save(self, path)
+
+    monkeypatch.setattr(PrivacyLedger, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        charge_request(node, state, reqs[1], f"{1:064x}")
+    monkeypatch.setattr(PrivacyLedger, "save", real_save)
+    assert len(load_site_ledger(tmp_path / "site")) == 2 and len(PrivacyLedger.load(state / LEDGER)) == 1
+    charge_request(node, state, reqs[1], f"{9:064x}")  # the server's retry (unseeded: a new request)
+    site = [(e.round, e.mechanism, e.noise_multiplier) for e in load_site_ledger(tmp_path / "site").events]
+    own = [(e.round, e.mechanism, e.noise_multiplier) for e in PrivacyLedger.load(state / LEDGER).events]
+    assert site == own and len(own) == 2

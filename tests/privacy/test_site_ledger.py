@@ -304,3 +304,39 @@ def test_a_stop_between_the_sites_charge_and_the_runs_first_save_is_charged_once
                if e.client == str(i)]
         assert [(e.noise_multiplier, e.sample_rate, e.steps) for e in led.events] == run and len(by_run(led)) == 1
         assert len(run) == 4 and all(e.seeded for e in led.events) and spent(led) == float("inf")
+
+
+@pytest.mark.parametrize("stop_at", [1, 2])  # the first and the second save of the run's ledger
+def test_an_unseeded_stop_between_the_sites_charge_and_the_runs_save_is_charged_once_on_resume(sites, tmp_path,
+                                                                                              monkeypatch, stop_at):
+    """A probe (SIGTERM / kill -9 right after ``train --site`` charged a site): the run's ledger never recorded the
+    charge, its resume made it again, and every ``audit --run R --site DIR`` of the honest run failed after (site 2.875
+    against run 1.955). The site's charge whose mechanism never ran is reused by the resume: both ledgers hold each
+    charge once, and the audit agrees."""
+    from fedhype.eval.audit_sites import compare_site
+    from fedhype.federated.engine import train_sites
+
+    cfg = TrainConfig(**{**CFG, "seed": None})
+    real_save, calls = PrivacyLedger.save, {"n": 0}
+
+    def stop(self, path):  # the stop_at-th save of the run's ledger never reaches disk (the sites' charge did)
+        if str(path).endswith("run1/ledger.json"):
+            calls["n"] += 1
+            if calls["n"] == stop_at:
+                raise KeyboardInterrupt
+        return real_save(self, path)
+
+    monkeypatch.setattr(PrivacyLedger, "save", stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_sites(sites, cfg, tmp_path / "run1")
+    monkeypatch.setattr(PrivacyLedger, "save", real_save)
+    before = [len(load_site_ledger(s.folder)) for s in sites]
+    train_sites(sites, cfg, tmp_path / "run1", resume=True)
+    run = PrivacyLedger.load(tmp_path / "run1" / "ledger.json")
+    for i, s in enumerate(sites):
+        led = load_site_ledger(s.folder)
+        mine = sorted((e.round, e.mechanism, e.noise_multiplier, e.steps) for e in run.events if e.client == str(i))
+        assert sorted((e.round, e.mechanism, e.noise_multiplier, e.steps) for e in led.events) == mine
+        assert len(led) == len(mine) < before[i] + len(mine)  # the sites' orphan charge was not made again
+        row = compare_site(tmp_path / "run1", s.folder)
+        assert row["ok"] and row["claimed"] == pytest.approx(row["recomputed"], rel=1e-9), row

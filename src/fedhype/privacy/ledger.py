@@ -624,12 +624,15 @@ def charge(ledger: PrivacyLedger, events: Iterable[LedgerEvent], path: str | Pat
         BudgetExceededError: a site's composed ε over its runs would pass its cap (nothing is recorded).
     """
     events = list(events)
-    mirrored = [(m, mine) for c, m in ledger.mirrors.items() if (mine := [e for e in events if e.client == c])]
-    for m, mine in mirrored:
-        if (err := m.refusal(mine)) is not None:
+    # each site also sees what the run's ledger holds of its client: a charge the site holds and the run does not
+    # (a stop between the two writes, before the mechanism ran) is reused, not made twice (SiteCharger._orphans)
+    mirrored = [(m, mine, [e for e in ledger.events if e.client == c])
+                for c, m in ledger.mirrors.items() if (mine := [e for e in events if e.client == c])]
+    for m, mine, recorded in mirrored:
+        if (err := m.refusal(mine, recorded=recorded)) is not None:
             raise err
-    for m, mine in mirrored:
-        m.charge(mine)
+    for m, mine, recorded in mirrored:
+        m.charge(mine, recorded=recorded)
     for e in events:
         ledger.record(e)
     if path is not None:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections import Counter
 import math
 import os
 from pathlib import Path
@@ -323,6 +324,12 @@ def set_site_ledger(folder: str | os.PathLike, site: str, *, max_epsilon=KEEP, d
         return new
 
 
+def _signature(e: LedgerEvent) -> tuple:
+    """What makes two events the same charge (client, note and time aside): round, mechanism and its numbers."""
+    return (e.round, e.mechanism, float(e.noise_multiplier), float(e.sample_rate), int(e.steps), float(e.clip_norm),
+            e.noise, float(e.scale), int(e.record_dim), bool(e.seeded))
+
+
 @dataclasses.dataclass
 class SiteCharger:
     """What a run holds for one site: charge its ledger across runs, write-ahead, or refuse.
@@ -352,19 +359,52 @@ class SiteCharger:
         note = f"{_RUN}{self.run_key}"
         return [dataclasses.replace(e, client=self.site, note=f"{note}; {e.note}" if e.note else note) for e in events]
 
-    def _new(self, led: PrivacyLedger, events: Sequence[LedgerEvent]) -> list[LedgerEvent]:
+    def _orphans(self, led: PrivacyLedger, recorded: Sequence[LedgerEvent] | None) -> Counter:
+        """This run's events in the site's ledger that the run's own ledger does not hold (``recorded``: the run
+        ledger's events of this site's client), by :func:`_signature`. The site is charged first and the run's
+        ledger next, and a mechanism runs only once both are written (:func:`fedhype.privacy.ledger.charge`), so
+        such an event is a charge whose mechanism never ran: a stop (Ctrl-C, SIGTERM, kill -9) between the two
+        writes. None of ``recorded``: not known (no orphans are reused)."""
+        if recorded is None:
+            return Counter()
+        have = Counter(_signature(e) for e in recorded)
+        out: Counter = Counter()
+        for e in led.events:
+            if run_of(e) != self.run_key:
+                continue
+            k = _signature(e)
+            if have[k] > 0:
+                have[k] -= 1
+            else:
+                out[k] += 1
+        return out
+
+    def _new(self, led: PrivacyLedger, events: Sequence[LedgerEvent],
+             recorded: Sequence[LedgerEvent] | None = None) -> list[LedgerEvent]:
         """The mirrored events not already in the site's ledger: a seeded event of the same run, round and
-        mechanism as a recorded seeded one replays it (a stop between the site's write and the run's)."""
+        mechanism as a recorded seeded one replays it (a stop between the site's write and the run's); any other
+        event equal to an orphan of this run (:meth:`_orphans`: charged at the site, never recorded by the run, so
+        never run) is that charge, now run — not charged twice (a probe's stop between the two writes left the
+        site with a charge the run's resume made again, and ``audit --site`` failed the honest run)."""
         held = {(e.round, e.mechanism) for e in led.events if e.seeded and run_of(e) == self.run_key}
         held |= {(e.round, e.mechanism) for e in led.events if e.mechanism == NO_DP and run_of(e) == self.run_key}
-        return [e for e in self.mirrored(events)
-                if not ((e.seeded or e.mechanism == NO_DP) and (e.round, e.mechanism) in held)]
+        orphans = self._orphans(led, recorded)
+        out = []
+        for e in self.mirrored(events):
+            if (e.seeded or e.mechanism == NO_DP) and (e.round, e.mechanism) in held:
+                continue
+            if orphans[k := _signature(e)] > 0:
+                orphans[k] -= 1
+                continue
+            out.append(e)
+        return out
 
-    def refusal(self, events: Sequence[LedgerEvent], *, instead_of_own: bool = False) -> BudgetExceededError | None:
+    def refusal(self, events: Sequence[LedgerEvent], *, instead_of_own: bool = False,
+                recorded: Sequence[LedgerEvent] | None = None) -> BudgetExceededError | None:
         """The error a charge of ``events`` would raise, or None where it fits under the site's cap.
 
         ``instead_of_own``: ``events`` are this run's whole plan, composed with the other runs' events only (what
-        this run already charged, before a stop, is part of its plan).
+        this run already charged, before a stop, is part of its plan). ``recorded``: as for :meth:`charge`.
         """
         led = self._open()
         cap = cap_of(led)
@@ -374,7 +414,7 @@ class SiteCharger:
                 if run_of(e) != self.run_key:
                     others.record(e)
             led = others
-        mine = self._new(led, events)
+        mine = self._new(led, events, None if instead_of_own else recorded)
         if cap is None or not mine:
             return None
         key = (len(led), led.state_dict()["checksum"] if len(led) else "", tuple(e.to_dict().__repr__() for e in mine), cap)
@@ -414,8 +454,12 @@ class SiteCharger:
             f"`fedhype budget --site {self.folder} --max-epsilon E`; then resume this run with --resume (its folder "
             "is kept), or delete its folder", epsilon=eps, limit=cap)
 
-    def charge(self, events: Sequence[LedgerEvent]) -> None:
+    def charge(self, events: Sequence[LedgerEvent], recorded: Sequence[LedgerEvent] | None = None) -> None:
         """Record ``events`` (charged to the run's ledger by its rerun rule) in the site's ledger, first.
+
+        ``recorded``: the run ledger's events of this site's client so far (before ``events``): where given, an
+        event the site holds for this run and the run's ledger does not (:meth:`_orphans`) is reused, not charged
+        again.
 
         Raises:
             BudgetExceededError: the site's composed ε would pass its cap (nothing is recorded).
@@ -424,10 +468,10 @@ class SiteCharger:
         if not events:
             return
         with _locked(self.folder):
-            if (err := self.refusal(events)) is not None:
+            if (err := self.refusal(events, recorded=recorded)) is not None:
                 raise err
             led = self._open()
-            mine = self._new(led, events)
+            mine = self._new(led, events, recorded)
             if mine:
                 charge(led, mine, ledger_path(self.folder))
 

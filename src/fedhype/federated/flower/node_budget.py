@@ -164,7 +164,9 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
                                           "train.max_epsilon in the federation file" if e.round < 0 else
                                           "A rerun of an unseeded round is a new release: allow it with "
                                           "train.max_epsilon in the federation file"))
-    charge_site(node, state_dir, delta, lambda ch: ch.charge(pending))  # the site's ledger across runs, first
+    # the site's ledger across runs, first; a charge it holds that this node's ledger lacks (a stop between the two
+    # writes: nothing ran) is reused, not made twice
+    charge_site(node, state_dir, delta, lambda ch: ch.charge(pending, recorded=list(ledger.events)))
     charge(ledger, pending, path)
 
 
