@@ -615,6 +615,9 @@ def test_audit_compares_the_run_s_ledger_with_each_site_s_own(consortium, tmp_pa
         assert row["events"] == len(mine) > 0 and row["ok"]
         assert abs(row["recomputed"] - composed(mine, lm.PrivacyLedger.load(root / "run" / "ledger.json").delta)) < 1e-9
         assert abs(row["claimed"] - row["recomputed"]) < 1e-6  # the same events on both sides
+    text = runner.invoke(app, ["audit", "--run", str(root / "run"), *[f"--site={s}" for s in sites]])
+    assert text.exit_code == 0 and "against each site's own" in text.stdout  # a passing comparison is shown too
+    assert all(name in text.stdout for name in SITES), text.stdout
 
     # the coordinator's ledger rebuilt without its first client's statistics-release events (chain recomputed)
     forged = tmp_path / "run"
@@ -630,5 +633,6 @@ def test_audit_compares_the_run_s_ledger_with_each_site_s_own(consortium, tmp_pa
     assert bad.exit_code == 4
     out = json.loads(bad.stdout)
     assert not out["consistent"] and out["sites"][0]["claimed"] < out["sites"][0]["recomputed"]
+    assert any("lacks charges the site recorded" in (m.get("reason") or "") for m in out["mismatches"])
     # --site needs --run; a site outside the run is named
     assert runner.invoke(app, ["audit", "--canaries", "white-box", f"--site={sites[0]}"]).exit_code != 0

@@ -304,6 +304,11 @@ def test_a_stop_between_the_sites_charge_and_the_runs_first_save_is_charged_once
                if e.client == str(i)]
         assert [(e.noise_multiplier, e.sample_rate, e.steps) for e in led.events] == run and len(by_run(led)) == 1
         assert len(run) == 4 and all(e.seeded for e in led.events) and spent(led) == float("inf")
+        from fedhype.eval.audit_sites import compare_site
+
+        row = compare_site(tmp_path / "run1", s.folder)  # a probe: exit 4 with no reason for an honest seeded run
+        assert row["ok"] and "seeded" in row["note"] and row["infinite"]
+        assert row["recomputed"] == pytest.approx(row["claimed"], rel=1e-9)
 
 
 @pytest.mark.parametrize("stop_at", [1, 2])  # the first and the second save of the run's ledger

@@ -70,6 +70,15 @@ def _render(r: dict[str, Any]) -> None:
             for m in r["mismatches"]:
                 t.add_row(*(_fmt(m.get(c)) for c in ("name", "claimed", "recomputed", "difference", "reason")))
             out.print(t)
+        if r.get("sites"):  # a passing --site comparison showed nothing but one more claim checked (a probe)
+            t = Table(title="the run's ledger against each site's own")
+            for col in ("site", "run key", "events", "ε (run)", "ε (site)", "ok", "note"):
+                t.add_column(col)
+            for row in r["sites"]:
+                site_eps = "∞" if row.get("infinite") and row.get("recomputed") is None else _fmt(row.get("recomputed"))
+                t.add_row(str(row["site"]), str(row["run_key"]), str(row["events"]), _fmt(row["claimed"]), site_eps,
+                          "yes" if row["ok"] else "NO", row.get("note") or "")
+            out.print(t)
         for w in r.get("warnings", []):
             console.print(f"[yellow]warning[/]: {w}", highlight=False)
     for mia in r.get("mia") or []:

@@ -40,7 +40,7 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     from fedhype.eval.audit_mia import run_sites
     from fedhype.federated.rundir import RunDir
     from fedhype.privacy.ledger import PrivacyLedger
-    from fedhype.privacy.site_ledger import composed, load_site_ledger, run_of
+    from fedhype.privacy.site_ledger import NO_DP, composed, load_site_ledger, run_of
 
     run = RunDir(Path(run_dir))
     key = run.run_key()
@@ -61,8 +61,36 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     claimed = run_ledger.epsilon(client)
     recomputed = composed(events, run_ledger.delta)
     infinite = math.isinf(recomputed)
-    ok = (not infinite) and claimed >= recomputed - tolerance
+    note = None
+    if infinite:
+        # the site counts a seeded run (or one without DP) as ε = ∞; the run's ledger reports the accountant's
+        # figure beside its seeded-noise warning. Compared on the same footing, not failed as a tampering (a probe)
+        finite = composed(events, run_ledger.delta, seeded_infinite=False)
+        if not math.isinf(finite):
+            recomputed, note = finite, ("a seeded run: the site counts it as ε = ∞ (its noise can be regenerated from "
+                                        "the seed); compared at the accountant's figure, as the run reports it")
+        elif any(e.mechanism == NO_DP for e in events) and _no_dp(run):
+            note = "a run without DP: the site recorded ε = ∞ and the run claims no guarantee"
+    if note is None:
+        ok = (not infinite) and claimed >= recomputed - tolerance
+    elif math.isinf(recomputed):
+        ok = True
+    else:
+        ok = claimed >= recomputed - tolerance
+    shown = None if math.isinf(recomputed) else recomputed
     return {"name": f"ledger.json: client {client}'s ε vs site {site.name!r}'s own ledger for run {key}",
-            "claimed": claimed, "recomputed": None if infinite else recomputed, "infinite": infinite,
-            "difference": None if infinite else claimed - recomputed, "ok": bool(ok), "site": site.name,
-            "run_key": key, "events": len(events)}
+            "claimed": claimed, "recomputed": shown, "infinite": infinite,
+            "difference": None if shown is None else claimed - shown, "ok": bool(ok), "site": site.name,
+            "run_key": key, "events": len(events),
+            **({"note": note} if note else {}),
+            **({} if ok else {"reason": (f"the run's ledger reports ε = {claimed:.6g} for the site's client, less than "
+                                         f"the site's own ledger records for this run"
+                                         + (f" ({shown:.6g})" if shown is not None else " (ε = ∞: seeded or without DP)")
+                                         + ": the run's ledger lacks charges the site recorded")})}
+
+
+def _no_dp(run) -> bool:
+    """Whether the run's config.json says it trained without DP."""
+    from fedhype.io import read_json
+
+    return bool((read_json(run.config, "run config").get("train") or {}).get("no_dp")) if run.config.is_file() else False
