@@ -636,3 +636,29 @@ def test_audit_compares_the_run_s_ledger_with_each_site_s_own(consortium, tmp_pa
     assert any("lacks charges the site recorded" in (m.get("reason") or "") for m in out["mismatches"])
     # --site needs --run; a site outside the run is named
     assert runner.invoke(app, ["audit", "--canaries", "white-box", f"--site={sites[0]}"]).exit_code != 0
+
+
+def test_a_site_json_s_relative_store_and_an_archived_split_s_store_are_named_right(consortium, tmp_path):
+    """A probe: a relative "store" edited into site.json was read against the current folder, not the site's; an
+    archived split's wrong store was blamed on site.json with advice (split again) that cannot help its runs."""
+    import shutil
+
+    from fedhype.data.sites import Site
+    from fedhype.errors import ArtifactError
+
+    root, names = consortium["root"], list(SITES)
+    site = tmp_path / "site"
+    shutil.copytree(root / names[0] / "site", site)
+    raw = json.loads((site / "site.json").read_text())
+    shutil.copy(raw["store"], site / "moved.safetensors")
+    (site / "site.json").write_text(json.dumps({**raw, "store": "moved.safetensors"}))
+    assert Site.load(site).store_path == site / "moved.safetensors"
+    assert len(Site.load(site).store()) > 0  # found from any working folder
+    other = root / names[1] / "site"
+    archived = site / "site.0000abcd.json"
+    archived.write_text(json.dumps({**raw, "store": json.loads((other / "site.json").read_text())["store"]}))
+    with pytest.raises(ArtifactError, match="site.0000abcd.json.*archived split.*splitting again cannot help"):
+        Site.load(archived).store()
+    (site / "site.json").write_text(json.dumps({**raw, "store": json.loads((other / "site.json").read_text())["store"]}))
+    with pytest.raises(ArtifactError, match="--overwrite --same-records"):
+        Site.load(site).store()

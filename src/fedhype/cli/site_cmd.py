@@ -52,8 +52,9 @@ def site(
                                    "is kept: a store of other records than the previous split's is refused (give "
                                    "another --out), unless --same-records."),
     same_records: bool = typer.Option(False, "--same-records", help="With --overwrite and a --store other than the "
-                                      "previous split's: the store holds the same records (re-embedded, or moved), so "
-                                      "the site's ledger across runs, their spending, is kept for it."),
+                                      "previous split's: the store shares records with it (re-embedded, moved, or "
+                                      "images added, removed or changed), so the site's ledger across runs, their "
+                                      "spending, is kept for it."),
     max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="The site's lifetime ε cap over all the "
                                                 "runs its records take part in (its ledger across runs, "
                                                 "site-ledger.json); `train --site` and the site's SuperNode refuse "
@@ -162,8 +163,10 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
             f"--store {store} is not the store the previous split of {out} was made from ({was}), and the folder's "
             f"ledger across runs ({out / 'site-ledger.json'}, {len(old)} charge(s)) is those records' spending: kept "
             "for other records, they would carry that spend and the previous records would lose their ledger. "
-            "Nothing was written. For a site of other records give another --out; if this store holds the same "
-            "records (re-embedded, or moved), add --same-records to keep the ledger for them")
+            "Nothing was written. If this store shares any record with the previous one (re-embedded, moved, or "
+            "images added, removed or changed), add --same-records: the ledger, and the spend its records carry, is "
+            "kept (a new --out would start them at ε = 0); give another --out only for a site of entirely other "
+            "records")
     if old is not None and other and same_records:
         console.print(f"--same-records: the site's ledger across runs is kept for the records of --store {store} "
                       f"(the previous split's store: {old_store})", highlight=False)

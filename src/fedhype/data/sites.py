@@ -143,6 +143,8 @@ class Site:
     #: whether ``fedhype site`` started the site's ledger across runs (``site.json``'s ``"site_ledger"``): then a
     #: missing ``site-ledger.json`` is an error, not a fresh start (a site folder of an earlier version: False)
     ledger: bool = False
+    #: the file it was loaded from (``site.json``, or an archived ``site.<key>.json``; None when made in memory)
+    file: Path | None = None
 
     def public_card(self, store: EmbeddingStore | None = None) -> SiteCard:
         """The card the coordinator receives: ``card.json`` of the site folder, checked against the site.
@@ -184,7 +186,9 @@ class Site:
         Raises:
             ArtifactError: a missing or corrupt store, or one that is not the store the split was made from.
         """
-        where = f"{self.folder / SITE_FILE}" if self.folder is not None else "its site.json"
+        where = (f"{self.file}" if self.file is not None else f"{self.folder / SITE_FILE}" if self.folder is not None
+                 else "its site.json")
+        archived = self.file is not None and self.file.name != SITE_FILE
         if not self.store_path.is_file():
             raise ArtifactError(f"site {self.name!r}: its store {self.store_path} (named in {where}, key \"store\") is "
                                 "not there; if the store was moved, put the new path in that key (the store is "
@@ -195,8 +199,13 @@ class Site:
         except ArtifactError:
             raise ArtifactError(f"site {self.name!r}: {self.store_path} (named in {where}) is not the store the site's "
                                 f"split was made from ({len(store)} records here, {self.partition.store_n} then); "
-                                "point that key to the site's store, or split again with `fedhype site --overwrite` "
-                                "(a new site key: runs trained on the old split no longer accept it)") from None
+                                + ("this archived split evaluates the runs trained on it only with the store it was "
+                                   "made from: point its \"store\" key to a copy of that store (splitting again "
+                                   "cannot help these runs)" if archived else
+                                   "point that key to the site's store, or, if the images changed, embed them and "
+                                   "split again with `fedhype site --overwrite --same-records` (it keeps the site's "
+                                   "ledger for the records the stores share; a new site key: runs trained on the old "
+                                   "split no longer accept it)")) from None
         return store
 
     def records(self, split: str, class_names: list[str] | None = None,
@@ -238,8 +247,12 @@ class Site:
         try:
             part = Partition.from_dict(raw["partition"], where=str(path))
             classes = raw.get("classes")
-            site = cls(str(raw["name"]), str(raw["key"]), Path(str(raw["store"])), part, path.parent,
-                       None if classes is None else [str(k) for k in classes], ledger=bool(raw.get("site_ledger")))
+            store = Path(str(raw["store"]))
+            if not store.is_absolute() and ((path.parent / store).exists() or not store.exists()):
+                store = path.parent / store  # a relative path edited in by hand: the site folder's, not the cwd's
+            site = cls(str(raw["name"]), str(raw["key"]), store, part, path.parent,
+                       None if classes is None else [str(k) for k in classes], ledger=bool(raw.get("site_ledger")),
+                       file=path)
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"site file {path}: missing or bad field ({exc!r}); write it again with `fedhype site`") from None
         if len(part.clients) != 1:
