@@ -34,7 +34,8 @@ def test_the_warning_counts_the_samples_and_gives_the_flags_that_drop_them():
     u = unclear_classes(COUNTS, 5.0, NAMES)
     text = absent_note(u, [300, 300, 300, 300], label_weights=None, n_clients=2)
     assert text == ("class(es) the release cannot tell from absent: zebra (pooled DP count 10.2 ± 7.1), within 3 noise "
-                    "std of 0: no client may hold them, and their 300 samples are the model's noise, not data; drop "
+                    "std of 0: the clients may hold none of them (or only a few records), and their 300 samples may be the "
+                    "model's noise rather than data; drop "
                     "them with --n 900 --label-weights 1,1,1,0 (the same numbers of the other classes)")
     # --n with weights: the other classes keep theirs
     text = absent_note(u, [50, 25, 25, 100], label_weights=[2, 1, 1, 4], n_clients=2)

@@ -145,8 +145,12 @@ def absent_note(unclear: list[UnclearClass], drawn: list[int], *, label_weights:
     pooled = "pooled DP count" if n_clients > 1 else "DP count"
     exact = all(u.std == 0 for u in shown)
     return (f"class(es) the release cannot tell from absent: {', '.join(u.describe(pooled) for u in shown)}"
-            f"{within(len(shown), exact)}: {'no client holds them' if exact else 'no client may hold them'}, and their "
-            f"{sum(drawn[u.index] for u in shown)} samples are the model's noise, not data; {advice}")
+            f"{within(len(shown), exact)}: "
+            + (f"no client holds them, and their {sum(drawn[u.index] for u in shown)} samples are the model's noise, "
+               "not data" if exact else
+               f"the clients may hold none of them (or only a few records), and their {sum(drawn[u.index] for u in shown)} "
+               "samples may be the model's noise rather than data")
+            + f"; {advice}")
 
 
 def within(n: int, exact: bool) -> str:
