@@ -187,6 +187,9 @@ def test_interrupted_run_is_reported_as_interrupted_not_tampered(real_store, tmp
     assert res["events"] == 4 and res["epsilon"] > load_model(tmp_path / "run")[2]["epsilon"] * 1.1
     assert res["recharged_events"] == 0 and res["target_epsilon"] is None and not res["above_target"]
     assert "round(s) ≥ 1 (counted from 0" in " ".join(res["warnings"])  # the ledger's own round numbers
+    from fedhype.eval.audit_ledger import STABLE_KEYS
+
+    assert set(STABLE_KEYS) <= set(res)  # the same keys in every state (a script met a KeyError)
 
     # a store drawn from it carries the full ledger's ε (fedhype.synthesis.spent), and its release keeps the model's
     # committed figure: both honest, and the audit takes both (a probe saw each fail it after the store's ε check)

@@ -439,7 +439,15 @@ def _note_voids(ledger: PrivacyLedger, res: dict[str, Any]) -> None:
                                f"(each void names its charge by digest): {what}")
 
 
+#: keys every audit result holds, whatever the run's state (a script reading ``--json`` met a KeyError for an
+#: interrupted run): their values where the run did not set them
+STABLE_KEYS: dict[str, Any] = {"target_epsilon": None, "above_target": False, "recharged_events": 0,
+                               "interrupted": False, "noise_seeded": False}
+
+
 def _finish(res: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    for k, v in STABLE_KEYS.items():
+        res.setdefault(k, v)
     for r in rows:
         if isinstance(r.get("difference"), float) and math.isnan(r["difference"]):
             r["difference"] = None
