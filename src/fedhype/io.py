@@ -145,7 +145,9 @@ def require_file(path: Path, what: str, hint: str = "") -> None:
 _RUN_FILE_ADVICE = ("it is part of a run folder that `fedhype train` wrote and cannot be re-created without training "
                     "again (which spends budget again): restore the run folder from a backup, or use the release "
                     "folder it was shared as")
-_ADVICE = {"run config": _RUN_FILE_ADVICE, "checkpoint": _RUN_FILE_ADVICE}
+_ADVICE = {"run config": _RUN_FILE_ADVICE, "checkpoint": _RUN_FILE_ADVICE,
+           "site file": ("restore it from a backup, or split again into the same folder with `fedhype site --overwrite "
+                         "--same-records` (the folder's site-ledger.json, its records' spend, stays with them)")}
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file", advice: str | None = None) -> Any:

@@ -662,3 +662,22 @@ def test_a_site_json_s_relative_store_and_an_archived_split_s_store_are_named_ri
     (site / "site.json").write_text(json.dumps({**raw, "store": json.loads((other / "site.json").read_text())["store"]}))
     with pytest.raises(ArtifactError, match="--overwrite --same-records"):
         Site.load(site).store()
+
+
+def test_a_site_folder_without_its_site_json_keeps_its_ledger(consortium, tmp_path):
+    """A probe: a site folder whose site.json was lost was called "a folder of other files; give a new or empty
+    folder" — which starts its records at ε = 0. It names the ledger it holds and takes --overwrite --same-records."""
+    import shutil
+
+    root = consortium["root"]
+    site = tmp_path / "hospital_b-site"
+    shutil.copytree(root / "hospital_b" / "site", site)
+    spent = _json(runner.invoke(app, ["budget", "--site", str(site), "--json"]))["epsilon"]
+    (site / "site.json").unlink()
+    store = str(root / "hospital_b" / "embeddings.safetensors")
+    base = ["site", "--store", store, "--name", "hospital_b", "--min-records", "5", "--out", str(site)]
+    r = runner.invoke(app, [*base, "--overwrite", "--json"])
+    assert r.exit_code == 2 and "site-ledger.json" in r.output and "--overwrite --same-records" in r.output, r.output
+    assert "A new folder would start them at ε = 0" in json.loads(r.stdout)["error"]
+    got = _json(runner.invoke(app, [*base, "--overwrite", "--same-records", "--json"]))
+    assert got["spent_epsilon"] == pytest.approx(spent, rel=1e-9) and (site / "site.json").is_file()

@@ -75,8 +75,18 @@ def site(
             raise ValidationError(f"--out {out} is a file; give a folder for the site")
         if out.is_dir() and any(out.iterdir()):
             if not (out / SITE_FILE).exists():
-                raise ValidationError(f"--out {out} is a folder of other files; give a new or empty folder for the site")
-            if not overwrite:
+                from fedhype.data.sites import SITE_LEDGER_FILE
+
+                if (out / SITE_LEDGER_FILE).is_file():  # a site folder that lost its site.json: its spend is here
+                    if not (overwrite and same_records):
+                        raise ValidationError(
+                            f"--out {out} holds a site's ledger across runs ({out / SITE_LEDGER_FILE}: the spend of its "
+                            f"records) but no {SITE_FILE}; restore {SITE_FILE} from a backup, or split again into this "
+                            "folder with --overwrite --same-records (the ledger stays with these records). A new "
+                            "folder would start them at ε = 0")
+                else:
+                    raise ValidationError(f"--out {out} is a folder of other files; give a new or empty folder for the site")
+            elif not overwrite:
                 raise ValidationError(f"--out {out} already holds a site; pass --overwrite to split again (new site key), "
                                       "or give another folder")
         splits = _parse_split(fractions)
