@@ -51,8 +51,9 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     site = Site.load(site_dir)
     if site.name not in sites:
         raise ValidationError(f"--site {site_dir}: site {site.name!r} is not one of the run's sites {sites}")
-    run_ledger = PrivacyLedger.load(run.ledger)
+    unstarted = not run.ledger.exists() and not run.model.exists() and not run.checkpoint.exists()
     own = load_site_ledger(site.folder, expected=True, site=site.name)
+    run_ledger = (PrivacyLedger(own.delta if own is not None else 1e-5) if unstarted else PrivacyLedger.load(run.ledger))
     events = [e for e in (own.events if own is not None else ()) if run_of(e) == key]
     if not events:
         raise ValidationError(f"--site {site_dir}: the site's ledger holds no event of run {key} (a site ledger started "
@@ -62,6 +63,13 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     recomputed = composed(events, run_ledger.delta)
     infinite = math.isinf(recomputed)
     note = None
+    if unstarted:  # a stop right after the sites' charge, before the run's ledger was written: nothing ran
+        return {"name": f"ledger.json: client {client}'s ε vs site {site.name!r}'s own ledger for run {key}",
+                "claimed": None, "recomputed": None if infinite else recomputed, "infinite": infinite,
+                "difference": None, "ok": True, "site": site.name, "run_key": key, "events": len(events),
+                "note": ("the run stopped after the site was charged and before its own ledger was written, so nothing "
+                         "ran and the run claims no ε; the site keeps the charge as spent, and resuming the run "
+                         "(`--resume`) takes it over instead of charging again")}
     if infinite:
         # the site counts a seeded run (or one without DP) as ε = ∞; the run's ledger reports the accountant's
         # figure beside its seeded-noise warning. Compared on the same footing, not failed as a tampering (a probe)
