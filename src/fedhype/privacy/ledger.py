@@ -201,9 +201,10 @@ def event_digest(event: LedgerEvent) -> str:
 #: hash, so it cannot be added to a ledger after its start without rewriting every hash
 REFUSALS = "refusals"
 
-#: the fields a void repeats from the charge it withdraws
-_VOID_SAME = ("client", "round", "mechanism", "noise_multiplier", "sample_rate", "steps", "clip_norm", "noise", "scale",
-              "record_dim", "seeded")
+#: the fields that make two events the same charge (note and time aside): what a void repeats from the charge it
+#: withdraws, and — without ``client`` — what a site ledger matches a run's event by (:mod:`fedhype.privacy.site_ledger`)
+CHARGE_FIELDS = ("client", "round", "mechanism", "noise_multiplier", "sample_rate", "steps", "clip_norm", "noise",
+                 "scale", "record_dim", "seeded")
 
 
 def _history_of(events: Iterable[LedgerEvent]) -> History:
@@ -284,7 +285,7 @@ class PrivacyLedger:
             x = self._events[i]
             if i in self._voided or i in voids or x.voids or event_digest(x) != event.voids:
                 continue
-            differ = [f for f in _VOID_SAME if getattr(x, f) != getattr(event, f)]
+            differ = [f for f in CHARGE_FIELDS if getattr(x, f) != getattr(event, f)]
             if differ:
                 raise ValidationError(f"a void must repeat the charge it withdraws (event {i}); its {differ} differ")
             return i

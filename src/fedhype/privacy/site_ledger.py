@@ -53,7 +53,7 @@ from typing import Iterable, Iterator, Sequence
 
 from fedhype.data.sites import SITE_LEDGER_FILE
 from fedhype.errors import ArtifactError, BudgetExceededError, ValidationError
-from fedhype.privacy.ledger import LEDGER_ADVICE, LedgerEvent, PrivacyLedger, charge
+from fedhype.privacy.ledger import CHARGE_FIELDS, LEDGER_ADVICE, LedgerEvent, PrivacyLedger, charge
 
 _WHAT = "every charge against this site's records, across runs"
 _RUN = "run "
@@ -325,9 +325,9 @@ def set_site_ledger(folder: str | os.PathLike, site: str, *, max_epsilon=KEEP, d
 
 
 def _signature(e: LedgerEvent) -> tuple:
-    """What makes two events the same charge (client, note and time aside): round, mechanism and its numbers."""
-    return (e.round, e.mechanism, float(e.noise_multiplier), float(e.sample_rate), int(e.steps), float(e.clip_norm),
-            e.noise, float(e.scale), int(e.record_dim), bool(e.seeded))
+    """What makes two events the same charge at a site (client, note and time aside): the ledger's
+    :data:`~fedhype.privacy.ledger.CHARGE_FIELDS` but the client (a run's client id is the site's name here)."""
+    return tuple(getattr(e, f) for f in CHARGE_FIELDS if f != "client")
 
 
 @dataclasses.dataclass
