@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import re
@@ -68,6 +69,12 @@ def test_readme_notebook_block_runs_and_reports_the_accountants_epsilon(tmp_path
     again = back.sample(per_class=5, seed=3)
     assert again.embeddings.shape == (50, real_store.dim)
     assert (gen.sample(per_class=5, seed=3).embeddings == again.embeddings).all()  # the same model
+    # the temporary run folder goes with its object (CI's /tmp collected one per run); what save() wrote stays
+    temporary = gen.run_dir_.parent
+    assert temporary.name.startswith("fedhype-run-") and temporary.is_dir()
+    del gen, ns
+    gc.collect()
+    assert not temporary.exists() and (saved / "model.safetensors").is_file()
 
 
 def test_defaults_are_fedhype_runs():

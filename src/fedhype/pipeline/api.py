@@ -19,7 +19,9 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,7 +251,9 @@ class FedHypeVAE:
         out: the run directory ``fit`` writes. It holds private client state (to resume); share only
             what :meth:`save` writes. Default: a new temporary folder from which ``fit`` removes the
             client states, checkpoints and held-out diagnostics once training ends (the model, ledger,
-            configuration and commit point stay, for sampling and audit).
+            configuration and commit point stay, for sampling and audit); the folder itself is removed
+            when this object is garbage-collected, when Python exits, or at its next ``fit``: :meth:`save`
+            what is to be kept.
         train, model: any other ``[train]`` / ``[model]`` key of the job configuration (e.g.
             ``train={"local_epochs": 3}``, ``model={"latent": 32}``).
 
@@ -332,7 +336,7 @@ class FedHypeVAE:
         if not isinstance(resume, bool):
             raise ValidationError(f"fit: resume must be True or False, got {shown(resume)}")
         self._check_out(resume)
-        out = self.out if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-")) / "run"
+        out = self.out if self.out is not None else self._temporary_run()
         cfg = self.train_config if self.train_config is not None else train_config(self.config)
         try:
             self.result_ = train(store, partition, cfg, out, resume=resume, progress=progress,
@@ -344,12 +348,19 @@ class FedHypeVAE:
             raise ValidationError("fit(resume=True): " + text[len("--resume: "):]) from None
         self.run_dir_ = Path(out)
         if self.out is None:  # a temporary run cannot be resumed: drop what is private, keep the DP outputs
-            import shutil
-
             for name in ("clients", "ckpt"):
                 shutil.rmtree(out / name, ignore_errors=True)
             (out / "metrics.json").unlink(missing_ok=True)
         return self
+
+    def _temporary_run(self) -> Path:
+        """A fresh temporary run folder for a ``fit`` without ``out=``, removed with this object: when it is
+        garbage-collected, at interpreter exit, or at its next ``fit`` (what :meth:`save` wrote elsewhere stays)."""
+        if getattr(self, "_cleanup", None) is not None:
+            self._cleanup()  # the previous temporary run: nothing refers to it once this fit replaces it
+        root = Path(tempfile.mkdtemp(prefix="fedhype-run-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
+        return root / "run"
 
     def _check_out(self, resume: bool) -> None:
         """Refuse, in the API's words, an ``out`` folder that ``fit`` cannot use (the engine refuses the same, in the
