@@ -85,7 +85,8 @@ def _audit_cli(rel, *extra):
 
 
 @pytest.mark.parametrize("edit", ["privacy.json epsilon", "privacy.json seed note", "config.json", "README.md warning",
-                                  "missing checkpoint"])
+                                  "missing checkpoint", "privacy.json rounds", "privacy.json mechanisms",
+                                  "privacy.json method", "privacy.json accountant", "privacy.json extra claim"])
 def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, tmp_path, edit):
     """A new user's probe: a release with privacy.json's ε lowered, its seeded-noise note removed, config.json edited
     or the README's warning deleted passed `fedhype audit` (exit 0, consistent). privacy.json lists every file's
@@ -121,9 +122,16 @@ def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, t
         text = (bad / "README.md").read_text()
         (bad / "README.md").write_text("\n".join(x for x in text.splitlines() if "must not be shared" not in x))
         want = "README.md"
-    else:
+    elif edit == "missing checkpoint":
         (bad / "checkpoint.json").unlink()
         want = "privacy.json: files[checkpoint.json] sha256"
+    else:  # a privacy auditor's probe: these keys were written but never checked (exit 0 with rounds 1, one mechanism)
+        key = edit.split()[1]
+        forged = {"rounds": 1, "mechanisms": ["dp-release-centre"], "method": "dp-gaussian", "accountant": "exact",
+                  "extra": "audited by X: ε = 0.1"}[key]
+        priv["epsilon_note" if key == "extra" else key] = forged
+        (bad / "privacy.json").write_text(json.dumps(priv))
+        want = f"privacy.json: {'epsilon_note' if key == 'extra' else key}"
     code, res = _audit_cli(bad)
     assert code == 4 and not res["consistent"] and res["exit_code"] == 4
     assert want in {m["name"] for m in res["mismatches"]}, res["mismatches"]

@@ -35,6 +35,10 @@ from fedhype.io import atomic_write_json, read_json
 #: files copied from the run directory (model first: a folder without it is no release)
 RUN_FILES = ("model.safetensors", "ledger.json", "config.json", "checkpoint.json")
 FORMAT = "fedhype-release/1"
+#: the keys of privacy.json that :func:`check_release` compares with :func:`privacy_summary` recomputed as they are
+#: (ε and ε per client are compared within a tolerance; ``files`` are digests; ``model_epsilon_note`` is the model's)
+RECOMPUTED_KEYS = ("format", "private", "delta", "noise_seeded", "warning", "accountant", "mechanisms", "method",
+                   "rounds", "seeded_clients")
 
 
 def _sha256(path: Path) -> str:
@@ -168,9 +172,11 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
     """Check a release folder's own files against what :func:`write_release` wrote and the ledger says.
 
     ``privacy.json`` lists the SHA-256 of every file it was written with: each must still match (an edited
-    ``config.json`` or a swapped model fails here); its ε, δ, per-client ε, ``private``, ``noise_seeded`` and
-    ``warning`` must equal :func:`privacy_summary` recomputed from the folder's model and ledger; and its
-    ``README.md`` must be the text the release writes (a deleted seeded-noise warning fails).
+    ``config.json`` or a swapped model fails here, unless the digests were rewritten too); its ε and per-client ε
+    (within ``tol``) and every other key (:data:`RECOMPUTED_KEYS`: δ, ``private``, ``noise_seeded``, ``warning``,
+    accountant, mechanisms, method, rounds) must equal :func:`privacy_summary` recomputed from the folder's model and
+    ledger, a ``model_epsilon_note`` must be the released model's own, and a key the release does not write fails;
+    its ``README.md`` must be the text the release writes (a deleted seeded-noise warning fails).
 
     Returns:
         None when ``folder`` is no release (no ``privacy.json`` of this format), else the checked rows
@@ -210,8 +216,18 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
     except ArtifactError as exc:
         row("privacy.json: recomputed from the model and ledger", None, None, False, str(exc))
         return rows
-    for key in ("private", "delta", "noise_seeded", "warning"):
+    for key in RECOMPUTED_KEYS:  # every key privacy_summary writes, recomputed (a probe set rounds, mechanisms, method)
         row(f"privacy.json: {key}", claimed.get(key), fresh.get(key), claimed.get(key) == fresh.get(key))
+    if "model_epsilon_note" in claimed:  # written only with a model restamped by _copy_model, which carries it too
+        from fedhype.federated.rundir import load_model
+
+        stamped = load_model(root)[2].get("epsilon_note")
+        row("privacy.json: model_epsilon_note", claimed["model_epsilon_note"], stamped,
+            isinstance(stamped, str) and claimed["model_epsilon_note"] == stamped,
+            "the note is not the one the released model carries (only a model the release restamped has one)")
+    for key in sorted(set(claimed) - set(fresh) - {"files", "model_epsilon_note", "epsilon", "epsilon_per_client"}):
+        row(f"privacy.json: {key}", claimed[key], None, False,
+            "a key the release does not write (a claim nobody recomputes): remove it, or write the release again")
     ce, fe = claimed.get("epsilon"), fresh.get("epsilon")
     row("privacy.json: epsilon", ce, fe, (ce is None and fe is None)
         or (isinstance(ce, (int, float)) and fe is not None and abs(ce - fe) <= tol))
