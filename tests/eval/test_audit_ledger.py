@@ -312,3 +312,37 @@ def test_a_run_interrupted_before_its_first_commit_is_audited_from_its_ledger(re
     assert res["epsilon"] == pytest.approx(led.worst()[1], rel=1e-12)
     assert res["client_names"] == {"0": part.clients[0].name, "1": part.clients[1].name}
     assert any("before its first round was committed" in w for w in res["warnings"])
+
+
+def test_a_store_in_the_audited_folder_is_checked_or_refused(run_copy, real_store, tmp_path):
+    """A privacy auditor's probe: a release with privacy.json (and its extra-file check) deleted and the real
+    embeddings copied in passed `fedhype audit`; a model swapped into a release passed unless --synthetic was given.
+    The audited folder's own stores are now checked: a real one fails, a synthetic one is checked as if given."""
+    import torch
+
+    from fedhype.io import atomic_save_tensors, load_tensors, tensor_metadata
+
+    assert audit_run(run_copy)["release"] is False  # a run folder, not a release: the JSON says so
+    real_store.save(run_copy / "embeddings.safetensors")
+    (run_copy / "notes.safetensors").write_bytes(b"not a safetensors file")
+    res = audit_run(run_copy)
+    got = {m["name"]: m for m in res["mismatches"]}
+    assert set(got) == {"audited folder: embeddings.safetensors", "audited folder: notes.safetensors"}
+    assert "real embeddings" in got["audited folder: embeddings.safetensors"]["reason"]
+    (run_copy / "embeddings.safetensors").unlink()
+    (run_copy / "notes.safetensors").unlink()
+    # the run's own synthetic store in its folder is checked without --synthetic: fine as drawn ...
+    synthesize(run_copy, "neutral", per_class=5, seed=0).save(run_copy / "synthetic.safetensors")
+    res = audit_run(run_copy)
+    assert res["consistent"], res["mismatches"]
+    assert f"synthetic {run_copy / 'synthetic.safetensors'}: meta.model_digest (the model it was drawn from)" in {
+        r["name"] for r in res["checked"]}
+    # ... and it ties the model to the ledger: another model (its tensors changed, its metadata ε kept) fails
+    tensors = load_tensors(run_copy / "model.safetensors", what="model")
+    name = next(k for k, t in tensors.items() if t.is_floating_point())
+    tensors[name] = tensors[name] + torch.ones_like(tensors[name])
+    raw = tensor_metadata(run_copy / "model.safetensors")
+    atomic_save_tensors(run_copy / "model.safetensors", tensors, {k: v for k, v in raw.items() if k == "fedhype"})
+    res = audit_run(run_copy)
+    assert [m["name"] for m in res["mismatches"]] == [
+        f"synthetic {run_copy / 'synthetic.safetensors'}: meta.model_digest (the model it was drawn from)"]

@@ -62,7 +62,13 @@ def _render(r: dict[str, Any]) -> None:
         if r.get("worst_client") is not None and names.get(str(r["worst_client"]), str(r["worst_client"])) != str(r["worst_client"]):
             rows["worst_client"] = f"{r['worst_client']} ({names[str(r['worst_client'])]})"
         rows["claims checked"] = len(r.get("checked", []))
+        rows["release folder"] = bool(r.get("release"))
         out.print(kv_table("ledger consistency (ε recomputed: PRV; RDP cross-check)", rows))
+        if not r.get("release"):  # a probe deleted a release's privacy.json and its extra-file check went with it
+            console.print("[yellow]note[/]: not a release folder (no privacy.json of a release): a run folder holds "
+                          "private files beside its DP outputs, and only a release's own files are checked for what "
+                          "else it holds; share the folder `fedhype run` or `fedhype synthesize --release` wrote "
+                          "(release/), whose audit says release folder: True", highlight=False, soft_wrap=True)
         if r.get("mismatches"):
             t = Table(title="MISMATCHES", title_style="bold red")
             for col in ("name", "claimed", "recomputed", "difference", "reason"):

@@ -183,6 +183,7 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
     metrics = read_json(run.metrics, "metrics") if run.metrics.exists() else []
     report = read_json(report_path, "run report") if report_path is not None else None
     stores = [(str(p), EmbeddingStore.load(p)) for p in [*job_synthetic, *synthetic]]
+    stores, strays = _folder_stores(run.root, stores)
     private = bool(meta.get("private"))
     ids = [str(c) for c in meta.get("clients") or []]
     res: dict[str, Any] = {"client_names": dict(zip(ids, [str(n) for n in (meta.get("client_names") or ids)])),
@@ -190,7 +191,7 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                            "private": private, "ledger_ok": None, "ledger_error": None,
                            "epsilon": None, "delta": meta.get("delta"), "epsilon_rdp": None, "worst_client": None,
                            "epsilon_per_client": {}, "epsilon_rdp_per_client": {}, "events": 0, "warnings": []}
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = list(strays)
     no_dp = bool(config.get("train", {}).get("no_dp"))
     rows.append(_equal("config.json: train.no_dp vs model private flag", no_dp, not private))
     if not private:
@@ -286,6 +287,36 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                 rows.append(_equal(f"synthetic {path}: meta.model_digest (the model it was drawn from)",
                                    s.meta["model_digest"], model_digest(run.model)))
     return _finish(res, rows)
+
+
+def _folder_stores(root: Path, stores: list[tuple[str, EmbeddingStore]]) -> tuple[list, list[dict[str, Any]]]:
+    """The audited folder's own ``*.safetensors`` files besides its model: a synthetic store is checked as if given
+    with ``--synthetic`` (a release's ``synthetic.safetensors`` ties its model to the ledger through its
+    ``model_digest``: a probe swapped another run's model into a release and passed an audit without ``--synthetic``);
+    anything else — a real embeddings store copied in, a file that is no store — is a failing row: no claim covers it.
+
+    Returns ``(stores, rows)``: the stores to check (the given ones first, each file once) and the failing rows."""
+    given = {Path(p).resolve() for p, _ in stores}
+    rows: list[dict[str, Any]] = []
+    out = list(stores)
+    for f in sorted(root.glob("*.safetensors")):
+        if f.name == "model.safetensors" or f.resolve() in given:
+            continue
+        try:
+            store = EmbeddingStore.load(f)
+        except (ArtifactError, ValidationError) as exc:
+            rows.append({"name": f"audited folder: {f.name}", "claimed": "present", "recomputed": "not a store",
+                         "difference": None, "ok": False,
+                         "reason": f"{f} is neither the run's model nor an embeddings store ({exc}); no claim covers it"})
+            continue
+        if store.kind == "synthetic":
+            out.append((str(f), store))
+        else:
+            rows.append({"name": f"audited folder: {f.name}", "claimed": "present", "recomputed": f"a {store.kind} store",
+                         "difference": None, "ok": False,
+                         "reason": f"{f} holds {store.kind} embeddings, which no mechanism of this run released: "
+                                   "nothing here covers them; remove it before the folder is shared"})
+    return out, rows
 
 
 def _plan_rows(ledger: PrivacyLedger, config: dict, metrics: list, ids: list[str], done: int) -> list[dict[str, Any]]:
@@ -442,7 +473,7 @@ def _note_voids(ledger: PrivacyLedger, res: dict[str, Any]) -> None:
 #: keys every audit result holds, whatever the run's state (a script reading ``--json`` met a KeyError for an
 #: interrupted run): their values where the run did not set them
 STABLE_KEYS: dict[str, Any] = {"target_epsilon": None, "above_target": False, "recharged_events": 0,
-                               "interrupted": False, "noise_seeded": False}
+                               "interrupted": False, "noise_seeded": False, "release": False}
 
 
 def _finish(res: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
