@@ -44,21 +44,24 @@ SITE_LEDGER_FILE = "site-ledger.json"
 #: store metadata that must agree across the sites of one federation (same encoder, same preprocessing)
 ENCODER_KEYS = ("encoder", "weights_hash", "pooling", "preprocess", "dim")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 def encoder_of(store: EmbeddingStore) -> dict[str, Any]:
     """The public description of how ``store`` was embedded (encoder, weights hash, pooling, preprocessing, D).
 
-    A local encoder folder (``hf:/path/to/model``) is named by its last component only
-    (``hf:<local>/model``): the site's directory layout is not public, the weights hash identifies the weights.
+    A local encoder folder (``hf:/path/to/model``, ``hf:data/study/model``, ``hf:C:/Users/…/model``) is named by its
+    last component only (``hf:<local>/model``): the site's directory layout is not public, the weights hash identifies
+    the weights. Local means: absolute, relative with ``.`` or ``~``, a Windows path, or more than one ``/`` (a hub id
+    is ``name`` or ``owner/name``; a privacy auditor's probe found ``hf:data/hospA_ct_finetune/vit`` published whole).
     """
     meta = store.meta or {}
     out = {k: meta.get(k) for k in ENCODER_KEYS if k != "dim"} | {"dim": store.dim}
     name = out.get("encoder")
     if isinstance(name, str) and ":" in name:
         scheme, _, rest = name.partition(":")
-        if rest.startswith(("/", ".", "~")) or "\\" in rest:
-            out["encoder"] = f"{scheme}:<local>/{Path(rest.replace(chr(92), '/')).name}"
+        if rest.startswith(("/", ".", "~")) or "\\" in rest or _WINDOWS_DRIVE.match(rest) or rest.count("/") > 1:
+            out["encoder"] = f"{scheme}:<local>/{Path(rest.replace(chr(92), '/').rstrip('/')).name}"
     return out
 
 

@@ -36,6 +36,9 @@ def checked_epsilon(run_dir: str | Path, meta: dict) -> tuple[float | None, str,
         source: ``"ledger"`` (equal, or the ledger's larger), ``"model"`` (the model's larger), ``"model (unverified:
         no ledger.json beside the model)"``, or ``"none"`` (non-private).
 
+    The note goes into the store's metadata, which may be shared: it names ``ledger.json``, never the run folder's
+    path (a folder named after a study is the site's, not the recipient's).
+
     Raises:
         ArtifactError: the ledger is corrupt, edited or otherwise invalid (:meth:`PrivacyLedger.load`).
     """
@@ -54,9 +57,9 @@ def checked_epsilon(run_dir: str | Path, meta: dict) -> tuple[float | None, str,
     if math.isclose(m, led, rel_tol=REL_TOL, abs_tol=1e-12):
         return m, "ledger", None
     if led > m:
-        return led, "ledger", (f"the run's ledger ({path}) records ε = {led:.6g}, more than the model's metadata says "
+        return led, "ledger", (f"the run's ledger.json records ε = {led:.6g}, more than the model's metadata says "
                                f"({m:.6g}: an interrupted run's next round, or an edited model); the store carries "
                                "the ledger's figure")
-    return m, "model", (f"the model's metadata says ε = {m:.6g}, more than its run's ledger ({path}) records "
+    return m, "model", (f"the model's metadata says ε = {m:.6g}, more than its run's ledger.json records "
                         f"({led:.6g}: an older or edited ledger); the store carries the model's figure — run "
                         "`fedhype audit --run` on the run")
