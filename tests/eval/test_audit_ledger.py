@@ -346,3 +346,33 @@ def test_a_store_in_the_audited_folder_is_checked_or_refused(run_copy, real_stor
     res = audit_run(run_copy)
     assert [m["name"] for m in res["mismatches"]] == [
         f"synthetic {run_copy / 'synthetic.safetensors'}: meta.model_digest (the model it was drawn from)"]
+
+
+def test_a_plan_whose_sigma_was_edited_no_longer_composes_to_its_target():
+    """A privacy auditor's probe multiplied the release's σ by 1.5 in the ledger and in config.json's plan prefix
+    (re-chained): the audit reported ε = 0.696 for a run calibrated for ε = 1, and passed. config.json's plan is now
+    checked against its own settings: the prefix is the split of its σ₀ by train.centre_share, and a calibrated plan
+    composes to train.epsilon (the worst client within 5 % below it) — the bundled job's plan, computed as train does."""
+    import dataclasses
+
+    from fedhype.eval.audit_ledger import _calibration_rows
+    from fedhype.federated.run_plan import plan_privacy
+    from fedhype.pipeline.config import resolve, train_config
+
+    cfg = train_config(resolve())  # the bundled job's defaults: ε = 1, 8 rounds, the centred release
+    plan = plan_privacy(cfg, [1500, 1078, 750, 750])
+    config = {"train": dataclasses.asdict(cfg), "privacy_plan": {k: plan[k] for k in plan}}
+    config["train"].pop("model", None)
+    rows = {r["name"]: r for r in _calibration_rows(config)}
+    composes = "config.json: privacy_plan composes to train.epsilon (calibrated)"
+    split = "config.json: privacy_plan.prefix vs its σ₀ and train.centre_share"
+    assert rows[composes]["ok"] and rows[split]["ok"]
+    assert 0.95 <= rows[composes]["recomputed"] <= 1.0
+    forged = json.loads(json.dumps(config))
+    forged["privacy_plan"]["prefix"][1][0] *= 1.5  # the class statistics' σ (the centre's first)
+    rows = {r["name"]: r for r in _calibration_rows(forged)}
+    assert not rows[split]["ok"] and not rows[composes]["ok"]
+    assert rows[composes]["recomputed"] < 0.95 and "edited" in rows[composes]["reason"]
+    # the target rewritten to the forged plan's ε still fails on the split; σ₀ rewritten too is a consistent forgery
+    forged["train"]["epsilon"] = rows[composes]["recomputed"]
+    assert [r["ok"] for r in _calibration_rows(forged)] == [False, True]

@@ -265,6 +265,7 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                 f"charged (ε spent {worst:.4g}), but the model, metrics and synthetic stores predate them "
                 f"(ε {ledger.worst()[1]:.4g}); resume the run to bring the claims up to date")
         rows += _plan_rows(spent, config, metrics, ids, done)
+        rows += _calibration_rows(config)
         rows.append(_check_committed(ledger, spent, "model.safetensors: epsilon", meta.get("epsilon"), tol))
         rows.append(_equal("model.safetensors: delta", meta.get("delta"), ledger.delta))
         rows.append(_equal("config.json: train.delta", config.get("train", {}).get("delta"), ledger.delta))
@@ -383,6 +384,64 @@ def _plan_rows(ledger: PrivacyLedger, config: dict, metrics: list, ids: list[str
                  f"{[steps[r] for r in short]} steps where the plan "
                  f"gives {per_round if per_round is not None else '> 0'}" if short else "")
         rows.append(row)
+    return rows
+
+
+#: how far below its target a calibrated plan may compose: σ is calibrated to within 0.5 % of the target
+#: (:func:`fedhype.privacy.accountant.calibrate_noise`, ``rtol``), with room for a bracket that stopped shrinking
+CALIBRATION_SLACK = 0.05
+
+
+def _calibration_rows(config: dict) -> list[dict[str, Any]]:
+    """``config.json``'s privacy plan against its own settings: what :func:`_plan_rows` checks the ledger against.
+
+    * the release's steps (``privacy_plan.prefix``) are :func:`fedhype.privacy.centring.release_steps` of its σ₀
+      (``privacy_plan.class_stats_noise_multiplier``) and ``train.centre_share``;
+    * a plan calibrated for ``train.epsilon`` (``privacy_plan.calibrated``) composes to it: the worst client's ε of the
+      prefix and its DP-SGD steps (:func:`fedhype.privacy.plan.worst_epsilon`) lies in
+      [(1 − :data:`CALIBRATION_SLACK`)·target, target].
+
+    A privacy auditor's probe multiplied the release's σ in the ledger and in the plan's prefix by 1.5 and the audit
+    reported ε = 0.696 for a run calibrated for ε = 1. Consistency only: a forger who also rewrites the target and σ₀
+    passes (README, "What the audit cannot show"). No rows for a run without a calibrated plan of this version.
+    """
+    from fedhype.privacy.centring import release_steps
+    from fedhype.privacy.plan import worst_epsilon
+
+    pp = config.get("privacy_plan") if isinstance(config.get("privacy_plan"), dict) else {}
+    train = config.get("train", {}) if isinstance(config.get("train"), dict) else {}
+    plan, prefix = pp.get("plan"), [tuple(x) for x in pp.get("prefix") or []]
+    if not isinstance(plan, list) or train.get("no_dp") or "calibrated" not in pp:
+        return []
+    rows: list[dict[str, Any]] = []
+    s0 = pp.get("class_stats_noise_multiplier")
+    if prefix and isinstance(s0, (int, float)) and s0 > 0:
+        try:
+            want = release_steps(float(s0), float(train.get("centre_share") or 0.0)) if len(prefix) > 1 else [(float(s0), 1.0, 1)]
+        except (ValidationError, TypeError, ValueError):
+            want = None
+        ok = want is not None and len(want) == len(prefix) and all(
+            abs(float(a[0]) - b[0]) <= 1e-9 * max(1.0, b[0]) and float(a[1]) == b[1] and int(a[2]) == b[2]
+            for a, b in zip(prefix, want))
+        rows.append({"name": "config.json: privacy_plan.prefix vs its σ₀ and train.centre_share",
+                     "claimed": [list(x) for x in prefix], "recomputed": want and [list(x) for x in want],
+                     "difference": None, "ok": ok,
+                     **({} if ok else {"reason": "the release's steps are not those of the plan's σ₀ split by the "
+                                                 "centre share (an edited σ)"})})
+    target = train.get("epsilon")
+    sigma = pp.get("noise_multiplier")
+    if pp.get("calibrated") and isinstance(target, (int, float)) and target > 0:
+        try:
+            got = worst_epsilon([(float(q), int(k)) for q, k in plan], float(train.get("delta")),
+                                None if sigma is None else float(sigma), prefix)
+        except (ValidationError, TypeError, ValueError) as exc:
+            got, why = None, f"the plan cannot be accounted ({exc})"
+        else:
+            why = (f"a plan calibrated for ε = {target:g} composes to ε = {got:.6g}: its σ or its target was edited")
+        ok = got is not None and (1 - CALIBRATION_SLACK) * target <= got <= target * (1 + 1e-6)
+        rows.append({"name": "config.json: privacy_plan composes to train.epsilon (calibrated)", "claimed": target,
+                     "recomputed": got, "difference": None if got is None else got - target, "ok": ok,
+                     **({} if ok else {"reason": why})})
     return rows
 
 
