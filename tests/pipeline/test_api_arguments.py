@@ -220,3 +220,31 @@ def test_embed_refuses_bad_sources_and_sizes_before_any_work(tmp_path):
             fedhype.embed("digits-domains", image_size=size)
     with pytest.raises(ValidationError, match=r"embed: seed must be a whole number ≥ 0"):
         fedhype.embed("digits-domains", seed="x")
+
+
+def test_a_temporary_run_is_kept_until_a_later_fit_succeeds(real_store, clients):
+    """Without out= the run lives in a temporary folder owned by the object. A probe's Ctrl-C in a second fit deleted
+    the first fit's folder before the new one existed: sample() then failed with 'model not found'. A failed or
+    interrupted fit now leaves the model the object had and removes only its own folder; a fit that succeeds
+    replaces it."""
+    import gc
+
+    g = fedhype.FedHypeVAE(**TINY).fit(real_store, clients)
+    first = g.run_dir_
+    before = g.sample(per_class=2, seed=1).embeddings
+
+    def stop(_metrics):
+        raise KeyboardInterrupt
+
+    made = set(first.parent.parent.glob("fedhype-run-*"))
+    with pytest.raises(KeyboardInterrupt):
+        g.fit(real_store, clients, progress=stop)
+    assert g.run_dir_ == first and (first / "model.safetensors").is_file()
+    assert (g.sample(per_class=2, seed=1).embeddings == before).all()
+    assert set(first.parent.parent.glob("fedhype-run-*")) == made  # the failed fit's folder is gone
+    g.fit(real_store, clients)
+    assert g.run_dir_ != first and not first.parent.exists() and (g.run_dir_ / "model.safetensors").is_file()
+    last = g.run_dir_.parent
+    del g
+    gc.collect()
+    assert not last.exists()

@@ -252,8 +252,9 @@ class FedHypeVAE:
             what :meth:`save` writes. Default: a new temporary folder from which ``fit`` removes the
             client states, checkpoints and held-out diagnostics once training ends (the model, ledger,
             configuration and commit point stay, for sampling and audit); the folder itself is removed
-            when this object is garbage-collected, when Python exits, or at its next ``fit``: :meth:`save`
-            what is to be kept.
+            when this object is garbage-collected, when Python exits, or when a later ``fit`` succeeds (a
+            failed or interrupted ``fit`` leaves the model it had): :meth:`save` what is to be kept, and
+            ``FedHypeVAE.load`` a saved folder, not ``run_dir_``.
         train, model: any other ``[train]`` / ``[model]`` key of the job configuration (e.g.
             ``train={"local_epochs": 3}``, ``model={"latent": 32}``).
 
@@ -336,31 +337,33 @@ class FedHypeVAE:
         if not isinstance(resume, bool):
             raise ValidationError(f"fit: resume must be True or False, got {shown(resume)}")
         self._check_out(resume)
-        out = self.out if self.out is not None else self._temporary_run()
+        temporary = None if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-"))
+        out = self.out if temporary is None else temporary / "run"
         cfg = self.train_config if self.train_config is not None else train_config(self.config)
         try:
-            self.result_ = train(store, partition, cfg, out, resume=resume, progress=progress,
-                                 diagnostics=diagnostics)
-        except ValidationError as exc:  # the engine's words are the CLI's (--resume)
+            result = train(store, partition, cfg, out, resume=resume, progress=progress, diagnostics=diagnostics)
+        except BaseException as exc:
+            if temporary is not None:  # a failed or interrupted fit leaves the model this object had (a probe's
+                shutil.rmtree(temporary, ignore_errors=True)  # Ctrl-C in a second fit deleted the first's)
             text = str(exc)
             if type(exc) is not ValidationError or not text.startswith("--resume: "):
-                raise
+                raise  # the engine's words are the CLI's (--resume)
             raise ValidationError("fit(resume=True): " + text[len("--resume: "):]) from None
-        self.run_dir_ = Path(out)
-        if self.out is None:  # a temporary run cannot be resumed: drop what is private, keep the DP outputs
+        self.result_, self.run_dir_ = result, Path(out)
+        if temporary is not None:  # a temporary run cannot be resumed: drop what is private, keep the DP outputs
             for name in ("clients", "ckpt"):
                 shutil.rmtree(out / name, ignore_errors=True)
             (out / "metrics.json").unlink(missing_ok=True)
+            self._own_temporary(temporary)
         return self
 
-    def _temporary_run(self) -> Path:
-        """A fresh temporary run folder for a ``fit`` without ``out=``, removed with this object: when it is
-        garbage-collected, at interpreter exit, or at its next ``fit`` (what :meth:`save` wrote elsewhere stays)."""
+    def _own_temporary(self, root: Path) -> None:
+        """Make ``root`` (the temporary folder of a ``fit`` without ``out=`` that succeeded) this object's: removed when
+        it is garbage-collected, at interpreter exit, or when a later ``fit`` succeeds (what :meth:`save` wrote
+        elsewhere stays); the folder of the ``fit`` it replaces goes now."""
         if getattr(self, "_cleanup", None) is not None:
-            self._cleanup()  # the previous temporary run: nothing refers to it once this fit replaces it
-        root = Path(tempfile.mkdtemp(prefix="fedhype-run-"))
+            self._cleanup()
         self._cleanup = weakref.finalize(self, shutil.rmtree, root, ignore_errors=True)
-        return root / "run"
 
     def _check_out(self, resume: bool) -> None:
         """Refuse, in the API's words, an ``out`` folder that ``fit`` cannot use (the engine refuses the same, in the
