@@ -115,6 +115,19 @@ def test_synthesize_into_a_release_folder_is_refused_even_with_overwrite(files, 
     assert (rel / "synthetic.safetensors").read_bytes() == before and all(row["ok"] for row in check_release(rel))
     r, obj = _invoke("synthesize", "--run", files["run"], "--out", rel / "more.safetensors", "--per-class", 2, "--json")
     assert r.exit_code == 2 and "inside the release folder" in obj["error"] and not (rel / "more.safetensors").exists()
+    # nor into a folder below it: a nested release, a hyper-prototype model, a run (a recipient's probe wrote the first
+    # two into a received release, whose audit then failed)
+    for args in (["synthesize", "--run", files["run"], "--out", tmp_path / "s.safetensors", "--release", rel / "sub",
+                  "--per-class", 2],
+                 ["prototypes", "train", "--synthetic", rel / "synthetic.safetensors", "--out", rel / "proto"],
+                 ["train", "--store", files["dir"] / "real.safetensors", "--partition", files["dir"] / "part.json",
+                  "--out", rel / "deeper" / "run"]):
+        r, obj = _invoke(*args, "--json")
+        assert r.exit_code == 2 and f"is inside the release folder {rel}" in obj["error"], (args, r.output)
+    assert sorted(p.name for p in rel.iterdir()) == sorted(["README.md", "checkpoint.json", "config.json",
+                                                             "ledger.json", "model.safetensors", "privacy.json",
+                                                             "synthetic.safetensors"])
+    assert not (tmp_path / "s.safetensors").exists()
     # a file copied in by hand (here: the real store) fails the audit of the folder, named
     shutil.copy(files["dir"] / "real.safetensors", rel / "real.safetensors")
     (rel / "notes").mkdir()
@@ -122,6 +135,7 @@ def test_synthesize_into_a_release_folder_is_refused_even_with_overwrite(files, 
     bad = {row["name"]: row for row in check_release(rel) if not row["ok"]}
     assert set(bad) == {"release folder: real.safetensors", "release folder: notes/site.json"}
     assert "no privacy claim covers it" in bad["release folder: real.safetensors"]["reason"]
+    assert "the folder differs from what was released" in bad["release folder: real.safetensors"]["reason"]
 
 
 # ----------------------------------------------------------------------------- partition

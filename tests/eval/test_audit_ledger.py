@@ -314,38 +314,57 @@ def test_a_run_interrupted_before_its_first_commit_is_audited_from_its_ledger(re
     assert any("before its first round was committed" in w for w in res["warnings"])
 
 
-def test_a_store_in_the_audited_folder_is_checked_or_refused(run_copy, real_store, tmp_path):
-    """A privacy auditor's probe: a release with privacy.json (and its extra-file check) deleted and the real
-    embeddings copied in passed `fedhype audit`; a model swapped into a release passed unless --synthetic was given.
-    The audited folder's own stores are now checked: a real one fails, a synthetic one is checked as if given."""
+def test_a_store_in_the_audited_folder_is_checked_or_named(run_copy, real_store, tmp_path):
+    """A privacy auditor's probe: a model swapped into a release passed unless --synthetic was given, and a release with
+    privacy.json (and its extra-file check) deleted and the real embeddings copied in passed. The audited folder's own
+    stores are now looked at: in a release every synthetic store is checked (its model_digest ties the model to it);
+    in a run folder — private — one drawn from this model is checked and anything else is named in a warning (a
+    second probe's store drawn before a resume, and a backup of the model, had failed an honest run folder)."""
     import torch
 
     from fedhype.io import atomic_save_tensors, load_tensors, tensor_metadata
+    from fedhype.pipeline.release import write_release
 
     assert audit_run(run_copy)["release"] is False  # a run folder, not a release: the JSON says so
     real_store.save(run_copy / "embeddings.safetensors")
     (run_copy / "notes.safetensors").write_bytes(b"not a safetensors file")
-    res = audit_run(run_copy)
-    got = {m["name"]: m for m in res["mismatches"]}
-    assert set(got) == {"audited folder: embeddings.safetensors", "audited folder: notes.safetensors"}
-    assert "real embeddings" in got["audited folder: embeddings.safetensors"]["reason"]
-    (run_copy / "embeddings.safetensors").unlink()
-    (run_copy / "notes.safetensors").unlink()
-    # the run's own synthetic store in its folder is checked without --synthetic: fine as drawn ...
     synthesize(run_copy, "neutral", per_class=5, seed=0).save(run_copy / "synthetic.safetensors")
     res = audit_run(run_copy)
     assert res["consistent"], res["mismatches"]
     assert f"synthetic {run_copy / 'synthetic.safetensors'}: meta.model_digest (the model it was drawn from)" in {
-        r["name"] for r in res["checked"]}
-    # ... and it ties the model to the ledger: another model (its tensors changed, its metadata ε kept) fails
-    tensors = load_tensors(run_copy / "model.safetensors", what="model")
-    name = next(k for k, t in tensors.items() if t.is_floating_point())
-    tensors[name] = tensors[name] + torch.ones_like(tensors[name])
-    raw = tensor_metadata(run_copy / "model.safetensors")
-    atomic_save_tensors(run_copy / "model.safetensors", tensors, {k: v for k, v in raw.items() if k == "fedhype"})
+        r["name"] for r in res["checked"]}  # checked without --synthetic
+    said = " ".join(res["warnings"])
+    assert "embeddings.safetensors in the run folder holds real embeddings" in said
+    assert "notes.safetensors in the run folder is neither its model nor an embeddings store" in said
+    (run_copy / "embeddings.safetensors").unlink()
+    (run_copy / "notes.safetensors").unlink()
+    release = write_release(run_copy, tmp_path / "release", synthetic=run_copy / "synthetic.safetensors")
+
+    def swap_model(folder):  # another model: its tensors changed, its metadata (ε included) kept
+        tensors = load_tensors(folder / "model.safetensors", what="model")
+        name = next(k for k, t in tensors.items() if t.is_floating_point())
+        tensors[name] = tensors[name] + torch.ones_like(tensors[name])
+        raw = tensor_metadata(folder / "model.safetensors")
+        atomic_save_tensors(folder / "model.safetensors", tensors, {k: v for k, v in raw.items() if k == "fedhype"})
+
+    swap_model(run_copy)  # in the run folder the earlier store is now another model's: named, not failed
     res = audit_run(run_copy)
-    assert [m["name"] for m in res["mismatches"]] == [
-        f"synthetic {run_copy / 'synthetic.safetensors'}: meta.model_digest (the model it was drawn from)"]
+    assert res["consistent"] and any("synthetic.safetensors in the run folder was drawn from another model" in w
+                                     for w in res["warnings"])
+    swap_model(release)  # in a release it fails, with --synthetic or without
+    res = audit_run(release)
+    bad = f"synthetic {release / 'synthetic.safetensors'}: meta.model_digest (the model it was drawn from)"
+    assert [m["name"] for m in res["mismatches"]] == [bad]
+    assert "draw it again" in res["mismatches"][0]["reason"]
+    # a release folder without its privacy.json (its config.json is a release's) fails instead of passing as a run
+    stripped = tmp_path / "stripped"
+    write_release(run_copy, stripped)
+    (stripped / "privacy.json").unlink()
+    (stripped / "README.md").unlink()
+    real_store.save(stripped / "embeddings.safetensors")
+    res = audit_run(stripped)
+    assert not res["consistent"] and "privacy.json" in {m["name"] for m in res["mismatches"]}
+    assert "ask for the folder as it was released" in res["mismatches"][0]["reason"]
 
 
 def test_a_plan_whose_sigma_was_edited_no_longer_composes_to_its_target():

@@ -64,11 +64,8 @@ def _render(r: dict[str, Any]) -> None:
         rows["claims checked"] = len(r.get("checked", []))
         rows["release folder"] = bool(r.get("release"))
         out.print(kv_table("ledger consistency (ε recomputed: PRV; RDP cross-check)", rows))
-        if not r.get("release"):  # a probe deleted a release's privacy.json and its extra-file check went with it
-            console.print("[yellow]note[/]: not a release folder (no privacy.json of a release): a run folder holds "
-                          "private files beside its DP outputs, and only a release's own files are checked for what "
-                          "else it holds; share the folder `fedhype run` or `fedhype synthesize --release` wrote "
-                          "(release/), whose audit says release folder: True", highlight=False, soft_wrap=True)
+        if not r.get("release") and r.get("ledger_ok") is not False:
+            console.print(f"[dim]note[/]: {_run_folder_note(r)}", highlight=False, soft_wrap=True)
         if r.get("mismatches"):
             t = Table(title="MISMATCHES", title_style="bold red")
             for col in ("name", "claimed", "recomputed", "difference", "reason"):
@@ -103,6 +100,22 @@ def _render(r: dict[str, Any]) -> None:
             *_CANARY_KEYS, "n_included", "confidence", "delta", "breakage", "steps", "output_privacy")}))
         if can["exceeds_claim"]:
             console.print("[bold red]EXCEEDS CLAIM[/]: the empirical lower bound is above the claimed ε", highlight=False)
+
+
+def _run_folder_note(r: dict[str, Any]) -> str:
+    """What ``release folder: False`` means for the folder audited (a run's, as a data holder audits it), and which
+    folder may be shared instead (a probe found the first wording hard to parse and pointing a seeded run's holder
+    to a release that must not leave the site)."""
+    note = ("release folder: False is expected for a run folder: it holds private files beside the DP outputs and "
+            "never leaves the site. ")
+    job = r.get("job_release")
+    if not r.get("private") or r.get("noise_seeded"):
+        return note + ("This run's release must not leave the site as private data either (the warnings above say "
+                       "why).")
+    if r.get("interrupted"):
+        return note + "Its release is written when the run completes (resume it); audit that folder before sharing it."
+    where = f"{job}" if job else "the folder `fedhype synthesize --run RUN --release DIR` writes"
+    return note + f"What may be shared is its release, {where}: audit that folder before sharing it."
 
 
 def exceeds_claim_message(can: dict[str, Any]) -> str:
@@ -311,9 +324,12 @@ def register(app: typer.Typer) -> None:
                     guess_counts(n_canaries or 1000, guess_in, guess_out)
             res: dict[str, Any] = audit_run(run, synthetic or [], tolerance) if run is not None else {"run": None}
             if run is not None and res.get("ledger_ok") is not False:
+                from fedhype.eval.audit_ledger import is_job_dir
                 from fedhype.pipeline.release import check_release
 
                 rows = check_release(run, tolerance)  # a release folder: its privacy.json, digests and README
+                if is_job_dir(run) and (Path(run) / "release" / "privacy.json").is_file():
+                    res["job_release"] = str(Path(run) / "release")  # named by the note on a run folder's audit
                 if rows is not None:
                     res["release"] = True
                     res["checked"] += rows

@@ -441,15 +441,13 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
         raise ValidationError(f"--out {out} is a folder; give a file name such as {out / 'out.safetensors'}"
                               if writes.startswith("fedhype-embeddings") else
                               f"--out {out} is a folder; give a file name such as {out / 'partition.json'}")
-    from fedhype.pipeline.release import is_release, release_holding
+    from fedhype.pipeline.release import release_holding
 
     # a probe got "File exists: emb.safetensors" under a file, and `embed --out` into a read-only folder embedded
     # every image, then failed: the folder that would hold the file is probed before any work
     check_writable_folder(out, is_file=True)
     if not out.exists():
-        if is_release(out.parent):  # a file added to a release folder is outside its claim (audit --release fails)
-            raise ValidationError(f"--out {out} is inside the release folder {out.parent}, which holds only what its "
-                                  "privacy.json lists (the folder is what may leave the site): write elsewhere")
+        refuse_inside_release(out, "--out")  # a file added to a release folder is outside its claim (its audit fails)
         return
 
     if release_holding(out) is not None:  # hashed in a release's privacy.json: replacing it breaks the release
@@ -466,8 +464,21 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
                               "yourself)")
 
 
+def refuse_inside_release(path: Path, option: str) -> None:
+    """Refuse a file or folder to be written inside a release folder (exit 2): a release holds only what its
+    ``privacy.json`` lists (:func:`fedhype.pipeline.release.enclosing_release`)."""
+    from fedhype.errors import ValidationError
+    from fedhype.pipeline.release import enclosing_release
+
+    release = enclosing_release(path)
+    if release is not None:
+        raise ValidationError(f"{option} {path} is inside the release folder {release}, which holds only what its "
+                              "privacy.json lists (a file added to it fails its audit): write elsewhere")
+
+
 def check_out_dir(out: Path, command: str, hint: str) -> None:
-    """Refuse an ``--out`` run/job folder that is an existing file (a usage error, exit 2).
+    """Refuse an ``--out`` run/job folder that is an existing file, or that lies inside a release folder (a usage
+    error, exit 2).
 
     Raises:
         ValidationError: naming the file; ``hint`` says what to give instead.
@@ -476,6 +487,7 @@ def check_out_dir(out: Path, command: str, hint: str) -> None:
 
     if out.exists() and not out.is_dir():
         raise ValidationError(f"--out {out} is a file, not a folder: `fedhype {command}` writes a folder there; {hint}")
+    refuse_inside_release(out, "--out")
 
 
 def folder_kind(path: Path) -> str:
@@ -524,6 +536,7 @@ def check_out_kind(out: Path, command: str, allowed: tuple[str, ...]) -> str:
     kind = folder_kind(out)
     if kind == "file":
         check_out_dir(out, command, "nothing was changed: give a new or empty folder")
+    refuse_inside_release(out, "--out")
     if kind not in ("missing", "empty", *allowed):
         raise ValidationError(f"--out {out} already holds {_KIND_WORDS[kind]}; `fedhype {command}` does not write into it "
                               "(nothing was changed): give a new or empty folder")

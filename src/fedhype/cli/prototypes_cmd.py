@@ -464,9 +464,11 @@ def _seeded_note(sites: bool) -> str:
 
 def _check_writable_parent(out: Path) -> None:
     """Refuse an ``--out`` folder that cannot be written (checked in its nearest existing folder; nothing is made)."""
+    from fedhype.cli.common import refuse_inside_release
     from fedhype.io import check_writable_folder
 
     check_writable_folder(out, "nothing was run or charged")
+    refuse_inside_release(out, "--out")
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, check_out_file, console, existing, kv_table, run_command
+from fedhype.cli.common import JsonOpt, check_out_file, console, refuse_inside_release, existing, kv_table, run_command
 from fedhype.resources import available_memory, format_bytes
 from fedhype.pipeline.config import DEFAULTS
 from fedhype.synthesis.defaults import WARNING_NOTES
@@ -182,6 +182,8 @@ def register(app: typer.Typer) -> None:
                 from fedhype.errors import ValidationError
 
                 raise ValidationError(f"--release {release} exists; a release is written into a new folder")
+            if release is not None:
+                refuse_inside_release(release, "--release")
             k, total = _counts(per_class, n)
             _check_temperature(temperature)
             weights = _weights(label_weights)

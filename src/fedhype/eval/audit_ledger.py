@@ -182,16 +182,17 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
     config = read_json(run.config, "run config")
     metrics = read_json(run.metrics, "metrics") if run.metrics.exists() else []
     report = read_json(report_path, "run report") if report_path is not None else None
-    stores = [(str(p), EmbeddingStore.load(p)) for p in [*job_synthetic, *synthetic]]
-    stores, strays = _folder_stores(run.root, stores)
+    given = list(dict.fromkeys(Path(p).resolve() for p in [*job_synthetic, *synthetic]))  # a store given twice: once
+    stores = [(str(p), EmbeddingStore.load(p)) for p in given]
+    stores, found = _folder_stores(run.root, stores, model_digest(run.model) if run.model.exists() else None)
     private = bool(meta.get("private"))
     ids = [str(c) for c in meta.get("clients") or []]
     res: dict[str, Any] = {"client_names": dict(zip(ids, [str(n) for n in (meta.get("client_names") or ids)])),
                            "run": str(run.root), "report": None if report_path is None else str(report_path),
                            "private": private, "ledger_ok": None, "ledger_error": None,
                            "epsilon": None, "delta": meta.get("delta"), "epsilon_rdp": None, "worst_client": None,
-                           "epsilon_per_client": {}, "epsilon_rdp_per_client": {}, "events": 0, "warnings": []}
-    rows: list[dict[str, Any]] = list(strays)
+                           "epsilon_per_client": {}, "epsilon_rdp_per_client": {}, "events": 0, "warnings": list(found)}
+    rows: list[dict[str, Any]] = _stripped_release_rows(run.root, config)
     no_dp = bool(config.get("train", {}).get("no_dp"))
     rows.append(_equal("config.json: train.no_dp vs model private flag", no_dp, not private))
     if not private:
@@ -285,39 +286,69 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
             rows.append(_check_committed(ledger, spent, f"synthetic {path}: meta.epsilon", s.meta.get("epsilon"), tol))
             rows.append(_equal(f"synthetic {path}: meta.delta", s.meta.get("delta"), ledger.delta))
             if s.meta.get("model_digest") is not None:  # a probe: a store of another run with the same ε passed
-                rows.append(_equal(f"synthetic {path}: meta.model_digest (the model it was drawn from)",
-                                   s.meta["model_digest"], model_digest(run.model)))
+                row = _equal(f"synthetic {path}: meta.model_digest (the model it was drawn from)",
+                             s.meta["model_digest"], model_digest(run.model))
+                if not row["ok"]:
+                    row["reason"] = ("drawn from another model than this folder's model.safetensors (another run's, or "
+                                     "this run's before it was resumed): draw it again from this model")
+                rows.append(row)
     return _finish(res, rows)
 
 
-def _folder_stores(root: Path, stores: list[tuple[str, EmbeddingStore]]) -> tuple[list, list[dict[str, Any]]]:
-    """The audited folder's own ``*.safetensors`` files besides its model: a synthetic store is checked as if given
-    with ``--synthetic`` (a release's ``synthetic.safetensors`` ties its model to the ledger through its
-    ``model_digest``: a probe swapped another run's model into a release and passed an audit without ``--synthetic``);
-    anything else — a real embeddings store copied in, a file that is no store — is a failing row: no claim covers it.
+def _folder_stores(root: Path, stores: list[tuple[str, EmbeddingStore]],
+                   digest: str | None) -> tuple[list[tuple[str, EmbeddingStore]], list[str]]:
+    """The audited folder's own ``*.safetensors`` files besides its model, and what the audit says of them.
 
-    Returns ``(stores, rows)``: the stores to check (the given ones first, each file once) and the failing rows."""
+    In a release folder (it holds ``privacy.json``) every synthetic store is checked as if given with ``--synthetic``:
+    its ``model_digest`` ties the model's tensors to it (a probe swapped another run's model into a release and passed
+    an audit without ``--synthetic``); a file the release does not list fails in
+    :func:`fedhype.pipeline.release.check_release`. In a run folder — private, never shared — a synthetic store drawn
+    from this model is checked; one drawn from another model (an earlier state of this run, before a resume, or another
+    run), a real store or a file that is no store gets a warning: no claim covers it (a probe's store drawn before a
+    resume, and a backup copy of the model, failed the audit of an honest run folder).
+
+    Returns ``(stores to check — the given ones first, each file once —, warnings)``.
+    """
+    release = (root / "privacy.json").is_file()
     given = {Path(p).resolve() for p, _ in stores}
-    rows: list[dict[str, Any]] = []
-    out = list(stores)
+    out, notes = list(stores), []
     for f in sorted(root.glob("*.safetensors")):
         if f.name == "model.safetensors" or f.resolve() in given:
             continue
         try:
             store = EmbeddingStore.load(f)
-        except (ArtifactError, ValidationError) as exc:
-            rows.append({"name": f"audited folder: {f.name}", "claimed": "present", "recomputed": "not a store",
-                         "difference": None, "ok": False,
-                         "reason": f"{f} is neither the run's model nor an embeddings store ({exc}); no claim covers it"})
+        except (ArtifactError, ValidationError):
+            if not release:
+                notes.append(f"{f.name} in the run folder is neither its model nor an embeddings store: no claim "
+                             "covers it (the run folder is private; a copy of a release is what may leave the site)")
             continue
-        if store.kind == "synthetic":
+        if store.kind == "synthetic" and (release or store.meta.get("model_digest") in (None, digest)):
             out.append((str(f), store))
-        else:
-            rows.append({"name": f"audited folder: {f.name}", "claimed": "present", "recomputed": f"a {store.kind} store",
-                         "difference": None, "ok": False,
-                         "reason": f"{f} holds {store.kind} embeddings, which no mechanism of this run released: "
-                                   "nothing here covers them; remove it before the folder is shared"})
-    return out, rows
+        elif store.kind == "synthetic":
+            notes.append(f"{f.name} in the run folder was drawn from another model (this run's before it was resumed, "
+                         "or another run's): its claims are not checked against this ledger; draw it again from this "
+                         "run (`fedhype synthesize`) before it is shared")
+        elif not release:
+            notes.append(f"{f.name} in the run folder holds {store.kind} embeddings, which no mechanism of this run "
+                         "released: the run folder is private and must not leave the site")
+    return out, notes
+
+
+def _stripped_release_rows(root: Path, config: dict) -> list[dict[str, Any]]:
+    """A failing row for a release folder without its ``privacy.json`` (none otherwise).
+
+    A release's ``config.json`` is the run's without the store digest (:func:`fedhype.pipeline.release.public_config`
+    writes ``store.digest_note`` in its place); a run's keeps the digest. Without ``privacy.json`` such a folder would
+    be audited as a run folder, whose extra files are not checked (a probe deleted a release's ``privacy.json`` and
+    README, copied the real embeddings in and passed).
+    """
+    store = config.get("store") if isinstance(config.get("store"), dict) else {}
+    if "digest_note" not in store or (root / "privacy.json").is_file():
+        return []
+    return [{"name": "privacy.json", "claimed": None, "recomputed": "missing", "difference": None, "ok": False,
+             "reason": f"{root} holds a release's config.json but no privacy.json: a release folder whose privacy.json "
+                       "was removed, which cannot be checked for what else it holds; ask for the folder as it was "
+                       "released"}]
 
 
 def _plan_rows(ledger: PrivacyLedger, config: dict, metrics: list, ids: list[str], done: int) -> list[dict[str, Any]]:

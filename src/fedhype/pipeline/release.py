@@ -157,6 +157,19 @@ def is_release(folder: str | os.PathLike) -> bool:
     return _manifest(folder) is not None
 
 
+def enclosing_release(path: str | os.PathLike) -> Path | None:
+    """The release folder that ``path`` (a file or folder to be written, existing or not) would lie inside, or None.
+
+    A release holds only what its ``privacy.json`` lists, so nothing is written into it or any folder below it (a
+    probe's ``synthesize --release`` and ``prototypes train --out`` wrote sub-folders into a received release, whose
+    audit then failed)."""
+    here = Path(os.path.abspath(path))
+    for folder in here.parents:
+        if _manifest(folder) is not None:
+            return folder
+    return None
+
+
 def release_holding(path: str | os.PathLike) -> Path | None:
     """The release folder whose ``privacy.json`` lists ``path`` among its hashed files, or None.
 
@@ -206,11 +219,12 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
         row("privacy.json: files", None, None, False, "no file digests: not written by fedhype, or edited")
     for f, digest in files.items():
         if not (root / f).is_file():
-            row(f"privacy.json: files[{f}] sha256", digest, None, False, f"{root / f} is missing")
+            row(f"privacy.json: files[{f}] sha256", digest, None, False,
+                f"{root / f} is missing: the folder differs from what was released")
         else:
             got = _sha256(root / f)
             row(f"privacy.json: files[{f}] sha256", digest, got, got == digest,
-                f"{root / f} changed after the release was written")
+                f"{root / f} changed after the release was written: the folder differs from what was released")
     try:
         fresh = privacy_summary(root)
     except ArtifactError as exc:
@@ -241,8 +255,9 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
     listed = {*files, "privacy.json", "README.md"}
     for extra in sorted(q for q in root.rglob("*") if q.is_file() and q.relative_to(root).as_posix() not in listed):
         row(f"release folder: {extra.relative_to(root).as_posix()}", "present", "not in privacy.json", False,
-            f"{extra} was not written by the release and no privacy claim covers it: remove it before the folder "
-            "is shared")
+            f"{extra} is not one of the files the release lists, and no privacy claim covers it: the folder differs "
+            "from what was released; remove it if you added it (a copy of the release is shared as written), "
+            "otherwise ask the sender for the folder as released")
     if files:
         # the note on a model released with its ledger's ε is text, not a claim (the figures are checked above)
         note = {"model_epsilon_note": claimed["model_epsilon_note"]} if isinstance(claimed.get("model_epsilon_note"), str) else {}
