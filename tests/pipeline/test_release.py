@@ -240,3 +240,15 @@ def test_nothing_is_trained_into_a_release_folder(released, audit_run, real_stor
 
     res = audit_run_fn(rel, synthetic=[rel / "synthetic.safetensors"])
     assert res["consistent"], res["mismatches"]
+
+
+def test_a_release_whose_ledger_is_gone_is_still_called_a_release(released, tmp_path):
+    """A recipient's probe: with ledger.json deleted the audit said release: false beside privacy.json (exit 4)."""
+    import shutil
+
+    _, rel = released
+    bad = tmp_path / "no-ledger"
+    shutil.copytree(rel, bad)
+    (bad / "ledger.json").unlink()
+    code, res = _audit_cli(bad)
+    assert code == 4 and res["release"] is True and "privacy ledger not found" in res["error"]

@@ -323,6 +323,10 @@ def register(app: typer.Typer) -> None:
                 if n_canaries is not None or not release:
                     guess_counts(n_canaries or 1000, guess_in, guess_out)
             res: dict[str, Any] = audit_run(run, synthetic or [], tolerance) if run is not None else {"run": None}
+            if run is not None:
+                from fedhype.pipeline.release import is_release
+
+                res["release"] = is_release(run)  # also where its ledger failed to load (a recipient's probe)
             if run is not None and res.get("ledger_ok") is not False:
                 from fedhype.eval.audit_ledger import is_job_dir
                 from fedhype.pipeline.release import check_release
