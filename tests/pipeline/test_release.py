@@ -252,3 +252,4 @@ def test_a_release_whose_ledger_is_gone_is_still_called_a_release(released, tmp_
     (bad / "ledger.json").unlink()
     code, res = _audit_cli(bad)
     assert code == 4 and res["release"] is True and "privacy ledger not found" in res["error"]
+    assert "ask its sender for the folder as released" in res["error"]  # not only a data holder's "restore it"

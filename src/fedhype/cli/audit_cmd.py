@@ -371,7 +371,9 @@ def register(app: typer.Typer) -> None:
                 res.update({k: can[k] for k in _CANARY_KEYS})
             errors = []
             if run is not None and not res["consistent"]:
-                errors.append("ledger verification failed: " + str(res["ledger_error"]) if res["ledger_ok"] is False
+                errors.append("ledger verification failed: " + str(res["ledger_error"])
+                              + ("; if this release folder was sent to you, ask its sender for the folder as released"
+                                 if res.get("release") else "") if res["ledger_ok"] is False
                               else f"{len(res['mismatches'])} reported figure(s) or file(s) disagree with the ledger "
                               "or the release's digests: "
                               + "; ".join(m["name"] for m in res["mismatches"]))
