@@ -477,8 +477,8 @@ def refuse_inside_release(path: Path, option: str) -> None:
 
 
 def check_out_dir(out: Path, command: str, hint: str) -> None:
-    """Refuse an ``--out`` run/job folder that is an existing file, or that lies inside a release folder (a usage
-    error, exit 2).
+    """Refuse an ``--out`` run/job folder that is an existing file (a usage error, exit 2); one inside a release
+    folder is refused by :func:`check_out_kind`, which every caller runs after this.
 
     Raises:
         ValidationError: naming the file; ``hint`` says what to give instead.
@@ -487,7 +487,6 @@ def check_out_dir(out: Path, command: str, hint: str) -> None:
 
     if out.exists() and not out.is_dir():
         raise ValidationError(f"--out {out} is a file, not a folder: `fedhype {command}` writes a folder there; {hint}")
-    refuse_inside_release(out, "--out")
 
 
 def folder_kind(path: Path) -> str:
