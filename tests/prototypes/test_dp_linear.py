@@ -139,3 +139,52 @@ def test_job_settings_and_report_keys(eps8):
     assert keys["dp_fedavg_linear_accuracy"] == res["accuracy"] and keys["dp_fedavg_linear_epsilon"] == res["epsilon"]
     assert keys["dp_fedavg_linear_per_client_accuracy"] == {n: r["accuracy"] for n, r in res["per_client"].items()}
     assert all(v is None for v in _dp_linear_keys(None).values())
+
+
+def test_the_audit_recomputes_the_dp_linear_models_epsilon_and_fails_an_edited_ledger(eps8, tmp_path):
+    """``fedhype audit --run RUN/dp_linear``: the model's ε claims against its own ledger (a probe found the folder
+    refused as "not a fedhype model" while the job's report cited its ε)."""
+    import shutil
+
+    from fedhype.eval.audit_dp_linear import audit_dp_linear, is_dp_linear
+
+    res, out = eps8
+    assert is_dp_linear(out)
+    a = audit_dp_linear(out)
+    assert a["consistent"] and a["ledger_ok"] and a["dp_linear"] is True
+    assert a["epsilon"] == pytest.approx(res["epsilon"], abs=1e-9) and a["epsilon"] == pytest.approx(7.98, abs=0.03)
+    assert len(a["checked"]) >= 3 and "composition" in a["warnings"][0]
+    assert not audit_dp_linear(out, report={"dp_fedavg_linear_epsilon": res["epsilon"] / 2})["consistent"]
+    bad = tmp_path / "dp_linear"
+    shutil.copytree(out, bad)
+    state = json.loads((bad / "ledger.json").read_text())
+    state["events"][0]["noise_multiplier"] *= 1.5  # a larger σ than was run: the chain no longer matches
+    (bad / "ledger.json").write_text(json.dumps(state))
+    b = audit_dp_linear(bad)
+    assert b["ledger_ok"] is False and not b["consistent"]
+
+
+def test_a_job_folders_audit_names_its_dp_linear_reference_and_the_composed_epsilon(eps8, audit_run, tmp_path):
+    """A job folder holds two DP models of the same records (release/'s generator and dp_linear/): the audit checks
+    both, and says what sharing both would cost (sequential composition)."""
+    import shutil
+
+    from fedhype.eval.audit_ledger import audit_run as audit_folder
+
+    res, out = eps8
+    job = tmp_path / "job"
+    shutil.copytree(audit_run[0], job / "run")
+    shutil.copytree(out, job / "dp_linear")
+    gen = audit_folder(job / "run")
+    report = {"epsilon": gen["epsilon"], "delta": gen["delta"], "dp_fedavg_linear_epsilon": res["epsilon"],
+              "dp_fedavg_linear_delta": gen["delta"]}
+    (job / "report.json").write_text(json.dumps(report))
+    a = audit_folder(job)
+    assert a["consistent"], a["mismatches"]
+    assert a["dp_linear"]["epsilon"] == pytest.approx(res["epsilon"], abs=1e-9) and a["dp_linear"]["consistent"]
+    assert any("report.json: dp_fedavg_linear_epsilon" in r["name"] for r in a["checked"])
+    said = [w for w in a["warnings"] if "dp_linear/" in w]
+    assert len(said) == 1 and f"ε ≤ {gen['epsilon'] + res['epsilon']:.4g}" in said[0]
+    (job / "report.json").write_text(json.dumps({**report, "dp_fedavg_linear_epsilon": 1.0}))
+    b = audit_folder(job)
+    assert not b["consistent"] and [m["name"] for m in b["mismatches"]] == [f"{job / 'report.json'}: dp_fedavg_linear_epsilon"]

@@ -64,7 +64,7 @@ def _render(r: dict[str, Any]) -> None:
         rows["claims checked"] = len(r.get("checked", []))
         rows["release folder"] = bool(r.get("release"))
         out.print(kv_table("ledger consistency (ε recomputed: PRV; RDP cross-check)", rows))
-        if not r.get("release") and r.get("ledger_ok") is not False:
+        if not r.get("release") and r.get("ledger_ok") is not False and r.get("dp_linear") is not True:
             console.print(f"[dim]note[/]: {_run_folder_note(r)}", highlight=False, soft_wrap=True)
         if r.get("mismatches"):
             t = Table(title="MISMATCHES", title_style="bold red")

@@ -154,6 +154,10 @@ def locate(path: str | Path) -> tuple[Path, Path | None, list[Path]]:
 def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float = 1e-6) -> dict[str, Any]:
     """Check every ε the run (and the given synthetic stores) report against its ledger.
 
+    A job folder's DP-SGD linear reference (``dp_linear/``, a second DP model of the same records) is audited
+    with it (:func:`fedhype.eval.audit_dp_linear.audit_dp_linear`: its rows are checked too, ``dp_linear`` says
+    its ε and a warning says how the two compose); a ``dp_linear/`` folder given alone is audited alone.
+
     Args:
         run_dir: a run directory written by ``fedhype train``.
         synthetic: paths of synthetic stores drawn from this run.
@@ -172,8 +176,34 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         ArtifactError: the run directory or its model/metrics/config are missing or unreadable, or
             a synthetic store is unreadable.
     """
+    from fedhype.eval.audit_dp_linear import audit_dp_linear, is_dp_linear
+
     if not Path(run_dir).is_dir():
         raise ArtifactError(f"run directory not found: {run_dir}")
+    if is_dp_linear(run_dir):
+        return audit_dp_linear(run_dir, tol)
+    res = _audit_run(run_dir, synthetic, tol)
+    lin = Path(run_dir) / "dp_linear"
+    if is_job_dir(run_dir) and is_dp_linear(lin):
+        report_path = Path(run_dir) / "report.json"
+        report = read_json(report_path, "run report") if report_path.exists() else None
+        sub = audit_dp_linear(lin, tol, report, str(report_path))
+        res["dp_linear"] = {k: sub[k] for k in ("epsilon", "delta", "private", "ledger_ok", "consistent")}
+        if sub["private"] and sub["epsilon"] is not None:
+            both = (f"; shared too, a record in both would have spent both: ε ≤ {res['epsilon'] + sub['epsilon']:.4g}, "
+                    f"δ ≤ {res['delta'] + sub['delta']:g} (sequential composition)"
+                    if isinstance(res.get("epsilon"), float) and isinstance(res.get("delta"), float) else "")
+            res["warnings"].append(
+                f"the job also trained the DP-SGD linear reference (the job setting evaluate.dp_linear) on the same training records: "
+                f"dp_linear/ is a separate DP model at its own ε = {sub['epsilon']:.4g} (δ = {sub['delta']:g}, "
+                "recomputed from dp_linear/ledger.json); it stays in the run folder — release/ does not hold it"
+                + both + "; `--set evaluate.dp_linear=false` trains none")
+        _finish(res, res["checked"] + sub["checked"])
+    return res
+
+
+def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> dict[str, Any]:
+    """:func:`audit_run` of the run (or job) folder itself."""
     root, report_path, job_synthetic = locate(run_dir)
     run = RunDir(root)
     if not run.model.exists() and run.config.exists():  # interrupted before its first commit: the ledger alone
