@@ -3,6 +3,8 @@ when a client has an empty split (the model is trained and its ε spent by then)
 
 import json
 
+import pytest
+
 from conftest import REAL_STORE, TEST_CACHE
 from fedhype.pipeline.config import resolve
 from fedhype.pipeline.job import run_job
@@ -44,3 +46,21 @@ def test_an_empty_split_skips_the_per_client_tables_with_a_warning(tmp_path):
     warn = next(x for x in lines if "per-client tables" in x)
     assert "are skipped: empty split(s)" in warn and "(val)" in warn
     assert rep["tstr_accuracy"] is not None  # the rest of the evaluation is there
+
+
+def test_the_per_client_verdict_needs_a_gain_beyond_the_tables_resolution():
+    """A probe's report said the synthetic data "helps the clients beyond what they hold" on +0.003 (a third of one
+    of 108 union test records) where two of three clients lost: the verdict needs the mean gain beyond two standard
+    errors of the clients' gains (at least two test records) and most clients on its side."""
+    from fedhype.pipeline.report import _downstream_verdict, gain_resolution
+
+    probe = [0.704 - 0.722, 0.815 - 0.824, 0.685 - 0.648]  # the probe's three hospitals (union test set, 108 records)
+    res = gain_resolution(probe, 108)
+    assert res == pytest.approx(0.0341, abs=1e-4) and res > 2 / 108  # sd 0.0295 of the gains, over √3, twice
+    assert _downstream_verdict(sum(probe) / 3, 1, 3, res).startswith("No measurable effect")
+    assert gain_resolution([0.01], 200) == pytest.approx(0.01)  # one client: two of the 200 records
+    clear = [0.17, 0.16, 0.18, 0.17]  # README's Fashion-MNIST ε = 1 gains: every client gains
+    assert _downstream_verdict(0.17, 4, 4, gain_resolution(clear, 2000)).startswith("The synthetic data helps")
+    assert _downstream_verdict(-0.05, 0, 4, gain_resolution([-0.05, -0.06, -0.04, -0.05], 2000)).startswith(
+        "The synthetic data lowers")
+    assert _downstream_verdict(0.05, 1, 4, 0.01).startswith("No measurable")  # most clients lose: no verdict

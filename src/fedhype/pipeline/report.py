@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,22 @@ def downstream_summary(d: dict | None) -> dict | None:
     union_gains = [c["union"]["local_synthetic"] - c["union"]["local_only"] for c in per.values()]
     return {"mean": d["mean"], "gain_own_accuracy": d["gain_own_accuracy"], "gain_union_accuracy": d["gain_union_accuracy"],
             "clients_gaining_union": sum(g > 0 for g in union_gains), "per_client": per,
-            "n_union_test": d["n_union_test"], "select_by": d["select_by"], "private": False}
+            "n_union_test": d["n_union_test"], "select_by": d["select_by"], "private": False,
+            "gain_union_resolution": gain_resolution(union_gains, d["n_union_test"])}
+
+
+def gain_resolution(gains: list[float], n_test: int) -> float:
+    """The smallest mean gain the per-client table can tell from nothing: two standard errors of the clients' mean
+    gain (their spread over √m, m ≥ 2 clients), and never below two records of the ``n_test``-record union test set.
+
+    A probe's report said "the synthetic data helps the clients" on a mean gain of +0.003 (a third of one of 108
+    test records) where two of three clients lost; the verdict now needs the mean beyond this figure and most
+    clients on its side.
+    """
+    floor = 2.0 / max(int(n_test), 1)
+    if len(gains) < 2:
+        return floor
+    return max(floor, 2.0 * statistics.stdev(gains) / math.sqrt(len(gains)))
 
 
 def _downstream_lines(dd: dict) -> list[str]:
@@ -222,12 +238,23 @@ def _downstream_lines(dd: dict) -> list[str]:
     lines += ["", f"Local + synthetic against local-only: {g:+.3f} accuracy on the union test set for the average "
                   f"client ({dd['clients_gaining_union']} of {n} clients gain), {dd['gain_own_accuracy']:+.3f} on their "
                   "own test splits. "
-                  + ("The synthetic data helps the clients beyond what they hold." if g > 0 else
-                     "The synthetic data does not help the average client on the union test set here."),
+                  + _downstream_verdict(g, dd["clients_gaining_union"], n, dd.get("gain_union_resolution")),
               "", "The classifiers trained with hyper-prototype anchors from the synthetic store (FedHPro) and FedProto "
                   "class means are compared per client by `benchmarks/downstream.py` "
                   "(`fedhype.prototypes.anchored`), not in this job: they train a network per client."]
     return lines
+
+
+def _downstream_verdict(g: float, gaining: int, n: int, resolution: float | None) -> str:
+    """The per-client table's conclusion: a gain or loss only beyond :func:`gain_resolution` and on most clients."""
+    if resolution is None:  # a report written before the resolution was recorded
+        resolution = 0.0
+    if g > resolution and gaining > n / 2:
+        return "The synthetic data helps the clients beyond what they hold."
+    if g < -resolution and gaining < n / 2:
+        return "The synthetic data lowers the average client's accuracy on the union test set here."
+    return (f"No measurable effect on the average client: the mean gain is within ±{resolution:.3f} (two standard "
+            "errors of the clients' gains, at least two test records) or most clients do not share its sign.")
 
 
 def strict_json(obj: Any) -> Any:
