@@ -30,6 +30,7 @@ def test_client_codes_are_closest_to_their_own_domain(real_store, part, tmp_path
     assert r["domains"] == names + ["all"]
     assert len(r["mmd2"]) == len(r["codes"]) and all(len(row) == len(r["domains"]) for row in r["mmd2"])
     assert r["own_domain_is_closest"] == {n: True for n in names}
+    assert r["own_code_is_closest"] == {n: True for n in names} and not r["codes_indistinguishable"]
     # and a client's code scores best on its own domain's test split
     for i, n in enumerate(names):
         assert max(range(len(names)), key=lambda j: r["tstr"][i][j]) == i, n
@@ -38,3 +39,21 @@ def test_client_codes_are_closest_to_their_own_domain(real_store, part, tmp_path
 def test_without_client_statistics_the_codes_do_not_capture_their_domains(real_store, part, tmp_path):
     r = _matrix(real_store, part, tmp_path, "no-client-stats")
     assert not all(r["own_domain_is_closest"].values())
+    assert not all(r["own_code_is_closest"].values())
+
+
+def test_the_report_does_not_credit_a_code_for_its_domain_being_closest_to_every_code():
+    """A probe's report said "hospital_c yes" where all client codes gave the same row: hospital_c's domain was the
+    closest to every code. A yes now needs the client's own code to be the closest code to its domain as well, and
+    codes whose rows agree within :data:`~fedhype.eval.domains.INDISTINGUISHABLE_MMD2` are called indistinguishable."""
+    from fedhype.pipeline.report import _code_domain_sentence
+
+    row = [0.751, 0.714, 0.702]
+    same = {"own_domain_is_closest": {"a": False, "b": False, "c": True}, "own_code_is_closest": {"a": False, "b": False,
+            "c": False}, "codes_spread": 0.0002, "codes_indistinguishable": True, "mmd2": [row] * 3}
+    assert _code_domain_sentence(same).startswith("The client codes are indistinguishable") and "c yes" not in \
+        _code_domain_sentence(same)
+    apart = {**same, "codes_spread": 0.05, "codes_indistinguishable": False}
+    assert _code_domain_sentence(apart).endswith("a no, b no, c no.")
+    good = {**apart, "own_domain_is_closest": {"a": True, "c": True}, "own_code_is_closest": {"a": True, "c": False}}
+    assert _code_domain_sentence(good).endswith("a yes, c no.")

@@ -32,6 +32,11 @@ def _subsample(x: torch.Tensor, y: torch.Tensor, n: int, rng: np.random.Generato
     return x[idx], y[idx]
 
 
+#: below this largest difference between two client codes' MMD² to any one domain the report calls the client codes
+#: indistinguishable (the report prints MMD² to three decimals; a probe's five codes gave rows equal to them)
+INDISTINGUISHABLE_MMD2 = 5e-4
+
+
 def code_domain_matrix(run_dir: str | Path, domains: dict[str, EmbeddingStore], *, per_class: int = 100,
                        max_samples: int = 1000, seed: int = 0) -> dict[str, Any]:
     """MMD² and TSTR of every code of a run against every domain's real test embeddings.
@@ -46,7 +51,11 @@ def code_domain_matrix(run_dir: str | Path, domains: dict[str, EmbeddingStore], 
 
     Returns:
         ``{"codes": [str], "domains": [str] (+ "all"), "mmd2": [[float]] (codes × domains),
-        "tstr": [[float]], "own_domain_is_closest": {client name: bool}, "bandwidth": float}``.
+        "tstr": [[float]], "own_domain_is_closest": {client name: bool} (its code's MMD² is lowest at its own
+        domain among the clients' domains), "own_code_is_closest": {client name: bool} (its own code's MMD² to its
+        domain is below every other client code's), "codes_spread": float (the largest difference between two
+        client codes' MMD² to one domain), "codes_indistinguishable": bool (``codes_spread`` below
+        :data:`INDISTINGUISHABLE_MMD2`), "bandwidth": float}``.
         Codes: ``client:<name>`` for each client, then ``neutral`` (if the run has a shared code
         space) and ``mixture``.
 
@@ -76,5 +85,12 @@ def code_domain_matrix(run_dir: str | Path, domains: dict[str, EmbeddingStore], 
         probe = Probe(n_classes).fit(sx.numpy(), syn.labels.numpy())
         tstr.append([float(np.mean(probe.predict(real[c][0].numpy()) == real[c][1].numpy())) for c in cols])
     own = {n: int(np.argmin(mmd[i][:len(names)])) == i for i, n in enumerate(names) if n in real}
+    # the other direction: is the client's own code closer to its domain than every other client's code? (a row
+    # test alone said "yes" for the domain every code is closest to, with all client codes' rows the same)
+    clients = np.asarray([row[:len(names)] for row in mmd[:len(names)]], dtype=float)
+    own_code = {n: bool(all(clients[i, i] < clients[k, i] for k in range(len(names)) if k != i))
+                for i, n in enumerate(names) if n in real}
+    spread = float(np.ptp(clients, axis=0).max()) if len(names) > 1 else float("inf")
     return {"codes": codes, "domains": cols, "mmd2": mmd, "tstr": tstr, "own_domain_is_closest": own,
-            "bandwidth": float(bw)}
+            "own_code_is_closest": own_code, "codes_spread": spread,
+            "codes_indistinguishable": spread < INDISTINGUISHABLE_MMD2, "bandwidth": float(bw)}

@@ -245,6 +245,17 @@ def _downstream_lines(dd: dict) -> list[str]:
     return lines
 
 
+def _code_domain_sentence(cd: dict) -> str:
+    """Which client codes capture their clients: closest to their own domain, and the closest code to it."""
+    if cd.get("codes_indistinguishable"):
+        return (f"The client codes are indistinguishable here: their MMD² to each domain differ by at most "
+                f"{cd['codes_spread']:.4f}, so no code captures its own client (too little signal at this ε and size).")
+    own_code = cd.get("own_code_is_closest") or {}
+    return ("A code that captures its client is closest (lowest MMD²) to its own domain, and closer to it than any "
+            "other client's code: " + ", ".join(f"{k} {'yes' if v and own_code.get(k, True) else 'no'}"
+                                               for k, v in cd["own_domain_is_closest"].items()) + ".")
+
+
 def _downstream_verdict(g: float, gaining: int, n: int, resolution: float | None) -> str:
     """The per-client table's conclusion: a gain or loss only beyond :func:`gain_resolution` and on most clients."""
     if resolution is None:  # a report written before the resolution was recorded
@@ -503,8 +514,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
     if cd:
         head = "| code | " + " | ".join(cd["domains"]) + " |"
         lines += ["", "## Code × domain (MMD² ↓ / TSTR ↑ of each code's samples against each client's real test split)", "",
-                  "A code that captures its client is closest (lowest MMD²) to its own domain: "
-                  + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cd["own_domain_is_closest"].items()) + ".", "",
+                  _code_domain_sentence(cd), "",
                   head, "|---|" + "---|" * len(cd["domains"])]
         for code, mrow, trow in zip(cd["codes"], cd["mmd2"], cd["tstr"]):
             lines.append(f"| {code} | " + " | ".join(f"{_fmt(a, 3)} / {_fmt(b, 3)}" for a, b in zip(mrow, trow)) + " |")
