@@ -804,3 +804,34 @@ def test_python_dash_m_fedhype_is_the_cli():
     assert r.returncode == 0 and r.stdout.strip().endswith("False"), (r.stdout[-500:], r.stderr[-500:])
     r = subprocess.run([sys.executable, "-m", "fedhype", "train", "--method", "gan"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "gan" in r.stderr
+
+
+@pytest.mark.parametrize("args, named", [
+    (["budget", "--epsilon", "1", "--epsilon", "4"], "--epsilon 1 and --epsilon 4"),
+    (["budget", "--epsilon=1", "--epsilon", "4", "--json"], "--epsilon=1 and --epsilon 4"),
+    (["run", "--set", "train.epsilon=1", "--set", "train.epsilon=4", "--json"],
+     "--set train.epsilon=1 and --set train.epsilon=4"),
+    (["run", "--secure-aggregation", "--no-secure-aggregation", "--json"],
+     "--secure-aggregation and --no-secure-aggregation"),
+])
+def test_an_option_given_twice_with_different_values_is_refused_before_anything_runs(args, named, tmp_path):
+    """A probe's ``fedhype train --epsilon 1 --epsilon 4`` charged every site ε = 4 without a word (Click keeps the
+    last value): exit 2, both uses named, nothing written."""
+    r = runner.invoke(app, [*args, *(["--out", str(tmp_path / "o")] if args[0] != "budget" else [])])
+    assert r.exit_code == 2, r.output
+    text = _one_json(r)["error"] if "--json" in args else r.output
+    assert named in " ".join(text.split()) and "give it once" in " ".join(text.split())
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_option_given_twice_with_the_same_value_and_repeatable_options_pass():
+    from fedhype.cli.common import given_twice
+    from fedhype.cli.main import _register  # noqa: F401  (the commands are registered at import)
+    import typer.main
+
+    group = typer.main.get_command(app)
+    budget, train = group.commands["budget"], group.commands["train"]
+    assert given_twice(budget, ["--epsilon", "1", "--epsilon", "1.0"]) is None
+    assert given_twice(train, ["--site", "a", "--site", "b", "--set", "train.rounds=2", "--set", "train.seed=1"]) is None
+    assert given_twice(train, ["--set", "train.rounds=2", "--set", "train.rounds=2"]) is None
+    assert "--delta 1e-5 and --delta=1e-4" in given_twice(train, ["--delta", "1e-5", "--delta=1e-4"])

@@ -45,6 +45,17 @@ def test_the_warning_counts_the_samples_and_gives_the_flags_that_drop_them():
     assert "zebra (no record): no client holds them" in absent_note(exact, [1, 1, 1, 1], label_weights=None, n_clients=2)
 
 
+def test_when_most_classes_are_unclear_the_warning_says_the_counts_are_too_noisy_and_does_not_advise_dropping():
+    """A probe's small consortium (81 records per class, ε = 1, 3 sites) had three of four classes flagged and was
+    told to keep one (``--label-weights 0,0,0,1``): at that noise the counts cannot tell which classes are held."""
+    u = unclear_classes(COUNTS, 20.0, NAMES)  # three of four classes within 3 std of 0
+    text = absent_note(u, [300] * 4, label_weights=None, n_clients=2)
+    assert text.startswith("3 of 4 classes have DP counts the release cannot tell from absent")
+    assert "--label-weights" not in text and "dropping classes does not help" in text
+    half = [x for x in u if x.name != "bägs"]  # two of four: still most of them by the rule (half or more)
+    assert "--label-weights" not in absent_note(half, [300] * 4, label_weights=None, n_clients=2)
+
+
 def _config(tmp_path, **train):
     conf = {"train": {"epsilon": 4.0, **train}, "privacy_plan": {"class_stats_noise_multiplier": 1.0}}
     (tmp_path / "config.json").write_text(json.dumps(conf))

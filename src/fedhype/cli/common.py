@@ -265,11 +265,65 @@ class JsonUsageGroup(TyperGroup):
 
     def invoke(self, ctx: Any) -> Any:
         try:
+            argv = ctx.meta.get(_ARGV_META) or []
+            name = next((a for a in argv if a in self.commands), None)
+            if name is not None:
+                clash = given_twice(self.commands[name], argv[argv.index(name) + 1:])
+                if clash:
+                    raise UsageError(clash, ctx)
             return super().invoke(ctx)
         except UsageError as exc:
             if ctx.meta.get(_JSON_META):
                 _usage_failure(exc)
             raise
+
+
+def given_twice(command: Any, args: list[str]) -> str | None:
+    """The message for an option of ``command`` given twice with different values in ``args``, else None.
+
+    Click keeps the last value of an option given twice; a probe's ``fedhype train --epsilon 1 --epsilon 4`` (a
+    wrapper's default and the user's own flag) charged every site ε = 4 without a word. An option that is not
+    repeatable (a flag and its ``--no-`` form included) and a ``--set section.key`` may be given twice only with the
+    same value; the repeatable options (``--site``, ``--synthetic``, ``--set`` of different keys) are unaffected.
+    """
+    import click
+
+    single: dict[str, Any] = {}
+    for p in getattr(command, "params", []):
+        if isinstance(p, click.Option) and not p.multiple and not p.count:
+            for o in (*p.opts, *p.secondary_opts):
+                single[o] = p
+    seen: dict[str, list[tuple[str, Any]]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            break
+        opt, eq, val = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if opt == "--set":
+            item = val if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 0 if eq else 1
+            key, has, value = item.partition("=")
+            if has:
+                seen.setdefault(f"--set {key.strip()}", []).append((f"--set {item}", value.strip()))
+        elif opt in single:
+            p = single[opt]
+            if p.is_flag:
+                value: Any = opt in p.opts
+            else:
+                raw = val if eq else (args[i + 1] if i + 1 < len(args) else None)
+                i += 0 if eq else 1
+                try:  # --epsilon 1 and --epsilon 1.0 agree
+                    value = p.type.convert(raw, p, None) if raw is not None else None
+                except Exception:  # noqa: BLE001 - a bad value is the parser's to report
+                    value = raw
+            seen.setdefault(p.name, []).append((arg if eq or p.is_flag else f"{opt} {args[i]}", value))
+        i += 1
+    for uses in seen.values():
+        if len({str(v) for _, v in uses}) > 1:
+            return (" and ".join(u for u, _ in uses) + " contradict each other (only one would be used): give it "
+                    "once")
+    return None
 
 
 # ---------------------------------------------------------------------------- defaults from the configuration

@@ -144,6 +144,15 @@ def absent_note(unclear: list[UnclearClass], drawn: list[int], *, label_weights:
         advice = "no other class was drawn"
     pooled = "pooled DP count" if n_clients > 1 else "DP count"
     exact = all(u.std == 0 for u in shown)
+    if not exact and 2 * len(unclear) >= k:
+        # a probe's small consortium (81 records per class, ε = 1, 3 sites) had most classes flagged, a different
+        # few each run, and was told to keep a single class: at that noise the counts cannot tell which classes
+        # are held, and dropping classes is no remedy
+        return (f"{len(unclear)} of {k} classes have DP counts the release cannot tell from absent "
+                f"({', '.join(u.describe(pooled) for u in unclear)}{within(len(unclear), False)}): at this ε and with "
+                "so few records per class the counts cannot say which classes the clients hold, and the samples of "
+                "every class may be mostly the model's noise (TSTR says how much is data); dropping classes does "
+                "not help — a larger ε or more records per class would")
     return (f"class(es) the release cannot tell from absent: {', '.join(u.describe(pooled) for u in shown)}"
             f"{within(len(shown), exact)}: "
             + (f"no client holds them, and their {sum(drawn[u.index] for u in shown)} samples are the model's noise, "
