@@ -314,6 +314,13 @@ def register(app: typer.Typer) -> None:
             m = len(sites) if sites is not None else len(p.clients)
             what = ("the statistics release alone (no DP-SGD round)" if cfg.statistics_only else
                     f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''}")  # dp-gaussian said "8 rounds", ran 0 (a probe)
+            if resume and (out / "config.json").exists():  # before any line about the run: a refusal is the only word
+                from fedhype.federated.rundir import RunDir
+                from fedhype.federated.run_plan import check_resumed_settings, check_resumed_sites, recorded_config
+
+                recorded = recorded_config(RunDir(out), True)
+                check_resumed_sites(RunDir(out), recorded, [s_.name for s_ in sites] if sites is not None else None)
+                check_resumed_settings(RunDir(out), cfg, recorded)
             finished = finished_run(out, cfg) if resume else None
             if finished is not None:
                 # a probe's --resume --max-epsilon 0.1 of a finished run was refused for the ε of the whole plan: nothing

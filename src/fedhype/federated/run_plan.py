@@ -311,7 +311,10 @@ def _refuse_differences(run: RunDir, old: dict, new: dict) -> None:
                 "`fedhype.partition(...)` call draws new keys) — resume with the partition the run started with "
                 "(`--partition part.json`; in Python `clients.save('part.json')` before fit, then "
                 "`fedhype.data.partition.Partition.load('part.json')`)" if any(d.startswith("partition.keys") for d in diff)
-                else "")
+                and (old.get("partition") or {}).get("scheme") != "site"
+                else "; a site's split differs from the one the run trained on (its folder set up again with "
+                "`fedhype site --overwrite`?): resume with the site folders as they were"
+                if any(d.startswith("partition.keys") for d in diff) else "")
         raise ValidationError(f"--resume: the configuration differs from the one in {run.config} "
                               f"({'; '.join(diff[:5]) or 'details differ'}){hint}; "
                               "resume with the same settings or start a new run")
@@ -327,6 +330,39 @@ def check_resumed_settings(run: RunDir, cfg: TrainConfig, recorded: dict | None)
     """
     if recorded is not None and isinstance(recorded.get("train"), dict):
         _refuse_differences(run, {"train": recorded["train"]}, {"train": cfg.to_dict()})
+
+
+def check_resumed_sites(run: RunDir, recorded: dict | None, sites: list[str] | None) -> None:
+    """Refuse resuming a ``--site`` run with other sites than it trained on, naming both lists.
+
+    A probe's ``train --site a --site b --resume`` of a finished run of a, b and c was told first that the run was
+    finished, then that the configuration differs in its partition keys "drawn again", with advice for a pooled
+    partition that did not apply.
+
+    Raises:
+        ValidationError: the recorded run is a site run and ``sites`` (the given sites' names; None for a pooled
+            store and partition) are not its sites, or it is not a site run and sites were given.
+    """
+    part = (recorded or {}).get("partition")
+    if not isinstance(part, dict):
+        return
+    was = [str(c) for c in part.get("clients") or []] if part.get("scheme") == "site" else None
+    if was is None and sites is None:
+        return
+    if was is None:
+        raise ValidationError(f"--resume: {run.root} holds a run trained on a pooled store and partition, not on "
+                              "--site folders: resume it with its --store and --partition, or start a new run in "
+                              "another --out")
+    if sites is None:
+        raise ValidationError(f"--resume: {run.root} holds a run of the sites {', '.join(was)}: resume it with their "
+                              "--site folders, or start a new run in another --out")
+    if sorted(sites) != sorted(was):
+        missing, extra = [n for n in was if n not in sites], [n for n in sites if n not in was]
+        raise ValidationError(f"--resume: {run.root} holds a run of the sites {', '.join(was)}; the --site folders "
+                              f"given are {', '.join(sites)}"
+                              + (f" (missing: {', '.join(missing)})" if missing else "")
+                              + (f" (not in the run: {', '.join(extra)})" if extra else "")
+                              + ": resume with the same --site folders, or start a new run in another --out")
 
 
 def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:
