@@ -248,3 +248,25 @@ def test_a_class_with_few_training_records_is_named_before_training(real_store):
     w = thin_classes(part, small)
     n3 = int((part.split_store(small, "train").labels == 3).sum())
     assert n3 < 4 and w is not None and f"{real_store.class_names[3]!r} ({n3})" in w and "fewer than 10" in w
+
+
+def test_a_misspelt_key_or_section_is_refused_naming_the_closest_one(tmp_path):
+    """A probe's job file with ``epsilom`` listed the 26 known keys; the closest is named first."""
+    from fedhype.errors import ValidationError
+    from fedhype.pipeline.config import resolve
+
+    with pytest.raises(ValidationError, match=r"unknown key train\.epsilom \(did you mean train\.epsilon\?\)"):
+        resolve(None, ["train.epsilom=1"])
+    with pytest.raises(ValidationError, match=r"unknown section 'trian' \(did you mean 'train'\?\)"):
+        resolve(None, ["trian.epsilon=1"])
+    with pytest.raises(ValidationError) as e:
+        resolve(None, ["train.zzzzzz=1"])
+    assert "did you mean" not in str(e.value) and "known:" in str(e.value)
+
+
+def test_a_store_that_is_a_folder_is_named_as_a_folder(tmp_path):
+    from fedhype.errors import ValidationError
+    from fedhype.pipeline.job import _embed_store
+
+    with pytest.raises(ValidationError, match="is a folder, not a file"):
+        _embed_store({"store": str(tmp_path)}, progress=False)

@@ -351,11 +351,17 @@ def upgrade_keys(conf: dict) -> dict:
 
 
 def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None:
+    import difflib
+
     if section not in conf:
-        raise ValidationError(f"{where}: unknown section {section!r}; sections: {sorted(conf)}")
+        near = difflib.get_close_matches(section, list(conf), n=1)
+        raise ValidationError(f"{where}: unknown section {section!r}"
+                              + (f" (did you mean {near[0]!r}?)" if near else "") + f"; sections: {sorted(conf)}")
     allowed = _MODEL_KEYS if section == "model" else (_TRAIN_KEYS if section == "train" else set(conf[section]))
     if key not in allowed:
-        raise ValidationError(f"{where}: unknown key {section}.{key}; known: {sorted(allowed)}")
+        near = difflib.get_close_matches(key, sorted(allowed), n=1)
+        raise ValidationError(f"{where}: unknown key {section}.{key}"
+                              + (f" (did you mean {section}.{near[0]}?)" if near else "") + f"; known: {sorted(allowed)}")
     default = DEFAULTS.get(section, {}).get(key)
     if (section, key) in AUTO_OR_COUNT:
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1

@@ -113,6 +113,9 @@ def _embed_store(d: dict, *, progress: bool) -> tuple[EmbeddingStore, str]:
 
     if d.get("store"):
         path = Path(d["store"])
+        if path.is_dir():  # `fedhype site --store` said so, the job said "no such file" (a probe)
+            raise ValidationError(f"data.store = {str(path)!r} is a folder, not a file: give the store file "
+                                  "(`fedhype embed --out FILE.safetensors` writes one)")
         if not path.is_file():
             raise ValidationError(f"data.store = {str(path)!r}: no such file (make one with `fedhype embed --out ...`)")
         store = EmbeddingStore.load(path)
