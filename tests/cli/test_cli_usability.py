@@ -742,9 +742,10 @@ def test_a_resume_with_another_method_names_the_method_first(files, tmp_path):
     # the train.* settings are compared before the plan (which would add the model fields they imply)
     assert "train.method: 'fedhypevae' → 'dp-gaussian'" in err
     assert "model." not in err or err.index("train.method") < err.index("model.")
-    # nor does it first announce the refused settings as what runs (a probe saw "(dp-gaussian, target ε = 4 …)")
+    # nor does it first announce the refused settings as what runs (a probe saw "(dp-gaussian, target ε = 4 …)"), nor
+    # that it resumes (a later probe saw "resuming the run …" and then the refusal): the refusal is the only word
     said = r.stderr if getattr(r, "stderr_bytes", None) is not None else r.output
-    assert "resuming the run in" in said and "(dp-gaussian, target" not in said, said
+    assert "resuming the run in" not in said and "(dp-gaussian, target" not in said, said
 
 
 def test_the_same_thing_has_the_same_option_name_in_every_command():

@@ -317,7 +317,10 @@ def given_twice(command: Any, args: list[str]) -> str | None:
                     value = p.type.convert(raw, p, None) if raw is not None else None
                 except Exception:  # noqa: BLE001 - a bad value is the parser's to report
                     value = raw
-            seen.setdefault(p.name, []).append((arg if eq or p.is_flag else f"{opt} {args[i]}", value))
+            # an old and a new name of one option (--split, --fractions) are the command's to reconcile: it names
+            # the rename; the same name twice, or a flag and its --no- form, are caught here
+            seen.setdefault(p.name if p.is_flag else f"{p.name} {opt}", []).append(
+                (arg if eq or p.is_flag else f"{opt} {args[i]}", value))
         i += 1
     for uses in seen.values():
         if len({str(v) for _, v in uses}) > 1:
