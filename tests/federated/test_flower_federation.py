@@ -28,7 +28,12 @@ def part(real_store):
 def test_federation_file_is_public_and_round_trips(real_store, part, tmp_path):
     path = write_federation(tmp_path, real_store, part, TrainConfig(**CFG))
     raw = json.loads(path.read_text())
-    assert set(raw) == {"format", "train", "store", "n_classes", "roster"}
+    assert set(raw) == {"format", "federation_id", "train", "store", "n_classes", "roster"}
+    # a file written again with the same settings is a new file (the nodes bind a file to the one run it served)
+    again = json.loads(write_federation(tmp_path.parent / f"{tmp_path.name}-again", real_store, part,
+                                        TrainConfig(**CFG)).read_text())
+    assert again["federation_id"] != raw["federation_id"] and len(raw["federation_id"]) == 32
+    assert {k: v for k, v in again.items() if k != "federation_id"} == {k: v for k, v in raw.items() if k != "federation_id"}
     assert raw["store"] == {"digest": real_store.digest(), "n": len(real_store), "dim": real_store.dim,
                             "encoder": real_store.meta.get("encoder"), "provenance": encoder_of(real_store)}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["federation.json"]  # the partition stays with the data holder

@@ -4,6 +4,7 @@ The server of a deployment never holds the embeddings, a record id or a label. I
 file, ``federation.json`` (format :data:`FORMAT`)::
 
     {"format": "fedhype-flower-federation/2",
+     "federation_id": "<32 hex>",                   # random, new in every file written: one file per run
      "train": {...TrainConfig...},
      "store": {"digest", "n", "dim", "encoder"},   # fedhype.federated.engine.describe_store / describe_roster
      "n_classes": K,
@@ -103,11 +104,16 @@ def _check_federated(cfg: TrainConfig, roster: Roster) -> None:
 
 
 def _write(folder: str | Path, cfg: TrainConfig, store: dict[str, Any], roster: Roster) -> Path:
+    import secrets
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    # a fresh random id in every file written: the SuperNodes bind a federation file (by its digest) to the one run
+    # it served, so a second run needs a new file — and a probe found that writing one with the same settings gave
+    # the same bytes, which the nodes refused as already used
     return atomic_write_json(folder / "federation.json", {
-        "format": FORMAT, "train": cfg.to_dict(), "store": store, "n_classes": len(roster.class_names),
-        "roster": roster.to_dict()})
+        "format": FORMAT, "federation_id": secrets.token_hex(16), "train": cfg.to_dict(), "store": store,
+        "n_classes": len(roster.class_names), "roster": roster.to_dict()})
 
 
 def write_federation(folder: str | Path, store: EmbeddingStore, partition: Partition, cfg: TrainConfig) -> Path:
