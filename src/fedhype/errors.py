@@ -85,3 +85,10 @@ class ArtifactError(FedhypeError):
     """A corrupt, truncated, tampered or mismatched artifact (exit code 4)."""
 
     exit_code = 4
+
+
+class FedhypeWarning(UserWarning):
+    """What the CLI prints as ``warning:`` lines, raised by the Python API with :func:`warnings.warn`: the privacy
+    advice (δ against 1/n, a batch at or above a client's training set), an ε above its target after a resume, and
+    the notes of a synthetic store (classes the release cannot tell from absent, …). Silence them with
+    ``warnings.simplefilter("ignore", fedhype.errors.FedhypeWarning)``."""

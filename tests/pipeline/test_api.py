@@ -156,3 +156,34 @@ def test_a_resume_with_a_partition_drawn_again_says_so(real_store, tmp_path):
 
     again = fedhype.FedHypeVAE(**kw).fit(real_store, Partition.load(tmp_path / "part.json"), resume=True)
     assert again.privacy_spent().epsilon == pytest.approx(fedhype.FedHypeVAE.load(tmp_path / "run").privacy_spent().epsilon)
+
+
+def test_the_api_warns_what_the_cli_prints(real_store, tmp_path):
+    """A probe's notebook got none of the CLI's warnings: a batch at or above every client's training set (q = 1, no
+    amplification by subsampling), classes the release cannot tell from absent, an ε above its target. The API raises
+    them as :class:`fedhype.errors.FedhypeWarning`."""
+    import warnings
+
+    from fedhype.errors import FedhypeWarning
+    from fedhype.pipeline.api import _above_target_note
+
+    clients = fedhype.partition(real_store, scheme="iid", clients=2, seed=0)
+    n = max(len(c.train) for c in clients.clients)
+    g = fedhype.FedHypeVAE(epsilon=1.0, rounds=1, seed=0, train={"local_steps": 1, "batch_size": n},
+                           model={"hidden": 16, "latent": 4})
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        g.fit(real_store, clients)
+        syn = g.sample(per_class=5)
+    said = [str(x.message) for x in w if issubclass(x.category, FedhypeWarning)]
+    assert any(s.startswith(f"batch_size={n} is at least the training-set size") for s in said), said
+    # at ε = 1 on 2 clients of ~240 records several classes are not told from absent: the store's note, warned
+    assert syn.meta.get("absent_classes") and any("cannot tell from absent" in s for s in said), said
+
+    class Result:
+        epsilon = 1.0061
+
+    cfg = g.train_config
+    assert "above the target 1" in _above_target_note(Result(), cfg)
+    Result.epsilon = 0.9998
+    assert _above_target_note(Result(), cfg) is None

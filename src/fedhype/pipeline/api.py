@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any, Callable
 
 from fedhype.data.partition import Partition, make_partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ArtifactError, ValidationError
+from fedhype.errors import ArtifactError, FedhypeWarning, ValidationError
 from fedhype.eval.result import Evaluation
 from fedhype.pipeline.config import DEFAULTS, resolve, train_config
 from fedhype.pipeline.arguments import (MAX_SEED, check_store, check_whole, evaluate_store, in_api_words, is_number,
@@ -193,6 +194,20 @@ def evaluate(real_test: EmbeddingStore | str | os.PathLike, synthetic: Embedding
     return Evaluation.from_metrics(metrics, real_test.n_classes)
 
 
+def _above_target_note(result: Any, cfg: Any) -> str | None:
+    """The warning for a run whose accountant ε ended above its target (a release or round charged again after an
+    interruption, fresh noise), as ``fedhype train`` says it; None otherwise."""
+    from fedhype.privacy.plan import above_target
+
+    eps = getattr(result, "epsilon", None) if not isinstance(result, dict) else result.get("epsilon")
+    target = None if cfg.no_dp or cfg.noise_multiplier is not None else cfg.epsilon
+    if eps is None or target is None or not above_target(eps, target):
+        return None
+    return (f"ε = {eps:.4g} is above the target {target:g}: a release or round that was interrupted was charged again "
+            "on resume (its noise is fresh); ledger.json says which, and train.max_epsilon (max_epsilon=) refuses "
+            "before spending instead")
+
+
 @dataclass(frozen=True)
 class PrivacySpent:
     """What a trained model cost, recomputed by the accountant from the run's ledger.
@@ -337,9 +352,17 @@ class FedHypeVAE:
         if not isinstance(resume, bool):
             raise ValidationError(f"fit: resume must be True or False, got {shown(resume)}")
         self._check_out(resume)
+        cfg = self.train_config if self.train_config is not None else train_config(self.config)
+        if not cfg.no_dp:  # what `fedhype train` prints as warnings (a notebook user saw none: a probe)
+            from fedhype.privacy.accountant import delta_advice, subsampling_advice
+
+            sizes = {c.name: len(c.train) for c in partition.clients}
+            for advice in (delta_advice(cfg.delta, sizes), subsampling_advice(cfg.batch_size, sizes)):
+                if advice:
+                    warnings.warn(advice.replace("--batch-size ", "batch_size=").replace("--delta ", "delta="),
+                                  FedhypeWarning, stacklevel=2)
         temporary = None if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-"))
         out = self.out if temporary is None else temporary / "run"
-        cfg = self.train_config if self.train_config is not None else train_config(self.config)
         try:
             result = train(store, partition, cfg, out, resume=resume, progress=progress, diagnostics=diagnostics)
         except BaseException as exc:
@@ -350,6 +373,9 @@ class FedHypeVAE:
                 raise  # the engine's words are the CLI's (--resume)
             raise ValidationError("fit(resume=True): " + text[len("--resume: "):]) from None
         self.result_, self.run_dir_ = result, Path(out)
+        above = _above_target_note(result, cfg)
+        if above:
+            warnings.warn(above, FedhypeWarning, stacklevel=2)
         if temporary is not None:  # a temporary run cannot be resumed: drop what is private, keep the DP outputs
             for name in ("clients", "ckpt"):
                 shutil.rmtree(out / name, ignore_errors=True)
@@ -451,15 +477,19 @@ class FedHypeVAE:
         if per_class is None and n is None:
             per_class = s["per_class"]
         try:
-            return synthesize(self._model_dir(), s["code"] if code is None else code, per_class=per_class, n=n,
-                              seed=s["seed"] if seed is None else int(seed),
-                              temperature=s["temperature"] if temperature is None else float(temperature),
-                              anchor=s.get("anchor", DEFAULTS["synthesis"]["anchor"]) if anchor is None else anchor)
+            syn = synthesize(self._model_dir(), s["code"] if code is None else code, per_class=per_class, n=n,
+                             seed=s["seed"] if seed is None else int(seed),
+                             temperature=s["temperature"] if temperature is None else float(temperature),
+                             anchor=s.get("anchor", DEFAULTS["synthesis"]["anchor"]) if anchor is None else anchor)
         except ValidationError as exc:  # synthesis words its refusals for `fedhype synthesize` (--n, --code)
             better = in_api_words(str(exc), n) if type(exc) is ValidationError else None
             if better is None:
                 raise
             raise better from None
+        for note in syn.meta.get("notes") or []:  # what `fedhype synthesize` prints (classes not told from absent, …)
+            if note.get("kind") in ("absent", "empty", "few", "epsilon"):
+                warnings.warn(note["text"], FedhypeWarning, stacklevel=2)
+        return syn
 
     # ------------------------------------------------------------------ privacy
     def privacy_spent(self) -> PrivacySpent:
