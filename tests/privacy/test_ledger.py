@@ -247,3 +247,19 @@ def test_seeded_is_written_only_when_true_and_survives_a_round_trip(tmp_path):
         PrivacyLedger.load(tmp_path / "l.json")
     with pytest.raises(ValidationError, match="seeded"):
         _event("0", 0, seeded="yes")
+
+
+def test_what_was_charged_again_is_named_release_or_rounds():
+    """A probe's resume ended at ε 1.416 against 1 and was told "an interrupted round was charged again": it was the
+    statistics release (most of ε). :func:`recharged_text` names the release and the rounds (counted from 1)."""
+    from fedhype.privacy.ledger import as_rerun, recharged_text
+
+    ledger = PrivacyLedger(delta=1e-4)
+    for e in (_event(rnd=-1, mechanism="dp-class-stats", q=1.0, steps=1), _event(rnd=0), _event(rnd=1)):
+        ledger.record(e)
+    assert recharged_text(ledger) is None
+    ledger.record(as_rerun(_event(rnd=-1, mechanism="dp-class-stats", q=1.0, steps=1)))
+    assert recharged_text(ledger) == "the statistics release before round 0 (most of ε)"
+    ledger.record(as_rerun(_event(rnd=2)))
+    ledger.record(as_rerun(_event(rnd=3)))
+    assert recharged_text(ledger) == "the statistics release before round 0 (most of ε) and rounds 3, 4 (counted from 1)"

@@ -624,9 +624,24 @@ def print_above_target(res: dict) -> None:
     """The line `train` and `run` print when the accountant's ε ended above the target (a recharged round)."""
     from fedhype.privacy.plan import epsilon_text
 
+    what = _recharged(res)
     console.print(f"[bold red]ε = {epsilon_text(res['epsilon'], res['target_epsilon'])} is above the target "
-                  f"ε = {res['target_epsilon']:g}[/]: an interrupted round was charged again on resume (`fedhype audit "
-                  "--run` names the events charged again; ledger.json keeps every release)", highlight=False)
+                  f"ε = {res['target_epsilon']:g}[/]: "
+                  + (f"{what} {'were' if ' and ' in what or 'rounds ' in what else 'was'} charged again on resume, "
+                     "interrupted before (fresh noise)" if what else "an interrupted step was charged again on resume")
+                  + " (`fedhype audit --run` names the events charged again; ledger.json keeps every release)",
+                  highlight=False)
+
+
+def _recharged(res: dict) -> str | None:
+    """:func:`fedhype.privacy.ledger.recharged_text` of the run behind a train or run result (None if unreadable)."""
+    from fedhype.privacy.ledger import PrivacyLedger, recharged_text
+
+    run = res.get("run_dir") or (Path(res["report"]).parent / "run" if res.get("report") else None)
+    try:
+        return recharged_text(PrivacyLedger.load(Path(run) / "ledger.json")) if run else None
+    except Exception:  # noqa: BLE001 - the line keeps its generic words; the audit checks the ledger
+        return None
 
 
 # ---------------------------------------------------------------------------- a site's own held-out records

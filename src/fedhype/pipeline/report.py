@@ -72,6 +72,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     report = {
         "epsilon": trained["epsilon"], "delta": trained["delta"], "private": trained["private"],
         "target_epsilon": target, "above_target": above_target(trained["epsilon"], target),
+        "recharged": _recharged_of(out / "run") if trained["private"] else None,
         "accountant": "best", "noise_multiplier": trained["noise_multiplier"], "clip_norm": trained["clip_norm"],
         "method": conf["train"].get("method"), "n_classes": store.n_classes,
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
@@ -256,6 +257,22 @@ def _code_domain_sentence(cd: dict) -> str:
                                                for k, v in cd["own_domain_is_closest"].items()) + ".")
 
 
+def _recharged_of(run_dir: Path) -> str | None:
+    """:func:`fedhype.privacy.ledger.recharged_text` of the run's ledger (None when nothing was charged again)."""
+    from fedhype.privacy.ledger import PrivacyLedger, recharged_text
+
+    path = Path(run_dir) / "ledger.json"
+    return recharged_text(PrivacyLedger.load(path)) if path.is_file() else None
+
+
+def _recharged_words(r: dict) -> str:
+    """Why a run's ε is above its target: what it charged again on resume (``r["recharged"]``, from the ledger)."""
+    what = r.get("recharged")
+    if not what:
+        return "an interrupted step was charged again on resume, see the ledger"
+    return f"{what} {'were' if ' and ' in what or 'rounds ' in what else 'was'} charged again on resume, see the ledger"
+
+
 def _downstream_verdict(g: float, gaining: int, n: int, resolution: float | None) -> str:
     """The per-client table's conclusion: a gain or loss only beyond :func:`gain_resolution` and on most clients."""
     if resolution is None:  # a report written before the resolution was recorded
@@ -341,7 +358,7 @@ def glance(r: dict) -> list[str]:
         # 4 significant digits: 3 printed an ε of 4.0034 as "4", under a target of 4
         out.append(f"- **Privacy.** Every training record is protected by (ε = {epsilon_text(r['epsilon'], tgt)}, δ = {r['delta']:g})-"
                    "differential privacy (the worst client's ε, recomputed from the ledger"
-                   + (f"; **above the target {tgt:g}**: an interrupted round was charged again, see the ledger" if over
+                   + (f"; **above the target {tgt:g}**: {_recharged_words(r)}" if over
                       else f"; the target was {tgt:g}" if tgt is not None else "") + ") for what `release/` holds. Smaller "
                    "ε is stronger; ε ≤ 1 is strong, ε ≈ 8 is weak but still bounded."
                    + (f" The job also trained the DP linear reference below on the same records, a separate release "
@@ -437,7 +454,7 @@ def share_line(private: bool, seeded: bool = False) -> str:
 
 def _markdown(r: dict, ev: dict, conf: dict) -> str:
     target = conf["train"].get("epsilon")
-    over = (f" — **above the target ε = {target}**: an interrupted round was charged again (see the ledger)"
+    over = (f" — **above the target ε = {target}**: {_recharged_words(r)}"
             if r["private"] and above_target(r["epsilon"], target) else "")
     sgd = (f"DP-SGD σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}" if r.get("noise_multiplier") is not None
            else "no DP-SGD round: the model is the release itself (dp-gaussian)")

@@ -541,6 +541,22 @@ def audit_consistency(ledger: PrivacyLedger, claims: dict[str, float], tol: floa
 
 
 # ---------------------------------------------------------------------- write-ahead charging
+def recharged_text(ledger: PrivacyLedger) -> str | None:
+    """What a resumed run charged again (fresh noise after an interruption, :func:`as_rerun`), in words: ``"the
+    statistics release before round 0"``, ``"round(s) [3] (counted from 1)"`` or both; None when nothing was.
+
+    A probe's resume ended at ε = 1.416 against a target of 1 and was told "an interrupted round was charged again"
+    (a round costs about 0.006 there): it was the release, most of ε.
+    """
+    again = [e for e in ledger.events if "charged again" in str(e.note or "")]
+    if not again:
+        return None
+    rounds = sorted({e.round + 1 for e in again if e.round >= 0})
+    parts = (["the statistics release before round 0 (most of ε)"] if any(e.round < 0 for e in again) else []) \
+        + ([f"round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))} (counted from 1)"] if rounds else [])
+    return " and ".join(parts)
+
+
 def already_recorded(ledger: PrivacyLedger, event: LedgerEvent) -> bool:
     """Whether ``ledger`` holds an event of the same (client, round, mechanism) as ``event``."""
     return any(x.client == event.client and x.round == event.round and x.mechanism == event.mechanism
