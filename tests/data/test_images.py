@@ -309,6 +309,11 @@ def test_site_class_names_that_differ_in_case_spaces_or_punctuation_are_refused(
             Roster.from_cards([a, d])
     ok = SiteCard("hospital_d", "1" * 32, 10, 8, enc, ["dress", "shirt"])
     assert Roster.from_cards([a, ok]).class_names == ["dress", "shirt", "tshirt"]
+    # two clashing pairs: both named with their sites (a probe saw only the first pair's)
+    two = SiteCard("hospital_d", "1" * 32, 10, 8, enc, ["Dress", "T-shirt"])
+    with pytest.raises(ValidationError) as e:
+        Roster.from_cards([a, two])
+    assert "'Dress': ['hospital_d']" in str(e.value) and "'T-shirt': ['hospital_d']" in str(e.value)
 
 
 def test_class_folders_that_differ_in_case_spaces_or_punctuation_are_refused(tmp_path):

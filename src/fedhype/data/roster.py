@@ -180,7 +180,7 @@ class Roster:
                                   "their synthetic embeddings would be DP noise alone: drop them")
         clash = look_alike_names(vocab)  # "T-shirt " at one site and "tshirt" at another were two classes (a probe)
         if clash:
-            held = {k: [c.name for c in cards if k in c.class_names] for k in clash[0]}
+            held = {k: [c.name for c in cards if k in c.class_names] for group in clash for k in group}  # every group
             raise ValidationError(f"class names {clash} differ only in case, spaces or punctuation (held by sites "
                                   f"{held}): the sites name the same class differently; rename the class folders "
                                   "(and embed again) so that every site uses one name")
