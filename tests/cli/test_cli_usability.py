@@ -836,3 +836,7 @@ def test_an_option_given_twice_with_the_same_value_and_repeatable_options_pass()
     assert given_twice(train, ["--site", "a", "--site", "b", "--set", "train.rounds=2", "--set", "train.seed=1"]) is None
     assert given_twice(train, ["--set", "train.rounds=2", "--set", "train.rounds=2"]) is None
     assert "--delta 1e-5 and --delta=1e-4" in given_twice(train, ["--delta", "1e-5", "--delta=1e-4"])
+    # the options that do not set the privacy budget keep the usual rule: the last one given is used
+    assert given_twice(train, ["--rounds", "1", "--rounds", "2", "--set", "evaluate.permutations=1",
+                               "--set", "evaluate.permutations=2"]) is None
+    assert "--max-epsilon 2 and --max-epsilon 3" in given_twice(train, ["--max-epsilon", "2", "--max-epsilon", "3"])

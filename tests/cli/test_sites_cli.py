@@ -424,7 +424,8 @@ def test_each_sites_ledger_across_runs_records_the_run_and_its_cap_refuses_the_n
     assert r.exit_code == 3 and "site 'clinic_c': this run's plan" in r.output and "past the site's cap" in r.output
     assert (sites[2] / "site-ledger.json").read_text() == before and not (tmp_path / "run2" / "config.json").exists()
     # a seeded run, however small its plan, is ε = ∞ for a capped site: refused before anything is written
-    r = runner.invoke(app, [*train2, "--epsilon", "0.5", "--rounds", "1", "--seed", "0", "--json"])
+    seeded = [a if a != "4" or train2[i - 1] != "--epsilon" else "0.5" for i, a in enumerate(train2)]  # ε once
+    r = runner.invoke(app, [*seeded, "--rounds", "1", "--seed", "0", "--json"])
     assert r.exit_code == 3 and "site 'clinic_c': a seeded run" in r.output and "no guarantee" in r.output, r.output
     assert (sites[2] / "site-ledger.json").read_text() == before and not (tmp_path / "run2" / "config.json").exists()
     assert len(_json(runner.invoke(app, ["budget", "--site", str(sites[0]), "--json"]))["runs"]) == 1  # nor another site

@@ -278,13 +278,19 @@ class JsonUsageGroup(TyperGroup):
             raise
 
 
+#: the options (by parameter name, = their ``train.*`` keys) that set the privacy budget: never given twice with
+#: different values (:func:`given_twice`)
+PRIVACY_OPTIONS = ("epsilon", "delta", "noise_multiplier", "max_epsilon", "no_dp", "secure_aggregation")
+
+
 def given_twice(command: Any, args: list[str]) -> str | None:
     """The message for an option of ``command`` given twice with different values in ``args``, else None.
 
     Click keeps the last value of an option given twice; a probe's ``fedhype train --epsilon 1 --epsilon 4`` (a
-    wrapper's default and the user's own flag) charged every site ε = 4 without a word. An option that is not
-    repeatable (a flag and its ``--no-`` form included) and a ``--set section.key`` may be given twice only with the
-    same value; the repeatable options (``--site``, ``--synthetic``, ``--set`` of different keys) are unaffected.
+    wrapper's default and the user's own flag) charged every site ε = 4 without a word. The options that set the
+    privacy budget (:data:`PRIVACY_OPTIONS`: ε, δ, σ, the ε cap, ``--no-dp``, secure aggregation; a flag and its
+    ``--no-`` form included) and their ``--set train.*`` keys may be given twice only with the same value; every
+    other option keeps the usual rule (the last one given is used), so a script's defaults can still be overridden.
     """
     import click
 
@@ -304,9 +310,9 @@ def given_twice(command: Any, args: list[str]) -> str | None:
             item = val if eq else (args[i + 1] if i + 1 < len(args) else "")
             i += 0 if eq else 1
             key, has, value = item.partition("=")
-            if has:
+            if has and key.strip() in {f"train.{k}" for k in PRIVACY_OPTIONS}:
                 seen.setdefault(f"--set {key.strip()}", []).append((f"--set {item}", value.strip()))
-        elif opt in single:
+        elif opt in single and single[opt].name in PRIVACY_OPTIONS:
             p = single[opt]
             if p.is_flag:
                 value: Any = opt in p.opts
