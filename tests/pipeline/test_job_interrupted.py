@@ -124,3 +124,15 @@ def test_a_job_refused_before_it_wrote_anything_leaves_an_older_jobs_timings_as_
     with pytest.raises(ValidationError, match="is not below 1/n"):
         run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.delta=0.05"]), out, log=lambda s: None)
     assert (out / TIMINGS_FILE).read_bytes() == before
+
+
+def test_a_refused_rerun_is_listed_as_refused_not_interrupted():
+    """A probe's rerun with a changed image folder (exit 2) appeared as "earlier run 4 (interrupted in embed: error
+    ValidationError)"."""
+    from fedhype.pipeline.report import _stopped
+
+    assert _stopped({"interrupted": "embed_s", "stopped_by": "refused (ValidationError)"}) == \
+        " (refused in embed: ValidationError)"
+    assert _stopped({"interrupted": "train_s", "stopped_by": "Ctrl-C or SIGTERM"}) == \
+        " (interrupted in train: Ctrl-C or SIGTERM)"
+    assert _stopped({"stages": {}}) == ""

@@ -400,7 +400,10 @@ class StageTimings(dict):
                 super().__setitem__(key, seconds)
                 run["stages"][key] = float(seconds)
                 run["interrupted"] = key
+            from fedhype.errors import ValidationError
+
             run["stopped_by"] = ("Ctrl-C or SIGTERM" if isinstance(exc, KeyboardInterrupt)
+                                 else f"refused ({type(exc).__name__})" if isinstance(exc, ValidationError)
                                  else f"error {type(exc).__name__}")
             self._flush()
         except Exception:  # noqa: BLE001 - a lost timing must not hide why the run stopped

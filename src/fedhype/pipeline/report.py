@@ -430,6 +430,8 @@ def _stopped(run: dict) -> str:
     if not run.get("stopped_by"):
         return ""
     stage = run.get("interrupted")
+    if str(run["stopped_by"]).startswith("refused"):  # e.g. a rerun with other settings: a refusal, not a stop
+        return f" (refused{' in ' + stage[:-2] if stage else ''}: {run['stopped_by'][len('refused ('):-1]})"
     return f" (interrupted{' in ' + stage[:-2] if stage else ''}: {run['stopped_by']})"
 
 
