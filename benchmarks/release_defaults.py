@@ -27,7 +27,9 @@ The test split is not read. Grids:
 * the DP-SGD stage: ``class_stats_share`` 0.95 (default) vs 0.999 (the rounds get a thousandth of ε and
   move nothing) for ``fedhypevae`` (mixture code), both datasets, ε = 1 / 4 / 8; and the same choice by fidelity
   (precision, coverage and MMD² to the validation split as well, "DP-SGD share, fidelity") per client on both small
-  sets and with 100 clients of all 70,000 images (``configs/fashion-mnist-full-100.toml``) at ε = 1;
+  sets and with 100 clients of all 70,000 images (``configs/fashion-mnist-full-100.toml``) at ε = 1; and with no
+  DP-SGD stage at all ("DP-SGD stage off": ours' model from the release with the whole ε, no round, beside the release
+  alone), the same cells;
 * at realistic scale (``configs/fashion-mnist-full.toml``: all 70,000 images, 10 clients, about
   42,000 training records), ``latent`` vs ``located`` for ``dp-gaussian`` at ε = 1 / 4 / 8 and for
   ``fedhypevae`` (mixture code) at ε = 4 / 8: is the noise there small enough for the located residual
@@ -87,6 +89,18 @@ PINNED_LATENT = 64
 #: synthesis.per_class = "auto": L = 128 and 3,000 per class from 500 training records per class)
 _JOB_SIZE = {"digits": {"latent": 64, "per_class": 300}, "fashion": {"latent": 128, "per_class": 3000},
              "fashion-full": {"latent": 128, "per_class": 3000}, "fashion-full-100": {"latent": 128, "per_class": 3000}}
+#: ours without its DP-SGD stage (exploration, registered in this benchmark's process only): FedHypeVAE's model —
+#: the client-statistics heads, the mixture code — from the statistics release with the whole ε and no round
+NO_DP_SGD = "no-dp-sgd"
+
+
+def _register_no_dp_sgd() -> None:
+    from fedhype.federated.config import METHOD_REGISTRY, Method, register_method
+
+    if NO_DP_SGD not in METHOD_REGISTRY:
+        register_method(Method(NO_DP_SGD, {}, statistics_only=True, summary="ours without the DP-SGD stage"))
+
+
 GRID: list[tuple[str, str, dict]] = (
     [("second_moment_share", e, {"method": "dp-gaussian", "second_moment_share": s, **_U})
      for e in ("1", "4", "8") for s in (0.1, 0.3, 0.5)]
@@ -207,13 +221,22 @@ GRID: list[tuple[str, str, dict]] = (
     + [("DP-SGD share, fidelity", e, {"dataset": "fashion-full-100", **_JOB_SIZE["fashion-full-100"],
                                       "located_share": "auto", "code": "mixture", "class_stats_share": c})
        for e in ("1",) for c in (0.95, 0.999)]
+    # no DP-SGD stage at all: ours' model (client heads, mixture code) from the release with the whole ε, no round
+    # (NO_DP_SGD, registered below for this benchmark only), beside the release alone (neutral code) — the rows of
+    # ours at the default share are the "DP-SGD share, fidelity" grid's
+    + [("DP-SGD stage off", e, {"dataset": d, "method": m, **_JOB_SIZE[d], "located_share": "auto",
+                                "code": "mixture" if m == NO_DP_SGD else "neutral"})
+       for d in ("digits", "fashion") for e in ("1", "4", "8") for m in (NO_DP_SGD, "dp-gaussian")]
+    + [("DP-SGD stage off", "1", {"dataset": "fashion-full-100", "method": m, **_JOB_SIZE["fashion-full-100"],
+                                  "located_share": "auto", "code": "mixture" if m == NO_DP_SGD else "neutral"})
+       for m in (NO_DP_SGD, "dp-gaussian")]
 )
 
 
 #: grids whose rows also record precision, coverage and F (the table shows precision / coverage beside TSTR)
-WITH_PRDC = ("located share, auto", "client covariance test", "DP-SGD share, fidelity")
+WITH_PRDC = ("located share, auto", "client covariance test", "DP-SGD share, fidelity", "DP-SGD stage off")
 #: grids whose rows also record MMD² to the validation split (the table shows it after precision / coverage)
-WITH_MMD = ("DP-SGD share, fidelity",)
+WITH_MMD = ("DP-SGD share, fidelity", "DP-SGD stage off")
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
@@ -308,6 +331,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    _register_no_dp_sgd()
     loaded: dict = {}
     t0 = time.perf_counter()
     log = ROOT / "runs" / "bench-release-defaults" / "rows.jsonl"
