@@ -630,11 +630,13 @@ def print_above_target(res: dict) -> None:
     """The line `train` and `run` print when the accountant's ε ended above the target (a recharged round)."""
     from fedhype.privacy.plan import epsilon_text
 
+    from fedhype.privacy.ledger import charged_again_clause
+
     what = _recharged(res)
     console.print(f"[bold red]ε = {epsilon_text(res['epsilon'], res['target_epsilon'])} is above the target "
                   f"ε = {res['target_epsilon']:g}[/]: "
-                  + (f"{what} {'were' if ' and ' in what or 'rounds ' in what else 'was'} charged again on resume, "
-                     "interrupted before (fresh noise)" if what else "an interrupted step was charged again on resume")
+                  + (f"{charged_again_clause(what)}, interrupted before (fresh noise)" if what
+                     else "an interrupted step was charged again on resume")
                   + " (`fedhype audit --run` names the events charged again; ledger.json keeps every release)",
                   highlight=False)
 

@@ -38,7 +38,7 @@ from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.federated.rundir import RunDir, load_model, model_digest
 from fedhype.io import read_json
-from fedhype.privacy.ledger import PrivacyLedger, audit_consistency
+from fedhype.privacy.ledger import PrivacyLedger, audit_consistency, recharged_events
 from fedhype.privacy.plan import above_target
 
 #: ε computed by PRV is an upper bound within ~2·eps_error of the truth, RDP a looser upper bound:
@@ -257,7 +257,7 @@ def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> 
         # charged again (fresh noise after an interruption; privacy.ledger.as_rerun): why ε can exceed it
         train_conf = config.get("train", {})
         target = train_conf.get("epsilon") if train_conf.get("noise_multiplier") is None else None
-        rerun = [e for e in ledger.events if "charged again" in str(e.note or "")]
+        rerun = recharged_events(ledger)
         res.update(target_epsilon=target, above_target=above_target(worst, target), recharged_events=len(rerun))
         _note_voids(ledger, res)
         if rerun:

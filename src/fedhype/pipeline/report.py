@@ -270,7 +270,9 @@ def _recharged_words(r: dict) -> str:
     what = r.get("recharged")
     if not what:
         return "an interrupted step was charged again on resume, see the ledger"
-    return f"{what} {'were' if ' and ' in what or 'rounds ' in what else 'was'} charged again on resume, see the ledger"
+    from fedhype.privacy.ledger import charged_again_clause
+
+    return f"{charged_again_clause(what)}, see the ledger"
 
 
 def _downstream_verdict(g: float, gaining: int, n: int, resolution: float | None) -> str:

@@ -541,6 +541,16 @@ def audit_consistency(ledger: PrivacyLedger, claims: dict[str, float], tol: floa
 
 
 # ---------------------------------------------------------------------- write-ahead charging
+def recharged_events(ledger: PrivacyLedger) -> list[LedgerEvent]:
+    """The events a resumed run charged again (fresh noise after an interruption: :func:`as_rerun`'s note)."""
+    return [e for e in ledger.events if "charged again" in str(e.note or "")]
+
+
+def charged_again_clause(what: str) -> str:
+    """``"<what> was/were charged again on resume"`` for :func:`recharged_text`'s words."""
+    return f"{what} {'were' if ' and ' in what or 'rounds ' in what else 'was'} charged again on resume"
+
+
 def recharged_text(ledger: PrivacyLedger) -> str | None:
     """What a resumed run charged again (fresh noise after an interruption, :func:`as_rerun`), in words: ``"the
     statistics release before round 0"``, ``"round(s) [3] (counted from 1)"`` or both; None when nothing was.
@@ -548,7 +558,7 @@ def recharged_text(ledger: PrivacyLedger) -> str | None:
     A probe's resume ended at ε = 1.416 against a target of 1 and was told "an interrupted round was charged again"
     (a round costs about 0.006 there): it was the release, most of ε.
     """
-    again = [e for e in ledger.events if "charged again" in str(e.note or "")]
+    again = recharged_events(ledger)
     if not again:
         return None
     rounds = sorted({e.round + 1 for e in again if e.round >= 0})
