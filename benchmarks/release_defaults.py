@@ -89,16 +89,9 @@ PINNED_LATENT = 64
 #: synthesis.per_class = "auto": L = 128 and 3,000 per class from 500 training records per class)
 _JOB_SIZE = {"digits": {"latent": 64, "per_class": 300}, "fashion": {"latent": 128, "per_class": 3000},
              "fashion-full": {"latent": 128, "per_class": 3000}, "fashion-full-100": {"latent": 128, "per_class": 3000}}
-#: ours without its DP-SGD stage (exploration, registered in this benchmark's process only): FedHypeVAE's model —
-#: the client-statistics heads, the mixture code — from the statistics release with the whole ε and no round
+#: ours without its DP-SGD stage: the ``no-dp-sgd`` ablation (fedhype.federated.config) — FedHypeVAE's model (the
+#: client-statistics heads, the mixture code) from the statistics release with the whole ε and no round
 NO_DP_SGD = "no-dp-sgd"
-
-
-def _register_no_dp_sgd() -> None:
-    from fedhype.federated.config import METHOD_REGISTRY, Method, register_method
-
-    if NO_DP_SGD not in METHOD_REGISTRY:
-        register_method(Method(NO_DP_SGD, {}, statistics_only=True, summary="ours without the DP-SGD stage"))
 
 
 GRID: list[tuple[str, str, dict]] = (
@@ -222,7 +215,7 @@ GRID: list[tuple[str, str, dict]] = (
                                       "located_share": "auto", "code": "mixture", "class_stats_share": c})
        for e in ("1",) for c in (0.95, 0.999)]
     # no DP-SGD stage at all: ours' model (client heads, mixture code) from the release with the whole ε, no round
-    # (NO_DP_SGD, registered below for this benchmark only), beside the release alone (neutral code) — the rows of
+    # (the no-dp-sgd ablation), beside the release alone (neutral code) — the rows of
     # ours at the default share are the "DP-SGD share, fidelity" grid's
     + [("DP-SGD stage off", e, {"dataset": d, "method": m, **_JOB_SIZE[d], "located_share": "auto",
                                 "code": "mixture" if m == NO_DP_SGD else "neutral"})
@@ -331,7 +324,6 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    _register_no_dp_sgd()
     loaded: dict = {}
     t0 = time.perf_counter()
     log = ROOT / "runs" / "bench-release-defaults" / "rows.jsonl"

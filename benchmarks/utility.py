@@ -9,26 +9,34 @@ accuracy); with ``--readme`` it replaces the block between the ``utility`` (or
 ``utility-fashion``) markers in README.md with the first three.
 
 Methods (``--methods all``, the default): ours (``fedhypevae``), its ablations (``no-class-stats``,
-``no-mmd``, ``no-lipschitz``, ``fixed-prior``, ``shared-decoder``), the predecessor ``dp-cvae`` and
-the baselines without federation ``local-cvae`` (synthesised with ``--code mixture``: it has no
-shared code space) and ``central-cvae`` (pooled records). References per (ε, seed), independent of
-the method: TRTR (a probe trained on the real training records; no privacy) and the DP-SGD FedAvg
-linear classifier trained on the real embeddings (``[evaluate] dp_linear``; its own ε, a separate
-release). ``fedhypevae+secagg`` and ``dp-gaussian+secagg`` are those methods with the statistics
-release under secure aggregation (``train.secure_aggregation = true``, dropout tolerance 0:
-distributed noise, the server sees only the sum; :mod:`fedhype.privacy.secure_agg`).
+``no-mmd``, ``no-lipschitz``, ``fixed-prior``, ``shared-decoder``, ``no-second-moment``,
+``no-client-stats``, ``no-dp-sgd`` — ours without its DP-SGD stage), the statistics floor
+``dp-gaussian``, the predecessor ``dp-cvae`` and the baselines without federation ``local-cvae``
+(synthesised with ``--code mixture``: it has no shared code space) and ``central-cvae`` (pooled
+records). References per (ε, seed), independent of the method: TRTR (a probe trained on the real
+training records; no privacy) and the DP-SGD FedAvg linear classifier trained on the real
+embeddings (``[evaluate] dp_linear``; its own ε, a separate release). ``fedhypevae+secagg`` and
+``dp-gaussian+secagg`` are those methods with the statistics release under secure aggregation
+(``train.secure_aggregation = true``, dropout tolerance 0: distributed noise, the server sees only
+the sum; :mod:`fedhype.privacy.secure_agg`).
 
 Each finished job is appended to ``<out>/rows.jsonl``; a rerun with the same ``--out`` skips the
 jobs already there (an interrupted job resumes from its last committed round), so an interrupted
-benchmark continues where it stopped. ``--fresh`` ignores the recorded rows. To measure a cell again after a default
-changed, drop its rows from ``rows.jsonl``: its job folder then holds a run of other settings, which ``fedhype run``
-refuses to resume, so it is moved aside (``<job>.stale``) and the job starts fresh.
+benchmark continues where it stopped. ``--fresh`` ignores the recorded rows. ``--reuse-results``
+counts the committed rows (``benchmarks/results/utility[-dataset].json``) as measured, so that a
+method added since runs alone and the tables are regenerated with every row; the header then gives
+the number of rows measured on each date (use it only while no default changed since). To measure
+a cell again after a default changed, drop its rows from ``rows.jsonl``: its job folder then holds
+a run of other settings, which ``fedhype run`` refuses to resume, so it is moved aside
+(``<job>.stale``) and the job starts fresh.
 
     .venv/bin/python benchmarks/utility.py --jobs 2 --readme                 # digits, full grid (~30 min, 2 cores)
     .venv/bin/python benchmarks/utility.py --dataset fashion --jobs 2 --readme  # (~65 min, 2 cores)
     .venv/bin/python benchmarks/utility.py --dataset fashion-full --methods scale --jobs 2 --readme  # 70,000 images
     .venv/bin/python benchmarks/utility.py --dataset fashion-full-100 --methods scale --jobs 2 --readme   # 100 clients
     .venv/bin/python benchmarks/utility.py --methods fedhypevae dp-cvae --epsilons 1 --seeds 0   # a slice
+    .venv/bin/python benchmarks/utility.py --dataset fashion --methods core --reuse-results --jobs 2 --readme
+        # the committed rows kept, only the cells of a method added since run
     .venv/bin/python benchmarks/utility.py --dataset fashion --methods core --resynthesize fedhypevae --readme
         # ours' recorded jobs synthesized and evaluated again from their trained models (a synthesis change)
 """
@@ -64,16 +72,17 @@ DESCRIPTION = {"digits": "bundled digits domains (DINOv2-S/14 at 112 px, 4 natur
                                "DINOv2-S/14 at 112 px, dtype auto, 10 Dirichlet α = 0.3 clients)",
                "fashion-full-100": "configs/fashion-mnist-full-100.toml (all 70,000 images, DINOv2-S/14 at 112 px, "
                                    "dtype auto, 100 Dirichlet α = 0.3 clients)"}
-#: ``--methods core``: ours, the statistics floor, the baselines and the ablation of the second-order release
-CORE = ("fedhypevae", "dp-gaussian", "no-client-stats", "no-second-moment", "dp-cvae", "local-cvae", "central-cvae",
-        "fedhypevae+secagg", "dp-gaussian+secagg")
-#: ``--methods scale`` (the realistic-scale grids): ours, the statistics floor and the strongest baseline without
-#: federation, and the first two with secure aggregation (one noise draw for the pooled releases instead of
+#: ``--methods core``: ours, the statistics floor, ours without its DP-SGD stage, the baselines and the ablation of
+#: the second-order release
+CORE = ("fedhypevae", "dp-gaussian", "no-dp-sgd", "no-client-stats", "no-second-moment", "dp-cvae", "local-cvae",
+        "central-cvae", "fedhypevae+secagg", "dp-gaussian+secagg")
+#: ``--methods scale`` (the realistic-scale grids): ours, the statistics floor, ours without its DP-SGD stage, the
+#: strongest baseline without federation, and the first two with secure aggregation (one noise draw for the pooled releases instead of
 #: one per client); the DP-SGD linear reference is in every row's references
-SCALE = ("fedhypevae", "dp-gaussian", "local-cvae", "fedhypevae+secagg", "dp-gaussian+secagg")
-#: the scale set with 100 clients: ours and the statistics floor (``local-cvae`` would be 100 separate models
+SCALE = ("fedhypevae", "dp-gaussian", "no-dp-sgd", "local-cvae", "fedhypevae+secagg", "dp-gaussian+secagg")
+#: the scale set with 100 clients: ours, the statistics floor and ours without its DP-SGD stage (``local-cvae`` would be 100 separate models
 #: of about 420 records each)
-SCALE_MANY = ("fedhypevae", "dp-gaussian", "fedhypevae+secagg", "dp-gaussian+secagg")
+SCALE_MANY = ("fedhypevae", "dp-gaussian", "no-dp-sgd", "fedhypevae+secagg", "dp-gaussian+secagg")
 
 
 def scale_set(dataset: str | None) -> tuple[str, ...]:
@@ -125,7 +134,8 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
     tag = "" if not extra else "-" + hashlib.sha1(json.dumps(list(extra)).encode()).hexdigest()[:8]
     out = root / f"{method}-eps{eps}-s{seed}{tag}"
     t = time.perf_counter()
-    row = {"method": method, "eps_target": eps, "seed": seed, "extra": list(extra), "key": job_key(method, eps, seed, extra)}
+    row = {"method": method, "eps_target": eps, "seed": seed, "extra": list(extra), "key": job_key(method, eps, seed, extra),
+           "measured": time.strftime("%Y-%m-%d")}
     try:
         try:
             rep = run_job(conf, out, log=lambda s: None)
@@ -328,6 +338,10 @@ def main() -> None:
                     help="rerun these methods' recorded jobs from their trained models (the job resumes with nothing "
                          "left to train: synthesis and evaluation again, e.g. after a synthesis default changed); the "
                          "rows keep the training run's cost figures (wall time, peak RSS, machine)")
+    ap.add_argument("--reuse-results", action="store_true",
+                    help="count the rows of the committed results (benchmarks/results/utility[-dataset].json) as "
+                         "measured, so only the grid's missing cells run (a method added since); only while no "
+                         "default changed since those rows were measured — the header says how many rows are from when")
     ap.add_argument("--readme", action="store_true", help="update the README tables")
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes (one torch thread each); 1 = in this process")
     ap.add_argument("--results", default=None,
@@ -364,6 +378,7 @@ def main() -> None:
     out = Path(a.out or f"runs/bench-utility{'' if dataset in (None, 'digits') else '-' + dataset}")
     out.mkdir(parents=True, exist_ok=True)
     log = out / "rows.jsonl"
+    name = "utility" if dataset in (None, "digits") else f"utility-{dataset}"
     done: dict[str, dict] = {}
     if log.exists() and not a.fresh:
         for line in log.read_text().splitlines():
@@ -371,6 +386,15 @@ def main() -> None:
                 r = json.loads(line)
                 if "error" not in r:
                     done[r["key"]] = r
+    if a.reuse_results:
+        committed = ROOT / "benchmarks" / "results" / f"{name}.json"
+        if not committed.exists():
+            ap.error(f"--reuse-results: {committed} does not exist")
+        recorded = json.loads(committed.read_text())
+        when = re.match(r"_(\d{4}-\d{2}-\d{2})", recorded["header"])
+        for r in recorded["rows"]:
+            if "error" not in r and r["key"] not in done:
+                done[r["key"]] = {"measured": when.group(1) if when else "an earlier run", **r}
     # secure aggregation splits the noise of a private release: without DP there is none (train refuses
     # the pair), so the +secagg rows have no "no DP" cell
     grid = [(config, m, e, s, out, a.extra) for e in a.epsilons for m in methods for s in a.seeds
@@ -383,7 +407,8 @@ def main() -> None:
         if g[1] in a.resynthesize and r is not None and r.get("resynthesized") != today:
             trained[key] = done.pop(key)
     todo = [g for g in grid if job_key(*g[1:4], g[5]) not in done]
-    print(f"{len(grid)} jobs, {len(grid) - len(todo)} already in {log}, {len(todo)} to run", flush=True)
+    print(f"{len(grid)} jobs, {len(grid) - len(todo)} already in {log}"
+          + (" or the committed results" if a.reuse_results else "") + f", {len(todo)} to run", flush=True)
     t0 = time.perf_counter()
     errors = []
 
@@ -416,6 +441,12 @@ def main() -> None:
     cmd = "benchmarks/utility.py" + (f" --dataset {dataset}" if dataset not in (None, "digits") else "") + (
         f" --methods {a.methods[0]}" if a.methods in (["core"], ["scale"]) else "") + ("" if full else " " + " ".join(sys.argv[1:]))
     where = machines_note(rows, threads)
+    dates: dict[str, int] = {}
+    for r in rows:
+        dates[r.get("measured", today)] = dates.get(r.get("measured", today), 0) + 1
+    if set(dates) != {today}:
+        where += "; rows measured " + ", ".join(f"{d} ({n})" for d, n in sorted(dates.items())) + (
+            " (`--reuse-results`: the committed rows, the missing cells run)" if a.reuse_results else "")
     again = sorted({r["method"] for r in rows if r.get("resynthesized")})
     if again:
         where += (f"; the rows of {', '.join(again)} synthesized and evaluated again on "
@@ -439,7 +470,6 @@ def main() -> None:
     res = Path(a.results or ROOT / "benchmarks" / "results")
     print(f"results → {res}", flush=True)
     res.mkdir(parents=True, exist_ok=True)
-    name = "utility" if dataset in (None, "digits") else f"utility-{dataset}"
     (res / f"{name}.json").write_text(json.dumps({"header": head, "rows": rows}, indent=1) + "\n")
     extra = [t for t in (cost_table(rows, methods), client_table(rows, methods)) if t]
     (res / f"{name}.md").write_text(md + full + "".join("\n" + t + "\n" for t in extra))

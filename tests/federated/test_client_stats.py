@@ -626,3 +626,24 @@ def test_the_covariance_test_pools_an_iid_clients_covariance_and_keeps_a_domains
         a = client_gaussian(u, pooled0, dp0, w, 8, shrink="client-cov")
         b = client_gaussian(u, pooled0, dp0, w, 8, shrink="client")
         assert torch.equal(a["class_means"], b["class_means"]) and torch.equal(a["cov_factor"], b["cov_factor"])
+
+
+def test_no_dp_sgd_is_ours_model_from_the_whole_budget_with_no_round(real_store, part, tmp_path):
+    """The ``no-dp-sgd`` ablation: ours' model (client-statistics heads) from the release alone, which spends
+    the whole ε (the same noise as ``dp-gaussian``'s release, less than ours' 95 % share); no DP-SGD event."""
+    model = {**SMALL, "client_shrinkage": "none"}  # each code its client's own release (the pool's at "auto" here)
+    res = {m: train(real_store, part, TrainConfig(method=m, epsilon=4.0, seed=0, model=model), tmp_path / m,
+                    diagnostics=False) for m in ("no-dp-sgd", "dp-gaussian", "fedhypevae")}
+    ours, floor, trained = res["no-dp-sgd"], res["dp-gaussian"], res["fedhypevae"]
+    assert ours.rounds == 0 and ours.rounds_planned == 0 and ours.complete
+    assert ours.class_stats_noise_multiplier == pytest.approx(floor.class_stats_noise_multiplier, rel=1e-9)
+    assert ours.class_stats_noise_multiplier < trained.class_stats_noise_multiplier  # the whole ε on the release
+    assert 3.9 < ours.epsilon <= 4.0 + 1e-6
+    events = PrivacyLedger.load(tmp_path / "no-dp-sgd" / "ledger.json").events
+    assert events and not any(e.mechanism == "dp-sgd" for e in events)
+    hnet, codes, meta = load_model(tmp_path / "no-dp-sgd")
+    assert meta["method"] == "no-dp-sgd" and hnet.cfg.client_heads and "cs_cb_w" in hnet.heads
+    assert codes.shape[0] == len(part.clients)
+    with torch.no_grad():  # each client code gives its own Gaussian: the clients' domains differ
+        means = [_moments(hnet(codes[i]), hnet.space())[0] for i in range(len(part.clients))]
+    assert min(float((means[i] - means[0]).norm()) for i in range(1, len(means))) > 0.05

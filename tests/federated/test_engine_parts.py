@@ -141,7 +141,7 @@ def test_servers_and_transports_meet_their_protocols(real_store, part, tmp_path)
 
 def test_the_registry_is_the_one_list_of_methods():
     assert METHODS == tuple(METHOD_REGISTRY) and METHOD_PRESETS == {n: m.preset for n, m in METHOD_REGISTRY.items()}
-    assert STATISTICS_ONLY == ("dp-gaussian",) and get_method("dp-gaussian").statistics_only
+    assert STATISTICS_ONLY == ("dp-gaussian", "no-dp-sgd") and get_method("dp-gaussian").statistics_only
     assert set(NO_SECURE_AGGREGATION) == {"local-cvae", "central-cvae", "dp-cvae", "no-class-stats"}
     assert [federation(n) for n in ("fedhypevae", "local-cvae", "central-cvae")] == ["federated", "local", "pooled"]
     assert federation("None") == "federated"  # a model's metadata without a method

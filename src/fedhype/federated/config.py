@@ -105,6 +105,9 @@ for _m in (
     # (the DP class-conditional Gaussian), no DP-SGD rounds
     Method("dp-gaussian", {**_PREDECESSOR, "client_stats": False}, statistics_only=True,
            summary="the statistics release alone, no DP-SGD"),
+    # ablation: ours without its DP-SGD stage — FedHypeVAE's model (the client-statistics heads, the mixture
+    # code) from the statistics release with the whole ε and no round (docs/method.md, decision 21)
+    Method("no-dp-sgd", {}, statistics_only=True, summary="ours without the DP-SGD stage (the release alone)"),
 ):
     register_method(_m)
 
