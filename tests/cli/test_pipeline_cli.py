@@ -283,3 +283,44 @@ def test_an_interrupted_run_speaks_of_charges_only_when_private(tmp_path, monkey
     err = _json(r)["error"]
     assert err == (INTERRUPTED_NON_PRIVATE if no_dp else INTERRUPTED_TRAINING)
     assert ("charged again" in err) is not no_dp and ("nothing is charged" in err) is no_dp
+
+
+def test_a_statistics_only_job_says_what_it_ran_and_which_settings_did_nothing(tmp_path):
+    """A new user's probe of `--method no-dp-sgd`: `fedhype run` had no --method, announced "train (5 rounds)" and ran
+    none, took --set train.rounds=5 / clip_norm silently, drew empty training curves and named the method dp-gaussian."""
+    args = ["run", "--out", str(tmp_path / "job"), "--json", "--method", "no-dp-sgd",
+            "--set", f"data.limit={REAL_STORE['limit']}", "--set", f"data.image_size={REAL_STORE['image_size']}",
+            "--set", f"data.cache_dir=\"{TEST_CACHE / 'embeddings'}\"", "--set", "train.rounds=5",
+            "--set", "train.clip_norm=0.7", "--set", "train.seed=0", "--set", "evaluate.permutations=10",
+            "--set", "evaluate.prototypes=false", "--set", "evaluate.dp_linear=false", *SMALL_MODEL_SET]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    rep = _json(r)
+    assert rep["method"] == "no-dp-sgd" and rep["rounds"] == 0 and 0.99 < rep["epsilon"] <= 1.0
+    assert "run: embed → partition → train (the statistics release, no DP-SGD round) → synthesize" in r.stderr
+    assert ("train: warning: train.method = 'no-dp-sgd' runs no DP-SGD round (the statistics release takes the whole "
+            "ε): train.rounds, train.clip_norm have no effect") in r.stderr
+    assert "train: 4 clients release their DP class statistics (latent size L = 8)" in r.stderr
+    md = (tmp_path / "job" / "report.md").read_text()
+    assert "no DP-SGD round: the model is the release itself (no-dp-sgd)" in md and "(dp-gaussian)" not in md
+    assert "training.png" not in md and "Per-round −ELBO" not in md and "floor a trained generator" not in md
+    assert not (tmp_path / "job" / "plots" / "training.png").exists()
+    assert rep["plots"] == [str(tmp_path / "job" / "plots" / "projection.png")]
+    # --method and --set train.method name the same setting: the flag is the shortcut, as --secure-aggregation
+    bad = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "x"), "--method", "no_dp_sgd"])
+    assert bad.exit_code == 2 and "no-dp-sgd" in bad.output and not (tmp_path / "x").exists()
+
+
+def test_train_of_a_statistics_only_method_names_the_sigma_it_released_at(files, tmp_path):
+    """A probe: `--method no-dp-sgd --noise-multiplier 2 --class-stats-noise-multiplier 5` said "σ = 2" and released
+    at σ₀ = 5; the ledger is the judge."""
+    r = CliRunner().invoke(app, ["train", "--store", str(files / "emb.safetensors"), "--partition",
+                                 str(files / "part.json"), "--out", str(tmp_path / "run"), "--method", "dp-gaussian",
+                                 "--noise-multiplier", "2", "--class-stats-noise-multiplier", "5", "--seed", "0"])
+    assert r.exit_code == 0, r.output
+    assert "(dp-gaussian, release σ₀ = 5, δ = 0.0001)" in r.stderr and "σ = 2" not in r.stderr
+    assert "train.noise_multiplier has no effect" in r.stderr
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    sigmas = {e.mechanism: e.noise_multiplier for e in PrivacyLedger.load(tmp_path / "run" / "ledger.json").events}
+    assert sigmas["dp-class-stats"] > 5.0 and "dp-sgd" not in sigmas  # σ₀ = 5 split with the centre step

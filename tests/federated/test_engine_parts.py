@@ -172,3 +172,30 @@ def test_a_new_baseline_is_one_registry_entry(real_store, part, tmp_path):
         assert meta["method"] == name and type(hnet).__name__ == "LocalModels" and codes.shape[0] == len(part.clients)
     finally:
         del METHOD_REGISTRY[name]
+
+
+def test_a_statistics_only_method_names_the_settings_it_does_not_use():
+    """dp-gaussian / no-dp-sgd run no DP-SGD round: a probe's --rounds 5, --clip-norm 0.5, --batch-size 64 were taken
+    silently; with --class-stats-noise-multiplier 5 the release ran at σ₀ = 5 while the header said σ = 2."""
+    from fedhype.federated.config import ROUND_SETTINGS
+
+    assert TrainConfig(method="no-dp-sgd").unused_settings() == [] and TrainConfig(rounds=5).unused_settings() == []
+    cfg = TrainConfig(method="no-dp-sgd", rounds=5, clip_norm=0.5, batch_size=64, class_stats_share=0.5)
+    assert cfg.unused_settings() == ["rounds", "batch_size", "clip_norm", "class_stats_share"]
+    assert cfg.unused_note() == ("train.method = 'no-dp-sgd' runs no DP-SGD round (the statistics release takes the "
+                                 "whole ε): train.rounds, train.batch_size, train.clip_norm, train.class_stats_share "
+                                 "have no effect (recorded in config.json as given)")
+    two = TrainConfig(method="dp-gaussian", epsilon=None, noise_multiplier=2.0, class_stats_noise_multiplier=5.0)
+    assert two.unused_settings() == ["noise_multiplier"] and "at σ₀ = 5)" in two.unused_note()
+    assert TrainConfig(method="dp-gaussian", epsilon=None, noise_multiplier=2.0).unused_settings() == []  # σ₀ = 2
+    # every round setting is a field, and none of them moves a statistics-only plan
+    from fedhype.federated.run_plan import plan_privacy
+
+    base = plan_privacy(TrainConfig(method="no-dp-sgd", epsilon=1.0), [400, 900])
+    for k in ROUND_SETTINGS:
+        other = {"rounds": 3, "local_epochs": 5.0, "local_steps": 7, "batch_size": 16, "participation": 0.5,
+                 "lr_local": 0.1, "lr_server": 0.5, "lr_hyper": 0.1, "lr_code": 0.1, "clip_norm": 0.3,
+                 "class_stats_share": 0.5}[k]
+        moved = plan_privacy(TrainConfig(method="no-dp-sgd", epsilon=1.0, **{k: other}), [400, 900])
+        assert moved["class_stats_noise_multiplier"] == base["class_stats_noise_multiplier"], k
+        assert moved["noise_multiplier"] is None and all(steps == 0 for _, steps in moved["plan"]), k

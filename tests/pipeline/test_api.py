@@ -187,3 +187,19 @@ def test_the_api_warns_what_the_cli_prints(real_store, tmp_path):
     assert "above the target 1" in _above_target_note(Result(), cfg)
     Result.epsilon = 0.9998
     assert _above_target_note(Result(), cfg) is None
+
+
+def test_the_api_warns_of_round_settings_a_statistics_only_method_ignores(real_store, tmp_path):
+    """A probe's `FedHypeVAE(method="no-dp-sgd", rounds=5)` fitted silently with 0 rounds."""
+    import warnings
+
+    from fedhype.errors import FedhypeWarning
+
+    clients = fedhype.partition(real_store, scheme="iid", clients=2, seed=0)
+    g = fedhype.FedHypeVAE(epsilon=4.0, rounds=5, seed=0, method="no-dp-sgd", model={"hidden": 16, "latent": 4})
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        g.fit(real_store, clients)
+    said = [str(x.message) for x in w if issubclass(x.category, FedhypeWarning)]
+    assert [s for s in said if "train.rounds has no effect" in s] and g.privacy_spent().epsilon <= 4.0
+    assert not [s for s in said if "is at least the training-set size" in s]  # q = 1 does not apply without rounds

@@ -64,3 +64,15 @@ def test_the_per_client_verdict_needs_a_gain_beyond_the_tables_resolution():
     assert _downstream_verdict(-0.05, 0, 4, gain_resolution([-0.05, -0.06, -0.04, -0.05], 2000)).startswith(
         "The synthetic data lowers")
     assert _downstream_verdict(0.05, 1, 4, 0.01).startswith("No measurable")  # most clients lose: no verdict
+
+
+def test_the_job_warns_of_a_delta_not_well_below_one_over_n_before_training(tmp_path):
+    """`fedhype train`, `budget` and the API warned when n·δ > 0.1; `fedhype run` said nothing (a probe)."""
+    _, _, lines = _run(tmp_path, "train.delta=0.002", "evaluate.downstream=false", "evaluate.interpolation=false")
+    (warn,) = [x for x in lines if "n·delta reaches" in x]
+    first_train = next(i for i, x in enumerate(lines) if x.startswith("train: ") and "warning" not in x)
+    assert warn.startswith("train: warning: delta = 0.002 is below 1/n") and lines.index(warn) < first_train
+    n = int(warn.split("n = ")[1].split(")")[0])
+    assert 0.1 < n * 0.002 < 1 and f"{n * 0.002:.3g}" in warn
+    _, _, quiet = _run(tmp_path / "b", "evaluate.downstream=false", "evaluate.interpolation=false")  # δ = 1e-4
+    assert not [x for x in quiet if "n·delta" in x]

@@ -263,3 +263,7 @@ def test_what_was_charged_again_is_named_release_or_rounds():
     ledger.record(as_rerun(_event(rnd=2)))
     ledger.record(as_rerun(_event(rnd=3)))
     assert recharged_text(ledger) == "the statistics release before round 0 (most of ε) and rounds 3, 4 (counted from 1)"
+    only = PrivacyLedger(delta=1e-4)  # a run with no DP-SGD event (dp-gaussian, no-dp-sgd): the release is all of ε
+    only.record(_event(rnd=-1, mechanism="dp-class-stats", q=1.0, steps=1))
+    only.record(as_rerun(_event(rnd=-1, mechanism="dp-class-stats", q=1.0, steps=1)))
+    assert recharged_text(only) == "the statistics release before round 0 (all of the ε spent)"

@@ -104,8 +104,9 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     if not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds < 1):  # < 1: the message below
         rounds = validate_steps(rounds, "--rounds")
     if rounds < 1:
-        raise ValidationError(f"--rounds must be ≥ 1, got {rounds}: a plan without rounds runs no DP step "
-                              "(`fedhype train` refuses it too)")
+        raise ValidationError(f"--rounds must be ≥ 1, got {rounds}: `fedhype budget` plans DP-SGD rounds after the "
+                              "statistics release; a method without rounds (`--method dp-gaussian` or `no-dp-sgd`) "
+                              "spends the whole ε on that one release, at the σ₀ `fedhype train` prints")
     if (local_epochs is None) == (local_steps is None):
         raise ValidationError("give exactly one of --local-epochs or --local-steps")
     local_flag = "--local-epochs" if local_steps is None else "--local-steps"

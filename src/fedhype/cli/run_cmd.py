@@ -9,7 +9,9 @@ import typer
 from rich.console import Console
 
 from fedhype.cli.common import JsonOpt, check_out_dir, check_out_kind, console, existing, kv_table, log_line, print_above_target, round_printer, run_command, INTERRUPTED_TRAINING
-from fedhype.cli.train_cmd import explain_min_records
+from fedhype.cli.choices import choice
+from fedhype.cli.train_cmd import _METHOD_HELP, explain_min_records
+from fedhype.federated.config import METHODS
 from fedhype.errors import ValidationError
 
 
@@ -56,12 +58,16 @@ def register(app: typer.Typer) -> None:
                  "aggregation with distributed noise (as `fedhype train --secure-aggregation`)."),
         dropout_tolerance: Optional[int] = typer.Option(
             None, "--dropout-tolerance", help="Shortcut for --set train.dropout_tolerance=t (with --secure-aggregation)."),
+        method: Optional[str] = typer.Option(
+            None, "--method", click_type=choice(METHODS),
+            help="Shortcut for --set train.method=NAME (as `fedhype train --method`): " + _METHOD_HELP),
         json_out: bool = JsonOpt,
     ) -> None:
         """Run the whole job on real data and write report.json, report.md and plots."""
 
         flags = ([f"train.secure_aggregation={str(secure_aggregation).lower()}"] if secure_aggregation is not None else []) + (
-            [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else [])
+            [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else []) + (
+            [f'train.method="{method}"'] if method is not None else [])
 
         def body() -> dict:
             from fedhype.pipeline.config import resolve
@@ -70,8 +76,12 @@ def register(app: typer.Typer) -> None:
             check_out_dir(out, "run", "give a new folder, or the folder of the job to resume")
             check_out_kind(out, "run", ("job",))  # never into a training run, a model or a folder of other files
             conf = resolve(config, [*set_, *flags], warn=lambda m: typer.echo(f"warning: {m}", err=True))
-            log_line(f"run: embed → partition → train ({conf['train']['rounds']} round{'s' if conf['train']['rounds'] != 1 else ''}) → synthesize → evaluate → "
-                     f"report, into {out}")
+            from fedhype.federated.config import get_method
+
+            n = conf["train"]["rounds"]  # a statistics-only method runs none (a probe: "train (5 rounds)" ran 0)
+            what = ("the statistics release, no DP-SGD round" if get_method(conf["train"]["method"]).statistics_only
+                    else f"{n} round{'s' if n != 1 else ''}")
+            log_line(f"run: embed → partition → train ({what}) → synthesize → evaluate → report, into {out}")
             try:
                 res = run_job(conf, out, log=log_line, on_round=round_printer(conf["train"]["rounds"]))
             except ValidationError as exc:

@@ -309,7 +309,9 @@ def register(app: typer.Typer) -> None:
                     raise ValidationError(f"--store {store} is a {s.kind!r} store; `fedhype train` trains on real "
                                           "embeddings (from `fedhype embed`)")
                 p = Partition.load(partition)
-            privacy = ("NON-PRIVATE" if cfg.no_dp else f"σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
+            sigma0 = cfg.class_stats_noise_multiplier or cfg.noise_multiplier  # a statistics-only run's one σ (a probe)
+            privacy = ("NON-PRIVATE" if cfg.no_dp else f"release σ₀ = {sigma0:g}" if cfg.statistics_only and sigma0
+                       else f"σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
                        else f"target ε = {cfg.epsilon:g}")
             m = len(sites) if sites is not None else len(p.clients)
             what = ("the statistics release alone (no DP-SGD round)" if cfg.statistics_only else
@@ -354,9 +356,12 @@ def register(app: typer.Typer) -> None:
 
                 sizes = ({s_.name: len(s_.split.train) for s_ in sites} if sites is not None
                          else {c.name: len(c.train) for c in p.clients})
-                for advice in (delta_advice(cfg.delta, sizes), subsampling_advice(cfg.batch_size, sizes)):
+                for advice in (delta_advice(cfg.delta, sizes),
+                               None if cfg.statistics_only else subsampling_advice(cfg.batch_size, sizes)):
                     if advice:  # budget said both; train said only the first (a probe)
                         log_line(f"train: warning: {advice}")
+            if (unused := cfg.unused_note()) is not None:
+                log_line(f"train: warning: {unused}")
             try:
                 if sites is not None:
                     vocab = [k.strip() for k in classes.split(",")] if classes else None

@@ -120,6 +120,12 @@ NO_SECURE_AGGREGATION = {name: m.no_secure_aggregation for name, m in METHOD_REG
 STATISTICS_ONLY = tuple(name for name, m in METHOD_REGISTRY.items() if m.statistics_only)
 
 
+#: the :class:`TrainConfig` fields only the DP-SGD rounds use (a statistics-only method ignores them:
+#: :meth:`TrainConfig.unused_settings`)
+ROUND_SETTINGS = ("rounds", "local_epochs", "local_steps", "batch_size", "participation", "lr_local", "lr_server",
+                  "lr_hyper", "lr_code", "clip_norm", "class_stats_share")
+
+
 @dataclass
 class TrainConfig:
     """How a run trains and what privacy it buys.
@@ -308,6 +314,33 @@ class TrainConfig:
     def rounds_run(self) -> int:
         """Rounds of DP-SGD actually run: ``rounds``, or 0 for a statistics-only method."""
         return 0 if self.statistics_only else int(self.rounds)
+
+    def unused_settings(self) -> list[str]:
+        """The ``train.*`` settings given away from their defaults that this run does not use, in field order.
+
+        A statistics-only method (``dp-gaussian``, ``no-dp-sgd``) runs no DP-SGD round, so the round settings
+        (:data:`ROUND_SETTINGS`) do nothing, and with ``class_stats_noise_multiplier`` set ``noise_multiplier`` is
+        not the release's σ₀ either (:func:`fedhype.privacy.plan.plan_noise`). A probe's ``--rounds 5`` /
+        ``--clip-norm 0.5`` were accepted silently and recorded as if they had run.
+        """
+        if not self.statistics_only:
+            return []
+        default = TrainConfig()
+        out = [k for k in ROUND_SETTINGS if getattr(self, k) != getattr(default, k)]
+        if self.class_stats_noise_multiplier is not None and self.noise_multiplier is not None:
+            out.append("noise_multiplier")
+        return out
+
+    def unused_note(self) -> str | None:
+        """One sentence naming :meth:`unused_settings`, or None when there are none."""
+        names = self.unused_settings()
+        if not names:
+            return None
+        why = ("runs no DP-SGD round (the statistics release takes the whole ε" + (
+            f", at σ₀ = {self.class_stats_noise_multiplier:g}" if self.class_stats_noise_multiplier is not None else "")
+            + ")")
+        return (f"train.method = {self.method!r} {why}: " + ", ".join(f"train.{k}" for k in names)
+                + (" has" if len(names) == 1 else " have") + " no effect (recorded in config.json as given)")
 
     def distributed_noise(self, n_clients: int):
         """The :class:`~fedhype.privacy.secure_agg.DistributedNoise` (m, t) of a run with secure aggregation, else None.

@@ -357,10 +357,13 @@ class FedHypeVAE:
             from fedhype.privacy.accountant import delta_advice, subsampling_advice
 
             sizes = {c.name: len(c.train) for c in partition.clients}
-            for advice in (delta_advice(cfg.delta, sizes), subsampling_advice(cfg.batch_size, sizes)):
+            for advice in (delta_advice(cfg.delta, sizes),
+                           None if cfg.statistics_only else subsampling_advice(cfg.batch_size, sizes)):
                 if advice:
                     warnings.warn(advice.replace("--batch-size ", "batch_size=").replace("--delta ", "delta="),
                                   FedhypeWarning, stacklevel=2)
+        if (unused := cfg.unused_note()) is not None:  # FedHypeVAE(method="no-dp-sgd", rounds=5): silent (a probe)
+            warnings.warn(unused, FedhypeWarning, stacklevel=2)
         temporary = None if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-"))
         out = self.out if temporary is None else temporary / "run"
         try:

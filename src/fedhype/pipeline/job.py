@@ -490,12 +490,16 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     thin = thin_classes(part, store)
     if thin:
         log(f"train: warning: {thin}")
-    if not tcfg.no_dp:  # q = 1, as `fedhype train` and `fedhype budget` warn (a probe: `fedhype run` said nothing)
-        from fedhype.privacy.accountant import subsampling_advice
+    if not tcfg.no_dp:  # δ ≪ 1/n and q = 1, as `fedhype train` and `fedhype budget` warn (probes: `fedhype run` said nothing)
+        from fedhype.privacy.accountant import delta_advice, subsampling_advice
 
-        full = subsampling_advice(tcfg.batch_size, {c.name: len(c.train) for c in part.clients}, "train.batch_size")
-        if full:
-            log(f"train: warning: {full}")
+        sizes = {c.name: len(c.train) for c in part.clients}
+        for advice in (delta_advice(tcfg.delta, sizes),
+                       None if tcfg.statistics_only else subsampling_advice(tcfg.batch_size, sizes, "train.batch_size")):
+            if advice:
+                log(f"train: warning: {advice}")
+    if (unused := tcfg.unused_note()) is not None:  # --set train.rounds=5 with dp-gaussian ran 0 rounds (a probe)
+        log(f"train: warning: {unused}")
     timings.begin("train_s")
     log.stage("train", "train: checking the privacy plan (" + (
         "σ calibrated for the target ε" if tcfg.noise_multiplier is None else "σ = train.noise_multiplier")
@@ -524,7 +528,8 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
         done = rd.committed_round()
         stage = rd.release_stage()
         released = stage in ("committed", "saved")
-        log(f"train: resuming after round {done} of {tcfg.rounds} ("
+        log("train: resuming " + ("the statistics release" if tcfg.statistics_only else
+                                  f"after round {done} of {tcfg.rounds}") + " ("
             + (release_resume_note(stage, tcfg.seed is not None) if private else
                "NON-PRIVATE: nothing is charged; "
                + ("the class statistics were computed before and are reused" if released else

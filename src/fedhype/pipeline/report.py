@@ -62,7 +62,9 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     metrics = read_json(out / "run" / "metrics.json", "metrics")
     release = _class_stats_claims(out / "run", trained).get("class_stats_epsilon")
     target_eps = conf["train"].get("epsilon") if trained["private"] and conf["train"].get("noise_multiplier") is None else None
-    training_plot(metrics, plots / "training.png", release_epsilon=release, target_epsilon=target_eps)
+    curves = bool(trained.get("rounds"))  # a run with no DP-SGD round (dp-gaussian, no-dp-sgd) has no curve to draw
+    if curves:
+        training_plot(metrics, plots / "training.png", release_epsilon=release, target_epsilon=target_eps)
     if ev.get("code_domain"):
         from fedhype.pipeline.plots import code_domain_plot
 
@@ -106,7 +108,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "timings_earlier_runs": list(getattr(timings, "earlier_runs", [])),
         "traffic": trained.get("traffic"),
         "held_out_not_dp": held_out_trend(metrics),
-        "report": str(out / "report.md"), "plots": [str(plots / "projection.png"), str(plots / "training.png")],
+        "report": str(out / "report.md"), "plots": [str(plots / "projection.png")] + ([str(plots / "training.png")] if curves else []),
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
         "fedhype_version": __version__,
     }
@@ -461,7 +463,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
     over = (f" — **above the target ε = {target}**: {_recharged_words(r)}"
             if r["private"] and above_target(r["epsilon"], target) else "")
     sgd = (f"DP-SGD σ = {_fmt(r['noise_multiplier'])}, C = {r['clip_norm']}" if r.get("noise_multiplier") is not None
-           else "no DP-SGD round: the model is the release itself (dp-gaussian)")
+           else f"no DP-SGD round: the model is the release itself ({r.get('method')})")
     priv = (f"**ε = {_fmt(r['epsilon'])}** at δ = {r['delta']} (accountant: the smaller of Opacus's PRV and RDP upper "
             f"bounds, worst client, for the steps run; target {target}; {sgd}"
             + (f"; statistics released once before round 0 — "
@@ -501,8 +503,11 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         f"| chance (one class of {r.get('n_classes') or '?'}) | {_fmt(1.0 / r['n_classes']) if r.get('n_classes') else '–'} | "
         f"{_fmt(1.0 / r['n_classes']) if r.get('n_classes') else '–'} | – |",
         "", "TSTR is the useful figure: how well a classifier trained only on the shared synthetic data does on real "
-            "data, between chance and TRTR. For the same ε, `--method dp-gaussian` (the one-shot statistics alone) "
-            "is the floor a trained generator must beat.",
+            "data, between chance and TRTR. " + (
+                "For the same ε, `--method dp-gaussian` (the one-shot statistics alone) is the floor a trained "
+                "generator must beat." if r.get("rounds") else
+                "This model is the one-shot statistics release itself, with no DP-SGD round (`--method "
+                f"{r.get('method')}`)."),
     ]
     if r.get("interpolation_mean_accuracy") is not None:
         lam = r["interpolation_mean_lambda"]
@@ -557,8 +562,9 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
               "", "![projection](plots/projection.png)", "",
               "The projection (PCA fit on the held-out real test records, which it plots beside the synthetic "
               "ones) shows real records: like the diagnostics below, it is for the data holder's eyes only.", "",
-              "![training](plots/training.png)", "",
-              "Per-round −ELBO/MMD² curves are held-out diagnostics computed on validation records; they are not "
-              "covered by the DP guarantee and are for the data holder's eyes." + _trend_sentence(r.get("held_out_not_dp")), "",
+              *(["![training](plots/training.png)", "",
+                 "Per-round −ELBO/MMD² curves are held-out diagnostics computed on validation records; they are not "
+                 "covered by the DP guarantee and are for the data holder's eyes." + _trend_sentence(r.get("held_out_not_dp")),
+                 ""] if r.get("rounds") else []),
               f"_fedhype {r['fedhype_version']}, {r['date']}, {r['machine']}_", ""]
     return "\n".join(lines)

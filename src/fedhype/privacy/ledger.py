@@ -556,13 +556,15 @@ def recharged_text(ledger: PrivacyLedger) -> str | None:
     statistics release before round 0"``, ``"round(s) [3] (counted from 1)"`` or both; None when nothing was.
 
     A probe's resume ended at ε = 1.416 against a target of 1 and was told "an interrupted round was charged again"
-    (a round costs about 0.006 there): it was the release, most of ε.
+    (a round costs about 0.006 there): it was the release, most of ε (all of it in a run with no DP-SGD event:
+    ``dp-gaussian``, ``no-dp-sgd``).
     """
     again = recharged_events(ledger)
     if not again:
         return None
     rounds = sorted({e.round + 1 for e in again if e.round >= 0})
-    parts = (["the statistics release before round 0 (most of ε)"] if any(e.round < 0 for e in again) else []) \
+    share = "most of ε" if any(e.round >= 0 for e in ledger.events) else "all of the ε spent"  # no DP-SGD round
+    parts = ([f"the statistics release before round 0 ({share})"] if any(e.round < 0 for e in again) else []) \
         + ([f"round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))} (counted from 1)"] if rounds else [])
     return " and ".join(parts)
 

@@ -219,14 +219,18 @@ def codes_note(hnet, meta: dict, kind: str) -> str | None:
 
     A model whose codes generate no client statistics (``model.client_stats`` off: ``dp-gaussian``,
     ``no-client-stats``, secure aggregation, the baselines) has one pooled decoder: its client codes
-    differ only by what DP-SGD moved the FiLM and prior heads (nothing when it has none).
+    differ only by what DP-SGD moved the FiLM and prior heads (nothing when it has none, or ran no round:
+    ``meta["rounds_done"] == 0``).
     """
     if kind == "neutral" or is_local(meta) or getattr(hnet.cfg, "client_heads", False):
         return None
+    trained = meta.get("rounds_done") != 0  # a statistics-only model (no DP-SGD round) moved no head
     why = ("it has no code-dependent parts" if not len(getattr(hnet, "heads", {}))
-           else "its codes carry no client statistics, only what DP-SGD moved the FiLM and prior heads")
+           else "its codes carry no client statistics, only what DP-SGD moved the FiLM and prior heads" if trained
+           else "its codes carry no client statistics, and no DP-SGD round moved its heads")
     return (f"this {meta.get('method')} model has one pooled decoder ({why}): client and mixture codes sample "
-            "(nearly) the same distribution as --code neutral; per-client statistics need model.client_stats "
+            + ("(nearly) " if trained and len(getattr(hnet, "heads", {})) else "")
+            + "the same distribution as --code neutral; per-client statistics need model.client_stats "
             "without secure aggregation")
 
 
