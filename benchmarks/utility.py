@@ -159,7 +159,20 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB (Linux: KiB); one process per job with --jobs > 1
     return {**row, "machine": machine(), "wall_s": time.perf_counter() - t, "peak_rss_mb": peak, "train_s": rep.get("timings_s", {}).get("train_s"),
+            "embedding_dtype": embedding_dtype(out / "embeddings.safetensors"),
             **{k: rep.get(k) for k in KEYS}, "per_client": per_client}
+
+
+def embedding_dtype(path: Path) -> str | None:
+    """The compute dtype the job's embeddings were made with (``data.dtype = "auto"`` gives bfloat16 only on a CPU
+    with bfloat16 instructions: rows measured on different machines may differ in it); None where not recorded."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return json.loads(f.metadata()["fedhype"])["meta"].get("dtype")
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def _groups(rows: list[dict], key) -> dict:
@@ -444,6 +457,11 @@ def main() -> None:
     dates: dict[str, int] = {}
     for r in rows:
         dates[r.get("measured", today)] = dates.get(r.get("measured", today), 0) + 1
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r.get("embedding_dtype") or "not recorded"] = kinds.get(r.get("embedding_dtype") or "not recorded", 0) + 1
+    if len(kinds) > 1:
+        where += "; embeddings computed in " + ", ".join(f"{d} ({n} rows)" for d, n in sorted(kinds.items()))
     if set(dates) != {today}:
         where += "; rows measured " + ", ".join(f"{d} ({n})" for d, n in sorted(dates.items())) + (
             " (`--reuse-results`: the committed rows, the missing cells run)" if a.reuse_results else "")
