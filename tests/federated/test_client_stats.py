@@ -647,3 +647,30 @@ def test_no_dp_sgd_is_ours_model_from_the_whole_budget_with_no_round(real_store,
     with torch.no_grad():  # each client code gives its own Gaussian: the clients' domains differ
         means = [_moments(hnet(codes[i]), hnet.space())[0] for i in range(len(part.clients))]
     assert min(float((means[i] - means[0]).norm()) for i in range(1, len(means))) > 0.05
+
+
+def test_a_client_code_the_shrinkage_pooled_is_noted_and_is_the_neutral_model(real_store, part, tmp_path):
+    """A probe: `--code client:mnist-m` of a no-dp-sgd model at ε = 1 gave the neutral code's rows without a word
+    (the client shrinkage had kept none of that client's statistics; here at ε = 0.3 on 800 images, seed 0)."""
+    train(real_store, part, TrainConfig(method="no-dp-sgd", epsilon=0.3, seed=0, model=SMALL), tmp_path / "run",
+          diagnostics=False)
+    hnet, codes, meta = load_model(tmp_path / "run")
+    kept = meta["client_mean_shrinkage"]
+    assert len(kept) == len(part.clients) and meta["client_cov_shrinkage"] is not None
+    pooled = [i for i, k in enumerate(kept) if k == 0 and meta["client_cov_shrinkage"][i] == 0]
+    own = [i for i, k in enumerate(kept) if k > 0]
+    assert pooled and own  # both kinds here (kept 0.036 / 0 / 0 / 0)
+    w = torch.tensor(meta["client_sizes"], dtype=codes.dtype)
+    neutral = (w[:, None] * codes).sum(0) / w.sum()
+    with torch.no_grad():
+        base = hnet(neutral, client_stats=False)
+        for i in pooled:  # exactly the neutral model: no DP-SGD round moved anything
+            assert all(torch.allclose(v, base[k], atol=1e-6) for k, v in hnet(codes[i]).items()), i
+        assert not all(torch.allclose(v, base[k], atol=1e-3) for k, v in hnet(codes[own[0]]).items())
+    name = part.clients[pooled[0]].name
+    syn = synthesize(tmp_path / "run", f"client:{name}", per_class=2, seed=0)
+    (note,) = [n["text"] for n in syn.meta["notes"] if n["kind"] == "pooled"]
+    assert note.startswith(f"client(s) {name}: the release's client shrinkage kept none of its own class means")
+    assert note.endswith("the pooled DP Gaussian — the same distribution as --code neutral")
+    assert not [n for n in synthesize(tmp_path / "run", f"client:{part.clients[own[0]].name}", per_class=2,
+                                      seed=0).meta.get("notes", []) if n["kind"] == "pooled"]

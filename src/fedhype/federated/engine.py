@@ -589,7 +589,9 @@ def _write_model(state: RunState, rounds_done: int | None = None) -> None:
         counts = outputs.get("client_class_counts")
         if counts is not None:
             meta["client_class_counts"] = counts  # DP counts [m][K]: per-class weights of a mixture
-        for k in RELEASE_NOTE_KEYS:  # model.located_share = "auto"'s choice, F, r
+        # model.located_share = "auto"'s choice, F, r; and per client the share of its own statistics the client
+        # shrinkage kept (synthesize notes a client code that is the pool's: fedhype.synthesis.sample.pooled_clients_note)
+        for k in (*RELEASE_NOTE_KEYS, "client_mean_shrinkage", "client_cov_shrinkage"):
             if k in outputs:
                 meta[k] = outputs[k]
     save_model(run.model, server.hnet, server.codes, meta)

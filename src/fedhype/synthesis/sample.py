@@ -181,6 +181,7 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
              ("absent", absent_note(unclear, counts, label_weights=label_weights, n_clients=len(clients))),
              ("empty", empty_classes_note(counts, label_weights, class_names, n)),
              ("codes", codes_note(hnet, meta, spec.kind)),
+             ("pooled", pooled_clients_note(spec, meta, names)),
              ("few", few_classes_note(spec, meta, cfg.n_classes, names, count_std=std,
                                       skip={u.index for u in unclear} | {k for k, c in enumerate(counts) if not c}))]
     notes = [{"kind": k, "text": t} for k, t in notes if t]
@@ -251,6 +252,34 @@ def empty_classes_note(counts: list[int], label_weights: list[float] | None, cla
 #: :func:`few_classes_note` without the count noise (no ``config.json`` beside the model): a class below this
 #: fraction of a uniform share of the chosen clients' records
 FEW_CLASS_SHARE = 0.2
+
+
+def pooled_clients_note(spec, meta: dict, names) -> str | None:
+    """The clients of a ``client:`` / ``mix:`` / ``mixture`` code whose own statistics the release's client
+    shrinkage kept none of, or None.
+
+    The client shrinkage (``model.client_shrinkage``, :mod:`fedhype.federated.client_shrinkage`) pulls each client's
+    DP class means and covariance toward the pooled ones by a factor from its signal against the noise; at 0 (model
+    metadata ``client_mean_shrinkage`` and ``client_cov_shrinkage``, post-processing of DP outputs) the client's
+    code generates the pooled DP Gaussian — exactly the neutral code's draw in a model with no DP-SGD round
+    (``rounds_done`` 0), that plus what the rounds learned otherwise. A probe's ``--code client:mnist-m`` gave the
+    neutral code's rows without a word. None for ``neutral`` and for models without client statistics.
+    """
+    kept_mean, kept_cov = meta.get("client_mean_shrinkage"), meta.get("client_cov_shrinkage")
+    if kept_mean is None or spec.kind not in ("client", "mix", "mixture"):
+        return None
+    chosen = [i for i, w in zip(spec.indices, spec.weights) if w > 0]
+    pooled = [i for i in chosen if not kept_mean[i] and (kept_cov is None or not kept_cov[i])]
+    if not pooled:
+        return None
+    one = len(pooled) == 1
+    trained = meta.get("rounds_done") != 0
+    same = not trained and len(pooled) == len(chosen)
+    return (f"client(s) {', '.join(str(names[i]) for i in pooled)}: the release's client shrinkage kept none of "
+            f"{'its' if one else 'their'} own class means and covariance (they did not stand out from the noise), so "
+            f"{'its code gives' if one else 'their codes give'} the pooled DP Gaussian"
+            + (" plus what the DP-SGD rounds learned" if trained else "")
+            + (" — the same distribution as --code neutral" if same else ""))
 
 
 def few_classes_note(spec, meta: dict, n_classes: int, names, count_std: float | None = None,
