@@ -320,6 +320,7 @@ def test_train_of_a_statistics_only_method_names_the_sigma_it_released_at(files,
     assert r.exit_code == 0, r.output
     assert "(dp-gaussian, release σ₀ = 5, δ = 0.0001)" in r.stderr and "σ = 2" not in r.stderr
     assert "train.noise_multiplier has no effect" in r.stderr
+    assert "release σ₀" in r.stdout and "upload bytes/round" not in r.stdout  # no round: no per-round traffic
     from fedhype.privacy.ledger import PrivacyLedger
 
     sigmas = {e.mechanism: e.noise_multiplier for e in PrivacyLedger.load(tmp_path / "run" / "ledger.json").events}

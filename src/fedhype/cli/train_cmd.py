@@ -119,7 +119,10 @@ def _render(res: dict) -> None:
     if res.get("secure_aggregation"):
         rows["secure aggregation"] = (f"m = {res['secure_aggregation']['clients']}, t = "
                                       f"{res['secure_aggregation']['dropout_tolerance']}")
-    rows["upload bytes/round/client"] = res["traffic"]["upload_bytes_per_round"]
+    if res.get("rounds_planned"):  # a statistics-only run has no round and no DP-SGD σ: its release σ₀ (a probe)
+        rows["upload bytes/round/client"] = res["traffic"]["upload_bytes_per_round"]
+    elif res.get("class_stats_noise_multiplier") is not None:
+        rows["release σ₀"] = res["class_stats_noise_multiplier"]
     Console().print(kv_table("fedhype train", rows))
     if not res["private"]:
         console.print("[bold yellow]NON-PRIVATE run (--no-dp): no DP guarantee on any output[/]")
