@@ -354,17 +354,11 @@ def register(app: typer.Typer) -> None:
             else:
                 log_line(f"train: {what} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''} ({cfg.method}, "
                          f"{privacy}, δ = {cfg.delta:g})")
-            if not cfg.no_dp:  # δ < 1/n is refused by the plan; δ ≪ 1/n is advised (as `fedhype budget` warns)
-                from fedhype.privacy.accountant import delta_advice, subsampling_advice
-
-                sizes = ({s_.name: len(s_.split.train) for s_ in sites} if sites is not None
-                         else {c.name: len(c.train) for c in p.clients})
-                for advice in (delta_advice(cfg.delta, sizes),
-                               None if cfg.statistics_only else subsampling_advice(cfg.batch_size, sizes)):
-                    if advice:  # budget said both; train said only the first (a probe)
-                        log_line(f"train: warning: {advice}")
-            if (unused := cfg.unused_note()) is not None:
-                log_line(f"train: warning: {unused}")
+            # δ < 1/n is refused by the plan; δ ≪ 1/n is advised (as `fedhype budget` warns), and the rest
+            sizes = ({s_.name: len(s_.split.train) for s_ in sites} if sites is not None
+                     else {c.name: len(c.train) for c in p.clients})
+            for advice in cfg.plan_warnings(sizes):
+                log_line(f"train: warning: {advice}")
             try:
                 if sites is not None:
                     vocab = [k.strip() for k in classes.split(",")] if classes else None

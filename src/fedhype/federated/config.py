@@ -331,6 +331,23 @@ class TrainConfig:
             out.append("noise_multiplier")
         return out
 
+    def plan_warnings(self, sizes: dict[str, int], batch_flag: str = "--batch-size") -> list[str]:
+        """What ``train``, ``run`` and the API warn about a plan before it runs, in that order: δ not well below 1/n
+        and a batch at or above a client's training set (private runs; the second only where DP-SGD steps
+        subsample), and :meth:`unused_note`.
+
+        Args:
+            sizes: client name → training-set size n_i (public).
+            batch_flag: how the batch size is named in the advice (``--batch-size``, ``train.batch_size``).
+        """
+        from fedhype.privacy.accountant import delta_advice, subsampling_advice
+
+        out = []
+        if not self.no_dp:
+            out += [delta_advice(self.delta, sizes),
+                    None if self.statistics_only else subsampling_advice(self.batch_size, sizes, batch_flag)]
+        return [a for a in (*out, self.unused_note()) if a]
+
     def unused_note(self) -> str | None:
         """One sentence naming :meth:`unused_settings`, or None when there are none."""
         names = self.unused_settings()

@@ -353,17 +353,10 @@ class FedHypeVAE:
             raise ValidationError(f"fit: resume must be True or False, got {shown(resume)}")
         self._check_out(resume)
         cfg = self.train_config if self.train_config is not None else train_config(self.config)
-        if not cfg.no_dp:  # what `fedhype train` prints as warnings (a notebook user saw none: a probe)
-            from fedhype.privacy.accountant import delta_advice, subsampling_advice
-
-            sizes = {c.name: len(c.train) for c in partition.clients}
-            for advice in (delta_advice(cfg.delta, sizes),
-                           None if cfg.statistics_only else subsampling_advice(cfg.batch_size, sizes)):
-                if advice:
-                    warnings.warn(advice.replace("--batch-size ", "batch_size=").replace("--delta ", "delta="),
-                                  FedhypeWarning, stacklevel=2)
-        if (unused := cfg.unused_note()) is not None:  # FedHypeVAE(method="no-dp-sgd", rounds=5): silent (a probe)
-            warnings.warn(unused, FedhypeWarning, stacklevel=2)
+        # what `fedhype train` prints as warnings (a notebook user saw none: a probe)
+        for advice in cfg.plan_warnings({c.name: len(c.train) for c in partition.clients}):
+            warnings.warn(advice.replace("--batch-size ", "batch_size=").replace("--delta ", "delta="),
+                          FedhypeWarning, stacklevel=2)
         temporary = None if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-"))
         out = self.out if temporary is None else temporary / "run"
         try:

@@ -490,16 +490,9 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     thin = thin_classes(part, store)
     if thin:
         log(f"train: warning: {thin}")
-    if not tcfg.no_dp:  # δ ≪ 1/n and q = 1, as `fedhype train` and `fedhype budget` warn (probes: `fedhype run` said nothing)
-        from fedhype.privacy.accountant import delta_advice, subsampling_advice
-
-        sizes = {c.name: len(c.train) for c in part.clients}
-        for advice in (delta_advice(tcfg.delta, sizes),
-                       None if tcfg.statistics_only else subsampling_advice(tcfg.batch_size, sizes, "train.batch_size")):
-            if advice:
-                log(f"train: warning: {advice}")
-    if (unused := tcfg.unused_note()) is not None:  # --set train.rounds=5 with dp-gaussian ran 0 rounds (a probe)
-        log(f"train: warning: {unused}")
+    # δ ≪ 1/n, q = 1 and unused round settings, as `fedhype train` warns (probes: `fedhype run` said nothing)
+    for advice in tcfg.plan_warnings({c.name: len(c.train) for c in part.clients}, "train.batch_size"):
+        log(f"train: warning: {advice}")
     timings.begin("train_s")
     log.stage("train", "train: checking the privacy plan (" + (
         "σ calibrated for the target ε" if tcfg.noise_multiplier is None else "σ = train.noise_multiplier")
