@@ -19,6 +19,24 @@ TEST_CACHE = Path(os.environ.get("FEDHYPE_TEST_CACHE") or "/tmp/fedhype-test-cac
 REAL_STORE = {"dataset": "digits-domains", "encoder": "dinov2-vits14", "limit": 800, "seed": 0, "image_size": 84}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def dp_sgd_stage_on():
+    """Every test trains ``fedhypevae`` with its DP-SGD stage unless it says otherwise: the test sets have clients
+    of 100–300 records, where the shipped rule (``train.dp_sgd_min_records``, docs/method.md decision 22) would
+    switch the stage off and the DP-SGD path would go untested. A test of the rule gives the value it tests
+    (``TrainConfig(dp_sgd_min_records=...)``, ``--dp-sgd-min-records``) or uses :data:`SHIPPED_DP_SGD_MIN_RECORDS`.
+    The constant is read when a config is made, so configs these tests write for other processes carry the 0."""
+    from fedhype.federated import config
+
+    with pytest.MonkeyPatch.context() as mp:  # session-wide: before the session fixtures that train runs
+        mp.setattr(config, "DEFAULT_DP_SGD_MIN_RECORDS", 0)
+        yield
+
+
+#: the shipped default of ``train.dp_sgd_min_records`` (before :func:`dp_sgd_stage_on` sets it to 0)
+SHIPPED_DP_SGD_MIN_RECORDS = __import__("fedhype.federated.config", fromlist=["x"]).DEFAULT_DP_SGD_MIN_RECORDS
+
+
 @pytest.fixture(scope="session")
 def real_store():
     """:class:`~fedhype.data.store.EmbeddingStore` of 800 real digits × 384-d DINOv2 features (float32)."""

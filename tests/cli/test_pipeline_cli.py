@@ -325,3 +325,62 @@ def test_train_of_a_statistics_only_method_names_the_sigma_it_released_at(files,
 
     sigmas = {e.mechanism: e.noise_multiplier for e in PrivacyLedger.load(tmp_path / "run" / "ledger.json").events}
     assert sigmas["dp-class-stats"] > 5.0 and "dp-sgd" not in sigmas  # σ₀ = 5 split with the centre step
+
+
+def test_the_default_job_on_small_clients_runs_without_the_dp_sgd_stage_and_says_why(tmp_path, monkeypatch):
+    """The shipped rule (docs/method.md, decision 22): the default method on clients whose median has fewer than
+    train.dp_sgd_min_records training records runs the no-dp-sgd model; run, train's log and the report say why."""
+    from conftest import SHIPPED_DP_SGD_MIN_RECORDS
+
+    from fedhype.federated import config
+
+    monkeypatch.setattr(config, "DEFAULT_DP_SGD_MIN_RECORDS", SHIPPED_DP_SGD_MIN_RECORDS)
+    args = ["run", "--out", str(tmp_path / "job"), "--json",
+            "--set", f"data.limit={REAL_STORE['limit']}", "--set", f"data.image_size={REAL_STORE['image_size']}",
+            "--set", f"data.cache_dir=\"{TEST_CACHE / 'embeddings'}\"", "--set", "train.rounds=3",
+            "--set", "train.seed=0", "--set", "evaluate.permutations=10",
+            "--set", "evaluate.prototypes=false", "--set", "evaluate.dp_linear=false", *SMALL_MODEL_SET]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    rep = _json(r)
+    assert rep["method"] == "no-dp-sgd" and rep["rounds"] == 0 and 0.99 < rep["epsilon"] <= 1.0
+    k = f"{SHIPPED_DP_SGD_MIN_RECORDS:,}"
+    assert (f"train (3 rounds if the median client has ≥ {k} training records, else the statistics release alone)"
+            in r.stderr)
+    why = f"the median client has 108 training records, fewer than train.dp_sgd_min_records = {k}"
+    assert f"train: {why}" in r.stderr
+    assert f"train: warning: no DP-SGD round runs ({why}" in r.stderr and "train.rounds has no effect" in r.stderr
+    assert rep["dp_sgd_stage_off"].startswith(why)
+    md = (tmp_path / "job" / "report.md").read_text()
+    assert f"(`--method no-dp-sgd`: {why}" in md
+    assert json.loads((tmp_path / "job" / "config.json").read_text())["train"]["method"] == "fedhypevae"
+    assert json.loads((tmp_path / "job" / "run" / "config.json").read_text())["train"]["method"] == "no-dp-sgd"
+
+
+def test_train_and_budget_name_the_stage_rule(files, tmp_path, monkeypatch):
+    r = CliRunner().invoke(app, ["train", "--store", str(files / "emb.safetensors"), "--partition",
+                                 str(files / "part.json"), "--out", str(tmp_path / "run"), "--epsilon", "4",
+                                 "--dp-sgd-min-records", "100000", "--seed", "0"])
+    assert r.exit_code == 0, r.output
+    assert "train: the statistics release alone (no DP-SGD round) over" in r.stderr and "(no-dp-sgd, target ε = 4" in r.stderr
+    assert "fewer than train.dp_sgd_min_records = 100,000" in r.stderr
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    assert "dp-sgd" not in {e.mechanism for e in PrivacyLedger.load(tmp_path / "run" / "ledger.json").events}
+    # the resume of that run under the same flag finds it finished; budget plans DP-SGD rounds and says train's
+    # default would not run them for these sizes
+    again = CliRunner().invoke(app, ["train", "--store", str(files / "emb.safetensors"), "--partition",
+                                     str(files / "part.json"), "--out", str(tmp_path / "run"), "--epsilon", "4",
+                                     "--dp-sgd-min-records", "100000", "--seed", "0", "--resume"])
+    assert again.exit_code == 0 and "is finished (its statistics release" in again.stderr, again.output
+    from conftest import SHIPPED_DP_SGD_MIN_RECORDS
+
+    from fedhype.federated import config
+
+    monkeypatch.setattr(config, "DEFAULT_DP_SGD_MIN_RECORDS", SHIPPED_DP_SGD_MIN_RECORDS)
+    b = CliRunner().invoke(app, ["budget", "--client-sizes", "900,1000,800", "--epsilon", "1", "--json"])
+    assert b.exit_code == 0, b.output
+    (w,) = [w for w in json.loads(b.stdout)["warnings"] if "no DP-SGD round" in w]
+    assert w.startswith("with these sizes `fedhype train` runs no DP-SGD round by default: the median client has 900")
+    b = CliRunner().invoke(app, ["budget", "--client-sizes", "4000,5000,3000", "--epsilon", "1", "--json"])
+    assert not [w for w in json.loads(b.stdout)["warnings"] if "no DP-SGD round" in w]

@@ -154,6 +154,12 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     full = subsampling_advice(batch_size, {r["name"]: r["n"] for r in rows})
     if full:  # q = min(1, B/n) = 1: no subsampling, so no amplification (a new user's probe: no word of it)
         warnings.append(full)
+    from fedhype.federated.config import TrainConfig
+
+    off = TrainConfig(secure_aggregation=bool(secure_aggregation)).stage_off_reason([r["n"] for r in rows])
+    if off:  # train's default method would not run the rounds this plans (docs/method.md, decision 22)
+        warnings.append(f"with these sizes `fedhype train` runs no DP-SGD round by default: {off}; this plan is that "
+                        "of `fedhype train --dp-sgd-min-records 0`")
     for r in rows:
         rep = epsilon_report(prefix + [(sigma, r["sample_rate"], r["steps"])], delta)
         r.update({k: rep[k] for k in ("epsilon", "accountant", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "warnings")})

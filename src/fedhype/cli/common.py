@@ -360,7 +360,10 @@ def config_default(section: str, key: str) -> Callable[[], Any]:
             found = {f.name: f for f in fields(cls)}
             if key not in found:
                 raise KeyError(f"{cls.__name__} has no field {key!r}")
-            return None if found[key].default is MISSING else found[key].default
+            f = found[key]
+            if f.default is MISSING and f.default_factory is not MISSING and key != "model":
+                return f.default_factory()  # a default read when the config is made (dp_sgd_min_records)
+            return None if f.default is MISSING else f.default
         from fedhype.pipeline.config import DEFAULTS
 
         return DEFAULTS[section][key]

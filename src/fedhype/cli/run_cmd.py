@@ -81,6 +81,11 @@ def register(app: typer.Typer) -> None:
             n = conf["train"]["rounds"]  # a statistics-only method runs none (a probe: "train (5 rounds)" ran 0)
             what = ("the statistics release, no DP-SGD round" if get_method(conf["train"]["method"]).statistics_only
                     else f"{n} round{'s' if n != 1 else ''}")
+            from fedhype.pipeline.config import train_config
+
+            k = train_config(conf).stage_off_reason([0]) and train_config(conf).dp_sgd_min_records
+            if k:  # the stage rule decides once the partition's sizes are known (docs/method.md, decision 22)
+                what += f" if the median client has ≥ {k:,} training records, else the statistics release alone"
             log_line(f"run: embed → partition → train ({what}) → synthesize → evaluate → report, into {out}")
             try:
                 res = run_job(conf, out, log=log_line, on_round=round_printer(conf["train"]["rounds"]))

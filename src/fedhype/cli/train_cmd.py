@@ -158,7 +158,8 @@ def finished_run(out: Path, cfg: "TrainConfig | None" = None) -> dict | None:
             import json
 
             def same(d: dict) -> dict:
-                return {k: v for k, v in json.loads(json.dumps(d)).items() if k != "max_epsilon"}
+                # dp_sgd_min_records: an input of the stage rule, whose outcome train.method records (resolve_stage)
+                return {k: v for k, v in json.loads(json.dumps(d)).items() if k not in ("max_epsilon", "dp_sgd_min_records")}
 
             if same(cfg.to_dict()) != same(recorded):
                 return None
@@ -260,6 +261,10 @@ def register(app: typer.Typer) -> None:
         min_records: int = _opt("min_records", "--min-records",
                                 help="Refuse a client with fewer training records (`fedhype partition --min-records` "
                                      "is the partition-time minimum)."),
+        dp_sgd_min_records: int = _opt("dp_sgd_min_records", "--dp-sgd-min-records",
+                                       help="fedhypevae runs its DP-SGD stage only where the median client has at "
+                                            "least this many training records; below, the statistics release takes "
+                                            "the whole ε (the no-dp-sgd model). 0: always run it."),
         hidden: Optional[int] = _opt("hidden", "--hidden", section="model",
                                      help="Width of the CVAE's hidden layers (model size)."),
         latent: Optional[str] = _opt("latent", "--latent", section="model", callback=auto_or_count, metavar="auto|INTEGER",
@@ -303,7 +308,7 @@ def register(app: typer.Typer) -> None:
                                     centre_share=centre_share, release_radius=release_radius,
                                     release_centre=release_centre, secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                                     class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
-                                    min_records=min_records, method=method),
+                                    min_records=min_records, dp_sgd_min_records=dp_sgd_min_records, method=method),
                                {"hidden": hidden, "latent": latent, **model_settings(set_, hidden=hidden, latent=latent)})
             sites = _sites(store, partition, site, classes)
             if sites is None:
@@ -312,6 +317,15 @@ def register(app: typer.Typer) -> None:
                     raise ValidationError(f"--store {store} is a {s.kind!r} store; `fedhype train` trains on real "
                                           "embeddings (from `fedhype embed`)")
                 p = Partition.load(partition)
+            sizes = ({s_.name: len(s_.split.train) for s_ in sites} if sites is not None
+                     else {c.name: len(c.train) for c in p.clients})
+            # fedhypevae without its DP-SGD stage for small clients (public sizes; docs/method.md, decision 22), as
+            # the engine resolves it: the header, the resume checks and the advice below are about the run that runs
+            from fedhype.federated.rundir import RunDir
+            from fedhype.federated.run_plan import recorded_config, resolve_stage
+
+            given = cfg
+            cfg = resolve_stage(cfg, sizes, recorded_config(RunDir(out), resume) if (out / "config.json").exists() else None)
             sigma0 = cfg.class_stats_noise_multiplier or cfg.noise_multiplier  # a statistics-only run's one σ (a probe)
             privacy = ("NON-PRIVATE" if cfg.no_dp else f"release σ₀ = {sigma0:g}" if cfg.statistics_only and sigma0
                        else f"σ = {cfg.noise_multiplier:g}" if cfg.noise_multiplier is not None
@@ -354,10 +368,10 @@ def register(app: typer.Typer) -> None:
             else:
                 log_line(f"train: {what} over {m} {'site' if sites else 'client'}{'s' if m != 1 else ''} ({cfg.method}, "
                          f"{privacy}, δ = {cfg.delta:g})")
+                if cfg is not given:
+                    log_line(f"train: {given.stage_off_reason(sizes)}")
             # δ < 1/n is refused by the plan; δ ≪ 1/n is advised (as `fedhype budget` warns), and the rest
-            sizes = ({s_.name: len(s_.split.train) for s_ in sites} if sites is not None
-                     else {c.name: len(c.train) for c in p.clients})
-            for advice in cfg.plan_warnings(sizes):
+            for advice in given.plan_warnings(sizes):
                 log_line(f"train: warning: {advice}")
             try:
                 if sites is not None:

@@ -120,6 +120,13 @@ NO_SECURE_AGGREGATION = {name: m.no_secure_aggregation for name, m in METHOD_REG
 STATISTICS_ONLY = tuple(name for name, m in METHOD_REGISTRY.items() if m.statistics_only)
 
 
+#: the median client training-set size n_i below which ``fedhypevae`` runs without its DP-SGD stage: the
+#: statistics release then takes the whole ε (the ``no-dp-sgd`` model; docs/method.md, decision 22, chosen on
+#: validation splits: benchmarks/results/release_defaults.md, "DP-SGD stage, client size")
+DEFAULT_DP_SGD_MIN_RECORDS = 1500
+#: the method whose DP-SGD stage :attr:`TrainConfig.dp_sgd_min_records` switches off, and what it runs instead
+STAGE_METHOD, NO_STAGE_METHOD = "fedhypevae", "no-dp-sgd"
+
 #: the :class:`TrainConfig` fields only the DP-SGD rounds use (a statistics-only method ignores them:
 #: :meth:`TrainConfig.unused_settings`)
 ROUND_SETTINGS = ("rounds", "local_epochs", "local_steps", "batch_size", "participation", "lr_local", "lr_server",
@@ -188,6 +195,10 @@ class TrainConfig:
         max_epsilon: refuse (exit 3) before a round that would take any client over this ε.
         seed: reproducible run (recorded as "not secure"); None = noise seeded from OS entropy.
         min_records: smallest client training set accepted.
+        dp_sgd_min_records: ``fedhypevae`` runs its DP-SGD stage only where the median client has at least this
+            many training records (public sizes); below it the statistics release takes the whole ε and the model
+            is ``no-dp-sgd``'s (:meth:`for_clients`; docs/method.md, decision 22). Per-client releases under DP
+            only (the rule was not measured under secure aggregation or without DP); 0 always runs the stage.
         method: the name of a registered :class:`Method` (:data:`METHOD_REGISTRY`: ours, the baselines,
             the ablations).
         model: :class:`ModelConfig` overrides.
@@ -218,6 +229,8 @@ class TrainConfig:
     max_epsilon: float | None = None
     seed: int | None = None
     min_records: int = 20
+    # read when a config is made (not at import): tests of the DP-SGD path on small sets set the constant to 0
+    dp_sgd_min_records: int = field(default_factory=lambda: DEFAULT_DP_SGD_MIN_RECORDS)
     method: str = "fedhypevae"
     model: dict = field(default_factory=dict)
 
@@ -266,6 +279,10 @@ class TrainConfig:
         if self.class_stats_noise_multiplier is not None and not (self.class_stats_noise_multiplier > 0):
             raise ValidationError(f"train.class_stats_noise_multiplier must be > 0, got {self.class_stats_noise_multiplier}")
         get_method(self.method)  # a registered method (ValidationError naming the known ones)
+        if isinstance(self.dp_sgd_min_records, bool) or not isinstance(self.dp_sgd_min_records, int) \
+                or self.dp_sgd_min_records < 0:
+            raise ValidationError("train.dp_sgd_min_records (--dp-sgd-min-records) must be a whole number ≥ 0 "
+                                  f"(0: always run the DP-SGD stage), got {self.dp_sgd_min_records!r}")
         if not isinstance(self.secure_aggregation, bool):
             raise ValidationError(f"train.secure_aggregation must be true or false, got {self.secure_aggregation!r}")
         if isinstance(self.dropout_tolerance, bool) or not isinstance(self.dropout_tolerance, int) or self.dropout_tolerance < 0:
@@ -315,6 +332,47 @@ class TrainConfig:
         """Rounds of DP-SGD actually run: ``rounds``, or 0 for a statistics-only method."""
         return 0 if self.statistics_only else int(self.rounds)
 
+    def stage_off_reason(self, sizes) -> str | None:
+        """Why :meth:`for_clients` runs ``fedhypevae`` without its DP-SGD stage for these client sizes, or None
+        when it does not (another method, no DP, secure aggregation, a model that releases no statistics
+        (``model.class_bias = false``), ``dp_sgd_min_records = 0``, or a median client of at least
+        ``dp_sgd_min_records`` records).
+
+        Args:
+            sizes: the clients' training-set sizes n_i (public; an iterable of ints, or a name → size mapping).
+        """
+        values = sorted(int(n) for n in (sizes.values() if hasattr(sizes, "values") else sizes))
+        if (self.method != STAGE_METHOD or self.no_dp or self.secure_aggregation or not self.dp_sgd_min_records
+                or not values or not self.model_config(1, 2).class_bias):  # no release: the stage is all it learns
+            return None
+        import statistics
+
+        median = statistics.median(values)
+        if median >= self.dp_sgd_min_records:
+            return None
+        return (f"the median client has {median:,g} training records, fewer than train.dp_sgd_min_records = "
+                f"{self.dp_sgd_min_records:,}: without the DP-SGD stage the statistics release takes the whole ε "
+                f"(the {NO_STAGE_METHOD!r} model; docs/method.md, decision 22; train.dp_sgd_min_records = 0, "
+                "--dp-sgd-min-records 0 in `fedhype train`, runs the stage)")
+
+    def for_clients(self, sizes) -> "TrainConfig":
+        """This configuration for clients of these sizes: ``method = "no-dp-sgd"`` where
+        :meth:`stage_off_reason` says the DP-SGD stage is off, else itself (idempotent).
+
+        Per-record DP-SGD noise shrinks as 1/n_i: on validation splits the stage paid its 5 % of ε with clients of
+        ~4,150 and ~2,300 records (median; level at ε = 4 with the second) and not with clients of ~400–900
+        (docs/method.md, decision 22). Client sizes are released exactly (README, "Privacy model"), so the rule
+        spends no ε.
+
+        Args:
+            sizes: the clients' training-set sizes n_i (an iterable of ints, or a name → size mapping).
+        """
+        if self.stage_off_reason(sizes) is None:
+            return self
+        import dataclasses
+
+        return dataclasses.replace(self, method=NO_STAGE_METHOD)
+
     def unused_settings(self) -> list[str]:
         """The ``train.*`` settings given away from their defaults that this run does not use, in field order.
 
@@ -334,7 +392,9 @@ class TrainConfig:
     def plan_warnings(self, sizes: dict[str, int], batch_flag: str = "--batch-size") -> list[str]:
         """What ``train``, ``run`` and the API warn about a plan before it runs, in that order: δ not well below 1/n
         and a batch at or above a client's training set (private runs; the second only where DP-SGD steps
-        subsample), and :meth:`unused_note`.
+        subsample), and :meth:`unused_note` — for this configuration as :meth:`for_clients` resolves it for
+        ``sizes`` (call it on the configuration as given: a round setting given to ``fedhypevae`` whose stage is
+        off for these sizes is named, with the reason).
 
         Args:
             sizes: client name → training-set size n_i (public).
@@ -342,21 +402,27 @@ class TrainConfig:
         """
         from fedhype.privacy.accountant import delta_advice, subsampling_advice
 
+        cfg, off = self.for_clients(sizes), self.stage_off_reason(sizes)
         out = []
-        if not self.no_dp:
-            out += [delta_advice(self.delta, sizes),
-                    None if self.statistics_only else subsampling_advice(self.batch_size, sizes, batch_flag)]
-        return [a for a in (*out, self.unused_note()) if a]
+        if not cfg.no_dp:
+            out += [delta_advice(cfg.delta, sizes),
+                    None if cfg.statistics_only else subsampling_advice(cfg.batch_size, sizes, batch_flag)]
+        return [a for a in (*out, cfg.unused_note(off)) if a]
 
-    def unused_note(self) -> str | None:
-        """One sentence naming :meth:`unused_settings`, or None when there are none."""
+    def unused_note(self, stage_off: str | None = None) -> str | None:
+        """One sentence naming :meth:`unused_settings`, or None when there are none.
+
+        Args:
+            stage_off: :meth:`stage_off_reason` of the configuration as given, when :meth:`for_clients` turned
+                ``fedhypevae`` into ``no-dp-sgd`` (the sentence then gives that reason instead of the method)."""
         names = self.unused_settings()
         if not names:
             return None
         why = ("runs no DP-SGD round (the statistics release takes the whole ε" + (
             f", at σ₀ = {self.class_stats_noise_multiplier:g}" if self.class_stats_noise_multiplier is not None else "")
             + ")")
-        return (f"train.method = {self.method!r} {why}: " + ", ".join(f"train.{k}" for k in names)
+        head = (f"no DP-SGD round runs ({stage_off})" if stage_off else f"train.method = {self.method!r} {why}")
+        return (f"{head}: " + ", ".join(f"train.{k}" for k in names)
                 + (" has" if len(names) == 1 else " have") + " no effect (recorded in config.json as given)")
 
     def distributed_noise(self, n_clients: int):

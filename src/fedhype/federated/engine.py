@@ -54,7 +54,9 @@ from fedhype.federated.result import TrainResult
 from fedhype.federated.rundir import RELEASE_OUTPUTS, RELEASE_STATE, RunDir, backfill_release_means, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
 from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan, check_run_disk,  # noqa: F401
-                                        check_resumed_settings, committed_rounds, plan_privacy, recorded_config, resolve_plan)
+                                        check_resumed_settings, committed_rounds, plan_privacy, recorded_config, resolve_plan,
+                                        resolve_stage)
+from fedhype.data.roster import as_roster
 from fedhype.federated.server import ServerStrategy
 from fedhype.federated.transport import (ClientHandle, ClientTransport, InProcessTransport, RoundTask, SupportsPreflight,
                                          void_refused)
@@ -511,6 +513,8 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
         raise ValidationError(f"--out {run.root} is a file; give a folder for the run")
     with run.writer_lock():  # one training process per run folder
         recorded = recorded_config(run, resume)
+        # fedhypevae without its DP-SGD stage for small clients (public sizes; docs/method.md, decision 22)
+        cfg = resolve_stage(cfg, [c.n_train for c in as_roster(partition).clients], recorded)
         check_resumed_settings(run, cfg, recorded)  # what differs, before a plan that is not this run's is checked
         plan = resolve_plan(partition, cfg, store_info=store_info, n_classes=n_classes, recorded=recorded)
         done = committed_rounds(run, plan, resume)

@@ -199,6 +199,10 @@ def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_clas
     if distributed is not None and not mcfg.class_bias:
         raise ValidationError("--secure-aggregation aggregates the statistics release; this model releases none "
                               "(model.class_bias = false)")
+    if cfg.statistics_only and not mcfg.class_bias:  # an untrained model and no ledger was written (found 2026-12-06)
+        raise ValidationError(f"method {cfg.method!r} trains no DP-SGD round: its model is the statistics release, and "
+                              "model.class_bias = false releases none, so nothing would be learnt; drop "
+                              "model.class_bias = false or choose a method with rounds")
     privacy = plan_privacy(cfg, sizes)
     if not cfg.no_dp:
         # "nothing was trained" was wrong on a resume, whose earlier rounds had spent ε (a probe)
@@ -411,5 +415,20 @@ def _differences(old: Any, new: Any, path: str = "") -> list[str]:
 
 def _comparable(conf: dict) -> dict:
     c = {k: v for k, v in conf.items() if k != "privacy_plan"}
-    c["train"] = {k: v for k, v in c["train"].items() if k not in ("max_epsilon",)}
+    # dp_sgd_min_records is an input of the rule whose outcome train.method records (resolve_stage)
+    c["train"] = {k: v for k, v in c["train"].items() if k not in ("max_epsilon", "dp_sgd_min_records")}
     return c
+
+
+def resolve_stage(cfg: TrainConfig, sizes, recorded: dict | None = None) -> TrainConfig:
+    """``cfg`` for clients of these public sizes (:meth:`TrainConfig.for_clients`: ``fedhypevae`` without its
+    DP-SGD stage below ``train.dp_sgd_min_records``), except on resuming a run recorded before that rule existed
+    (its ``config.json`` has no ``train.dp_sgd_min_records``): it resumes with the method it began with, as
+    :func:`keep_recorded_latent` keeps its latent size.
+
+    Args:
+        cfg: the configuration as given. sizes: the clients' n_i (ints, or name → n_i).
+        recorded: the ``config.json`` of the run being resumed, if any."""
+    if recorded is not None and "dp_sgd_min_records" not in ((recorded.get("train") or {}) if isinstance(recorded, dict) else {}):
+        return cfg
+    return cfg.for_clients(sizes)

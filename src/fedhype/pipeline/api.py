@@ -260,7 +260,9 @@ class FedHypeVAE:
         max_epsilon: refuse any plan or round that would pass this ε.
         no_dp: train without privacy (a reference, never to be shared as private).
         rounds: federated rounds. method: ``fedhypevae`` or a baseline/ablation
-            (:data:`fedhype.federated.config.METHODS`).
+            (:data:`fedhype.federated.config.METHODS`); ``fedhypevae`` runs no round where the median client has
+            fewer than ``train={"dp_sgd_min_records": ...}`` training records (the ``no-dp-sgd`` model; 0 always
+            runs them: :meth:`fedhype.federated.config.TrainConfig.for_clients`, docs/method.md decision 22).
         secure_aggregation: pool the clients' releases by secure aggregation (the server sees only sums).
         seed: seed of the initialisation, sampling and noise (reproducible, not secure; None: OS entropy).
         out: the run directory ``fit`` writes. It holds private client state (to resume); share only

@@ -481,7 +481,7 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     from fedhype.federated.baselines import training_partition
     from fedhype.federated.config import STATISTICS_ONLY
     from fedhype.federated.engine import check_plan
-    from fedhype.federated.run_plan import keep_recorded_latent, recorded_config
+    from fedhype.federated.run_plan import keep_recorded_latent, recorded_config, resolve_stage
     from fedhype.federated.rundir import RunDir
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
@@ -491,8 +491,14 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     if thin:
         log(f"train: warning: {thin}")
     # δ ≪ 1/n, q = 1 and unused round settings, as `fedhype train` warns (probes: `fedhype run` said nothing)
-    for advice in tcfg.plan_warnings({c.name: len(c.train) for c in part.clients}, "train.batch_size"):
+    sizes = {c.name: len(c.train) for c in part.clients}
+    for advice in tcfg.plan_warnings(sizes, "train.batch_size"):
         log(f"train: warning: {advice}")
+    # fedhypevae without its DP-SGD stage for small clients (public sizes; docs/method.md, decision 22), as the
+    # engine resolves it (a run begun before the rule resumes as it began)
+    given, tcfg = tcfg, resolve_stage(tcfg, sizes, recorded_config(RunDir(out / "run"), True))
+    if tcfg is not given:
+        log(f"train: {given.stage_off_reason(sizes)}")
     timings.begin("train_s")
     log.stage("train", "train: checking the privacy plan (" + (
         "σ calibrated for the target ε" if tcfg.noise_multiplier is None else "σ = train.noise_multiplier")

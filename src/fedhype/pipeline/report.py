@@ -76,7 +76,8 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "target_epsilon": target, "above_target": above_target(trained["epsilon"], target),
         "recharged": _recharged_of(out / "run") if trained["private"] else None,
         "accountant": "best", "noise_multiplier": trained["noise_multiplier"], "clip_norm": trained["clip_norm"],
-        "method": conf["train"].get("method"), "n_classes": store.n_classes,
+        "method": _run_method(out / "run", conf), "n_classes": store.n_classes,
+        "dp_sgd_stage_off": _stage_off(out / "run", conf, part),
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
         "second_moment_share": _second_moment_share(conf),
         "centre_share": float(conf["train"].get("centre_share") or 0.0) if trained["private"] else None,
@@ -98,7 +99,6 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "downstream": downstream_summary(ev.get("downstream")),
         "code_domain": ev.get("code_domain"),
         **_dp_linear_keys(ev.get("dp_linear")),
-        "method": conf["train"].get("method"),
         "n_real": len(store), "n_test": ev.get("n_real"), "dim": store.dim, "encoder": store.meta.get("encoder"),
         "n_synthetic": len(syn), "code": syn.meta.get("code"), "codes_note": syn.meta.get("codes_note"),
         "anchor": syn.meta.get("anchor", "off"),
@@ -115,6 +115,24 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     atomic_write_json(out / "report.json", strict_json(report))
     atomic_write_text(out / "report.md", _markdown(report, ev, conf))
     return report
+
+
+def _run_method(run: Path, conf: dict) -> str | None:
+    """The method the run trained (its ``config.json``: ``no-dp-sgd`` where the DP-SGD stage rule switched
+    ``fedhypevae``'s stage off), else the job's."""
+    try:
+        return str(read_json(run / "config.json", "run config")["train"]["method"])
+    except Exception:  # noqa: BLE001 - the job's setting is the fallback
+        return conf["train"].get("method")
+
+
+def _stage_off(run: Path, conf: dict, part) -> str | None:
+    """Why the run has no DP-SGD stage although the job asked ``fedhypevae`` (decision 22), else None."""
+    from fedhype.pipeline.config import train_config
+
+    if _run_method(run, conf) == conf["train"].get("method"):
+        return None
+    return train_config(conf).stage_off_reason([len(c.train) for c in part.clients])
 
 
 def _release_choices(run: Path) -> dict[str, Any] | None:
@@ -507,7 +525,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
                 "For the same ε, `--method dp-gaussian` (the one-shot statistics alone) is the floor a trained "
                 "generator must beat." if r.get("rounds") else
                 "This model is the one-shot statistics release itself, with no DP-SGD round (`--method "
-                f"{r.get('method')}`)."),
+                f"{r.get('method')}`" + (f": {r['dp_sgd_stage_off']}" if r.get("dp_sgd_stage_off") else "") + ")."),
     ]
     if r.get("interpolation_mean_accuracy") is not None:
         lam = r["interpolation_mean_lambda"]

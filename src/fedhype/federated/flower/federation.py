@@ -70,6 +70,8 @@ class Federation:
             raise ArtifactError(f"{path}: missing or bad field ({exc!r}); write it again") from None
         if dim < 1 or n_classes != len(roster.class_names):
             raise ArtifactError(f"{path}: D or K disagrees with its roster; write it again")
+        # the server and every node resolve the DP-SGD stage rule from the same public roster (decision 22)
+        train = train.for_clients([c.n_train for c in roster.clients])
         from fedhype.federated.flower.handshake import federation_digest
 
         return cls(train, store, n_classes, roster, federation_digest(raw))

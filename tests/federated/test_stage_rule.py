@@ -1,0 +1,124 @@
+"""The DP-SGD stage rule (``train.dp_sgd_min_records``, docs/method.md decision 22): ``fedhypevae`` runs without its
+DP-SGD stage — the ``no-dp-sgd`` model, the release taking the whole ε — where the median client has fewer training
+records than the threshold; client sizes are public, so the rule spends nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import SHIPPED_DP_SGD_MIN_RECORDS
+
+from fedhype.data.partition import make_partition
+from fedhype.errors import ValidationError
+from fedhype.federated.config import TrainConfig
+from fedhype.federated.engine import train
+from fedhype.federated.rundir import load_model
+from fedhype.privacy.ledger import PrivacyLedger
+
+SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
+
+
+@pytest.fixture(scope="module")
+def part(real_store):
+    return make_partition(real_store, scheme="domain", seed=0)
+
+
+def test_the_rule_is_the_median_client_against_the_threshold_for_ours_under_dp_per_client_only():
+    cfg = TrainConfig(dp_sgd_min_records=1000)
+    assert cfg.for_clients([999, 10, 5000]).method == "no-dp-sgd"  # median 999 < 1000
+    assert cfg.for_clients([1000, 10, 5000]).method == "fedhypevae"  # median 1000: the stage runs
+    assert cfg.for_clients({"a": 400, "b": 1600}).method == "fedhypevae"  # median of two: 1000
+    assert cfg.for_clients({"a": 400, "b": 1598}).method == "no-dp-sgd"
+    off = cfg.stage_off_reason([750, 750, 1078, 1500])  # the bundled digits job's sizes
+    assert off.startswith("the median client has 914 training records, fewer than train.dp_sgd_min_records = 1,000")
+    # idempotent, and nothing else of the configuration moves
+    once = cfg.for_clients([10])
+    assert once.for_clients([10]) == once and {k: v for k, v in once.to_dict().items() if k != "method"} == \
+        {k: v for k, v in cfg.to_dict().items() if k != "method"}
+    # only ours, under DP, with per-client releases: the rule was measured there only
+    for other in (TrainConfig(dp_sgd_min_records=1000, method="no-mmd"),
+                  TrainConfig(dp_sgd_min_records=1000, secure_aggregation=True),
+                  TrainConfig(dp_sgd_min_records=1000, no_dp=True, epsilon=None),
+                  TrainConfig(dp_sgd_min_records=1000, model={"class_bias": False}),  # no release: the stage is all
+                  TrainConfig(dp_sgd_min_records=0)):
+        assert other.for_clients([10, 10]) is other and other.stage_off_reason([10, 10]) is None
+    for bad in (-1, 1.5, "auto", True):
+        with pytest.raises(ValidationError, match="train.dp_sgd_min_records"):
+            TrainConfig(dp_sgd_min_records=bad)
+
+
+def test_the_shipped_threshold_switches_the_stage_off_for_the_digits_job_and_keeps_it_for_large_clients(monkeypatch):
+    from fedhype.federated import config
+
+    monkeypatch.setattr(config, "DEFAULT_DP_SGD_MIN_RECORDS", SHIPPED_DP_SGD_MIN_RECORDS)
+    cfg = TrainConfig()
+    assert cfg.dp_sgd_min_records == SHIPPED_DP_SGD_MIN_RECORDS
+    # the measured client sizes (median): digits 914, Fashion-MNIST 10,000 images ~650, 100 clients of all 70,000
+    # ~400 → off; 20 and 10 clients of all 70,000 (2,287 and 4,154) → on (docs/method.md, decision 22)
+    twenty = [912, 1169, 1256, 1274, 1598, 1606, 1737, 1849, 2117, 2271, 2302, 2336, 2348, 2398, 2517, 2521, 2626,
+              2817, 2987, 3362]
+    for sizes in ([750, 750, 1078, 1500], [650] * 10, [420] * 100):
+        assert cfg.for_clients(sizes).method == "no-dp-sgd"
+    for sizes in (twenty, [1570, 2276, 2579, 3187, 4142, 4165, 4678, 4868, 6430, 8105]):
+        assert cfg.for_clients(sizes).method == "fedhypevae"
+
+
+def test_ours_below_the_threshold_is_the_no_dp_sgd_run_itself(real_store, part, tmp_path):
+    """The engine resolves the rule: the run records method no-dp-sgd, spends the whole ε on the release (no DP-SGD
+    event in the ledger) and, with the same seed, is the explicit ``--method no-dp-sgd`` run parameter for parameter."""
+    ruled = train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=10_000),
+                  tmp_path / "ruled", diagnostics=False)
+    named = train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, method="no-dp-sgd",
+                                                dp_sgd_min_records=10_000), tmp_path / "named", diagnostics=False)
+    assert ruled.rounds == 0 and ruled.rounds_planned == 0 and ruled.complete
+    assert ruled.class_stats_noise_multiplier == pytest.approx(named.class_stats_noise_multiplier, rel=1e-12)
+    assert 3.9 < ruled.epsilon <= 4.0 + 1e-6 and ruled.epsilon == pytest.approx(named.epsilon, rel=1e-12)
+    conf = json.loads((tmp_path / "ruled" / "config.json").read_text())
+    assert conf["train"]["method"] == "no-dp-sgd" and conf["train"]["dp_sgd_min_records"] == 10_000
+    events = PrivacyLedger.load(tmp_path / "ruled" / "ledger.json").events
+    assert events and not any(e.mechanism == "dp-sgd" for e in events)
+    (h1, c1, m1), (h2, c2, _) = load_model(tmp_path / "ruled"), load_model(tmp_path / "named")
+    assert m1["method"] == "no-dp-sgd" and torch.equal(c1, c2)
+    s1, s2 = h1.state_dict(), h2.state_dict()
+    assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
+    # at or above the threshold the stage runs (the median client here has 108 training records)
+    staged = train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, rounds=1, dp_sgd_min_records=100),
+                   tmp_path / "staged", diagnostics=False)
+    assert staged.rounds == 1
+    assert any(e.mechanism == "dp-sgd" for e in PrivacyLedger.load(tmp_path / "staged" / "ledger.json").events)
+
+
+def test_a_run_begun_before_the_rule_resumes_with_its_stage(real_store, part, tmp_path):
+    """A run whose config.json predates the rule (no train.dp_sgd_min_records) resumes with the method it began
+    with, as a run keeps its latent size: a new default must not stop a paid-for run."""
+    cfg = TrainConfig(epsilon=4.0, seed=0, model=SMALL, rounds=2, dp_sgd_min_records=0)
+    train(real_store, part, cfg, tmp_path / "run", diagnostics=False, stop_after=1)
+    path = tmp_path / "run" / "config.json"
+    conf = json.loads(path.read_text())
+    del conf["train"]["dp_sgd_min_records"]
+    path.write_text(json.dumps(conf))
+    res = train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, rounds=2, dp_sgd_min_records=10_000),
+                tmp_path / "run", resume=True, diagnostics=False)
+    assert res.rounds == 2 and res.complete
+    assert json.loads(path.read_text())["train"]["method"] == "fedhypevae"
+    # a run begun under the rule resumes under it: another threshold that resolves to the same method is the same run
+    train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=10_000),
+          tmp_path / "ruled", diagnostics=False)
+    again = train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=5_000),
+                  tmp_path / "ruled", resume=True, diagnostics=False)
+    assert again.rounds == 0 and again.complete
+    with pytest.raises(ValidationError, match="train.method"):  # a threshold that would run the stage is another run
+        train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=0),
+              tmp_path / "ruled", resume=True, diagnostics=False)
+
+
+def test_a_method_without_rounds_and_a_model_without_a_release_is_refused(real_store, part, tmp_path):
+    """``no-dp-sgd`` (or ``dp-gaussian``) with ``model.class_bias = false`` wrote an untrained model and no ledger:
+    nothing released, nothing trained (found while building the rule, 2026-12-06)."""
+    for method in ("no-dp-sgd", "dp-gaussian"):
+        with pytest.raises(ValidationError, match="model.class_bias = false releases none"):
+            train(real_store, part, TrainConfig(method=method, epsilon=1.0, model={**SMALL, "class_bias": False}),
+                  tmp_path / method, diagnostics=False)
+        assert not (tmp_path / method).exists()
