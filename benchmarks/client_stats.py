@@ -56,7 +56,7 @@ def rows_for(store, part, method: str, eps: str, seed: int, config=None) -> list
 
     suffix = next((x for x in SHRINK if method.endswith(x)), "")
     base = method.removesuffix(suffix) if suffix else method
-    sets = [f"train.seed={seed}", f'train.method="{base}"'] + (
+    sets = [f"train.seed={seed}", f'train.method="{base}"', "train.dp_sgd_min_records=0"] + (
         ["train.epsilon=none", "train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"]) + (
         [f'model.client_shrinkage="{SHRINK[suffix]}"'] if suffix else [])
     cfg = train_config(resolve(config, sets))

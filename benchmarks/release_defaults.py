@@ -80,7 +80,11 @@ _U = {"centre_share": 0.0}
 _P = {"release_centre": "pooled"}
 CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml",
            "fashion-full": ROOT / "configs" / "fashion-mnist-full.toml",
-           "fashion-full-100": ROOT / "configs" / "fashion-mnist-full-100.toml"}
+           "fashion-full-100": ROOT / "configs" / "fashion-mnist-full-100.toml",
+           "fashion-full-20": ROOT / "configs" / "fashion-mnist-full.toml"}
+#: a dataset's partition settings beyond its config file: all 70,000 images over 20 clients (about 2,100
+#: training records each), between the 10-client (~4,200) and the 100-client (~420) configs
+PARTITION_SETS = {"fashion-full-20": ["partition.clients=20"]}
 #: the latent size every row of these grids (and of benchmarks/release_scale.py) ran with unless it sets
 #: ``latent``: the rows were measured before ``model.latent = "auto"`` gave large training sets L = 128
 #: (docs/method.md, decision 17), so L is pinned to keep them reproducible
@@ -88,7 +92,8 @@ PINNED_LATENT = 64
 #: a job's own latent size and synthetic records per class under DP (model.latent = "auto" and
 #: synthesis.per_class = "auto": L = 128 and 3,000 per class from 500 training records per class)
 _JOB_SIZE = {"digits": {"latent": 64, "per_class": 300}, "fashion": {"latent": 128, "per_class": 3000},
-             "fashion-full": {"latent": 128, "per_class": 3000}, "fashion-full-100": {"latent": 128, "per_class": 3000}}
+             "fashion-full": {"latent": 128, "per_class": 3000}, "fashion-full-100": {"latent": 128, "per_class": 3000},
+             "fashion-full-20": {"latent": 128, "per_class": 3000}}
 #: ours without its DP-SGD stage: the ``no-dp-sgd`` ablation (fedhype.federated.config) — FedHypeVAE's model (the
 #: client-statistics heads, the mixture code) from the statistics release with the whole ε and no round
 NO_DP_SGD = "no-dp-sgd"
@@ -229,14 +234,20 @@ GRID: list[tuple[str, str, dict]] = (
     + [("DP-SGD stage off, many clients", "1", {"dataset": "fashion-full-100", "method": NO_DP_SGD,
                                                 **_JOB_SIZE["fashion-full-100"], "located_share": "auto", **v})
        for v in ({"code": "neutral"}, {"code": "mixture", "release_centre": "pooled"})]
+    # the stage by records per client (client sizes are public): on the test split it paid with 10 clients of
+    # ~4,200 records at ε = 4 / 8 and not on the small sets (~600-1,000) nor with 100 clients (~420); measured
+    # here on validation with 10 and 20 clients (~2,100) of the same 70,000 images, ours against no-dp-sgd
+    + [("DP-SGD stage, client size", e, {"dataset": d, "method": m, **_JOB_SIZE[d], "located_share": "auto",
+                                         "code": "mixture"})
+       for d in ("fashion-full", "fashion-full-20") for e in ("4", "8") for m in ("fedhypevae", NO_DP_SGD)]
 )
 
 
 #: grids whose rows also record precision, coverage and F (the table shows precision / coverage beside TSTR)
 WITH_PRDC = ("located share, auto", "client covariance test", "DP-SGD share, fidelity", "DP-SGD stage off",
-             "DP-SGD stage off, many clients")
+             "DP-SGD stage off, many clients", "DP-SGD stage, client size")
 #: grids whose rows also record MMD² to the validation split (the table shows it after precision / coverage)
-WITH_MMD = ("DP-SGD share, fidelity", "DP-SGD stage off", "DP-SGD stage off, many clients")
+WITH_MMD = ("DP-SGD share, fidelity", "DP-SGD stage off", "DP-SGD stage off, many clients", "DP-SGD stage, client size")
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
@@ -270,6 +281,9 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     per_class = int(overrides.pop("per_class", 300))
     overrides.setdefault("latent", PINNED_LATENT)
     overrides.setdefault("located_share", 0.0)
+    # every row ran fedhypevae with its DP-SGD stage (the rule of docs/method.md decision 22 came after them, and
+    # the "DP-SGD stage, client size" grid compares the two methods by name): the stage stays on here
+    overrides.setdefault("dp_sgd_min_records", 0)
     t = overrides.pop("within_class_min_snr", 0.9)
     covariance.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
@@ -300,7 +314,7 @@ def data(name: str):
     from fedhype.encoders.cache import cached_embed
     from fedhype.pipeline.config import DEFAULTS, resolve
 
-    conf = resolve(CONFIGS[name], []) if CONFIGS[name] else DEFAULTS
+    conf = resolve(CONFIGS[name], PARTITION_SETS.get(name, [])) if CONFIGS[name] else DEFAULTS
     d, p = conf["data"], conf["partition"]
     # the earlier grids keep the encoder's default dtype they ran with; the scale grid's embeddings are
     # its config's (dtype auto: the bfloat16 embeddings utility.py --dataset fashion-full caches)
@@ -380,7 +394,8 @@ def main() -> None:
     lines = [f"_{datetime.date.today()}, {platform.machine()} CPU, one process × 1 thread; `benchmarks/release_defaults.py` "
              f"({ran} rows run by this call in {time.perf_counter() - t0:.0f} s, the others recorded in {log.relative_to(ROOT)}); "
              f"bundled digits job (configs/fashion-mnist.toml where a row says dataset = fashion, "
-             f"configs/fashion-mnist-full.toml where it says fashion-full), seeds {a.seeds}; TSTR on the **validation** split "
+             f"configs/fashion-mnist-full.toml where it says fashion-full, the same over 20 clients where it says "
+             f"fashion-full-20, configs/fashion-mnist-full-100.toml where it says fashion-full-100), seeds {a.seeds}; TSTR on the **validation** split "
              "(the test split is not read); defaults in bold_", "",
              "| grid | target ε | setting | TSTR-val | seeds |", "|---|---|---|---|---|"]
     defaults = {"second_moment_share = 0.3", "class_stats_share = 0.95", "lr_local = 0.001, latent = 64",

@@ -109,7 +109,8 @@ def rows_of(name: str, eps: str, seed: int, store, part, config, settings: list[
     from fedhype.synthesis import synthesize
 
     val = part.split_store(store, "val")
-    sets = [f"train.seed={seed}", f"train.epsilon={float(eps)}", f'train.method="{method}"']
+    sets = [f"train.seed={seed}", f"train.epsilon={float(eps)}", f'train.method="{method}"',
+            "train.dp_sgd_min_records=0"]  # rows measured with the DP-SGD stage (decision 22 came after)
     code = "mixture" if method == "fedhypevae" else "neutral"  # as the grids sample them
     out, syns = [], {}
     for setting in settings:

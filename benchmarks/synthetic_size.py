@@ -54,7 +54,7 @@ def one_run(store, part, name: str, method: str, code: str, eps: str, seed: int,
     from fedhype.pipeline.config import resolve, train_config
     from fedhype.synthesis import synthesize
 
-    sets = [f"train.seed={seed}", f'train.method="{method}"'] + \
+    sets = [f"train.seed={seed}", f'train.method="{method}"', "train.dp_sgd_min_records=0"] + \
         (["train.epsilon=none", "train.no_dp=true"] if eps == "none" else [f"train.epsilon={float(eps)}"])
     cfg = train_config(resolve(CONFIGS[name], sets))
     val = part.split_store(store, "val")

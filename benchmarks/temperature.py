@@ -61,7 +61,8 @@ def rows_of(name: str, eps: str, seed: int, method: str, store, part, config) ->
     from residual_tradeoff import scores
 
     val = part.split_store(store, "val")
-    sets = [f"train.seed={seed}", f'train.method="{method}"', f"train.epsilon={float(eps)}"]
+    sets = [f"train.seed={seed}", f'train.method="{method}"', f"train.epsilon={float(eps)}",
+            "train.dp_sgd_min_records=0"]  # rows measured with the DP-SGD stage (decision 22 came after)
     cfg = train_config(resolve(config, sets))
     code = "mixture" if method == "fedhypevae" else "neutral"  # as the grids sample them
     out = []

@@ -28,7 +28,9 @@ method added since runs alone and the tables are regenerated with every row; the
 the number of rows measured on each date (use it only while no default changed since). To measure
 a cell again after a default changed, drop its rows from ``rows.jsonl``: its job folder then holds
 a run of other settings, which ``fedhype run`` refuses to resume, so it is moved aside
-(``<job>.stale``) and the job starts fresh.
+(``<job>.stale``) and the job starts fresh. A default that changes what a method runs without changing its job
+settings (the DP-SGD stage rule of docs/method.md decision 22: the same job, another run) is measured again with
+``--rerun METHOD`` (or ``METHOD:EPS``): its rows are dropped and its job folders moved aside before the jobs run.
 
     .venv/bin/python benchmarks/utility.py --jobs 2 --readme                 # digits, full grid (~30 min, 2 cores)
     .venv/bin/python benchmarks/utility.py --dataset fashion --jobs 2 --readme  # (~65 min, 2 cores)
@@ -118,6 +120,12 @@ def job_key(method: str, eps: str, seed: int, extra: list[str]) -> str:
     return json.dumps([method, eps, seed, list(extra)])
 
 
+def run_folder(method: str, eps: str, seed: int, extra: list[str]) -> str:
+    """The name of one job's folder under the grid's ``--out``."""
+    tag = "" if not extra else "-" + hashlib.sha1(json.dumps(list(extra)).encode()).hexdigest()[:8]
+    return f"{method}-eps{eps}-s{seed}{tag}"
+
+
 def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, extra: list[str]) -> dict:
     """One main job; returns its row (the report's figures, per-client accuracy, wall time, peak RSS of the process)."""
     from fedhype.pipeline.config import resolve
@@ -131,8 +139,7 @@ def run_one(config: str | None, method: str, eps: str, seed: int, root: Path, ex
     sets.append(f"synthesis.code=\"{code_for(method)}\"")
     sets += [*extra, "train.epsilon=none", "train.no_dp=true"] if eps == "none" else [*extra, f"train.epsilon={float(eps)}"]
     conf = resolve(config, sets)
-    tag = "" if not extra else "-" + hashlib.sha1(json.dumps(list(extra)).encode()).hexdigest()[:8]
-    out = root / f"{method}-eps{eps}-s{seed}{tag}"
+    out = root / run_folder(method, eps, seed, extra)
     t = time.perf_counter()
     row = {"method": method, "eps_target": eps, "seed": seed, "extra": list(extra), "key": job_key(method, eps, seed, extra),
            "measured": time.strftime("%Y-%m-%d")}
@@ -355,6 +362,10 @@ def main() -> None:
                     help="count the rows of the committed results (benchmarks/results/utility[-dataset].json) as "
                          "measured, so only the grid's missing cells run (a method added since); only while no "
                          "default changed since those rows were measured — the header says how many rows are from when")
+    ap.add_argument("--rerun", nargs="*", default=[], metavar="METHOD",
+                    help="measure these methods' rows again from scratch (a default of theirs changed): their recorded "
+                         "rows are dropped and their job folders moved aside to <job>.stale before the jobs run; "
+                         "METHOD:EPS for one target ε only (e.g. fedhypevae:1)")
     ap.add_argument("--readme", action="store_true", help="update the README tables")
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes (one torch thread each); 1 = in this process")
     ap.add_argument("--results", default=None,
@@ -419,6 +430,13 @@ def main() -> None:
         r = done.get(key)
         if g[1] in a.resynthesize and r is not None and r.get("resynthesized") != today:
             trained[key] = done.pop(key)
+        if (g[1] in a.rerun or f"{g[1]}:{g[2]}" in a.rerun) and r is not None and r.get("measured") != today:
+            done.pop(key)  # measured again: a default of this method changed since that row
+            job = out / Path(run_folder(*g[1:4], g[5])).name
+            if job.exists():  # the job would resume its finished run (the same job settings): moved aside
+                stale = job.with_name(job.name + ".stale")
+                shutil.rmtree(stale, ignore_errors=True)
+                job.rename(stale)
     todo = [g for g in grid if job_key(*g[1:4], g[5]) not in done]
     print(f"{len(grid)} jobs, {len(grid) - len(todo)} already in {log}"
           + (" or the committed results" if a.reuse_results else "") + f", {len(todo)} to run", flush=True)
