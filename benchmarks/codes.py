@@ -112,14 +112,25 @@ def main() -> None:
     ap.add_argument("--method", default="fedhypevae", help="a grid method whose codes carry client statistics")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--epsilons", nargs="+", default=list(EPSILONS), choices=EPSILONS,
+                    help="measure only these ε (the others are kept from the results file: e.g. after a default that "
+                         "changed only the DP models, as the DP-SGD stage rule of docs/method.md decision 22)")
     a = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
+    suffix = "" if a.dataset == "digits" else f"-{a.dataset}"
     res: dict = {}
-    for x in EPSILONS:
+    kept = []
+    if set(a.epsilons) != set(EPSILONS):
+        earlier = json.loads((Path(a.results) / f"codes{suffix}.json").read_text())
+        if earlier.get("method") != a.method or earlier.get("seeds") != a.seeds:
+            raise SystemExit("--epsilons keeps the other ε from the results file, which holds another method or seeds")
+        kept = [x for x in EPSILONS if x not in a.epsilons and x in earlier["results"]]
+        res = {x: earlier["results"][x] for x in kept}
+    for x in [x for x in EPSILONS if x in a.epsilons]:
         for seed in a.seeds:
             job = GRIDS[a.dataset] / f"{a.method}-eps{x}-s{seed}"
             if not (job / "evaluation.json").exists():
@@ -132,10 +143,11 @@ def main() -> None:
           f"_{datetime.date.today()}, {platform.machine()} CPU, one thread; `benchmarks/codes.py --dataset {a.dataset}` "
           f"({time.perf_counter() - t0:.0f} s); {DESCRIPTION[a.dataset]}; the models of `benchmarks/utility.py`'s "
           f"`{a.method}` rows (seeds {a.seeds}, partition seed = train seed = synthesis seed = seed); held-out "
-          f"**test** split (not DP: for the data holder)_\n\n" + tables(res, a.dataset) + "\n")
+          f"**test** split (not DP: for the data holder)"
+          + (f"; ε = {', '.join(kept)} kept from the previous results (their models did not change)" if kept else "")
+          + "_\n\n" + tables({x: res[x] for x in EPSILONS if x in res}, a.dataset) + "\n")
     out = Path(a.results)
     out.mkdir(parents=True, exist_ok=True)
-    suffix = "" if a.dataset == "digits" else f"-{a.dataset}"
     (out / f"codes{suffix}.json").write_text(json.dumps({"dataset": a.dataset, "method": a.method, "seeds": a.seeds,
                                                           "results": res}, indent=1))
     (out / f"codes{suffix}.md").write_text(md)

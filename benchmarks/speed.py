@@ -99,7 +99,9 @@ def speed_table(results: Path) -> str:
     if run:
         st = run["stages_s"]
         parts = ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in st.items() if v >= 0.5)
-        rows.append((f"`fedhype run`, bundled default ({run['rounds']} rounds, ε {run['epsilon']:.2f}"
+        what = (f"{run['rounds']} rounds" if run["rounds"] else "no DP-SGD round: its clients are below "
+                "train.dp_sgd_min_records")
+        rows.append((f"`fedhype run`, bundled default ({what}, ε {run['epsilon']:.2f}"
                      f"{', cold cache: embeds the images' if run['cold_cache'] else ', embeddings cached'})",
                      f"**{run['wall_s']:.0f} s** wall ({parts})", "its stages", run["date"]))
     sy = _load(results, "synthesis")

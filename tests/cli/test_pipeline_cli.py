@@ -349,10 +349,11 @@ def test_the_default_job_on_small_clients_runs_without_the_dp_sgd_stage_and_says
             in r.stderr)
     why = f"the median client has 108 training records, fewer than train.dp_sgd_min_records = {k}"
     assert f"train: {why}" in r.stderr
-    assert f"train: warning: no DP-SGD round runs ({why}" in r.stderr and "train.rounds has no effect" in r.stderr
+    assert ("train: warning: no DP-SGD round runs (the median client is below train.dp_sgd_min_records" in r.stderr
+            and "train.rounds has no effect" in r.stderr)
     assert rep["dp_sgd_stage_off"].startswith(why)
     md = (tmp_path / "job" / "report.md").read_text()
-    assert f"(`--method no-dp-sgd`: {why}" in md
+    assert f"This model is the one-shot statistics release itself, with no DP-SGD round: {why}" in md
     assert json.loads((tmp_path / "job" / "config.json").read_text())["train"]["method"] == "fedhypevae"
     assert json.loads((tmp_path / "job" / "run" / "config.json").read_text())["train"]["method"] == "no-dp-sgd"
 
@@ -382,5 +383,11 @@ def test_train_and_budget_name_the_stage_rule(files, tmp_path, monkeypatch):
     assert b.exit_code == 0, b.output
     (w,) = [w for w in json.loads(b.stdout)["warnings"] if "no DP-SGD round" in w]
     assert w.startswith("with these sizes `fedhype train` runs no DP-SGD round by default: the median client has 900")
+    # the σ₀ it names is the one train releases at (the run above: ε = 4 on the partition's sizes)
+    b = CliRunner().invoke(app, ["budget", "--partition", str(files / "part.json"), "--epsilon", "4", "--json"])
+    (w,) = [w for w in json.loads(b.stdout)["warnings"] if "no DP-SGD round" in w]
+    s0 = float(w.split("releases the statistics alone at σ₀ = ")[1].split(" ")[0])
+    ran = json.loads((tmp_path / "run" / "config.json").read_text())["privacy_plan"]["class_stats_noise_multiplier"]
+    assert s0 == pytest.approx(ran, rel=1e-3)
     b = CliRunner().invoke(app, ["budget", "--client-sizes", "4000,5000,3000", "--epsilon", "1", "--json"])
     assert not [w for w in json.loads(b.stdout)["warnings"] if "no DP-SGD round" in w]

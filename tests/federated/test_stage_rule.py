@@ -103,15 +103,20 @@ def test_a_run_begun_before_the_rule_resumes_with_its_stage(real_store, part, tm
                 tmp_path / "run", resume=True, diagnostics=False)
     assert res.rounds == 2 and res.complete
     assert json.loads(path.read_text())["train"]["method"] == "fedhypevae"
-    # a run begun under the rule resumes under it: another threshold that resolves to the same method is the same run
+    # a run begun under the rule resumes with the threshold it recorded: given the release's default (0 in these
+    # tests), it keeps its own; given another explicitly, the resume is refused naming it (a probe's no-op resume
+    # with another value rewrote the recorded one, which then reached the shareable release's config)
     train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=10_000),
           tmp_path / "ruled", diagnostics=False)
-    again = train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=5_000),
+    again = train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL), tmp_path / "ruled", resume=True,
+                  diagnostics=False)
+    assert again.rounds == 0 and again.complete and again.method == "no-dp-sgd"
+    ruled = json.loads((tmp_path / "ruled" / "config.json").read_text())["train"]
+    assert ruled["dp_sgd_min_records"] == 10_000 and ruled["method"] == "no-dp-sgd"
+    for other in (5_000, 50):
+        with pytest.raises(ValidationError, match="train.dp_sgd_min_records: 10000 → " + str(other)):
+            train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=other),
                   tmp_path / "ruled", resume=True, diagnostics=False)
-    assert again.rounds == 0 and again.complete
-    with pytest.raises(ValidationError, match="train.method"):  # a threshold that would run the stage is another run
-        train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=0),
-              tmp_path / "ruled", resume=True, diagnostics=False)
 
 
 def test_a_method_without_rounds_and_a_model_without_a_release_is_refused(real_store, part, tmp_path):
@@ -122,3 +127,17 @@ def test_a_method_without_rounds_and_a_model_without_a_release_is_refused(real_s
             train(real_store, part, TrainConfig(method=method, epsilon=1.0, model={**SMALL, "class_bias": False}),
                   tmp_path / method, diagnostics=False)
         assert not (tmp_path / method).exists()
+
+
+def test_the_python_api_says_the_stage_is_off_and_what_it_trained(real_store, part):
+    """A probe: FedHypeVAE().fit trained no-dp-sgd without a word and its repr still said fedhypevae, rounds=8."""
+    import fedhype
+    from fedhype.errors import FedhypeWarning
+
+    gen = fedhype.FedHypeVAE(epsilon=4.0, seed=0, train={"dp_sgd_min_records": 10_000}, model=SMALL)
+    with pytest.warns(FedhypeWarning, match="fit: the median client has 108 training records, fewer than "
+                                            "train.dp_sgd_min_records = 10,000"):
+        gen.fit(real_store, part, diagnostics=False)
+    assert gen.result_["method"] == "no-dp-sgd" and gen.result_["rounds"] == 0
+    assert gen.result_["noise_multiplier"] is None and gen.result_["class_stats_noise_multiplier"] > 0
+    assert "trained as 'no-dp-sgd': no DP-SGD round" in repr(gen)

@@ -158,8 +158,13 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
 
     off = TrainConfig(secure_aggregation=bool(secure_aggregation)).stage_off_reason([r["n"] for r in rows])
     if off:  # train's default method would not run the rounds this plans (docs/method.md, decision 22)
+        alone = ""
+        if target_epsilon is not None and class_stats_noise_multiplier is None:  # the σ₀ train will release at
+            s0_off = plan_noise(plan, delta, target_epsilon=target_epsilon, release_share=class_stats_share,
+                                centre_share=centre_share, release_only=True)["class_stats_noise_multiplier"]
+            alone = f" (by default train releases the statistics alone at σ₀ = {float(s0_off):.4g} for ε = {target_epsilon:g})"
         warnings.append(f"with these sizes `fedhype train` runs no DP-SGD round by default: {off}; this plan is that "
-                        "of `fedhype train --dp-sgd-min-records 0`")
+                        f"of `fedhype train --dp-sgd-min-records 0`{alone}")
     for r in rows:
         rep = epsilon_report(prefix + [(sigma, r["sample_rate"], r["steps"])], delta)
         r.update({k: rep[k] for k in ("epsilon", "accountant", "epsilon_prv", "epsilon_rdp", "epsilon_pld", "warnings")})

@@ -158,10 +158,12 @@ def finished_run(out: Path, cfg: "TrainConfig | None" = None) -> dict | None:
             import json
 
             def same(d: dict) -> dict:
-                # dp_sgd_min_records: an input of the stage rule, whose outcome train.method records (resolve_stage)
-                return {k: v for k, v in json.loads(json.dumps(d)).items() if k not in ("max_epsilon", "dp_sgd_min_records")}
+                return {k: v for k, v in json.loads(json.dumps(d)).items() if k != "max_epsilon"}
 
-            if same(cfg.to_dict()) != same(recorded):
+            mine = cfg.to_dict()
+            if "dp_sgd_min_records" not in recorded:  # a run from before the stage rule (resolve_stage)
+                mine.pop("dp_sgd_min_records", None)
+            if same(mine) != same(recorded):
                 return None
         cfg = TrainConfig(**recorded)
         planned, done = cfg.rounds_run(), run.committed_round()

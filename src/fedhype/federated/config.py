@@ -352,8 +352,8 @@ class TrainConfig:
             return None
         return (f"the median client has {median:,g} training records, fewer than train.dp_sgd_min_records = "
                 f"{self.dp_sgd_min_records:,}: without the DP-SGD stage the statistics release takes the whole ε "
-                f"(the {NO_STAGE_METHOD!r} model; docs/method.md, decision 22; train.dp_sgd_min_records = 0, "
-                "--dp-sgd-min-records 0 in `fedhype train`, runs the stage)")
+                f"(the {NO_STAGE_METHOD!r} model; docs/method.md, decision 22); train.dp_sgd_min_records = 0 runs the "
+                "stage (`fedhype train --dp-sgd-min-records 0`, `fedhype run --set train.dp_sgd_min_records=0`)")
 
     def for_clients(self, sizes) -> "TrainConfig":
         """This configuration for clients of these sizes: ``method = "no-dp-sgd"`` where
@@ -421,7 +421,8 @@ class TrainConfig:
         why = ("runs no DP-SGD round (the statistics release takes the whole ε" + (
             f", at σ₀ = {self.class_stats_noise_multiplier:g}" if self.class_stats_noise_multiplier is not None else "")
             + ")")
-        head = (f"no DP-SGD round runs ({stage_off})" if stage_off else f"train.method = {self.method!r} {why}")
+        head = ("no DP-SGD round runs (the median client is below train.dp_sgd_min_records: the stage rule, "
+                "docs/method.md decision 22)" if stage_off else f"train.method = {self.method!r} {why}")
         return (f"{head}: " + ", ".join(f"train.{k}" for k in names)
                 + (" has" if len(names) == 1 else " have") + " no effect (recorded in config.json as given)")
 

@@ -478,7 +478,8 @@ def result_of(state: RunState) -> TrainResult:
         clip_norm=cfg.clip_norm, seed=cfg.seed, noise_seeded=cfg.seed is not None, traffic=state.server.hnet.traffic(),
         secure_aggregation=({"clients": distributed.clients, "dropout_tolerance": distributed.dropout_tolerance,
                              "min_contributions": distributed.min_contributions} if distributed is not None else None),
-        complete=run.committed_round() >= cfg.rounds_run(), client_names=[str(c.name) for c in plan.roster.clients])
+        complete=run.committed_round() >= cfg.rounds_run(), client_names=[str(c.name) for c in plan.roster.clients],
+        method=cfg.method)
 
 
 # ------------------------------------------------------------------------------------------------ the loop

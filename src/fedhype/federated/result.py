@@ -30,6 +30,8 @@ class TrainResult(Mapping):
         complete: every planned round is committed.
         client_names: the clients' names (a partition's or the sites'), in the order of ``clients``; the
             ids key the ledger and ``epsilon_per_client``, the names are what a report and privacy.json show.
+        method: the method the run trained: ``no-dp-sgd`` where ``fedhypevae``'s DP-SGD stage was off for its client
+            sizes (:meth:`fedhype.federated.config.TrainConfig.for_clients`, docs/method.md decision 22).
     """
 
     run_dir: str
@@ -49,6 +51,7 @@ class TrainResult(Mapping):
     secure_aggregation: dict[str, int] | None
     complete: bool
     client_names: list[str]
+    method: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict of the fields (the keys train returned before it returned this class)."""

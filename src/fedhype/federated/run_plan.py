@@ -307,6 +307,8 @@ def recorded_config(run: RunDir, resume: bool) -> dict | None:
 def _refuse_differences(run: RunDir, old: dict, new: dict) -> None:
     """Raise the resume's ValidationError naming where ``new`` differs from the recorded ``old`` config."""
     new = json.loads(json.dumps(new))  # as config.json holds it (tuples as lists)
+    if "dp_sgd_min_records" not in (old.get("train") or {}):  # a run from before the stage rule (resolve_stage)
+        new = {**new, "train": {k: v for k, v in (new.get("train") or {}).items() if k != "dp_sgd_min_records"}}
     if _comparable(old) != _comparable(new):
         diff = _differences(_comparable(old), _comparable(new))
         # the settings a user gives first (train.*: --method, --epsilon, …) before the model fields they imply
@@ -415,20 +417,29 @@ def _differences(old: Any, new: Any, path: str = "") -> list[str]:
 
 def _comparable(conf: dict) -> dict:
     c = {k: v for k, v in conf.items() if k != "privacy_plan"}
-    # dp_sgd_min_records is an input of the rule whose outcome train.method records (resolve_stage)
-    c["train"] = {k: v for k, v in c["train"].items() if k not in ("max_epsilon", "dp_sgd_min_records")}
+    c["train"] = {k: v for k, v in c["train"].items() if k not in ("max_epsilon",)}
     return c
 
 
 def resolve_stage(cfg: TrainConfig, sizes, recorded: dict | None = None) -> TrainConfig:
     """``cfg`` for clients of these public sizes (:meth:`TrainConfig.for_clients`: ``fedhypevae`` without its
-    DP-SGD stage below ``train.dp_sgd_min_records``), except on resuming a run recorded before that rule existed
-    (its ``config.json`` has no ``train.dp_sgd_min_records``): it resumes with the method it began with, as
-    :func:`keep_recorded_latent` keeps its latent size.
+    DP-SGD stage below ``train.dp_sgd_min_records``). On a resume, as :func:`keep_recorded_latent` keeps a run's
+    latent size, a run recorded before the rule existed (its ``config.json`` has no ``train.dp_sgd_min_records``)
+    resumes with the method it began with, and a run that recorded another threshold than this release's default
+    resumes with its own where ``cfg`` has the default (a threshold given explicitly and different is the resume's
+    refusal to name: :func:`check_resumed_settings`).
 
     Args:
         cfg: the configuration as given. sizes: the clients' n_i (ints, or name → n_i).
         recorded: the ``config.json`` of the run being resumed, if any."""
-    if recorded is not None and "dp_sgd_min_records" not in ((recorded.get("train") or {}) if isinstance(recorded, dict) else {}):
-        return cfg
+    from fedhype.federated import config as _config
+
+    train = (recorded.get("train") or {}) if isinstance(recorded, dict) else None
+    if train is not None:
+        if "dp_sgd_min_records" not in train:
+            return cfg
+        kept = train["dp_sgd_min_records"]
+        if cfg.dp_sgd_min_records == _config.DEFAULT_DP_SGD_MIN_RECORDS and kept != cfg.dp_sgd_min_records \
+                and isinstance(kept, int) and not isinstance(kept, bool) and kept >= 0:
+            cfg = replace(cfg, dp_sgd_min_records=kept)
     return cfg.for_clients(sizes)

@@ -318,6 +318,9 @@ class FedHypeVAE:
         what = "no_dp" if t["no_dp"] else (f"epsilon={t['epsilon']}" if t["epsilon"] is not None
                                             else f"noise_multiplier={t['noise_multiplier']}")
         state = f", run_dir={str(self.run_dir_)!r}" if self.run_dir_ is not None else ""
+        ran = (self.result_ or {}).get("method")
+        if ran and ran != t["method"]:  # the stage rule (docs/method.md, decision 22)
+            state += f", trained as {ran!r}: no DP-SGD round"
         return f"FedHypeVAE(method={t['method']!r}, {what}, delta={t['delta']}, rounds={t['rounds']}{state})"
 
     # ------------------------------------------------------------------ training
@@ -356,9 +359,14 @@ class FedHypeVAE:
         self._check_out(resume)
         cfg = self.train_config if self.train_config is not None else train_config(self.config)
         # what `fedhype train` prints as warnings (a notebook user saw none: a probe)
-        for advice in cfg.plan_warnings({c.name: len(c.train) for c in partition.clients}):
+        sizes = {c.name: len(c.train) for c in partition.clients}
+        for advice in cfg.plan_warnings(sizes):
             warnings.warn(advice.replace("--batch-size ", "batch_size=").replace("--delta ", "delta="),
                           FedhypeWarning, stacklevel=2)
+        off = cfg.stage_off_reason(sizes)
+        if off:
+            # what `fedhype train` prints (a probe: the API trained no-dp-sgd without a word)
+            warnings.warn(f"fit: {off}", FedhypeWarning, stacklevel=2)
         temporary = None if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-"))
         out = self.out if temporary is None else temporary / "run"
         try:

@@ -524,8 +524,10 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
             "data, between chance and TRTR. " + (
                 "For the same ε, `--method dp-gaussian` (the one-shot statistics alone) is the floor a trained "
                 "generator must beat." if r.get("rounds") else
-                "This model is the one-shot statistics release itself, with no DP-SGD round (`--method "
-                f"{r.get('method')}`" + (f": {r['dp_sgd_stage_off']}" if r.get("dp_sgd_stage_off") else "") + ")."),
+                (f"This model is the one-shot statistics release itself, with no DP-SGD round: {r['dp_sgd_stage_off']}."
+                 if r.get("dp_sgd_stage_off") else
+                 "This model is the one-shot statistics release itself, with no DP-SGD round (`--method "
+                 f"{r.get('method')}`).")),
     ]
     if r.get("interpolation_mean_accuracy") is not None:
         lam = r["interpolation_mean_lambda"]
