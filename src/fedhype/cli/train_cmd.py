@@ -154,17 +154,10 @@ def finished_run(out: Path, cfg: "TrainConfig | None" = None) -> dict | None:
         return None
     try:
         recorded = read_json(run.config, "run config")["train"]
-        if cfg is not None:
-            import json
+        if cfg is not None:  # the resume's own comparison (max_epsilon aside); a difference is a FedhypeError
+            from fedhype.federated.run_plan import check_resumed_settings
 
-            def same(d: dict) -> dict:
-                return {k: v for k, v in json.loads(json.dumps(d)).items() if k != "max_epsilon"}
-
-            mine = cfg.to_dict()
-            if "dp_sgd_min_records" not in recorded:  # a run from before the stage rule (resolve_stage)
-                mine.pop("dp_sgd_min_records", None)
-            if same(mine) != same(recorded):
-                return None
+            check_resumed_settings(run, cfg, {"train": recorded})
         cfg = TrainConfig(**recorded)
         planned, done = cfg.rounds_run(), run.committed_round()
         if done < planned or (planned == 0 and not run.statistics_released()):
