@@ -24,7 +24,7 @@ SMALL = {"hidden": 32, "latent": 8, "hyper_hidden": 16, "code_dim": 8}
 OLD_KEYS = ["run_dir", "epsilon", "delta", "rounds", "rounds_planned", "clients", "noise_multiplier", "private",
             "class_stats_noise_multiplier", "epsilon_per_client", "clip_norm", "seed", "noise_seeded", "traffic",
             "secure_aggregation", "complete"]
-ADDED_KEYS = ["client_names"]  # added after the dictionary became TrainResult: appended, old order kept
+ADDED_KEYS = ["client_names", "method"]  # added after the dictionary became TrainResult: appended, old order kept
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_train_result_is_a_read_only_mapping_of_the_old_keys(real_store, part, t
                 diagnostics=False)
     assert isinstance(res, TrainResult) and list(res) == OLD_KEYS + ADDED_KEYS == list(res.to_dict())
     assert dict(res) == res.to_dict() and res == res.to_dict() and len(res) == len(OLD_KEYS) + len(ADDED_KEYS)
-    assert res["client_names"] == [c.name for c in part.clients]
+    assert res["client_names"] == [c.name for c in part.clients] and res["method"] == "dp-gaussian"
     assert res["private"] is False and res.private is False and res.get("epsilon") is None and res.rounds_planned == 0
     assert res["complete"] and "epsilon" in res and "nope" not in res
     with pytest.raises(KeyError):
