@@ -297,12 +297,18 @@ def test_a_statistics_only_job_says_what_it_ran_and_which_settings_did_nothing(t
     assert r.exit_code == 0, r.output
     rep = _json(r)
     assert rep["method"] == "no-dp-sgd" and rep["rounds"] == 0 and 0.99 < rep["epsilon"] <= 1.0
+    # no round ran: no clipping norm C (given 0.7 here) and no per-round traffic claimed
+    assert rep["clip_norm"] is None and rep["dp_sgd_stage_off"] is None
+    assert rep["traffic"]["upload_bytes_per_round"] == 0 == rep["traffic"]["download_bytes_per_round"]
+    assert rep["traffic"]["note"].startswith("no DP-SGD round ran") and rep["traffic"]["generated_parameters_per_client"] > 0
     assert "run: embed → partition → train (the statistics release, no DP-SGD round) → synthesize" in r.stderr
     assert ("train: warning: train.method = 'no-dp-sgd' runs no DP-SGD round (the statistics release takes the whole "
             "ε): train.rounds, train.clip_norm have no effect") in r.stderr
     assert "train: 4 clients release their DP class statistics (latent size L = 8)" in r.stderr
     md = (tmp_path / "job" / "report.md").read_text()
     assert "no DP-SGD round: the model is the release itself (no-dp-sgd)" in md and "(dp-gaussian)" not in md
+    assert ("for what `release/` holds — the statistics release alone, no DP-SGD round (`--method no-dp-sgd`). "
+            in md.split("## Details")[0])  # At a glance
     assert "training.png" not in md and "Per-round −ELBO" not in md and "floor a trained generator" not in md
     assert not (tmp_path / "job" / "plots" / "training.png").exists()
     assert rep["plots"] == [str(tmp_path / "job" / "plots" / "projection.png")]
@@ -352,8 +358,13 @@ def test_the_default_job_on_small_clients_runs_without_the_dp_sgd_stage_and_says
     assert ("train: warning: no DP-SGD round runs (the median client is below train.dp_sgd_min_records" in r.stderr
             and "train.rounds has no effect" in r.stderr)
     assert rep["dp_sgd_stage_off"].startswith(why)
+    assert rep["clip_norm"] is None and rep["traffic"]["upload_bytes_per_round"] == 0
+    assert rep["traffic"]["download_bytes_per_round"] == 0 and rep["traffic"]["note"].startswith("no DP-SGD round ran")
     md = (tmp_path / "job" / "report.md").read_text()
     assert f"This model is the one-shot statistics release itself, with no DP-SGD round: {why}" in md
+    glance_md = md.split("## Details")[0]  # At a glance says it too, shortly
+    assert f"for what `release/` holds — the statistics release alone, no DP-SGD round ({why}). " in glance_md
+    assert "decision 22" not in glance_md
     assert json.loads((tmp_path / "job" / "config.json").read_text())["train"]["method"] == "fedhypevae"
     assert json.loads((tmp_path / "job" / "run" / "config.json").read_text())["train"]["method"] == "no-dp-sgd"
 

@@ -49,6 +49,49 @@ def test_the_rule_is_the_median_client_against_the_threshold_for_ours_under_dp_p
             TrainConfig(dp_sgd_min_records=bad)
 
 
+def test_stage_rule_applies_is_the_rule_without_the_sizes():
+    """The conditions under which the client sizes decide (``fedhype run`` announces the rule on them), in one place
+    with :meth:`stage_off_reason` (which adds the median against the threshold)."""
+    assert TrainConfig(dp_sgd_min_records=1000).stage_rule_applies() is True
+    assert TrainConfig(dp_sgd_min_records=1000, epsilon=None, noise_multiplier=2.0).stage_rule_applies() is True
+    for other in (TrainConfig(dp_sgd_min_records=1000, method="no-mmd"),
+                  TrainConfig(dp_sgd_min_records=1000, method="no-dp-sgd"),
+                  TrainConfig(dp_sgd_min_records=1000, secure_aggregation=True),
+                  TrainConfig(dp_sgd_min_records=1000, no_dp=True, epsilon=None),
+                  TrainConfig(dp_sgd_min_records=1000, model={"class_bias": False}),
+                  TrainConfig(dp_sgd_min_records=0)):
+        assert other.stage_rule_applies() is False
+        assert other.stage_off_reason([1]) is None  # whatever the sizes
+    cfg = TrainConfig(dp_sgd_min_records=1000)
+    assert cfg.stage_off_reason([999]) is not None and cfg.stage_off_reason([1000]) is None
+    assert cfg.stage_off_reason([]) is None  # no sizes, no median: the rule applies but says nothing
+
+
+def test_a_quoted_or_fractional_threshold_is_refused_naming_the_key_and_what_to_give(tmp_path):
+    """``--set train.dp_sgd_min_records='"1500"'`` (a TOML string) must be refused, as 1500.5, true and -1, naming the
+    key and a whole number ≥ 0; the string with how to write it."""
+    from typer.testing import CliRunner
+
+    from fedhype.cli.main import app
+    from fedhype.pipeline.config import resolve, train_config
+
+    with pytest.raises(ValidationError, match=r"train\.dp_sgd_min_records .*must be a whole number ≥ 0 .*got '1500': "
+                                              r"write it unquoted, e\.g\. train\.dp_sgd_min_records = 1500"):
+        TrainConfig(dp_sgd_min_records="1500")
+    for bad in (1500.5, 1500.0, True, -1):
+        with pytest.raises(ValidationError, match=r"train\.dp_sgd_min_records .*must be a whole number ≥ 0") as e:
+            TrainConfig(dp_sgd_min_records=bad)
+        assert "unquoted" not in str(e.value)
+    conf = resolve(None, ['train.dp_sgd_min_records="1500"'])
+    with pytest.raises(ValidationError, match=r"train\.dp_sgd_min_records .*got '1500': write it unquoted"):
+        train_config(conf)
+    assert train_config(resolve(None, ["train.dp_sgd_min_records=1500"])).dp_sgd_min_records == 1500
+    r = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "job"), "--set", 'train.dp_sgd_min_records="1500"'])
+    assert r.exit_code == 2, r.output
+    assert "train.dp_sgd_min_records (--dp-sgd-min-records) must be a whole number ≥ 0" in r.output
+    assert not (tmp_path / "job").exists()  # refused before anything was embedded or written
+
+
 def test_the_shipped_threshold_switches_the_stage_off_for_the_digits_job_and_keeps_it_for_large_clients(monkeypatch):
     from fedhype.federated import config
 
@@ -88,6 +131,16 @@ def test_ours_below_the_threshold_is_the_no_dp_sgd_run_itself(real_store, part, 
                    tmp_path / "staged", diagnostics=False)
     assert staged.rounds == 1
     assert any(e.mechanism == "dp-sgd" for e in PrivacyLedger.load(tmp_path / "staged" / "ledger.json").events)
+    # report.json's claims of the two runs: C and per-round bytes only where a round ran (pipeline/report.py)
+    from fedhype.pipeline.report import NO_ROUND_TRAFFIC, round_claims
+
+    on, off = round_claims(staged), round_claims(ruled)
+    n_theta = staged.traffic["generated_parameters_per_client"]
+    assert on["clip_norm"] == 1.5 and on["traffic"]["upload_bytes_per_round"] == 4 * n_theta > 0
+    assert off["clip_norm"] is None and ruled.clip_norm == 1.5  # the result keeps the configured C; the report does not
+    assert off["traffic"] == {**ruled.traffic, "download_bytes_per_round": 0, "upload_bytes_per_round": 0,
+                              "note": NO_ROUND_TRAFFIC}
+    assert off["traffic"]["generated_parameters_per_client"] == n_theta  # the model's size is still said
 
 
 def test_a_run_begun_before_the_rule_resumes_with_its_stage(real_store, part, tmp_path):

@@ -115,6 +115,44 @@ def test_at_a_glance_says_what_privacy_cost_and_whether_the_data_is_useful():
     assert "the synthetic data does better" in large
 
 
+def test_at_a_glance_says_when_no_dp_sgd_round_ran():
+    """The privacy bullet of a run that trained no round says what ε paid for: the release alone, and why (the stage
+    rule's reason from report.json's ``dp_sgd_stage_off``, or the method); a run with rounds says nothing of it."""
+    from fedhype.pipeline.report import glance
+
+    why = ("the median client has 914 training records, fewer than train.dp_sgd_min_records = 1,500: without the "
+           "DP-SGD stage the statistics release takes the whole ε (the 'no-dp-sgd' model; docs/method.md, decision 22)")
+    ruled = glance(_glance_report(rounds=0, method="no-dp-sgd", dp_sgd_stage_off=why))[0]
+    assert ("for what `release/` holds — the statistics release alone, no DP-SGD round (the median client has 914 "
+            "training records, fewer than train.dp_sgd_min_records = 1,500). Smaller ε is stronger") in ruled
+    assert "decision 22" not in ruled  # the short clause; the Details section gives the whole reason
+    named = glance(_glance_report(rounds=0, method="dp-gaussian", dp_sgd_stage_off=None))[0]
+    assert "for what `release/` holds — the statistics release alone, no DP-SGD round (`--method dp-gaussian`). " in named
+    for r in (_glance_report(rounds=8, method="fedhypevae"), _glance_report()):  # rounds ran, or not recorded
+        line = glance(r)[0]
+        assert "no DP-SGD round" not in line and "for what `release/` holds. Smaller ε" in line
+    assert "no DP-SGD round" not in glance(_glance_report(private=False, rounds=0, method="no-dp-sgd"))[0]
+
+
+def test_a_run_without_a_dp_sgd_round_claims_no_clipping_and_no_round_traffic():
+    """report.json's ``clip_norm`` (the DP-SGD C) is None and its per-round bytes 0, with a note, where no round ran
+    (a probe: the no-dp-sgd job recorded C = 1.5 and 2 × 0.3 MB a round); with rounds they are the run's."""
+    from fedhype.pipeline.report import NO_ROUND_TRAFFIC, round_claims
+
+    traffic = {"hypernetwork_parameters": 120_000, "generated_parameters_per_client": 75_000,
+               "download_bytes_per_round": 300_000, "upload_bytes_per_round": 300_000}
+    ran = round_claims({"rounds": 8, "clip_norm": 1.5, "traffic": traffic})
+    assert ran == {"clip_norm": 1.5, "traffic": traffic}
+    none = round_claims({"rounds": 0, "clip_norm": 1.5, "traffic": traffic})
+    assert none == {"clip_norm": None, "traffic": {"hypernetwork_parameters": 120_000,
+                                                   "generated_parameters_per_client": 75_000,
+                                                   "download_bytes_per_round": 0, "upload_bytes_per_round": 0,
+                                                   "note": NO_ROUND_TRAFFIC}}
+    assert traffic["upload_bytes_per_round"] == 300_000  # the training result is not edited
+    assert NO_ROUND_TRAFFIC.startswith("no DP-SGD round ran")
+    assert round_claims({"rounds": 0, "clip_norm": 1.5, "traffic": None}) == {"clip_norm": None, "traffic": None}
+
+
 def test_report_downstream_section(skewed_federation):
     """report.json's downstream summary and report.md's per-client table, from the real protocol's output."""
     from fedhype.eval.client_downstream import client_downstream

@@ -83,9 +83,10 @@ def register(app: typer.Typer) -> None:
                     else f"{n} round{'s' if n != 1 else ''}")
             from fedhype.pipeline.config import train_config
 
-            k = train_config(conf).stage_off_reason([0]) and train_config(conf).dp_sgd_min_records
-            if k:  # the stage rule decides once the partition's sizes are known (docs/method.md, decision 22)
-                what += f" if the median client has ≥ {k:,} training records, else the statistics release alone"
+            cfg = train_config(conf)
+            if cfg.stage_rule_applies():  # the sizes decide once the partition is known (docs/method.md, decision 22)
+                what += (f" if the median client has ≥ {cfg.dp_sgd_min_records:,} training records, else the "
+                         "statistics release alone")
             log_line(f"run: embed → partition → train ({what}) → synthesize → evaluate → report, into {out}")
             try:
                 res = run_job(conf, out, log=log_line, on_round=round_printer(conf["train"]["rounds"]))

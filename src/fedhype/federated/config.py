@@ -282,7 +282,9 @@ class TrainConfig:
         if isinstance(self.dp_sgd_min_records, bool) or not isinstance(self.dp_sgd_min_records, int) \
                 or self.dp_sgd_min_records < 0:
             raise ValidationError("train.dp_sgd_min_records (--dp-sgd-min-records) must be a whole number ≥ 0 "
-                                  f"(0: always run the DP-SGD stage), got {self.dp_sgd_min_records!r}")
+                                  f"(0: always run the DP-SGD stage), got {self.dp_sgd_min_records!r}"
+                                  + (": write it unquoted, e.g. train.dp_sgd_min_records = 1500"
+                                     if isinstance(self.dp_sgd_min_records, str) else ""))
         if not isinstance(self.secure_aggregation, bool):
             raise ValidationError(f"train.secure_aggregation must be true or false, got {self.secure_aggregation!r}")
         if isinstance(self.dropout_tolerance, bool) or not isinstance(self.dropout_tolerance, int) or self.dropout_tolerance < 0:
@@ -332,18 +334,26 @@ class TrainConfig:
         """Rounds of DP-SGD actually run: ``rounds``, or 0 for a statistics-only method."""
         return 0 if self.statistics_only else int(self.rounds)
 
+    def stage_rule_applies(self) -> bool:
+        """True when the client-size rule of :meth:`stage_off_reason` decides whether this configuration runs its
+        DP-SGD stage: ``fedhypevae`` under DP, without secure aggregation, on a model that releases statistics
+        (``model.class_bias``; without a release the stage is all it learns) and ``dp_sgd_min_records > 0``
+        (docs/method.md, decision 22). The sizes then decide (:meth:`for_clients`); False: the stage runs as the
+        method says, whatever the sizes."""
+        return (self.method == STAGE_METHOD and not self.no_dp and not self.secure_aggregation
+                and bool(self.dp_sgd_min_records) and self.model_config(1, 2).class_bias)
+
     def stage_off_reason(self, sizes) -> str | None:
         """Why :meth:`for_clients` runs ``fedhypevae`` without its DP-SGD stage for these client sizes, or None
-        when it does not (another method, no DP, secure aggregation, a model that releases no statistics
-        (``model.class_bias = false``), ``dp_sgd_min_records = 0``, or a median client of at least
-        ``dp_sgd_min_records`` records).
+        when it does not (:meth:`stage_rule_applies` is False — another method, no DP, secure aggregation, a model
+        that releases no statistics (``model.class_bias = false``), ``dp_sgd_min_records = 0`` — no sizes, or a
+        median client of at least ``dp_sgd_min_records`` records).
 
         Args:
             sizes: the clients' training-set sizes n_i (public; an iterable of ints, or a name → size mapping).
         """
         values = sorted(int(n) for n in (sizes.values() if hasattr(sizes, "values") else sizes))
-        if (self.method != STAGE_METHOD or self.no_dp or self.secure_aggregation or not self.dp_sgd_min_records
-                or not values or not self.model_config(1, 2).class_bias):  # no release: the stage is all it learns
+        if not values or not self.stage_rule_applies():
             return None
         import statistics
 

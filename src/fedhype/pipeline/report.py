@@ -75,7 +75,8 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "epsilon": trained["epsilon"], "delta": trained["delta"], "private": trained["private"],
         "target_epsilon": target, "above_target": above_target(trained["epsilon"], target),
         "recharged": _recharged_of(out / "run") if trained["private"] else None,
-        "accountant": "best", "noise_multiplier": trained["noise_multiplier"], "clip_norm": trained["clip_norm"],
+        "accountant": "best", "noise_multiplier": trained["noise_multiplier"],
+        "clip_norm": round_claims(trained)["clip_norm"],  # the DP-SGD C: None where no round ran (it clipped nothing)
         "method": _run_method(out / "run", conf), "n_classes": store.n_classes,
         "dp_sgd_stage_off": _stage_off(out / "run", conf, part),
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
@@ -106,7 +107,9 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "timings_s": dict(timings), "timings_earlier_s": list(getattr(timings, "earlier", [])),
         # each earlier run's record: its start, its stages and, for a run that stopped, the stage it stopped in
         "timings_earlier_runs": list(getattr(timings, "earlier_runs", [])),
-        "traffic": trained.get("traffic"),
+        # the model's sizes and the bytes a client downloads / uploads per DP-SGD round: 0, with a note, where no
+        # round ran (the statistics release before round 0 is not counted in them)
+        "traffic": round_claims(trained)["traffic"],
         "held_out_not_dp": held_out_trend(metrics),
         "report": str(out / "report.md"), "plots": [str(plots / "projection.png")] + ([str(plots / "training.png")] if curves else []),
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
@@ -115,6 +118,23 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     atomic_write_json(out / "report.json", strict_json(report))
     atomic_write_text(out / "report.md", _markdown(report, ev, conf))
     return report
+
+
+#: report.json's ``traffic["note"]`` for a run that trained no DP-SGD round
+NO_ROUND_TRAFFIC = "no DP-SGD round ran: no per-round traffic (the statistics release before round 0 is not counted here)"
+
+
+def round_claims(trained: dict) -> dict[str, Any]:
+    """report.json's ``clip_norm`` and ``traffic`` for a training result: as trained, or, for a run that trained no
+    DP-SGD round (``rounds`` 0: ``dp-gaussian``, ``no-dp-sgd``, ``fedhypevae`` with its stage off), ``clip_norm``
+    None (C bounds the DP-SGD updates only, and none ran) and per-round bytes 0 with
+    :data:`NO_ROUND_TRAFFIC` as ``note`` (the parameter counts are kept: the model's size)."""
+    if trained.get("rounds"):
+        return {"clip_norm": trained.get("clip_norm"), "traffic": trained.get("traffic")}
+    traffic = trained.get("traffic")
+    if traffic is not None:
+        traffic = {**traffic, "download_bytes_per_round": 0, "upload_bytes_per_round": 0, "note": NO_ROUND_TRAFFIC}
+    return {"clip_norm": None, "traffic": traffic}
 
 
 def _run_method(run: Path, conf: dict) -> str | None:
@@ -369,6 +389,17 @@ def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
             "class_stats_releases": max(per_client.values()) if per_client else 0}
 
 
+def _no_round_clause(r: dict) -> str:
+    """`` — the statistics release alone, no DP-SGD round (why)`` for the At-a-glance privacy line of a run that
+    trained no round (``rounds`` 0), else "": the stage rule's reason up to its first colon (``dp_sgd_stage_off``:
+    the median client's size and the threshold), or the method that trains none."""
+    if r.get("rounds") != 0:
+        return ""
+    off = r.get("dp_sgd_stage_off")
+    why = off.split(":", 1)[0] if off else (f"`--method {r['method']}`" if r.get("method") else "")
+    return " — the statistics release alone, no DP-SGD round" + (f" ({why})" if why else "")
+
+
 def glance(r: dict) -> list[str]:
     """The report's first section: is the synthetic data useful, and what did it cost (plain sentences)."""
     k = r.get("n_classes") or 0
@@ -381,8 +412,8 @@ def glance(r: dict) -> list[str]:
         out.append(f"- **Privacy.** Every training record is protected by (ε = {epsilon_text(r['epsilon'], tgt)}, δ = {r['delta']:g})-"
                    "differential privacy (the worst client's ε, recomputed from the ledger"
                    + (f"; **above the target {tgt:g}**: {_recharged_words(r)}" if over
-                      else f"; the target was {tgt:g}" if tgt is not None else "") + ") for what `release/` holds. Smaller "
-                   "ε is stronger; ε ≤ 1 is strong, ε ≈ 8 is weak but still bounded."
+                      else f"; the target was {tgt:g}" if tgt is not None else "") + ") for what `release/` holds"
+                   + _no_round_clause(r) + ". Smaller ε is stronger; ε ≤ 1 is strong, ε ≈ 8 is weak but still bounded."
                    + (f" The job also trained the DP linear reference below on the same records, a separate release "
                       f"with its own ε = {r['dp_fedavg_linear_epsilon']:.3g}: a record in both has spent both "
                       "(sequential composition); it stays with the data holder unless shared too."
