@@ -653,7 +653,7 @@ def test_a_bad_value_is_named_by_the_flag_the_user_gave(files, tmp_path, flag, k
     (`fedhype train --rounds 0` said "train.rounds must be ≥ 1": a new user's probe)."""
     r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json",
                 "--out", tmp_path / "run", flag, 0, "--json")
-    assert r.exit_code == 2 and f"{flag} ({key}) must be ≥ 1" in _one_json(r)["error"], r.output
+    assert r.exit_code == 2 and f"{flag} ({key}) must be a whole number ≥ 1" in _one_json(r)["error"], r.output
     assert not (tmp_path / "run").exists()
 
 
@@ -707,7 +707,8 @@ def test_sigterm_stops_a_command_as_ctrl_c_does():
     (["--max-epsilon", "-1"], "--max-epsilon (train.max_epsilon) must be a finite number > 0"),  # was exit 3, "ε > -1"
     (["--max-epsilon", "nan"], "--max-epsilon (train.max_epsilon) must be a finite number > 0"),  # named the field
     (["--epsilon", "inf"], "--epsilon (train.epsilon), the target ε, must be a finite number > 0"),  # "raise --epsilon"
-    (["--epsilon", "1", "--dropout-tolerance", "-1"], "must be an integer ≥ 0"),
+    (["--epsilon", "1", "--dropout-tolerance", "-1"],
+     "--dropout-tolerance (train.dropout_tolerance) must be a whole number ≥ 0"),
 ])
 def test_train_values_are_refused_naming_the_flag_once(files, tmp_path, args, message):
     r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--out",

@@ -131,16 +131,18 @@ def test_ours_below_the_threshold_is_the_no_dp_sgd_run_itself(real_store, part, 
                    tmp_path / "staged", diagnostics=False)
     assert staged.rounds == 1
     assert any(e.mechanism == "dp-sgd" for e in PrivacyLedger.load(tmp_path / "staged" / "ledger.json").events)
-    # report.json's claims of the two runs: C and per-round bytes only where a round ran (pipeline/report.py)
-    from fedhype.pipeline.report import NO_ROUND_TRAFFIC, round_claims
+    # the results' own claims (report.json takes them as they are): C and per-round bytes only where a round ran; the
+    # ruled run and the explicit no-dp-sgd run claim the same (the result kept C = 1.5 and the model's per-round bytes)
+    from fedhype.federated.result import NO_ROUND_TRAFFIC
 
-    on, off = round_claims(staged), round_claims(ruled)
     n_theta = staged.traffic["generated_parameters_per_client"]
-    assert on["clip_norm"] == 1.5 and on["traffic"]["upload_bytes_per_round"] == 4 * n_theta > 0
-    assert off["clip_norm"] is None and ruled.clip_norm == 1.5  # the result keeps the configured C; the report does not
-    assert off["traffic"] == {**ruled.traffic, "download_bytes_per_round": 0, "upload_bytes_per_round": 0,
-                              "note": NO_ROUND_TRAFFIC}
-    assert off["traffic"]["generated_parameters_per_client"] == n_theta  # the model's size is still said
+    assert staged.clip_norm == 1.5 and staged.traffic["upload_bytes_per_round"] == 4 * n_theta > 0
+    assert "note" not in staged.traffic
+    for off in (ruled, named):
+        assert off.clip_norm is None and off["clip_norm"] is None
+        assert off.traffic == {"hypernetwork_parameters": staged.traffic["hypernetwork_parameters"],
+                               "generated_parameters_per_client": n_theta,  # the model's size is still said
+                               "download_bytes_per_round": 0, "upload_bytes_per_round": 0, "note": NO_ROUND_TRAFFIC}
 
 
 def test_a_run_begun_before_the_rule_resumes_with_its_stage(real_store, part, tmp_path):

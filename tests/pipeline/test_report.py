@@ -136,21 +136,20 @@ def test_at_a_glance_says_when_no_dp_sgd_round_ran():
 
 def test_a_run_without_a_dp_sgd_round_claims_no_clipping_and_no_round_traffic():
     """report.json's ``clip_norm`` (the DP-SGD C) is None and its per-round bytes 0, with a note, where no round ran
-    (a probe: the no-dp-sgd job recorded C = 1.5 and 2 × 0.3 MB a round); with rounds they are the run's."""
-    from fedhype.pipeline.report import NO_ROUND_TRAFFIC, round_claims
+    (a probe: the no-dp-sgd job recorded C = 1.5 and 2 × 0.3 MB a round). The training result says so itself
+    (:func:`fedhype.federated.engine.result_of`, with :func:`~fedhype.federated.result.without_rounds`), and the
+    report takes its values as they are (a pipeline stage is not imported by federated; the jobs of
+    tests/cli/test_pipeline_cli.py check report.json's figures, tests/federated/test_stage_rule.py the results')."""
+    from fedhype.federated.result import without_rounds
+    from fedhype.pipeline.report import NO_ROUND_TRAFFIC
 
     traffic = {"hypernetwork_parameters": 120_000, "generated_parameters_per_client": 75_000,
                "download_bytes_per_round": 300_000, "upload_bytes_per_round": 300_000}
-    ran = round_claims({"rounds": 8, "clip_norm": 1.5, "traffic": traffic})
-    assert ran == {"clip_norm": 1.5, "traffic": traffic}
-    none = round_claims({"rounds": 0, "clip_norm": 1.5, "traffic": traffic})
-    assert none == {"clip_norm": None, "traffic": {"hypernetwork_parameters": 120_000,
-                                                   "generated_parameters_per_client": 75_000,
-                                                   "download_bytes_per_round": 0, "upload_bytes_per_round": 0,
-                                                   "note": NO_ROUND_TRAFFIC}}
-    assert traffic["upload_bytes_per_round"] == 300_000  # the training result is not edited
-    assert NO_ROUND_TRAFFIC.startswith("no DP-SGD round ran")
-    assert round_claims({"rounds": 0, "clip_norm": 1.5, "traffic": None}) == {"clip_norm": None, "traffic": None}
+    assert without_rounds(traffic) == {"hypernetwork_parameters": 120_000, "generated_parameters_per_client": 75_000,
+                                       "download_bytes_per_round": 0, "upload_bytes_per_round": 0,
+                                       "note": NO_ROUND_TRAFFIC}
+    assert traffic["upload_bytes_per_round"] == 300_000  # a new dict: the model's own sizes are not edited
+    assert NO_ROUND_TRAFFIC.startswith("no DP-SGD round ran") and without_rounds(None) is None
 
 
 def test_report_downstream_section(skewed_federation):

@@ -180,7 +180,8 @@ _PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.E
 def _with_flags(message: str) -> str:
     """``message`` with each configuration key this command has an option for named by that option too:
     "train.rounds must be ≥ 1" → "--rounds (train.rounds) must be ≥ 1" (the job-file key alone told a user of
-    `fedhype train --rounds 0` nothing about the flag they gave). The options are the running command's, whose
+    `fedhype train --rounds 0` nothing about the flag they gave); a key the message already follows with that
+    option, "train.rounds (--rounds)", is turned the same way. The options are the running command's, whose
     defaults come from :func:`config_default` (``job_default = "section.key"``)."""
     import re
 
@@ -198,14 +199,17 @@ def _with_flags(message: str) -> str:
     if not flags:
         return message
     def named(m: "re.Match") -> str:
-        key, flag = m.group(0), flags.get(m.group(0))
-        if flag is None or message[m.end():].startswith(f" ({flag})"):  # the message names the flag already
-            return key
+        key, flag = m.group(1), flags.get(m.group(1))
+        if flag is None or (m.group(2) and m.group(2) != f" ({flag})"):
+            return m.group(0)
+        # "train.rounds (--rounds) must be …" (the configuration's own refusal names the flag after the key): the
+        # flag the user gave first, as for the others
         return f"{flag} ({key})"
 
     # a key inside quotes is the user's own input, quoted back: left as typed (a probe read "--set '--seed
     # (train.seed)=7'")
-    return re.sub(r"(?<![\w.('\"-])(train|model|synthesis|evaluate|partition|data)\.([a-z_]+)\b(?!\))", named, message)
+    return re.sub(r"(?<![\w.('\"-])((?:train|model|synthesis|evaluate|partition|data)\.[a-z_]+)\b(?!\))"
+                  r"( \(--[a-z-]+\))?", named, message)
 
 
 def _error_extra(exc: FedhypeError) -> dict[str, Any]:

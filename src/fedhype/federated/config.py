@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from fedhype.errors import ValidationError
-from fedhype.models.config import ModelConfig, resolve_latent
+from fedhype.models.config import ModelConfig, real_setting, resolve_latent, switch_setting, whole_setting
 from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS, DEFAULT_RELEASE_CENTRE, RELEASE_CENTRES
 
 #: How a method's clients train together (:attr:`Method.federation`): ``"federated"`` one server
@@ -127,6 +127,43 @@ DEFAULT_DP_SGD_MIN_RECORDS = 1500
 #: the method whose DP-SGD stage :attr:`TrainConfig.dp_sgd_min_records` switches off, and what it runs instead
 STAGE_METHOD, NO_STAGE_METHOD = "fedhypevae", "no-dp-sgd"
 
+
+def _positive(v: float) -> bool:
+    """A finite number > 0 (NaN and inf are not)."""
+    return math.isfinite(v) and v > 0
+
+
+#: the ``fedhype train`` options of ``[train]`` whole-number keys (a refusal names them beside the key)
+TRAIN_FLAGS = {"rounds": "--rounds", "local_steps": "--local-steps", "batch_size": "--batch-size",
+               "min_records": "--min-records", "dp_sgd_min_records": "--dp-sgd-min-records",
+               "dropout_tolerance": "--dropout-tolerance"}
+#: the whole-number fields of :class:`TrainConfig` (:func:`~fedhype.models.config.whole_setting`): name, smallest
+#: value, what a refusal says after that bound, the example it gives
+_WHOLE_SETTINGS = (("rounds", 1, "", 8),
+                   ("local_steps", 1, " or unset (train.local_epochs then sets the steps)", 10),
+                   ("batch_size", 1, "", 256),
+                   ("min_records", 0, " (0: no minimum)", 20),
+                   ("dp_sgd_min_records", 0, " (0: always run the DP-SGD stage)", 1500),
+                   ("dropout_tolerance", 0, "", 1))
+#: the real-valued fields of :class:`TrainConfig` with their range (:func:`~fedhype.models.config.real_setting`;
+#: ``epsilon`` and ``noise_multiplier`` are checked where they are used)
+_REAL_SETTINGS = (("local_epochs", "a finite number > 0", _positive),
+                  ("participation", "in (0, 1]", lambda v: 0 < v <= 1),
+                  ("delta", "in (0, 1)", lambda v: 0 < v < 1),
+                  ("clip_norm", "a finite number > 0", _positive),
+                  ("lr_local", "a finite number > 0", _positive),
+                  ("lr_server", "a finite number > 0", _positive),
+                  ("lr_hyper", "a finite number > 0", _positive),
+                  ("lr_code", "a finite number > 0", _positive),
+                  ("class_stats_share", "in (0, 1)", lambda v: 0 < v < 1),
+                  ("second_moment_share", "in [0, 0.95)", lambda v: 0 <= v < 0.95),
+                  ("centre_share", "in [0, 1) (0: no centred release)", lambda v: 0 <= v < 1),
+                  ("release_radius", "a finite number > 0", _positive),
+                  ("class_stats_noise_multiplier", "a finite number > 0", _positive),
+                  ("max_epsilon", "a finite number > 0 (or unset)", _positive))
+#: those of them that may be None (unset)
+_UNSET_REALS = ("lr_local", "class_stats_noise_multiplier", "max_epsilon")
+
 #: the :class:`TrainConfig` fields only the DP-SGD rounds use (a statistics-only method ignores them:
 #: :meth:`TrainConfig.unused_settings`)
 ROUND_SETTINGS = ("rounds", "local_epochs", "local_steps", "batch_size", "participation", "lr_local", "lr_server",
@@ -194,7 +231,7 @@ class TrainConfig:
         no_dp: explicit non-private run (no clipping, no noise; outputs marked non-private).
         max_epsilon: refuse (exit 3) before a round that would take any client over this ε.
         seed: reproducible run (recorded as "not secure"); None = noise seeded from OS entropy.
-        min_records: smallest client training set accepted.
+        min_records: smallest client training set accepted (0: no minimum).
         dp_sgd_min_records: ``fedhypevae`` runs its DP-SGD stage only where the median client has at least this
             many training records (public sizes); below it the statistics release takes the whole ε and the model
             is ``no-dp-sgd``'s (:meth:`for_clients`; docs/method.md, decision 22). Per-client releases under DP
@@ -236,59 +273,38 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # a probe's seed="abc" / 1.5 / 2**70 passed here and crashed inside torch after config.json was written
-        if self.seed is not None:
-            import numbers
-
-            if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2 ** 63:
-                raise ValidationError(f"train.seed must be a whole number in [0, 2^63) or none (noise from OS "
-                                      f"entropy), got {self.seed!r}")
-            self.seed = int(self.seed)  # a numpy integer as the int config.json records
-        if self.rounds < 1:
-            raise ValidationError(f"train.rounds must be ≥ 1, got {self.rounds}")
-        if self.local_steps is not None and self.local_steps < 1:
-            raise ValidationError(f"train.local_steps must be ≥ 1, got {self.local_steps}")
-        if not (self.local_epochs > 0):
-            raise ValidationError(f"train.local_epochs must be > 0, got {self.local_epochs}")
-        if self.batch_size < 1:
-            raise ValidationError(f"train.batch_size must be ≥ 1, got {self.batch_size}")
-        if not (0 < self.participation <= 1):
-            raise ValidationError(f"train.participation must be in (0, 1], got {self.participation}")
-        if not (0 < self.delta < 1):
-            raise ValidationError(f"train.delta must be in (0, 1), got {self.delta}")
-        if not (self.clip_norm > 0):
-            raise ValidationError(f"train.clip_norm must be > 0, got {self.clip_norm}")
-        for name in ("lr_local", "lr_server", "lr_hyper", "lr_code"):
-            v = getattr(self, name)
-            if v is None and name == "lr_local":
+        if self.seed is not None:  # a numpy integer as the int config.json records
+            self.seed = whole_setting("train.seed", self.seed, 0, below=2 ** 63, example=0,
+                                      what=" and below 2^63, or none (noise from OS entropy)")
+        # whole numbers, a numpy integer kept as the int config.json records: a quoted one raised a TypeError naming
+        # no key, 8.5 and true were taken, min_records had no check at all (a reviewer's finding)
+        for name, minimum, what, example in _WHOLE_SETTINGS:
+            if name == "local_steps" and self.local_steps is None:
                 continue
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValidationError(f"train.{name} must be a finite number > 0, got {v}")
-        if not (0 < self.class_stats_share < 1):
-            raise ValidationError(f"train.class_stats_share must be in (0, 1), got {self.class_stats_share}")
-        if not (isinstance(self.second_moment_share, (int, float)) and 0 <= self.second_moment_share < 0.95):
-            raise ValidationError(f"train.second_moment_share must be in [0, 0.95), got {self.second_moment_share!r}")
-        if not (isinstance(self.centre_share, (int, float)) and 0 <= self.centre_share < 1):
-            raise ValidationError(f"train.centre_share must be in [0, 1) (0: no centred release), got {self.centre_share!r}")
-        if not (isinstance(self.release_radius, (int, float)) and math.isfinite(self.release_radius) and self.release_radius > 0):
-            raise ValidationError(f"train.release_radius must be a number > 0, got {self.release_radius!r}")
+            setattr(self, name, whole_setting(f"train.{name}", getattr(self, name), minimum, flag=TRAIN_FLAGS.get(name),
+                                              what=what, example=example))
+        # real numbers: a quoted one raised a TypeError or passed (lr_server = "1"), true passed as 1 (ε, σ,
+        # participation) and false as 0 (the shares), inf as C (no bound on a record's influence) and as E
+        for name, must, ok in _REAL_SETTINGS:
+            value = getattr(self, name)
+            if value is None and name in _UNSET_REALS:
+                continue
+            setattr(self, name, real_setting(f"train.{name}", value, must, ok))
+        # ε and σ: their type here, their range below where they are used (a --no-dp run has neither)
+        if self.epsilon is not None:
+            self.epsilon = real_setting("train.epsilon, the target ε,", self.epsilon, "a finite number > 0",
+                                        lambda v: True, name="train.epsilon")
+        if self.noise_multiplier is not None:
+            self.noise_multiplier = real_setting("train.noise_multiplier", self.noise_multiplier, "a finite number > 0",
+                                                 lambda v: True)
         if self.release_centre not in RELEASE_CENTRES:
             raise ValidationError(f"train.release_centre must be one of {list(RELEASE_CENTRES)}, got {self.release_centre!r}")
+        switch_setting("train.secure_aggregation", self.secure_aggregation)
+        switch_setting("train.no_dp", self.no_dp)  # the string "false" is true: it trained WITHOUT privacy
         if self.release_centre == "client" and self.secure_aggregation:
             raise ValidationError("train.release_centre = \"client\" needs each client's centre release, but under "
                                   "secure aggregation the server sees only their sum: use \"auto\" or \"pooled\"")
-        if self.class_stats_noise_multiplier is not None and not (self.class_stats_noise_multiplier > 0):
-            raise ValidationError(f"train.class_stats_noise_multiplier must be > 0, got {self.class_stats_noise_multiplier}")
         get_method(self.method)  # a registered method (ValidationError naming the known ones)
-        if isinstance(self.dp_sgd_min_records, bool) or not isinstance(self.dp_sgd_min_records, int) \
-                or self.dp_sgd_min_records < 0:
-            raise ValidationError("train.dp_sgd_min_records (--dp-sgd-min-records) must be a whole number ≥ 0 "
-                                  f"(0: always run the DP-SGD stage), got {self.dp_sgd_min_records!r}"
-                                  + (": write it unquoted, e.g. train.dp_sgd_min_records = 1500"
-                                     if isinstance(self.dp_sgd_min_records, str) else ""))
-        if not isinstance(self.secure_aggregation, bool):
-            raise ValidationError(f"train.secure_aggregation must be true or false, got {self.secure_aggregation!r}")
-        if isinstance(self.dropout_tolerance, bool) or not isinstance(self.dropout_tolerance, int) or self.dropout_tolerance < 0:
-            raise ValidationError(f"train.dropout_tolerance (--dropout-tolerance) must be an integer ≥ 0, got {self.dropout_tolerance!r}")
         if self.dropout_tolerance and not self.secure_aggregation:
             raise ValidationError("--dropout-tolerance applies to secure aggregation: add --secure-aggregation or drop it")
         if self.secure_aggregation and self.no_dp:
@@ -305,10 +321,6 @@ class TrainConfig:
                                       "(σ = 0 gives no privacy: use --no-dp for an explicitly non-private run)")
             if self.noise_multiplier is None and not (self.epsilon > 0 and math.isfinite(self.epsilon)):
                 raise ValidationError(f"train.epsilon, the target ε, must be a finite number > 0, got {self.epsilon}")
-        if self.max_epsilon is not None and not (isinstance(self.max_epsilon, (int, float))
-                                                 and not isinstance(self.max_epsilon, bool)
-                                                 and self.max_epsilon > 0 and math.isfinite(self.max_epsilon)):
-            raise ValidationError(f"train.max_epsilon must be a finite number > 0 (or unset), got {self.max_epsilon!r}")
 
     def steps_per_round(self, n_records: int) -> int:
         """K_i for a client with ``n_records`` training records."""

@@ -50,7 +50,7 @@ from fedhype.federated.baselines import make_server, training_partition
 from fedhype.federated.class_stats import RELEASE_NOTE_KEYS, run_class_stats_stage
 from fedhype.federated.client import Client
 from fedhype.federated.config import TrainConfig
-from fedhype.federated.result import TrainResult
+from fedhype.federated.result import TrainResult, without_rounds
 from fedhype.federated.rundir import RELEASE_OUTPUTS, RELEASE_STATE, RunDir, backfill_release_means, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
 from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan, check_run_disk,  # noqa: F401
@@ -470,12 +470,17 @@ def result_of(state: RunState) -> TrainResult:
     run, plan = state.run, state.plan
     cfg, distributed = plan.cfg, plan.distributed
     eps = _epsilons(state.ledger, cfg)
+    # a run that trains no DP-SGD round (a statistics-only method, or fedhypevae with its stage off) clips nothing and
+    # sends nothing per round: no C and per-round bytes 0 (the configured C and the model's message size said otherwise)
+    rounds = cfg.rounds_run() > 0
+    traffic = state.server.hnet.traffic()
     return TrainResult(
         run_dir=str(run.root), epsilon=(max(eps.values()) if eps else None) if not cfg.no_dp else None,
         delta=cfg.delta, rounds=run.committed_round(), rounds_planned=cfg.rounds_run(),
         clients=[c.id for c in state.clients], noise_multiplier=plan.noise_multiplier, private=not cfg.no_dp,
         class_stats_noise_multiplier=plan.privacy["class_stats_noise_multiplier"], epsilon_per_client=eps,
-        clip_norm=cfg.clip_norm, seed=cfg.seed, noise_seeded=cfg.seed is not None, traffic=state.server.hnet.traffic(),
+        clip_norm=cfg.clip_norm if rounds else None, seed=cfg.seed, noise_seeded=cfg.seed is not None,
+        traffic=traffic if rounds else without_rounds(traffic),
         secure_aggregation=({"clients": distributed.clients, "dropout_tolerance": distributed.dropout_tolerance,
                              "min_contributions": distributed.min_contributions} if distributed is not None else None),
         complete=run.committed_round() >= cfg.rounds_run(), client_names=[str(c.name) for c in plan.roster.clients],

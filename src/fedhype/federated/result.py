@@ -24,8 +24,12 @@ class TrainResult(Mapping):
         private: False for an explicitly non-private run.
         class_stats_noise_multiplier: σ₀ of the statistics release before round 0 (None without one).
         epsilon_per_client: client id → ε ({} without DP).
-        clip_norm: C; seed: the run seed (None: OS-entropy noise); noise_seeded: ``seed is not None``.
-        traffic: parameter and message sizes (:meth:`fedhype.models.hypernet.HyperNetwork.traffic`).
+        clip_norm: C of the DP-SGD rounds; None for a run that trains no round (``rounds_planned`` 0: ``dp-gaussian``,
+            ``no-dp-sgd``, ``fedhypevae`` whose stage the client-size rule switched off: C clips nothing there).
+        seed: the run seed (None: OS-entropy noise); noise_seeded: ``seed is not None``.
+        traffic: parameter and message sizes (:meth:`fedhype.models.hypernet.HyperNetwork.traffic`); for a run that
+            trains no round the per-round bytes are 0, with :data:`NO_ROUND_TRAFFIC` as ``note``
+            (:func:`without_rounds`).
         secure_aggregation: ``{"clients", "dropout_tolerance", "min_contributions"}``, or None.
         complete: every planned round is committed.
         client_names: the clients' names (a partition's or the sites'), in the order of ``clients``; the
@@ -44,7 +48,7 @@ class TrainResult(Mapping):
     private: bool
     class_stats_noise_multiplier: float | None
     epsilon_per_client: dict[str, float]
-    clip_norm: float
+    clip_norm: float | None
     seed: int | None
     noise_seeded: bool
     traffic: dict[str, Any]
@@ -70,3 +74,16 @@ class TrainResult(Mapping):
 
 
 _RESULT_KEYS = tuple(f.name for f in fields(TrainResult))
+
+#: ``TrainResult.traffic["note"]`` (and report.json's) of a run that trains no DP-SGD round
+NO_ROUND_TRAFFIC = ("no DP-SGD round ran: no per-round traffic (the statistics release before round 0 is not counted "
+                    "here)")
+
+
+def without_rounds(traffic: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``traffic`` (:meth:`fedhype.models.hypernet.HyperNetwork.traffic`) of a run that trains no DP-SGD round: the
+    per-round bytes 0 with :data:`NO_ROUND_TRAFFIC` as ``note``, the parameter counts kept (the model's size); a
+    new dict (None stays None)."""
+    if traffic is None:
+        return None
+    return {**traffic, "download_bytes_per_round": 0, "upload_bytes_per_round": 0, "note": NO_ROUND_TRAFFIC}

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from fedhype.errors import ValidationError
 
@@ -59,6 +64,109 @@ AUTO_SHARE_MIN_SNR = 0.94
 AUTO_SHARE_MAX_LOCATED = 20
 #: default ``ModelConfig.located_share``
 DEFAULT_LOCATED_SHARE = "auto"
+#: the ``fedhype train`` options of ``[model]`` keys (named in a refusal beside the key)
+MODEL_FLAGS = {"hidden": "--hidden", "latent": "--latent"}
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as a refusal shows it: a number as Python writes it (a numpy one as the plain number),
+    anything else as its repr (cut at 80 characters)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _kind_hint(key: str, value: Any, noun: str, example: Any, parse: Callable[[str], Any]) -> str:
+    """What to give instead of a string or a bool given for the number ``key`` (else ""): a quoted number is
+    told to be unquoted (with ``parse(text)`` as the example, or ``example`` where it returns None), other text
+    to be ``noun``, true/false to be a number."""
+    eg = "" if example is None else f", e.g. {key} = {example}"
+    if isinstance(value, str):
+        try:
+            shown = parse(value.strip())
+        except (ValueError, OverflowError):
+            return f": give {noun}{eg}"
+        return f": write it unquoted, e.g. {key} = {shown}" if shown is not None else f": write it unquoted{eg}"
+    if isinstance(value, bool):
+        return f": give a number, not true/false{eg}"
+    return ""
+
+
+def whole_setting(key: str, value: Any, minimum: int, *, flag: str | None = None, what: str = "",
+                  example: int | None = None, below: int | None = None) -> int:
+    """``value`` as an int if it is a whole number ≥ ``minimum`` (an int or a numpy integer:
+    :class:`numbers.Integral`, never a bool), else a :class:`~fedhype.errors.ValidationError` naming the setting:
+    ``"train.rounds (--rounds) must be a whole number ≥ 1, got '8': write it unquoted, e.g. train.rounds = 8"``.
+
+    A float is refused even when it is whole (8.0: "write it without a decimal point"), a string that holds a
+    whole number is told to be unquoted, a bool (true/false) to be a number; the job configuration converts its
+    own keys' 8.0 to 8 before they get here (:func:`fedhype.pipeline.config.resolve`).
+
+    Args:
+        key: the setting as a configuration names it (``"train.rounds"``).
+        value: what was given.
+        minimum: the smallest value accepted.
+        flag: the ``fedhype train`` option that sets it, named after the key (None: none).
+        what: said after the bound, e.g. ``" (0: no minimum)"``.
+        example: the value a hint gives (default: ``minimum``).
+        below: an upper bound, exclusive (say it in ``what``); None: none.
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum and (
+            below is None or value < below):
+        return int(value)
+    example = minimum if example is None else example
+    message = f"{key}{f' ({flag})' if flag else ''} must be a whole number ≥ {minimum}{what}, got {_shown(value)}"
+
+    def as_whole(text: str) -> int | None:  # the whole number written, None below the minimum
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise ValueError(text)
+        return int(text) if minimum <= int(text) < (below or math.inf) else None
+
+    hint = _kind_hint(key, value, "a whole number", example, as_whole)
+    if not hint and isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        whole = math.isfinite(value) and float(value).is_integer() and minimum <= value < (below or math.inf)
+        hint = (f": write it without a decimal point, e.g. {key} = {int(value)}" if whole
+                else f", e.g. {key} = {example}")
+    elif not hint and not isinstance(value, numbers.Real):  # None, a list, …
+        hint = f", e.g. {key} = {example}"
+    raise ValidationError(message + hint)
+
+
+def real_setting(key: str, value: Any, must: str, ok: Callable[[float], bool], *, name: str | None = None,
+                 example: Any = None) -> Any:
+    """``value`` if it is a real number (an int, a float or a numpy one: :class:`numbers.Real`, never a bool) for
+    which ``ok(value)`` holds, else a :class:`~fedhype.errors.ValidationError` ``"{key} must be {must}, got …"``
+    (with how to write a quoted number, or that true/false is no number). An int or float is returned as given
+    (the configuration records it unchanged), a numpy number as a float.
+
+    Args:
+        key: the setting as a refusal names it (``"train.clip_norm"``, or with words after it, as
+            ``"train.epsilon, the target ε,"``: then give ``name``).
+        must: what it must be, e.g. ``"a finite number > 0"`` (say "finite" where ``ok`` refuses inf).
+        ok: the test of its range (NaN fails any comparison; test ``math.isfinite`` where inf is wrong too).
+        name: the key alone, for the hint's example (default: ``key``).
+        example: the value a hint gives where the one written is no example (default: none).
+    """
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if number and ok(float(value)):
+        return value if isinstance(value, (int, float)) else float(value)
+
+    def as_real(text: str) -> str | None:  # the number written, None where it is out of range
+        return text if ok(float(text)) else None
+
+    hint = "" if number else _kind_hint(name or key, value, "a number", example, as_real)
+    raise ValidationError(f"{key} must be {must}, got {_shown(value)}{hint}")
+
+
+def switch_setting(key: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a ValidationError ``"{key} must be true or false, got …"`` (a string
+    ``"false"`` is truthy: it would have switched the setting on)."""
+    if not isinstance(value, bool):
+        raise ValidationError(f"{key} must be true or false, got {_shown(value)}")
+    return value
 
 
 def resolve_latent(latent: int | str, dim: int, private: bool, records_per_class: float | None = None) -> int:
@@ -75,22 +183,22 @@ def resolve_latent(latent: int | str, dim: int, private: bool, records_per_class
     (benchmarks/results/release_scale.md; the figures are at :data:`SCALE_RECORDS_PER_CLASS`).
 
     Args:
-        latent: ``"auto"`` or an integer ≥ 1. dim: D, the embeddings' dimension. private: a DP run.
+        latent: ``"auto"`` or a whole number ≥ 1 (a numpy integer too). dim: D, the embeddings' dimension.
+            private: a DP run.
         records_per_class: n / K, the public training-set size over the number of classes; ``None``
             (not known: a model built for validation only) counts as below the threshold.
 
     Raises:
-        ValidationError: ``latent`` is neither ``"auto"`` nor an integer ≥ 1. (A ``latent`` above the
-            embeddings' D is refused where the store is known: :func:`fedhype.federated.run_plan.check_plan`.)
+        ValidationError: ``latent`` is neither ``"auto"`` nor a whole number ≥ 1 (:func:`whole_setting`). (A
+            ``latent`` above the embeddings' D is refused where the store is known:
+            :func:`fedhype.federated.run_plan.check_plan`.)
     """
     if latent == "auto":
         if not private:
             return int(dim)
         scale = records_per_class is not None and records_per_class >= SCALE_RECORDS_PER_CLASS
         return min(SCALE_LATENT if scale else DP_LATENT, int(dim))
-    if isinstance(latent, bool) or not isinstance(latent, int) or latent < 1:
-        raise ValidationError(f"model.latent must be \"auto\" or an integer ≥ 1, got {latent!r}")
-    return latent
+    return whole_setting("model.latent", latent, 1, flag=MODEL_FLAGS["latent"], what=' or "auto"', example=64)
 
 
 @dataclass
@@ -224,19 +332,24 @@ class ModelConfig:
         return bool(self.client_stats and self.linear_path)
 
     def __post_init__(self) -> None:
+        # whole numbers ≥ 1 (a numpy integer as the int to_dict records; int("64") and int(64.5) let a quoted or
+        # fractional size through, true passed as 1, and mmd_samples had no check: a reviewer's finding)
+        for name, example in (("dim", 384), ("n_classes", 10), ("hidden", 128), ("code_dim", 32),
+                              ("hyper_hidden", 128), ("mmd_samples", 4)):
+            setattr(self, name, whole_setting(f"model.{name}", getattr(self, name), 1, example=example,
+                                              flag=MODEL_FLAGS.get(name)))
         self.latent = resolve_latent(self.latent, self.dim, private=True)
-        for name in ("dim", "n_classes", "latent", "hidden", "code_dim", "hyper_hidden"):
-            if int(getattr(self, name)) < 1:
-                raise ValidationError(f"model.{name} must be ≥ 1, got {getattr(self, name)}")
         if self.decoder not in ("film", "shared"):
             raise ValidationError(f"model.decoder must be 'film' or 'shared', got {self.decoder!r}")
         if self.likelihood not in ("learned", "fixed"):
             raise ValidationError(f"model.likelihood must be 'learned' or 'fixed', got {self.likelihood!r}")
         if self.prior not in ("class", "standard"):
             raise ValidationError(f"model.prior must be 'class' or 'standard', got {self.prior!r}")
-        for name in ("beta", "lambda_mmd", "lambda_lip"):
-            if float(getattr(self, name)) < 0:
-                raise ValidationError(f"model.{name} must be ≥ 0")
+        for name in ("beta", "lambda_mmd", "lambda_lip"):  # "0.5" passed as a string, NaN everything
+            setattr(self, name, real_setting(f"model.{name}", getattr(self, name), "a finite number ≥ 0",
+                                             lambda v: math.isfinite(v) and v >= 0))
+        for name in ("class_bias", "second_moment", "client_stats"):  # the string "false" is true
+            switch_setting(f"model.{name}", getattr(self, name))
         # a bool or one of the names: 1 and 0 equal True and False in Python, and slipped past this test into
         # the run's settings, failing only after the job folder was written (a probe's client_shrinkage=1)
         if not (isinstance(self.client_shrinkage, bool) or self.client_shrinkage in CLIENT_SHRINKAGE):
@@ -246,12 +359,20 @@ class ModelConfig:
             raise ValidationError(f"model.residual must be one of {list(RESIDUALS)}, got {self.residual!r}")
         share = self.located_share
         if share != "auto":
-            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= float(share) <= 1.0:
+            if isinstance(share, bool) or not isinstance(share, numbers.Real) or not 0.0 <= float(share) <= 1.0:
                 raise ValidationError(f"model.located_share must be \"auto\" or a number in [0, 1], got {share!r}")
             self.located_share = float(share)
         if not isinstance(self.clip_rescale, bool):
             raise ValidationError(f"model.clip_rescale must be true or false, got {self.clip_rescale!r}")
-        self.mmd_bandwidths = tuple(float(b) for b in self.mmd_bandwidths)
+        bands = self.mmd_bandwidths
+        # a string or a number was read character by character or failed with a TypeError; 0 divides by zero in the
+        # kernel, an empty list in its mean (the MMD term and the validation MMD² of every run)
+        if isinstance(bands, (str, bytes)) or not hasattr(bands, "__iter__") or not (bands := tuple(bands)) or not all(
+                isinstance(b, numbers.Real) and not isinstance(b, bool) and math.isfinite(b) and b > 0 for b in bands):
+            raise ValidationError("model.mmd_bandwidths must be a list of finite numbers > 0 (RBF bandwidths on the "
+                                  "unit sphere), e.g. model.mmd_bandwidths = [0.5, 1.0, 2.0], got "
+                                  f"{_shown(self.mmd_bandwidths)}")
+        self.mmd_bandwidths = tuple(float(b) for b in bands)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from fedhype import __version__
+from fedhype.federated.result import NO_ROUND_TRAFFIC  # noqa: F401  (report.json's note of a run without a round)
 from fedhype.io import atomic_write_json, atomic_write_text, read_json
 from fedhype.privacy.plan import above_target, epsilon_text  # noqa: F401  (above_target re-exported: the CLI and the tests read it here)
 
@@ -76,7 +77,8 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "target_epsilon": target, "above_target": above_target(trained["epsilon"], target),
         "recharged": _recharged_of(out / "run") if trained["private"] else None,
         "accountant": "best", "noise_multiplier": trained["noise_multiplier"],
-        "clip_norm": round_claims(trained)["clip_norm"],  # the DP-SGD C: None where no round ran (it clipped nothing)
+        # the DP-SGD C: None where no round ran (it clipped nothing; the training result says so itself)
+        "clip_norm": trained.get("clip_norm"),
         "method": _run_method(out / "run", conf), "n_classes": store.n_classes,
         "dp_sgd_stage_off": _stage_off(out / "run", conf, part),
         "class_stats_noise_multiplier": trained.get("class_stats_noise_multiplier"),
@@ -108,8 +110,9 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         # each earlier run's record: its start, its stages and, for a run that stopped, the stage it stopped in
         "timings_earlier_runs": list(getattr(timings, "earlier_runs", [])),
         # the model's sizes and the bytes a client downloads / uploads per DP-SGD round: 0, with a note, where no
-        # round ran (the statistics release before round 0 is not counted in them)
-        "traffic": round_claims(trained)["traffic"],
+        # round ran (the statistics release before round 0 is not counted in them): as the training result has them
+        # (fedhype.federated.result.without_rounds)
+        "traffic": trained.get("traffic"),
         "held_out_not_dp": held_out_trend(metrics),
         "report": str(out / "report.md"), "plots": [str(plots / "projection.png")] + ([str(plots / "training.png")] if curves else []),
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
@@ -118,23 +121,6 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     atomic_write_json(out / "report.json", strict_json(report))
     atomic_write_text(out / "report.md", _markdown(report, ev, conf))
     return report
-
-
-#: report.json's ``traffic["note"]`` for a run that trained no DP-SGD round
-NO_ROUND_TRAFFIC = "no DP-SGD round ran: no per-round traffic (the statistics release before round 0 is not counted here)"
-
-
-def round_claims(trained: dict) -> dict[str, Any]:
-    """report.json's ``clip_norm`` and ``traffic`` for a training result: as trained, or, for a run that trained no
-    DP-SGD round (``rounds`` 0: ``dp-gaussian``, ``no-dp-sgd``, ``fedhypevae`` with its stage off), ``clip_norm``
-    None (C bounds the DP-SGD updates only, and none ran) and per-round bytes 0 with
-    :data:`NO_ROUND_TRAFFIC` as ``note`` (the parameter counts are kept: the model's size)."""
-    if trained.get("rounds"):
-        return {"clip_norm": trained.get("clip_norm"), "traffic": trained.get("traffic")}
-    traffic = trained.get("traffic")
-    if traffic is not None:
-        traffic = {**traffic, "download_bytes_per_round": 0, "upload_bytes_per_round": 0, "note": NO_ROUND_TRAFFIC}
-    return {"clip_norm": None, "traffic": traffic}
 
 
 def _run_method(run: Path, conf: dict) -> str | None:
