@@ -40,6 +40,8 @@ def test_train_and_synthesize(files, tmp_path):
     assert {"run_dir", "epsilon", "delta", "rounds", "clients"} <= set(res)
     assert 1.5 < res["epsilon"] <= 2.0 and res["delta"] == 1e-4 and res["rounds"] == 2 and len(res["clients"]) == 4
     assert res["noise_seeded"] is True  # --seed 0: reproducible noise, not secret
+    # rounds ran: C and the bytes a client sends per round are the run's
+    assert res["clip_norm"] == 1.5 and res["traffic"]["upload_bytes_per_round"] > 0 and "note" not in res["traffic"]
     # ids key the ledger, names the report and privacy.json: train says both
     assert res["client_names"] == ["mnist", "optdigits", "mnist-m", "rotated-mnist"] and res["clients"] == list("0123")
     from fedhype.cli.common import client_labels
@@ -167,9 +169,21 @@ def test_run_end_to_end_and_resume(tmp_path):
     assert rep["timings_earlier_s"] == [] and rerun["timings_earlier_s"] == [rep["timings_s"]]
     md = (job / "report.md").read_text()
     assert "- this run: embed " in md and "- earlier run 1: embed " in md
-    # a different configuration into the same folder is refused
+    # a setting the job left out, given now at its default, is the same setting: the job resumes (it was refused,
+    # "train.min_records: None → 20") and charges nothing
+    from fedhype.federated.config import TrainConfig
+
+    r = runner.invoke(app, args + ["--set", f"train.min_records={TrainConfig.min_records}", "--set",
+                                   f"train.lr_server={TrainConfig.lr_server}"])
+    assert r.exit_code == 0, r.output
+    assert (job / "run" / "ledger.json").read_bytes() == ledger and "train: nothing left to train" in r.stderr
+    # a different configuration into the same folder is refused, naming the setting
     r = runner.invoke(app, args + ["--set", "train.epsilon=4"])
     assert r.exit_code == 2 and "different configuration" in _json(r)["error"]
+    assert "train.epsilon: 1.0 → 4" in _json(r)["error"]
+    r = runner.invoke(app, args + ["--set", f"train.min_records={TrainConfig.min_records + 1}"])
+    assert r.exit_code == 2 and f"train.min_records: {TrainConfig.min_records} → {TrainConfig.min_records + 1}" \
+        in _json(r)["error"]
     r = runner.invoke(app, ["run", "--out", str(tmp_path / "x"), "--set", "train.nonsense=1", "--json"])
     assert r.exit_code == 2 and "unknown key" in _json(r)["error"]
 
@@ -331,6 +345,23 @@ def test_train_of_a_statistics_only_method_names_the_sigma_it_released_at(files,
 
     sigmas = {e.mechanism: e.noise_multiplier for e in PrivacyLedger.load(tmp_path / "run" / "ledger.json").events}
     assert sigmas["dp-class-stats"] > 5.0 and "dp-sgd" not in sigmas  # σ₀ = 5 split with the centre step
+
+
+def test_train_json_of_a_run_without_a_round_claims_no_clip_norm_and_no_round_traffic(files, tmp_path):
+    """`fedhype train --json` (the TrainResult) of a run with no DP-SGD round carried C = 1.5 (here the 0.7 given) and
+    the model's bytes per round, where report.json already said none: the result itself says none now."""
+    from fedhype.federated.result import NO_ROUND_TRAFFIC
+
+    r = CliRunner().invoke(app, ["train", "--store", str(files / "emb.safetensors"), "--partition",
+                                 str(files / "part.json"), "--out", str(tmp_path / "run"), "--method", "no-dp-sgd",
+                                 "--clip-norm", "0.7", "--seed", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    res = _json(r)
+    assert res["rounds"] == 0 == res["rounds_planned"] and res["method"] == "no-dp-sgd"
+    assert res["clip_norm"] is None and res["noise_multiplier"] is None
+    assert res["traffic"]["upload_bytes_per_round"] == 0 == res["traffic"]["download_bytes_per_round"]
+    assert res["traffic"]["note"] == NO_ROUND_TRAFFIC and res["traffic"]["generated_parameters_per_client"] > 0
+    assert "train.clip_norm has no effect" in r.stderr
 
 
 def test_the_default_job_on_small_clients_runs_without_the_dp_sgd_stage_and_says_why(tmp_path, monkeypatch):

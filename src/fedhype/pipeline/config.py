@@ -388,6 +388,35 @@ def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None
     conf[section][key] = value
 
 
+def _field_values(cls: type, skip: tuple[str, ...]) -> dict[str, Any]:
+    """``{name: default}`` of a dataclass's fields with a default or a default factory (called), minus ``skip``."""
+    out = {}
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def with_defaults_spelled_out(conf: dict) -> dict:
+    """A JSON copy of a job configuration whose ``[train]`` and ``[model]`` sections list every setting that has a
+    default, absent ones at their default: two jobs whose configurations differ only in a key one of them left
+    out and the other set to its default compare equal (``fedhype run`` resumes a job given the default
+    explicitly with ``--set``). Other sections always list every key (:func:`resolve`)."""
+    import json
+
+    c = json.loads(json.dumps(conf))
+    for sec, defaults in (("train", _field_values(TrainConfig, ("model", "preset"))),
+                          ("model", _field_values(ModelConfig, ("dim", "n_classes")))):
+        if isinstance(c.get(sec), dict):
+            for k, v in json.loads(json.dumps(defaults, default=list)).items():
+                c[sec].setdefault(k, v)
+    return c
+
+
 def train_config(conf: dict) -> TrainConfig:
     """The :class:`TrainConfig` of a resolved job configuration."""
     t = {k: v for k, v in conf["train"].items() if k in _TRAIN_KEYS}

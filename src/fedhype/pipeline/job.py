@@ -427,7 +427,7 @@ def check_out_writable(out: Path) -> None:
 
 
 def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
-    from fedhype.pipeline.config import check_data, check_partition, upgrade_keys
+    from fedhype.pipeline.config import check_data, check_partition, upgrade_keys, with_defaults_spelled_out
 
     tcfg = train_config(conf)  # validate every training setting before anything is written
     check_data(conf)  # and the [data] section: encoder name, folder, pooling, device, dtype
@@ -441,12 +441,16 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
         old_conf["data"].setdefault("layout", "auto")  # jobs written before data.layout existed read folders as auto
     if isinstance(old_conf, dict):
         upgrade_keys(old_conf)  # a job folder written before partition.split / min_train were renamed resumes
-    stale = old_conf is not None and old_conf != json.loads(json.dumps(conf))
+    # a key left out and the same key given at its default are the same setting (a job begun without
+    # --set train.min_records=… resumes with it given at its default, and the other way round)
+    stale = old_conf is not None and (not isinstance(old_conf, dict)
+                                      or with_defaults_spelled_out(old_conf) != with_defaults_spelled_out(conf))
     if stale:
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
             from fedhype.federated.engine import _differences
 
-            diff = _differences(old_conf, json.loads(json.dumps(conf)))
+            diff = _differences(with_defaults_spelled_out(old_conf) if isinstance(old_conf, dict) else old_conf,
+                                with_defaults_spelled_out(conf))
             raise ValidationError(f"{out} holds a job with a different configuration ({cfg_path}: "
                                   f"{'; '.join(diff[:5]) or 'details differ'}); "
                                   "use another --out or the same settings to resume")
