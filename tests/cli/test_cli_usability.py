@@ -815,6 +815,16 @@ def test_python_dash_m_fedhype_is_the_cli():
      "--set train.epsilon=1 and --set train.epsilon=4"),
     (["run", "--secure-aggregation", "--no-secure-aggregation", "--json"],
      "--secure-aggregation and --no-secure-aggregation"),
+    # run's shortcut flags against a --set of their key: the flag won silently, whichever came last (a probe:
+    # per-client releases where secure aggregation was asked for)
+    (["run", "--no-secure-aggregation", "--set", "train.secure_aggregation=true", "--json"],
+     "--set train.secure_aggregation=true and --no-secure-aggregation"),
+    (["run", "--set", "train.secure_aggregation=false", "--secure-aggregation", "--json"],
+     "--set train.secure_aggregation=false and --secure-aggregation"),
+    (["run", "--secure-aggregation", "--dropout-tolerance", "1", "--set", "train.dropout_tolerance=0", "--json"],
+     "--set train.dropout_tolerance=0 and --dropout-tolerance 1"),
+    (["run", "--method", "dp-gaussian", "--set", "train.method=dp-cvae", "--json"],
+     "--set train.method=dp-cvae and --method dp-gaussian"),
 ])
 def test_an_option_given_twice_with_different_values_is_refused_before_anything_runs(args, named, tmp_path):
     """A probe's ``fedhype train --epsilon 1 --epsilon 4`` charged every site ε = 4 without a word (Click keeps the
@@ -836,6 +846,11 @@ def test_an_option_given_twice_with_the_same_value_and_repeatable_options_pass()
     assert given_twice(budget, ["--epsilon", "1", "--epsilon", "1.0"]) is None
     assert given_twice(train, ["--site", "a", "--site", "b", "--set", "train.rounds=2", "--set", "train.seed=1"]) is None
     assert given_twice(train, ["--set", "train.rounds=2", "--set", "train.rounds=2"]) is None
+    # run's shortcut flag and a --set of its key with the same value agree
+    from fedhype.cli.run_cmd import _refuse_shortcut_contradictions
+
+    _refuse_shortcut_contradictions(["train.secure_aggregation=true", "train.method=\"dp-gaussian\"",
+                                     "train.dropout_tolerance=1"], True, 1, "dp-gaussian")
     assert "--delta 1e-5 and --delta=1e-4" in given_twice(train, ["--delta", "1e-5", "--delta=1e-4"])
     # the options that do not set the privacy budget keep the usual rule: the last one given is used
     assert given_twice(train, ["--rounds", "1", "--rounds", "2", "--set", "evaluate.permutations=1",

@@ -45,6 +45,34 @@ def _interrupted_text(config: Optional[Path], sets: list[str]) -> str:
     return INTERRUPTED_NON_PRIVATE if no_dp else INTERRUPTED_TRAINING
 
 
+def _refuse_shortcut_contradictions(sets: list[str], secure_aggregation: Optional[bool],
+                                    dropout_tolerance: Optional[int], method: Optional[str]) -> None:
+    """Refuse a shortcut flag of ``fedhype run`` and a ``--set`` of the same ``train.*`` key with another value.
+
+    The flags are appended after the ``--set`` items, so the flag won silently whichever came last (a probe:
+    ``--no-secure-aggregation --set train.secure_aggregation=true`` released per client, the server seeing each
+    client's statistics). The same value twice is accepted.
+
+    Raises:
+        ValidationError: naming both spellings.
+    """
+    from fedhype.pipeline.config import _parse_value
+
+    given = {"secure_aggregation": (secure_aggregation, "--secure-aggregation" if secure_aggregation
+                                    else "--no-secure-aggregation"),
+             "dropout_tolerance": (dropout_tolerance, f"--dropout-tolerance {dropout_tolerance}"),
+             "method": (method, f"--method {method}")}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        section, _, name = key.strip().partition(".")
+        if not eq or section != "train" or given.get(name, (None,))[0] is None:
+            continue
+        flag_value, flag = given[name]
+        if _parse_value(value.strip()) != flag_value:
+            raise ValidationError(f"--set {item} and {flag} contradict each other (only one would be used): give it "
+                                  "once")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
@@ -73,6 +101,7 @@ def register(app: typer.Typer) -> None:
             from fedhype.pipeline.config import resolve
             from fedhype.pipeline.job import run_job
 
+            _refuse_shortcut_contradictions(set_, secure_aggregation, dropout_tolerance, method)
             check_out_dir(out, "run", "give a new folder, or the folder of the job to resume")
             check_out_kind(out, "run", ("job",))  # never into a training run, a model or a folder of other files
             conf = resolve(config, [*set_, *flags], warn=lambda m: typer.echo(f"warning: {m}", err=True))
