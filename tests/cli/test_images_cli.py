@@ -301,7 +301,13 @@ def test_synthesis_and_evaluation_settings_are_refused_before_any_epsilon_is_spe
                                          ("synthesis.temperature=-1", "synthesis.temperature must be a finite number > 0"),
                                          ("synthesis.temperature=1e20", "≤ 100"),
                                          ("synthesis.code='client:nosuch'", "unknown client 'nosuch'"),
-                                         ("synthesis.code='mix:0=-1'", "must be a finite number ≥ 0"))):
+                                         ("synthesis.code='mix:0=-1'", "must be a finite number ≥ 0"),
+                                         # a probe: 1e30 crashed in synthesis after the release, -1 passed
+                                         ("synthesis.seed=1e30", "synthesis.seed must be a whole number ≥ 0"),
+                                         ("synthesis.seed=-1", "synthesis.seed must be a whole number ≥ 0"),
+                                         ("evaluate.seed=-1", "evaluate.seed must be a whole number ≥ 0"),
+                                         # a probe: 1e9 per class filled the memory after the release
+                                         ("synthesis.per_class=1000000000", "a job draws and evaluates at most 1,000,000"))):
         out = tmp_path / f"job{i}"
         r = runner.invoke(app, ["run", "--out", str(out), *data, *SMALL_JOB, "--set", setting, "--json"])
         assert r.exit_code == 2, (setting, r.output)

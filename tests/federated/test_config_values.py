@@ -156,8 +156,14 @@ def test_the_job_configuration_names_the_key_of_a_quoted_setting_without_a_job_d
         with pytest.raises(ValidationError) as e:
             train_config(resolve(None, [item]))
         assert says in str(e.value) and "has the wrong type" not in str(e.value), (item, str(e.value))
-    # the job's own keys keep their conversion: rounds = 8.0 is 8 (pipeline.config._set_key)
+    # the job's own keys keep their conversion: rounds = 8.0 is 8 (pipeline.config._set_key), and so do the keys it
+    # does not list (a probe: min_records = 20.0 was refused where rounds = 8.0 was taken)
     assert train_config(resolve(None, ["train.rounds=8.0", "train.min_records=30"])).rounds == 8
+    cfg = train_config(resolve(None, ["train.min_records=30.0", "train.dp_sgd_min_records=1500.0"]))
+    assert (cfg.min_records, cfg.dp_sgd_min_records) == (30, 1500) and type(cfg.min_records) is int
+    # a quoted number of a key the job lists says to unquote it too
+    with pytest.raises(ValidationError, match=r"train\.rounds must be a number, got '8'; write it unquoted"):
+        resolve(None, ['train.rounds="8"'])
 
 
 @pytest.mark.parametrize("item, says", [

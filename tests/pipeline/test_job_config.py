@@ -270,3 +270,27 @@ def test_a_store_that_is_a_folder_is_named_as_a_folder(tmp_path):
 
     with pytest.raises(ValidationError, match="is a folder, not a file"):
         _embed_store({"store": str(tmp_path)}, progress=False)
+
+
+def test_a_setting_left_out_and_the_same_setting_at_its_default_are_one_job():
+    """``fedhype run`` compares a job's settings with its folder's to resume (a probe: a job begun without
+    ``--set train.min_records=20``, or without the bundled configs/digits-domains.toml, which spells the defaults
+    out with image_size = 112 for the default 0, was refused as "a different configuration")."""
+    from pathlib import Path
+
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.run_plan import _differences
+    from fedhype.pipeline.config import resolve, with_defaults_spelled_out as spelled
+
+    bare = spelled(resolve(None, []))
+    root = Path(__file__).resolve().parents[2]
+    assert _differences(bare, spelled(resolve(root / "configs" / "digits-domains.toml", []))) == []
+    assert spelled(resolve(None, [f"train.min_records={TrainConfig.min_records}"])) == bare
+    assert bare["train"]["min_records"] == TrainConfig.min_records and "lr_server" in bare["train"]
+    assert bare["data"]["image_size"] == 112  # the bundled encoder's default size
+    # a different value, or another encoder's default size, stays a difference
+    assert _differences(bare, spelled(resolve(None, ["train.min_records=21"]))) == [
+        f"train.min_records: {TrainConfig.min_records} → 21"]
+    assert _differences(bare, spelled(resolve(None, ["data.image_size=224"]))) == ["data.image_size: 112 → 224"]
+    other = spelled(resolve(None, ['data.encoder="timm:vit_small_patch16_224"']))
+    assert other["data"]["image_size"] == 0

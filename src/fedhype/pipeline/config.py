@@ -350,6 +350,14 @@ def upgrade_keys(conf: dict) -> dict:
     return conf
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text.strip())
+    except ValueError:
+        return False
+    return True
+
+
 def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None:
     import difflib
 
@@ -363,6 +371,14 @@ def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None
         raise ValidationError(f"{where}: unknown key {section}.{key}"
                               + (f" (did you mean {section}.{near[0]}?)" if near else "") + f"; known: {sorted(allowed)}")
     default = DEFAULTS.get(section, {}).get(key)
+    if key not in DEFAULTS.get(section, {}) and section in ("train", "model"):
+        # a key the job does not list (train.min_records, train.dp_sgd_min_records, …): a whole number written 20.0
+        # is 20, as for the keys it lists (a probe: rounds = 8.0 was taken, min_records = 20.0 refused); anything
+        # else is the dataclass's to check (its refusals name the key and what to give)
+        field_default = (_TRAIN_FIELD_DEFAULTS if section == "train" else _MODEL_FIELD_DEFAULTS).get(key)
+        if isinstance(field_default, int) and not isinstance(field_default, bool) and isinstance(value, float) \
+                and value.is_integer():
+            value = int(value)
     if (section, key) in AUTO_OR_COUNT:
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1
                                 or (isinstance(value, float) and not value.is_integer())):
@@ -377,7 +393,9 @@ def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None
         raise ValidationError(f"{where}: {section}.{key} must be true or false, got {value!r}")
     if isinstance(default, (int, float)) and not isinstance(default, bool) and (
             isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ValidationError(f"{where}: {section}.{key} must be a number, got {value!r}")
+        raise ValidationError(f"{where}: {section}.{key} must be a number, got {value!r}"
+                              + (f"; write it unquoted, e.g. {section}.{key} = {value.strip()}"
+                                 if isinstance(value, str) and _is_number(value) else ""))  # a probe: "unquote" unsaid
     if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and not value.is_integer():
         raise ValidationError(f"{where}: {section}.{key} must be an integer, got {value!r}")
     if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
@@ -401,14 +419,25 @@ def _field_values(cls: type, skip: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+#: every [train] / [model] field's default (a default factory called once), for the keys a job does not list
+_TRAIN_FIELD_DEFAULTS = _field_values(TrainConfig, ("model",))
+_MODEL_FIELD_DEFAULTS = _field_values(ModelConfig, ("dim", "n_classes"))
+
+
 def with_defaults_spelled_out(conf: dict) -> dict:
     """A JSON copy of a job configuration whose ``[train]`` and ``[model]`` sections list every setting that has a
     default, absent ones at their default: two jobs whose configurations differ only in a key one of them left
     out and the other set to its default compare equal (``fedhype run`` resumes a job given the default
-    explicitly with ``--set``). Other sections always list every key (:func:`resolve`)."""
+    explicitly with ``--set``). Other sections always list every key (:func:`resolve`); ``data.image_size = 0``
+    (the encoder's default) is the bundled encoder's size spelled out (configs/digits-domains.toml writes 112)."""
     import json
 
     c = json.loads(json.dumps(conf))
+    d = c.get("data")
+    if isinstance(d, dict) and d.get("image_size") == 0 and d.get("encoder") == DEFAULTS["data"]["encoder"]:
+        from fedhype.encoders.dinov2_bundled import DEFAULT_IMAGE_SIZE
+
+        d["image_size"] = DEFAULT_IMAGE_SIZE
     for sec, defaults in (("train", _field_values(TrainConfig, ("model", "preset"))),
                           ("model", _field_values(ModelConfig, ("dim", "n_classes")))):
         if isinstance(c.get(sec), dict):

@@ -209,6 +209,19 @@ def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore) -> Non
         v = e[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValidationError(f"evaluate.{key} must be an integer ≥ {low}, got {v!r}; nothing was trained")
+    from fedhype.models.config import whole_setting
+
+    for section, values in (("synthesis", syn), ("evaluate", e)):  # synthesis.seed = 1e30 crashed after the release
+        try:
+            whole_setting(f"{section}.seed", values["seed"], 0, below=2 ** 63, example=0, what=" and below 2^63")
+        except ValidationError as exc:
+            raise ValidationError(f"{exc}; nothing was trained") from None
+    n_syn = None if syn["per_class"] == "auto" else syn["per_class"] * store.n_classes
+    if n_syn is not None and n_syn > MAX_JOB_SYNTHETIC:  # 1e9 per class filled the memory after the release
+        raise ValidationError(f"synthesis.per_class = {syn['per_class']:,} asks for {n_syn:,} synthetic embeddings over "
+                              f"{store.n_classes} classes ({n_syn * store.dim * 4 / 2 ** 30:,.1f} GiB as float32); a job "
+                              f"draws and evaluates at most {MAX_JOB_SYNTHETIC:,}: give a smaller synthesis.per_class "
+                              "(`fedhype synthesize --per-class` draws more from the trained model); nothing was trained")
     temp = syn["temperature"]
     from fedhype.synthesis.defaults import MAX_TEMPERATURE
 
@@ -266,6 +279,10 @@ def _classes_without_training_records(store: EmbeddingStore, part: Partition) ->
     train = part.split_store(store, "train")
     present = set(int(v) for v in train.labels.tolist())
     return [name for k, name in enumerate(store.class_names) if k not in present]
+
+
+#: the most synthetic embeddings (synthesis.per_class × classes) a ``fedhype run`` job draws and evaluates
+MAX_JOB_SYNTHETIC = 1_000_000
 
 
 def _check_synthesis_code(conf: dict) -> None:
