@@ -49,7 +49,12 @@ The test split is not read. Grids:
   ``located_share`` ran before ``"auto"`` became the default, with s = 0);
 * the clients' covariances under their own heterogeneity test (``model.client_shrinkage = "client-cov"``,
   :func:`fedhype.federated.client_shrinkage.shrink_client_cov`) against the default ``"client"``: ours (mixture code, the
-  job's size, ``located_share = "auto"``) on digits and Fashion-MNIST at ε = 4 / 8 ("client covariance test").
+  job's size, ``located_share = "auto"``) on digits and Fashion-MNIST at ε = 4 / 8 ("client covariance test");
+* the DP-SGD stage by records per client (docs/method.md decision 22): ours against ``no-dp-sgd`` at ε = 4 / 8 on all
+  70,000 images over 10, 20, 30 and 40 clients ("DP-SGD stage, client size");
+* where that rule leaves ours without its stage, the centre each client clips around: ``pooled`` against its own
+  (``client``) for ``no-dp-sgd`` on digits, Fashion-MNIST and 100 clients of all 70,000 images ("release centre, stage off");
+  and with 100 clients at ε = 4 / 8 the release alone and ``no-dp-sgd`` drawn from the neutral code ("code, many clients").
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
 already there or in the committed ``benchmarks/results/release_defaults.json``. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
@@ -81,10 +86,13 @@ _P = {"release_centre": "pooled"}
 CONFIGS = {"digits": None, "fashion": ROOT / "configs" / "fashion-mnist.toml",
            "fashion-full": ROOT / "configs" / "fashion-mnist-full.toml",
            "fashion-full-100": ROOT / "configs" / "fashion-mnist-full-100.toml",
-           "fashion-full-20": ROOT / "configs" / "fashion-mnist-full.toml"}
-#: a dataset's partition settings beyond its config file: all 70,000 images over 20 clients (about 2,100
-#: training records each), between the 10-client (~4,200) and the 100-client (~420) configs
-PARTITION_SETS = {"fashion-full-20": ["partition.clients=20"]}
+           "fashion-full-20": ROOT / "configs" / "fashion-mnist-full.toml",
+           "fashion-full-30": ROOT / "configs" / "fashion-mnist-full.toml",
+           "fashion-full-40": ROOT / "configs" / "fashion-mnist-full.toml"}
+#: a dataset's partition settings beyond its config file: all 70,000 images over 20, 30 or 40 clients (median
+#: training records about 2,150-2,290, 1,400-1,460 and 1,040-1,060 over seeds 0-2), between the 10-client (~4,200)
+#: and the 100-client (~420) configs
+PARTITION_SETS = {f"fashion-full-{k}": [f"partition.clients={k}"] for k in (20, 30, 40)}
 #: the latent size every row of these grids (and of benchmarks/release_scale.py) ran with unless it sets
 #: ``latent``: the rows were measured before ``model.latent = "auto"`` gave large training sets L = 128
 #: (docs/method.md, decision 17), so L is pinned to keep them reproducible
@@ -93,7 +101,8 @@ PINNED_LATENT = 64
 #: synthesis.per_class = "auto": L = 128 and 3,000 per class from 500 training records per class)
 _JOB_SIZE = {"digits": {"latent": 64, "per_class": 300}, "fashion": {"latent": 128, "per_class": 3000},
              "fashion-full": {"latent": 128, "per_class": 3000}, "fashion-full-100": {"latent": 128, "per_class": 3000},
-             "fashion-full-20": {"latent": 128, "per_class": 3000}}
+             "fashion-full-20": {"latent": 128, "per_class": 3000}, "fashion-full-30": {"latent": 128, "per_class": 3000},
+             "fashion-full-40": {"latent": 128, "per_class": 3000}}
 #: ours without its DP-SGD stage: the ``no-dp-sgd`` ablation (fedhype.federated.config) — FedHypeVAE's model (the
 #: client-statistics heads, the mixture code) from the statistics release with the whole ε and no round
 NO_DP_SGD = "no-dp-sgd"
@@ -236,18 +245,35 @@ GRID: list[tuple[str, str, dict]] = (
        for v in ({"code": "neutral"}, {"code": "mixture", "release_centre": "pooled"})]
     # the stage by records per client (client sizes are public): on the test split it paid with 10 clients of
     # ~4,200 records at ε = 4 / 8 and not on the small sets (~600-1,000) nor with 100 clients (~420); measured
-    # here on validation with 10 and 20 clients (~2,100) of the same 70,000 images, ours against no-dp-sgd
+    # here on validation with 10, 20, 30 and 40 clients (median ~4,150, ~2,150-2,290, ~1,400-1,460, ~1,050) of the same
+    # 70,000 images, ours against no-dp-sgd
     + [("DP-SGD stage, client size", e, {"dataset": d, "method": m, **_JOB_SIZE[d], "located_share": "auto",
                                          "code": "mixture"})
-       for d in ("fashion-full", "fashion-full-20") for e in ("4", "8") for m in ("fedhypevae", NO_DP_SGD)]
+       for d in ("fashion-full", "fashion-full-20", "fashion-full-30", "fashion-full-40") for e in ("4", "8")
+       for m in ("fedhypevae", NO_DP_SGD)]
+    # the centre each client clips around, where the rule of decision 22 leaves ours without its stage (small
+    # clients): every client around the pooled centre against its own DP centre (the default per client; those rows
+    # are the "DP-SGD stage off" grid's on the two small sets); with 100 clients at ε = 1 the pooled centre was the
+    # best TSTR measured and halved the MMD² the clients' own centres cost ("DP-SGD stage off, many clients")
+    + [("release centre, stage off", e, {"dataset": d, "method": NO_DP_SGD, **_JOB_SIZE[d], "located_share": "auto",
+                                         "code": "mixture", "release_centre": rc})
+       for d in ("digits", "fashion", "fashion-full-100") for e in ("1", "4", "8") for rc in ("client", "pooled")
+       if not (d != "fashion-full-100" and rc == "client") and not (d == "fashion-full-100" and e == "1")]
+    # with 100 clients ours (no-dp-sgd by the rule, mixture code) was 0.005 behind the release alone at ε = 8 on the
+    # test split: on validation, the release alone and ours' model drawn from the neutral code beside those rows
+    + [("code, many clients", e, {"dataset": "fashion-full-100", "method": m, **_JOB_SIZE["fashion-full-100"],
+                                  "located_share": "auto", "code": "neutral"})
+       for e in ("4", "8") for m in (NO_DP_SGD, "dp-gaussian")]
 )
 
 
 #: grids whose rows also record precision, coverage and F (the table shows precision / coverage beside TSTR)
 WITH_PRDC = ("located share, auto", "client covariance test", "DP-SGD share, fidelity", "DP-SGD stage off",
-             "DP-SGD stage off, many clients", "DP-SGD stage, client size")
+             "DP-SGD stage off, many clients", "DP-SGD stage, client size", "release centre, stage off",
+             "code, many clients")
 #: grids whose rows also record MMD² to the validation split (the table shows it after precision / coverage)
-WITH_MMD = ("DP-SGD share, fidelity", "DP-SGD stage off", "DP-SGD stage off, many clients", "DP-SGD stage, client size")
+WITH_MMD = ("DP-SGD share, fidelity", "DP-SGD stage off", "DP-SGD stage off, many clients", "DP-SGD stage, client size",
+            "release centre, stage off", "code, many clients")
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
@@ -394,8 +420,8 @@ def main() -> None:
     lines = [f"_{datetime.date.today()}, {platform.machine()} CPU, one process × 1 thread; `benchmarks/release_defaults.py` "
              f"({ran} rows run by this call in {time.perf_counter() - t0:.0f} s, the others recorded in {log.relative_to(ROOT)}); "
              f"bundled digits job (configs/fashion-mnist.toml where a row says dataset = fashion, "
-             f"configs/fashion-mnist-full.toml where it says fashion-full, the same over 20 clients where it says "
-             f"fashion-full-20, configs/fashion-mnist-full-100.toml where it says fashion-full-100), seeds {a.seeds}; TSTR on the **validation** split "
+             f"configs/fashion-mnist-full.toml where it says fashion-full, the same over 20 / 30 / 40 clients where it says "
+             f"fashion-full-20 / -30 / -40, configs/fashion-mnist-full-100.toml where it says fashion-full-100), seeds {a.seeds}; TSTR on the **validation** split "
              "(the test split is not read); defaults in bold_", "",
              "| grid | target ε | setting | TSTR-val | seeds |", "|---|---|---|---|---|"]
     defaults = {"second_moment_share = 0.3", "class_stats_share = 0.95", "lr_local = 0.001, latent = 64",
