@@ -183,6 +183,8 @@ def test_budget_refusals(real_store, part, tmp_path):
 def test_no_dp_is_explicit_and_marked(real_store, part, tmp_path):
     res = train(real_store, part, _cfg(no_dp=True, epsilon=None), tmp_path / "n", diagnostics=False)
     assert res["private"] is False and res["epsilon"] is None
+    # nothing was clipped: no C is claimed (the configured 1.5 was, in the result and report.json)
+    assert res["clip_norm"] is None and res["rounds"] >= 1
     assert load_model(tmp_path / "n")[2]["private"] is False
 
 

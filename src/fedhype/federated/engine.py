@@ -471,7 +471,8 @@ def result_of(state: RunState) -> TrainResult:
     cfg, distributed = plan.cfg, plan.distributed
     eps = _epsilons(state.ledger, cfg)
     # a run that trains no DP-SGD round (a statistics-only method, or fedhypevae with its stage off) clips nothing and
-    # sends nothing per round: no C and per-round bytes 0 (the configured C and the model's message size said otherwise)
+    # sends nothing per round: no C and per-round bytes 0 (the configured C and the model's message size said otherwise);
+    # a non-private run clips nothing either (no C)
     rounds = cfg.rounds_run() > 0
     traffic = state.server.hnet.traffic()
     return TrainResult(
@@ -479,7 +480,7 @@ def result_of(state: RunState) -> TrainResult:
         delta=cfg.delta, rounds=run.committed_round(), rounds_planned=cfg.rounds_run(),
         clients=[c.id for c in state.clients], noise_multiplier=plan.noise_multiplier, private=not cfg.no_dp,
         class_stats_noise_multiplier=plan.privacy["class_stats_noise_multiplier"], epsilon_per_client=eps,
-        clip_norm=cfg.clip_norm if rounds else None, seed=cfg.seed, noise_seeded=cfg.seed is not None,
+        clip_norm=cfg.clip_norm if rounds and not cfg.no_dp else None, seed=cfg.seed, noise_seeded=cfg.seed is not None,
         traffic=traffic if rounds else without_rounds(traffic),
         secure_aggregation=({"clients": distributed.clients, "dropout_tolerance": distributed.dropout_tolerance,
                              "min_contributions": distributed.min_contributions} if distributed is not None else None),

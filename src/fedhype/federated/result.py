@@ -25,7 +25,8 @@ class TrainResult(Mapping):
         class_stats_noise_multiplier: σ₀ of the statistics release before round 0 (None without one).
         epsilon_per_client: client id → ε ({} without DP).
         clip_norm: C of the DP-SGD rounds; None for a run that trains no round (``rounds_planned`` 0: ``dp-gaussian``,
-            ``no-dp-sgd``, ``fedhypevae`` whose stage the client-size rule switched off: C clips nothing there).
+            ``no-dp-sgd``, ``fedhypevae`` whose stage the client-size rule switched off: C clips nothing there) and
+            for a non-private run (``no_dp``: nothing is clipped).
         seed: the run seed (None: OS-entropy noise); noise_seeded: ``seed is not None``.
         traffic: parameter and message sizes (:meth:`fedhype.models.hypernet.HyperNetwork.traffic`); for a run that
             trains no round the per-round bytes are 0, with :data:`NO_ROUND_TRAFFIC` as ``note``
