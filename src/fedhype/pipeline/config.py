@@ -34,9 +34,19 @@ JOB_MODEL_KEYS = ("hidden", "latent")
 AUTO_OR_COUNT = {("model", "latent"), ("synthesis", "per_class")}
 
 
-def field_defaults(cls: type) -> dict[str, Any]:
-    """``{name: default}`` of a dataclass's fields that have a plain default (the one source of defaults)."""
-    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+def field_defaults(cls: type, *, factories: bool = False, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``{name: default}`` of a dataclass's fields that have a plain default (the one source of defaults); with
+    ``factories`` also those with a default factory (called now: ``TrainConfig.dp_sgd_min_records`` reads its
+    module constant when called); the fields in ``skip`` left out."""
+    out = {}
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif factories and f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 _TRAIN_DEFAULTS = field_defaults(TrainConfig)
@@ -406,22 +416,9 @@ def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None
     conf[section][key] = value
 
 
-def _field_values(cls: type, skip: tuple[str, ...]) -> dict[str, Any]:
-    """``{name: default}`` of a dataclass's fields with a default or a default factory (called), minus ``skip``."""
-    out = {}
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        if f.default is not MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not MISSING:
-            out[f.name] = f.default_factory()
-    return out
-
-
 #: every [train] / [model] field's default (a default factory called once), for the keys a job does not list
-_TRAIN_FIELD_DEFAULTS = _field_values(TrainConfig, ("model",))
-_MODEL_FIELD_DEFAULTS = _field_values(ModelConfig, ("dim", "n_classes"))
+_TRAIN_FIELD_DEFAULTS = field_defaults(TrainConfig, factories=True, skip=("model",))
+_MODEL_FIELD_DEFAULTS = field_defaults(ModelConfig, factories=True, skip=("dim", "n_classes"))
 
 
 def with_defaults_spelled_out(conf: dict) -> dict:
@@ -438,8 +435,8 @@ def with_defaults_spelled_out(conf: dict) -> dict:
         from fedhype.encoders.dinov2_bundled import DEFAULT_IMAGE_SIZE
 
         d["image_size"] = DEFAULT_IMAGE_SIZE
-    for sec, defaults in (("train", _field_values(TrainConfig, ("model", "preset"))),
-                          ("model", _field_values(ModelConfig, ("dim", "n_classes")))):
+    for sec, defaults in (("train", field_defaults(TrainConfig, factories=True, skip=("model", "preset"))),
+                          ("model", field_defaults(ModelConfig, factories=True, skip=("dim", "n_classes")))):
         if isinstance(c.get(sec), dict):
             for k, v in json.loads(json.dumps(defaults, default=list)).items():
                 c[sec].setdefault(k, v)
