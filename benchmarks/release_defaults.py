@@ -54,7 +54,9 @@ The test split is not read. Grids:
   70,000 images over 10, 20, 30 and 40 clients ("DP-SGD stage, client size");
 * where that rule leaves ours without its stage, the centre each client clips around: ``pooled`` against its own
   (``client``) for ``no-dp-sgd`` on digits, Fashion-MNIST and 100 clients of all 70,000 images ("release centre, stage off");
-  and with 100 clients at ε = 4 / 8 the release alone and ``no-dp-sgd`` drawn from the neutral code ("code, many clients").
+  and with 100 clients at ε = 4 / 8 the release alone and ``no-dp-sgd`` drawn from the neutral code ("code, many clients");
+* the code dimension with more clients than the 32 it was: ``no-dp-sgd`` (mixture code) with 128 for 100 clients and
+  64 for 40 ("code dimension, many clients"; ``model.code_dim = "auto"``, docs/method.md decision 23).
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
 already there or in the committed ``benchmarks/results/release_defaults.json``. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
@@ -264,16 +266,28 @@ GRID: list[tuple[str, str, dict]] = (
     + [("code, many clients", e, {"dataset": "fashion-full-100", "method": m, **_JOB_SIZE["fashion-full-100"],
                                   "located_share": "auto", "code": "neutral"})
        for e in ("4", "8") for m in (NO_DP_SGD, "dp-gaussian")]
+    # the client-statistics heads are linear in the code (apply_client_stats): with more clients than
+    # model.code_dim (32) they are a least-squares fit, so h(c_i) is not client i's own Gaussian; with 100
+    # clients the mixture was behind the neutral code at ε = 8. The same rows with a code per client (128 ≥ 100)
+    + [("code dimension, many clients", e, {"dataset": "fashion-full-100", "method": NO_DP_SGD,
+                                            **_JOB_SIZE["fashion-full-100"], "located_share": "auto", "code": "mixture",
+                                            "code_dim": 128})
+       for e in ("1", "4", "8")]
+    + [("code dimension, many clients", e, {"dataset": "fashion-full-40", "method": NO_DP_SGD,
+                                            **_JOB_SIZE["fashion-full-40"], "located_share": "auto", "code": "mixture",
+                                            "code_dim": 64})
+       for e in ("4", "8")]
 )
 
 
 #: grids whose rows also record precision, coverage and F (the table shows precision / coverage beside TSTR)
 WITH_PRDC = ("located share, auto", "client covariance test", "DP-SGD share, fidelity", "DP-SGD stage off",
              "DP-SGD stage off, many clients", "DP-SGD stage, client size", "release centre, stage off",
-             "code, many clients")
+             "code, many clients", "code dimension, many clients")
 #: grids whose rows also record MMD² to the validation split (the table shows it after precision / coverage)
 WITH_MMD = ("DP-SGD share, fidelity", "DP-SGD stage off", "DP-SGD stage off, many clients", "DP-SGD stage, client size",
-            "release centre, stage off", "code, many clients")
+            "release centre, stage off", "code, many clients",
+            "code dimension, many clients")
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
@@ -314,7 +328,8 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     covariance.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
         v = str(v).lower() if isinstance(v, bool) else v
-        section = "model" if k in ("latent", "residual", "clip_rescale", "located_share", "client_shrinkage") else "train"
+        section = "model" if k in ("latent", "residual", "clip_rescale", "located_share", "client_shrinkage",
+                                   "code_dim") else "train"
         sets.append(f'{section}.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"{section}.{k}={v}")
     cfg = train_config(resolve(config, sets))
     with tempfile.TemporaryDirectory() as tmp:

@@ -75,6 +75,39 @@ def test_each_code_reproduces_its_clients_own_dp_gaussian_and_neutral_the_pooled
     assert len(counts) == len(clients) and all(len(c) == real_store.n_classes and min(c) >= 0 for c in counts)
 
 
+def _client_means_error(real_store, part, tmp_path, code_dim) -> tuple[int, float]:
+    """The code dimension the run resolves and the largest gap [unit-sphere units] between a client's class means
+    under h(c_i) and its own DP Gaussian's (client_shrinkage "none": each client's own release)."""
+    small = {k: v for k, v in SMALL.items() if k != "code_dim"}
+    cfg = TrainConfig(model={**small, "client_shrinkage": "none", "code_dim": code_dim}, seed=0)
+    mcfg = cfg.model_config(real_store.dim, real_store.n_classes, n_clients=len(part.clients))
+    server = make_server(mcfg, len(part.clients), torch.Generator().manual_seed(0), cfg.method, lr_server=1.0,
+                         lr_hyper=1e-3, lr_code=1e-3)
+    clients = [build_client(real_store, part, i, tmp_path / f"{code_dim}-c{i}", seed=0) for i in range(len(part.clients))]
+    dp, weights = DPConfig(2.0, 1.0), cfg.release_weights(mcfg)
+    run_class_stats_stage(clients, server, mcfg.n_classes, dp, PrivacyLedger(1e-4), tmp_path / f"{code_dim}.json",
+                          seeded=True, weights=weights)
+    worst = 0.0
+    for i, c in enumerate(clients):
+        st = pooled_stats([c.release_class_stats(real_store.n_classes, dp, weights)], dp, weights, mcfg.latent)
+        want = st["space_mean"].to(torch.float64) + st["space_scale"].to(torch.float64) * st["class_bias"].to(torch.float64)
+        with torch.no_grad():
+            mean, _ = _moments(server.hnet(server.codes[i]), server.hnet.space())
+        worst = max(worst, float((mean - want).norm(dim=1).max()))
+    return mcfg.code_dim, worst
+
+
+def test_code_dim_auto_gives_every_client_its_own_gaussian_past_32_clients(real_store, tmp_path):
+    """The client-statistics heads are linear in the code: with more clients than code dimensions they are a
+    least-squares fit and h(c_i) is not client i's release; ``code_dim = "auto"`` (40 clients → 64) makes them exact."""
+    part40 = make_partition(real_store, scheme="iid", n_clients=40, min_train_per_client=5, seed=0)
+    assert len(part40.clients) == 40
+    dim, exact = _client_means_error(real_store, part40, tmp_path, "auto")
+    assert dim == 64 and exact < 1e-3, exact
+    dim, blurred = _client_means_error(real_store, part40, tmp_path, 32)
+    assert dim == 32 and blurred > 0.1, blurred
+
+
 def test_ablation_and_secure_aggregation_have_no_client_heads(real_store, part, tmp_path):
     assert not TrainConfig(method="no-client-stats").model_config(8, 2).client_heads
     assert not TrainConfig(method="dp-gaussian").model_config(8, 2).client_heads

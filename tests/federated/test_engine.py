@@ -126,6 +126,26 @@ def test_a_run_resumes_at_the_latent_size_it_started_with_when_the_auto_rule_cha
               diagnostics=False)
 
 
+def test_a_run_resumes_at_the_code_dimension_it_started_with_when_the_auto_rule_changed(real_store, part, tmp_path,
+                                                                                          monkeypatch):
+    """As the latent size: a run begun with ``model.code_dim = "auto"`` (4 clients: 32) resumes with 32 under a rule
+    that resolves otherwise (here: steps of 2, so 4 clients would get 4), charging nothing twice; a new run gets 4."""
+    import fedhype.models.config as mc
+
+    small = {k: v for k, v in SMALL.items() if k != "code_dim"}  # code_dim left at "auto"
+    cfg = _cfg(rounds=2, model=small)
+    train(real_store, part, cfg, tmp_path / "b", diagnostics=False, stop_after=1)
+    assert load_model(tmp_path / "b")[0].cfg.code_dim == 32
+    events = len(json.loads((tmp_path / "b" / "ledger.json").read_text())["events"])
+    monkeypatch.setattr(mc, "DEFAULT_CODE_DIM", 2)
+    done = train(real_store, part, cfg, tmp_path / "b", resume=True, diagnostics=False)
+    model, codes, _ = load_model(tmp_path / "b")
+    assert done["complete"] and model.cfg.code_dim == 32 and tuple(codes.shape) == (len(part.clients), 32)
+    assert len(json.loads((tmp_path / "b" / "ledger.json").read_text())["events"]) == events + len(part.clients)
+    train(real_store, part, cfg, tmp_path / "c", diagnostics=False, stop_after=1)
+    assert load_model(tmp_path / "c")[0].cfg.code_dim == len(part.clients) == 4  # a new run: the rule of now
+
+
 def test_an_interrupted_non_private_run_resumes_identically(real_store, part, tmp_path):
     cfg = dict(rounds=2, no_dp=True, epsilon=None)
     train(real_store, part, _cfg(**cfg), tmp_path / "a", diagnostics=False)

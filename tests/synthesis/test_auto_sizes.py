@@ -6,7 +6,8 @@ import pytest
 
 from fedhype.errors import ValidationError
 from fedhype.federated.config import TrainConfig
-from fedhype.models.config import DP_LATENT, SCALE_LATENT, SCALE_RECORDS_PER_CLASS, ModelConfig, resolve_latent
+from fedhype.models.config import (DP_LATENT, MAX_AUTO_CODE_DIM, SCALE_LATENT, SCALE_RECORDS_PER_CLASS, ModelConfig,
+                                   resolve_code_dim, resolve_latent)
 from fedhype.pipeline.config import DEFAULTS, resolve
 
 
@@ -99,3 +100,24 @@ def test_a_trained_run_is_sampled_at_its_privacy_s_size(real_store, tmp_path, no
     for bad in ("x", "300", 2.5, True):
         with pytest.raises(ValidationError, match='per_class must be "auto" or an integer'):
             synthesize(tmp_path / "run", "neutral", per_class=bad, seed=0)
+
+
+def test_code_dim_auto_is_one_code_dimension_per_client_in_steps_of_32_up_to_128():
+    """``model.code_dim = "auto"``: the client-statistics heads are exact only with code_dim ≥ clients
+    (tests/federated/test_client_stats.py); the public client count sets it."""
+    assert MAX_AUTO_CODE_DIM == 128 and ModelConfig(dim=384, n_classes=10).code_dim == 32  # built directly
+    dp = TrainConfig()
+    assert [dp.model_config(384, 10, n_clients=m).code_dim for m in (1, 4, 10, 32, 33, 40, 64, 65, 100, 128, 129, 10_000)] \
+        == [32, 32, 32, 32, 64, 64, 64, 96, 128, 128, 128, 128]
+    assert dp.model_config(384, 10).code_dim == 32  # clients not known
+    # without client-statistics heads (secure aggregation: no client's own release; the dp-cvae baseline) it stays 32
+    assert TrainConfig(secure_aggregation=True).model_config(384, 10, n_clients=100).code_dim == 32
+    assert TrainConfig(method="dp-cvae").model_config(384, 10, n_clients=100).code_dim == 32
+    assert TrainConfig(model={"code_dim": 16}).model_config(384, 10, n_clients=100).code_dim == 16  # a given size wins
+    assert resolve(None, ["model.code_dim=auto"])["model"]["code_dim"] == "auto"
+    assert resolve(None, ["model.code_dim=48.0"])["model"]["code_dim"] == 48
+    for bad in (0, -3, "big", 2.5, True):
+        with pytest.raises(ValidationError, match="model.code_dim"):
+            resolve_code_dim(bad, 10)
+    with pytest.raises(ValidationError, match="model.code_dim"):
+        resolve(None, ["model.code_dim=0"])

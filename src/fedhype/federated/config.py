@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from fedhype.errors import ValidationError
-from fedhype.models.config import ModelConfig, real_setting, resolve_latent, switch_setting, whole_setting
+from fedhype.models.config import (ModelConfig, real_setting, resolve_code_dim, resolve_latent, switch_setting,
+                                   whole_setting)
 from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE, DEFAULT_RADIUS, DEFAULT_RELEASE_CENTRE, RELEASE_CENTRES
 
 #: How a method's clients train together (:attr:`Method.federation`): ``"federated"`` one server
@@ -481,23 +482,30 @@ class TrainConfig:
             return float(self.lr_local)
         return 1e-3 if model.linear_path else 1e-2
 
-    def model_config(self, dim: int, n_classes: int, n_train: int | None = None) -> ModelConfig:
+    def model_config(self, dim: int, n_classes: int, n_train: int | None = None,
+                     n_clients: int | None = None) -> ModelConfig:
         """The model of this run: the method's preset, then the user's ``model`` overrides.
 
         With ``secure_aggregation`` the server sees no client's own release, so the client-statistics
         heads are off (``client_stats = False``). ``latent = "auto"`` is resolved here
         (:func:`fedhype.models.config.resolve_latent`: 64 with DP, 128 with DP from 500 training records
-        per class, ``dim`` without).
+        per class, ``dim`` without), and ``code_dim = "auto"`` (:func:`fedhype.models.config.resolve_code_dim`:
+        the clients rounded up to a multiple of 32, from 32 to 128, where the model has client-statistics heads;
+        32 without them).
 
         Args:
             dim: D. n_classes: K. n_train: the training records of all clients together, from the
-                public roster (``None``: not known, as for a model built to validate options only)."""
+                public roster (``None``: not known, as for a model built to validate options only).
+            n_clients: the number of clients (``None``: not known)."""
         extra = {"client_stats": False} if self.secure_aggregation else {}
         kw = {**self.method_spec.preset, **self.model, **extra}
         per_class = None if n_train is None else n_train / max(int(n_classes), 1)
         kw["latent"] = resolve_latent(kw.get("latent", "auto"), dim, private=not self.no_dp,
                                       records_per_class=per_class)
-        return ModelConfig(dim=dim, n_classes=n_classes, **kw)
+        code_dim = kw.pop("code_dim", "auto")
+        mcfg = ModelConfig(dim=dim, n_classes=n_classes, **kw)
+        # "auto" sizes the code for the client-statistics heads (one code per client); without them 32
+        return replace(mcfg, code_dim=resolve_code_dim(code_dim, n_clients if mcfg.client_heads else None))
 
     def to_dict(self) -> dict:
         return asdict(self)

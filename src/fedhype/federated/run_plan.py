@@ -190,7 +190,8 @@ def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_clas
     sizes = [c.n_train for c in partition.clients]
     # the records one model is fitted to: every client's together, or (local-cvae) one client's on average
     local = cfg.method_spec.federation == "local"
-    mcfg = cfg.model_config(dim, n_classes, n_train=round(sum(sizes) / len(sizes)) if local else sum(sizes))
+    mcfg = cfg.model_config(dim, n_classes, n_train=round(sum(sizes) / len(sizes)) if local else sum(sizes),
+                            n_clients=len(sizes))
     if mcfg.latent > dim:  # the linear-Gaussian path has rank ≤ D: a larger latent space adds no direction
         raise ValidationError(f"model.latent (--latent) = {mcfg.latent} exceeds the embeddings' dimension D = {dim}: "
                               f"use at most {dim}, or \"auto\"")
@@ -280,20 +281,23 @@ def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info:
     return RunPlan(roster, cfg, mcfg, distributed, privacy, sizes, resolved)
 
 
-def _auto_latent(model: dict) -> bool:
-    return model.get("latent", "auto") == "auto"
-
-
 def keep_recorded_latent(cfg: TrainConfig, mcfg: ModelConfig, recorded: dict | None) -> ModelConfig:
-    """``mcfg`` with the latent size of the run being resumed (``recorded``, its ``config.json``) where both
-    that run and ``cfg`` leave ``model.latent`` at ``"auto"``; ``mcfg`` unchanged otherwise (a new run, or a
-    size either of them gives, which the resume check then compares)."""
-    if recorded is None or not _auto_latent(cfg.model) or not _auto_latent(recorded.get("train", {}).get("model") or {}):
+    """``mcfg`` with the latent size and code dimension of the run being resumed (``recorded``, its
+    ``config.json``) where both that run and ``cfg`` leave ``model.latent`` / ``model.code_dim`` at ``"auto"``;
+    ``mcfg`` unchanged otherwise (a new run, or a size either of them gives, which the resume check then
+    compares). A run started before a rule of ``"auto"`` changed resumes with the sizes it was built with."""
+    if recorded is None:
         return mcfg
-    kept = (recorded.get("model") or {}).get("latent")
-    if isinstance(kept, int) and not isinstance(kept, bool) and 1 <= kept <= mcfg.dim:
-        return replace(mcfg, latent=kept)
-    return mcfg
+    kept_model = recorded.get("model") or {}
+    asked = recorded.get("train", {}).get("model") or {}
+    sizes = {}
+    for key, top in (("latent", mcfg.dim), ("code_dim", None)):
+        if cfg.model.get(key, "auto") != "auto" or asked.get(key, "auto") != "auto":
+            continue
+        kept = kept_model.get(key)
+        if isinstance(kept, int) and not isinstance(kept, bool) and kept >= 1 and (top is None or kept <= top):
+            sizes[key] = kept
+    return replace(mcfg, **sizes) if sizes else mcfg
 
 
 def recorded_config(run: RunDir, resume: bool) -> dict | None:

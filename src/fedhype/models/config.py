@@ -201,6 +201,40 @@ def resolve_latent(latent: int | str, dim: int, private: bool, records_per_class
     return whole_setting("model.latent", latent, 1, flag=MODEL_FLAGS["latent"], what=' or "auto"', example=64)
 
 
+#: ``ModelConfig.code_dim`` where no client count is known (a model built directly) and the least ``"auto"`` gives
+DEFAULT_CODE_DIM = 32
+#: the largest code dimension ``code_dim = "auto"`` gives: the client-statistics heads grow linearly in it
+#: ((K + L + 1)·D weights per code coordinate), so past this many clients they are a least-squares fit
+MAX_AUTO_CODE_DIM = 128
+
+
+def resolve_code_dim(code_dim: int | str, n_clients: int | None = None) -> int:
+    """The code dimension of ``model.code_dim``: a whole number as given; ``"auto"`` (the default) = the number
+    of clients rounded up to a multiple of :data:`DEFAULT_CODE_DIM` (32), between 32 and :data:`MAX_AUTO_CODE_DIM`
+    (128); 32 where the client count is not known.
+
+    The client-statistics heads are linear in the code (:func:`fedhype.federated.class_stats.apply_client_stats`):
+    h(c_i) reproduces client i's own DP Gaussian only while the m client codes are linearly independent, which
+    needs code_dim ≥ m. With 100 clients and 32 dimensions the heads were a least-squares fit of the 100 clients'
+    offsets, and the mixture code drew from a blur of them: behind the pooled release at ε = 8 on all 70,000
+    Fashion-MNIST images. With a code per client (128 ≥ 100) the mixture's validation TSTR (3 seeds) rose at
+    every ε (benchmarks/results/release_defaults.md, "code dimension, many clients"; docs/method.md decision 23).
+
+    Args:
+        code_dim: ``"auto"`` or a whole number ≥ 1 (a numpy integer too). n_clients: the run's clients
+            (``None``: not known).
+
+    Raises:
+        ValidationError: ``code_dim`` is neither ``"auto"`` nor a whole number ≥ 1 (:func:`whole_setting`).
+    """
+    if code_dim == "auto":
+        if n_clients is None:
+            return DEFAULT_CODE_DIM
+        step = DEFAULT_CODE_DIM
+        return int(min(MAX_AUTO_CODE_DIM, max(step, -(-int(n_clients) // step) * step)))
+    return whole_setting("model.code_dim", code_dim, 1, what=' or "auto"', example=DEFAULT_CODE_DIM)
+
+
 @dataclass
 class ModelConfig:
     """Sizes and loss weights of the hypernetwork CVAE.
@@ -221,7 +255,9 @@ class ModelConfig:
             64 with DP, 128 with DP from 500 training records per class, D without); a ModelConfig built
             directly resolves it to :data:`DP_LATENT`.
         hidden: width of the CVAE's hidden layers (encoder and decoder: 3 each).
-        code_dim: dimension of each client code c_i.
+        code_dim: dimension of each client code c_i; ``"auto"`` (the default) is resolved by
+            :func:`resolve_code_dim` where the number of clients is known (:meth:`fedhype.federated.config.TrainConfig.model_config`:
+            the clients rounded up to a multiple of 32, from 32 to 128); a ModelConfig built directly resolves it to 32.
         hyper_hidden: width of the hypernetwork trunk (2 layers).
         decoder: ``"film"`` — the hypernetwork generates FiLM scales/shifts (γ, β) for the
             decoder's 3 hidden layers on top of a shared base decoder (our design, see
@@ -303,7 +339,7 @@ class ModelConfig:
     n_classes: int
     latent: int | str = "auto"
     hidden: int = 128
-    code_dim: int = 32
+    code_dim: int | str = "auto"
     hyper_hidden: int = 128
     decoder: str = "film"
     prior: str = "class"
@@ -334,6 +370,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         # whole numbers ≥ 1 (a numpy integer as the int to_dict records; int("64") and int(64.5) let a quoted or
         # fractional size through, true passed as 1, and mmd_samples had no check: a reviewer's finding)
+        self.code_dim = resolve_code_dim(self.code_dim)
         for name, example in (("dim", 384), ("n_classes", 10), ("hidden", 128), ("code_dim", 32),
                               ("hyper_hidden", 128), ("mmd_samples", 4)):
             setattr(self, name, whole_setting(f"model.{name}", getattr(self, name), 1, example=example,

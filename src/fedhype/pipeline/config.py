@@ -31,7 +31,7 @@ JOB_TRAIN_KEYS = ("rounds", "local_epochs", "batch_size", "participation", "lr_l
 #: the ``[model]`` keys a job configuration lists (any other :class:`ModelConfig` field may be set too)
 JOB_MODEL_KEYS = ("hidden", "latent")
 #: keys that take ``"auto"`` or an integer ≥ 1
-AUTO_OR_COUNT = {("model", "latent"), ("synthesis", "per_class")}
+AUTO_OR_COUNT = {("model", "latent"), ("model", "code_dim"), ("synthesis", "per_class")}
 
 
 def field_defaults(cls: type, *, factories: bool = False, skip: tuple[str, ...] = ()) -> dict[str, Any]:
