@@ -181,3 +181,21 @@ def test_fedhype_run_refuses_a_bad_whole_number_naming_the_key_before_writing_an
     assert r.exit_code == 2, r.output
     assert says in " ".join(r.output.split()), r.output  # (the console may wrap the line)
     assert not (tmp_path / "job").exists()  # refused before anything was embedded or written
+
+
+@pytest.mark.parametrize("name, flag, minimum, good", WHOLE)
+def test_a_job_configuration_takes_every_whole_number_written_with_a_decimal_point(name, flag, minimum, good):
+    """In a job file (or ``--set``) 8.0 is 8 for every whole-number key, train.local_steps (unset by default)
+    included: a probe's ``--set train.local_steps=2.0`` was refused where ``train.rounds=2.0`` was taken."""
+    from fedhype.pipeline.config import resolve, train_config
+
+    conf = resolve(None, [f"train.{name}={float(good)}"])
+    assert conf["train"][name] == good and type(conf["train"][name]) is int
+    if name != "dropout_tolerance":  # (a tolerance needs secure aggregation)
+        assert getattr(train_config(conf), name) == good
+
+
+def test_a_zero_noise_multiplier_is_refused_naming_the_key_and_the_non_private_switch():
+    said = _refusal(noise_multiplier=0.0, epsilon=None)
+    assert said.startswith("train.noise_multiplier (--noise-multiplier), the noise multiplier σ, must be a finite "
+                           "number > 0, got 0.0") and "--no-dp (train.no_dp = true)" in said, said

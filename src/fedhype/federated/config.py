@@ -318,8 +318,9 @@ class TrainConfig:
             if self.noise_multiplier is None and self.epsilon is None:
                 raise ValidationError("give --epsilon (target ε) or --noise-multiplier, or --no-dp for a non-private run")
             if self.noise_multiplier is not None and not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
-                raise ValidationError(f"noise multiplier σ must be a finite number > 0, got {self.noise_multiplier} "
-                                      "(σ = 0 gives no privacy: use --no-dp for an explicitly non-private run)")
+                raise ValidationError(f"train.noise_multiplier (--noise-multiplier), the noise multiplier σ, must be a "
+                                      f"finite number > 0, got {self.noise_multiplier} (σ = 0 gives no privacy: use "
+                                      "--no-dp (train.no_dp = true) for an explicitly non-private run)")
             if self.noise_multiplier is None and not (self.epsilon > 0 and math.isfinite(self.epsilon)):
                 raise ValidationError(f"train.epsilon, the target ε, must be a finite number > 0, got {self.epsilon}")
 

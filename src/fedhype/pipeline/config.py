@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhype.errors import ValidationError
-from fedhype.federated.config import TrainConfig
+from fedhype.federated.config import TRAIN_FLAGS, TrainConfig
 from fedhype.models.config import ModelConfig
 from fedhype.synthesis.defaults import DEFAULT_ANCHOR
 
@@ -386,8 +386,9 @@ def _set_key(conf: dict, section: str, key: str, value: Any, where: str) -> None
         # is 20, as for the keys it lists (a probe: rounds = 8.0 was taken, min_records = 20.0 refused); anything
         # else is the dataclass's to check (its refusals name the key and what to give)
         field_default = (_TRAIN_FIELD_DEFAULTS if section == "train" else _MODEL_FIELD_DEFAULTS).get(key)
-        if isinstance(field_default, int) and not isinstance(field_default, bool) and isinstance(value, float) \
-                and value.is_integer():
+        whole = (isinstance(field_default, int) and not isinstance(field_default, bool)) \
+            or (section == "train" and key in TRAIN_FLAGS)  # train.local_steps: unset by default, a whole number when set
+        if whole and isinstance(value, float) and value.is_integer():
             value = int(value)
     if (section, key) in AUTO_OR_COUNT:
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1
