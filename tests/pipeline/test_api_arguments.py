@@ -36,6 +36,9 @@ def test_train_and_model_must_be_dicts(what, value, shown):
 def test_out_must_be_a_path():
     with pytest.raises(ValidationError, match="FedHypeVAE: out= must be a folder path .* got 5"):
         fedhype.FedHypeVAE(out=5)
+    for empty in ("", "  "):  # Path("") is the working directory: the run would be written there
+        with pytest.raises(ValidationError, match="FedHypeVAE: out= is empty; give a folder for the run"):
+            fedhype.FedHypeVAE(out=empty)
 
 
 def test_a_keyword_and_the_same_train_key_with_different_values_are_refused():

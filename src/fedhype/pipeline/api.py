@@ -299,6 +299,9 @@ class FedHypeVAE:
         if out is not None and not isinstance(out, (str, os.PathLike)):
             raise ValidationError(f"FedHypeVAE: out= must be a folder path (a str or os.PathLike) or None (a temporary "
                                   f"folder), got {shown(out)}")
+        if out is not None and not os.fspath(out).strip():  # Path("") is the working directory: not what was meant
+            raise ValidationError("FedHypeVAE: out= is empty; give a folder for the run (e.g. out='run') or leave it "
+                                  "out for a temporary folder")
         # a probe's FedHypeVAE(epsilon=1, train={"epsilon": 2}) trained at ε = 1 without a word
         for k, v in named.items():
             if v is not None and train is not None and k in train and not same_value(train[k], v):
