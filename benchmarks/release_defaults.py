@@ -99,6 +99,8 @@ PARTITION_SETS = {f"fashion-full-{k}": [f"partition.clients={k}"] for k in (20, 
 #: ``latent``: the rows were measured before ``model.latent = "auto"`` gave large training sets L = 128
 #: (docs/method.md, decision 17), so L is pinned to keep them reproducible
 PINNED_LATENT = 64
+#: the code dimension every row ran with unless it sets ``code_dim`` (the fixed size before ``model.code_dim = "auto"``)
+PINNED_CODE_DIM = 32
 #: a job's own latent size and synthetic records per class under DP (model.latent = "auto" and
 #: synthesis.per_class = "auto": L = 128 and 3,000 per class from 500 training records per class)
 _JOB_SIZE = {"digits": {"latent": 64, "per_class": 300}, "fashion": {"latent": 128, "per_class": 3000},
@@ -320,6 +322,9 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     code = overrides.pop("code", "neutral")
     per_class = int(overrides.pop("per_class", 300))
     overrides.setdefault("latent", PINNED_LATENT)
+    # every row before model.code_dim = "auto" (decision 23) ran with 32: pinned unless the row sets it (the 40- and
+    # 100-client rows would otherwise rerun at 64 / 128)
+    overrides.setdefault("code_dim", PINNED_CODE_DIM)
     overrides.setdefault("located_share", 0.0)
     # every row ran fedhypevae with its DP-SGD stage (the rule of docs/method.md decision 22 came after them, and
     # the "DP-SGD stage, client size" grid compares the two methods by name): the stage stays on here

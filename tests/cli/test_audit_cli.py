@@ -224,6 +224,8 @@ def test_white_box_audit_without_a_run_replays_the_model_train_builds():
     assert (ModelConfig(dim=384, n_classes=10).hidden, ModelConfig(dim=384, n_classes=10).latent) == (128, 64)
     built, theta = default_model(384, 10, 0, cfg=cfg)
     assert built is cfg and theta["dec.wl"].shape[0] == 64
+    # and the job's code dimension for the partition's clients ("auto": one per client, in steps of 32)
+    assert job_model(384, 10).code_dim == 32 and job_model(384, 10, n_clients=100).code_dim == 128
 
 
 def test_wrong_files_are_named_with_what_to_give(audit_run, tmp_path):

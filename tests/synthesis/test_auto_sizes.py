@@ -2,6 +2,8 @@
 follow the run's privacy and size (64 and 300 with DP below 500 training records per class, 128 and 3,000 from
 500: benchmarks/results/release_scale.md; D and 3,000 without DP: benchmarks/results/no_dp_rank.md)."""
 
+from dataclasses import replace
+
 import pytest
 
 from fedhype.errors import ValidationError
@@ -121,3 +123,40 @@ def test_code_dim_auto_is_one_code_dimension_per_client_in_steps_of_32_up_to_128
             resolve_code_dim(bad, 10)
     with pytest.raises(ValidationError, match="model.code_dim"):
         resolve(None, ["model.code_dim=0"])
+
+
+def _roster(sizes):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(clients=[SimpleNamespace(name=str(i), n_train=n, n_records=n) for i, n in enumerate(sizes)])
+
+
+def test_the_plan_sizes_the_code_for_the_clients_one_server_holds():
+    from fedhype.federated.run_plan import check_plan
+
+    cfg = TrainConfig(epsilon=1.0, delta=1e-5)
+    assert check_plan(_roster([100] * 40), cfg, 384, 10)[0].code_dim == 64
+    assert check_plan(_roster([100] * 4), cfg, 384, 10)[0].code_dim == 32
+    # local-cvae: one server per client, so one client's code (a reviewer's finding: it was sized for all 40,
+    # 64 dimensions of client heads it never fits, with model.client_stats switched on)
+    local = TrainConfig(method="local-cvae", epsilon=1.0, delta=1e-5, model={"client_stats": True})
+    assert check_plan(_roster([100] * 40), local, 384, 10)[0].code_dim == 32
+
+
+def test_a_resumed_run_is_checked_for_memory_at_the_sizes_it_keeps(monkeypatch):
+    """A run begun at code_dim 32 with 100 clients resumes at 32: the memory check must price that model, not the 128
+    of today's "auto" (a reviewer's finding: a charged run was refused "nothing was written or charged")."""
+    import fedhype.resources as res
+    from fedhype.federated.run_plan import check_plan, training_memory
+
+    cfg = TrainConfig(epsilon=1.0, delta=1e-5)
+    roster = _roster([100] * 100)
+    new = check_plan(roster, cfg, 384, 10)[0]
+    kept_need = training_memory(replace(new, code_dim=32), cfg.method, 100)[1]
+    assert new.code_dim == 128 and training_memory(new, cfg.method, 100)[1] > kept_need
+    monkeypatch.setattr(res, "available_memory", lambda: kept_need + 1)
+    with pytest.raises(ValidationError, match=r"model.code_dim = 128: the client-statistics heads hold 53,376 weights "
+                                              r"per code dimension; \"auto\" gives one per client, 128 for 100 clients\)"):
+        check_plan(roster, cfg, 384, 10)
+    recorded = {"train": {"model": {"hidden": 128, "latent": "auto"}}, "model": {"latent": 64, "code_dim": 32}}
+    assert check_plan(roster, cfg, 384, 10, recorded)[0].code_dim == 32

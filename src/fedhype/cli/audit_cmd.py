@@ -39,14 +39,15 @@ _CANARY_KEYS = ("claimed_epsilon", "empirical_epsilon_lower_bound", "exceeds_cla
 
 
 
-def job_model(dim: int, n_classes: int, n_train: int | None = None):
+def job_model(dim: int, n_classes: int, n_train: int | None = None, n_clients: int | None = None):
     """The model ``fedhype train`` / ``fedhype run`` build with their defaults (the job's ``[model]``
-    and the default method's preset) for ``n_train`` training records: what a white-box audit without
-    ``--run`` replays (the latent size depends on the records per class:
-    :func:`fedhype.models.config.resolve_latent`)."""
+    and the default method's preset) for ``n_train`` training records over ``n_clients`` clients: what a
+    white-box audit without ``--run`` replays (the latent size depends on the records per class,
+    :func:`fedhype.models.config.resolve_latent`; the code dimension on the clients,
+    :func:`fedhype.models.config.resolve_code_dim`)."""
     from fedhype.pipeline.config import resolve, train_config
 
-    return train_config(resolve(None, [])).model_config(dim, n_classes, n_train=n_train)
+    return train_config(resolve(None, [])).model_config(dim, n_classes, n_train=n_train, n_clients=n_clients)
 
 def _fmt(v: Any) -> str:
     return "—" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
@@ -161,7 +162,8 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
     if run is not None:
         mech = run_mechanism(run_directory(run), client)
     elif s is not None:
-        cfg, theta = default_model(s.dim, s.n_classes, opts["seed"], cfg=job_model(s.dim, s.n_classes, n_train=_n_train(s, p)))
+        model = job_model(s.dim, s.n_classes, n_train=_n_train(s, p), n_clients=None if p is None else len(p.clients))
+        cfg, theta = default_model(s.dim, s.n_classes, opts["seed"], cfg=model)
         mech = {"client": client or "0", "phases": None, "delta": None, "model_cfg": cfg, "theta": theta}
     else:
         raise ValidationError("white-box canaries need --run (model and mechanism) or --store (data) with "

@@ -18,7 +18,7 @@ from fedhype.errors import MinRecordsError, ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.rundir import RunDir
 from fedhype.io import read_json
-from fedhype.models.config import ModelConfig
+from fedhype.models.config import ModelConfig, resolve_code_dim
 from fedhype.privacy.accountant import check_delta
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
 from fedhype.privacy.plan import check_max_epsilon, plan_noise
@@ -118,10 +118,22 @@ def check_model_memory(mcfg: ModelConfig, method: str, n_clients: int) -> None:
     n, need = training_memory(mcfg, method, n_clients)
     if need > avail:
         raise ValidationError(
-            f"the model has {n:,} parameters (model.hidden = {mcfg.hidden}, model.hyper_hidden = {mcfg.hyper_hidden}); "
+            f"the model has {n:,} parameters (model.hidden = {mcfg.hidden}, model.hyper_hidden = {mcfg.hyper_hidden}, "
+            f"model.code_dim = {mcfg.code_dim}{_code_dim_note(mcfg, n_clients)}); "
             f"training it needs about {format_bytes(need)} of memory "
             f"(float32 weights, gradients, optimiser state, per-sample gradients) and {format_bytes(avail)} is "
-            "available: lower --hidden (model.hidden) or the other widths; nothing was written or charged")
+            "available: lower --hidden (model.hidden), model.code_dim or the other widths; nothing was written or "
+            "charged")
+
+
+def _code_dim_note(mcfg: ModelConfig, n_clients: int) -> str:
+    """What a memory refusal says of the code dimension: the client-statistics heads hold (K + L + 1)·D weights per
+    code coordinate, and ``"auto"`` gives one per client (:func:`fedhype.models.config.resolve_code_dim`)."""
+    if not mcfg.client_heads:
+        return ""
+    per = (mcfg.n_classes + mcfg.latent + 1) * mcfg.dim
+    return f": the client-statistics heads hold {per:,} weights per code dimension; \"auto\" gives one per client, " \
+           f"{resolve_code_dim('auto', n_clients)} for {n_clients} clients"
 
 
 #: disk a run writes per model parameter, in bytes (float32): the server's checkpoint (weights, codes and Adam's
@@ -173,12 +185,15 @@ def check_run_disk(out, mcfg: ModelConfig, method: str, n_clients: int, second_m
             "another disk; nothing was written or charged")
 
 
-def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_classes: int):
+def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_classes: int,
+               recorded: dict | None = None):
     """Every refusal that needs only public values, before a run writes anything.
 
     Client sizes (``min_records``, δ < 1/n_i), the model, secure aggregation's (m, t), the privacy
     plan (σ calibrated to the target) and ``max_epsilon`` against the planned run. ``partition`` is
-    the one the engine trains on (:func:`fedhype.federated.baselines.training_partition`).
+    the one the engine trains on (:func:`fedhype.federated.baselines.training_partition`). ``recorded``:
+    the ``config.json`` of the run being resumed, if any: its ``"auto"`` sizes are kept
+    (:func:`keep_recorded_sizes`) before the model's memory is checked.
 
     Returns:
         ``(model_config, distributed_noise_or_None, plan_privacy(cfg, sizes))``.
@@ -190,8 +205,10 @@ def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_clas
     sizes = [c.n_train for c in partition.clients]
     # the records one model is fitted to: every client's together, or (local-cvae) one client's on average
     local = cfg.method_spec.federation == "local"
+    # local-cvae: one server of one client per client (its code dimension is one client's)
     mcfg = cfg.model_config(dim, n_classes, n_train=round(sum(sizes) / len(sizes)) if local else sum(sizes),
-                            n_clients=len(sizes))
+                            n_clients=1 if local else len(sizes))
+    mcfg = keep_recorded_sizes(cfg, mcfg, recorded)  # a resumed run: the sizes it was built with
     if mcfg.latent > dim:  # the linear-Gaussian path has rank ≤ D: a larger latent space adds no direction
         raise ValidationError(f"model.latent (--latent) = {mcfg.latent} exceeds the embeddings' dimension D = {dim}: "
                               f"use at most {dim}, or \"auto\"")
@@ -269,8 +286,7 @@ def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info:
         as :func:`check_plan`.
     """
     roster = as_roster(partition)
-    mcfg, distributed, privacy = check_plan(roster, cfg, store_info["dim"], n_classes)
-    mcfg = keep_recorded_latent(cfg, mcfg, recorded)
+    mcfg, distributed, privacy = check_plan(roster, cfg, store_info["dim"], n_classes, recorded)
     sizes = [c.n_train for c in roster.clients]
     resolved = {"train": cfg.to_dict(), "model": mcfg.to_dict(), "privacy_plan": privacy,
                 "store": dict(store_info),
@@ -281,7 +297,7 @@ def resolve_plan(partition: Partition | Roster, cfg: TrainConfig, *, store_info:
     return RunPlan(roster, cfg, mcfg, distributed, privacy, sizes, resolved)
 
 
-def keep_recorded_latent(cfg: TrainConfig, mcfg: ModelConfig, recorded: dict | None) -> ModelConfig:
+def keep_recorded_sizes(cfg: TrainConfig, mcfg: ModelConfig, recorded: dict | None) -> ModelConfig:
     """``mcfg`` with the latent size and code dimension of the run being resumed (``recorded``, its
     ``config.json``) where both that run and ``cfg`` leave ``model.latent`` / ``model.code_dim`` at ``"auto"``;
     ``mcfg`` unchanged otherwise (a new run, or a size either of them gives, which the resume check then
@@ -427,7 +443,7 @@ def _comparable(conf: dict) -> dict:
 
 def resolve_stage(cfg: TrainConfig, sizes, recorded: dict | None = None) -> TrainConfig:
     """``cfg`` for clients of these public sizes (:meth:`TrainConfig.for_clients`: ``fedhypevae`` without its
-    DP-SGD stage below ``train.dp_sgd_min_records``). On a resume, as :func:`keep_recorded_latent` keeps a run's
+    DP-SGD stage below ``train.dp_sgd_min_records``). On a resume, as :func:`keep_recorded_sizes` keeps a run's
     latent size, a run recorded before the rule existed (its ``config.json`` has no ``train.dp_sgd_min_records``)
     resumes with the method it began with, and a run that recorded another threshold than this release's default
     resumes with its own where ``cfg`` has the default (a threshold given explicitly and different is the resume's

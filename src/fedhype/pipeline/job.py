@@ -502,7 +502,7 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     from fedhype.federated.baselines import training_partition
     from fedhype.federated.config import STATISTICS_ONLY
     from fedhype.federated.engine import check_plan
-    from fedhype.federated.run_plan import keep_recorded_latent, recorded_config, resolve_stage
+    from fedhype.federated.run_plan import recorded_config, resolve_stage
     from fedhype.federated.rundir import RunDir
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
@@ -524,8 +524,9 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     log.stage("train", "train: checking the privacy plan (" + (
         "σ calibrated for the target ε" if tcfg.noise_multiplier is None else "σ = train.noise_multiplier")
         + ")" if private else "train: checking the training plan (NON-PRIVATE: no clipping, no noise)")
-    mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes)[0]
-    mcfg = keep_recorded_latent(tcfg, mcfg, recorded_config(RunDir(out / "run"), True))  # a resumed run keeps its L
+    # a resumed run keeps the "auto" sizes it was built with (checked for memory as such)
+    mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes,
+                      recorded_config(RunDir(out / "run"), True))[0]
     out.mkdir(parents=True, exist_ok=True)
     if stale:
         for name in _STAGE_FILES:
