@@ -119,18 +119,22 @@ def check_model_memory(mcfg: ModelConfig, method: str, n_clients: int) -> None:
     if need > avail:
         raise ValidationError(
             f"the model has {n:,} parameters (model.hidden = {mcfg.hidden}, model.hyper_hidden = {mcfg.hyper_hidden}, "
-            f"model.code_dim = {mcfg.code_dim}{_code_dim_note(mcfg, n_clients)}); "
+            f"model.code_dim = {mcfg.code_dim}{_code_dim_note(mcfg, method, n_clients)}); "
             f"training it needs about {format_bytes(need)} of memory "
             f"(float32 weights, gradients, optimiser state, per-sample gradients) and {format_bytes(avail)} is "
             "available: lower --hidden (model.hidden), model.code_dim or the other widths; nothing was written or "
             "charged")
 
 
-def _code_dim_note(mcfg: ModelConfig, n_clients: int) -> str:
+def _code_dim_note(mcfg: ModelConfig, method: str, n_clients: int) -> str:
     """What a memory refusal says of the code dimension: the client-statistics heads hold (K + L + 1)·D weights per
-    code coordinate, and ``"auto"`` gives one per client (:func:`fedhype.models.config.resolve_code_dim`)."""
+    code coordinate, and ``"auto"`` gives one per client a server holds (:func:`fedhype.models.config.resolve_code_dim`;
+    local-cvae: one)."""
+    from fedhype.federated.baselines import federation
+
     if not mcfg.client_heads:
         return ""
+    n_clients = 1 if federation(method) == "local" else n_clients
     per = (mcfg.n_classes + mcfg.latent + 1) * mcfg.dim
     return f": the client-statistics heads hold {per:,} weights per code dimension; \"auto\" gives one per client, " \
            f"{resolve_code_dim('auto', n_clients)} for {n_clients} clients"
