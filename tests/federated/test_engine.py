@@ -144,6 +144,10 @@ def test_a_run_resumes_at_the_code_dimension_it_started_with_when_the_auto_rule_
     assert len(json.loads((tmp_path / "b" / "ledger.json").read_text())["events"]) == events + len(part.clients)
     train(real_store, part, cfg, tmp_path / "c", diagnostics=False, stop_after=1)
     assert load_model(tmp_path / "c")[0].cfg.code_dim == len(part.clients) == 4  # a new run: the rule of now
+    # the default written out asks the same as leaving it out (a probe: 'auto' → None was refused on resume)
+    done = train(real_store, part, _cfg(rounds=2, model={**small, "code_dim": "auto"}), tmp_path / "c", resume=True,
+                 diagnostics=False)
+    assert done["complete"] and load_model(tmp_path / "c")[0].cfg.code_dim == 4
 
 
 def test_an_interrupted_non_private_run_resumes_identically(real_store, part, tmp_path):

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from fedhype.errors import ValidationError
+from fedhype.errors import FedhypeWarning, ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.models.config import (DP_LATENT, MAX_AUTO_CODE_DIM, SCALE_LATENT, SCALE_RECORDS_PER_CLASS, ModelConfig,
                                    resolve_code_dim, resolve_latent)
@@ -137,6 +137,12 @@ def test_the_plan_sizes_the_code_for_the_clients_one_server_holds():
     cfg = TrainConfig(epsilon=1.0, delta=1e-5)
     assert check_plan(_roster([100] * 40), cfg, 384, 10)[0].code_dim == 64
     assert check_plan(_roster([100] * 4), cfg, 384, 10)[0].code_dim == 32
+    # fewer code dimensions than clients: the heads are a least-squares fit, said (a probe: code_dim = 8 for 48 clients
+    # trained without a word)
+    with pytest.warns(FedhypeWarning, match=r"model.code_dim = 8 is below the 40 clients: .* \"auto\" gives 64$"):
+        check_plan(_roster([100] * 40), TrainConfig(epsilon=1.0, delta=1e-5, model={"code_dim": 8}), 384, 10)
+    with pytest.warns(FedhypeWarning, match=r"below the 200 clients: .* gives 128 \(its most\)"):
+        assert check_plan(_roster([100] * 200), cfg, 384, 10)[0].code_dim == 128
     # local-cvae: one server per client, so one client's code (a reviewer's finding: it was sized for all 40,
     # 64 dimensions of client heads it never fits, with model.client_stats switched on)
     local = TrainConfig(method="local-cvae", epsilon=1.0, delta=1e-5, model={"client_stats": True})

@@ -9,16 +9,17 @@ run against it (:func:`committed_rounds`). Nothing here reads a record or writes
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
 from fedhype.data.partition import Partition
 from fedhype.data.roster import Roster, as_roster
-from fedhype.errors import MinRecordsError, ValidationError
+from fedhype.errors import FedhypeWarning, MinRecordsError, ValidationError
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.rundir import RunDir
 from fedhype.io import read_json
-from fedhype.models.config import ModelConfig, resolve_code_dim
+from fedhype.models.config import ModelConfig, field_defaults, resolve_code_dim
 from fedhype.privacy.accountant import check_delta
 from fedhype.privacy.dp_step import RELEASE_SENSITIVITY, DPConfig
 from fedhype.privacy.plan import check_max_epsilon, plan_noise
@@ -213,6 +214,12 @@ def check_plan(partition: Partition | Roster, cfg: TrainConfig, dim: int, n_clas
     mcfg = cfg.model_config(dim, n_classes, n_train=round(sum(sizes) / len(sizes)) if local else sum(sizes),
                             n_clients=1 if local else len(sizes))
     mcfg = keep_recorded_sizes(cfg, mcfg, recorded)  # a resumed run: the sizes it was built with
+    if mcfg.client_heads and not local and mcfg.code_dim < len(sizes):
+        warnings.warn(f"model.code_dim = {mcfg.code_dim} is below the {len(sizes)} clients: the client-statistics heads "
+                      "cannot give every client code its own client's statistics, they are a least-squares fit of them "
+                      f"(docs/method.md, decision 23); \"auto\" gives {resolve_code_dim('auto', len(sizes))}"
+                      + (" (its most)" if len(sizes) > resolve_code_dim("auto", len(sizes)) else ""), FedhypeWarning,
+                      stacklevel=2)
     if mcfg.latent > dim:  # the linear-Gaussian path has rank ≤ D: a larger latent space adds no direction
         raise ValidationError(f"model.latent (--latent) = {mcfg.latent} exceeds the embeddings' dimension D = {dim}: "
                               f"use at most {dim}, or \"auto\"")
@@ -442,7 +449,15 @@ def _differences(old: Any, new: Any, path: str = "") -> list[str]:
 def _comparable(conf: dict) -> dict:
     c = {k: v for k, v in conf.items() if k != "privacy_plan"}
     c["train"] = {k: v for k, v in c["train"].items() if k not in ("max_epsilon",)}
+    # a [model] key given at its default ("auto") asks what leaving it out asks (a probe: a job started with
+    # --set model.code_dim=auto was refused on a resume without it, 'auto' → None); the resolved model is compared too
+    asked = c["train"].get("model")
+    if isinstance(asked, dict):
+        defaults = field_defaults(ModelConfig)
+        c["train"] = {**c["train"], "model": {k: v for k, v in asked.items()
+                                              if not (k in defaults and v == defaults[k] and isinstance(v, str))}}
     return c
+
 
 
 def resolve_stage(cfg: TrainConfig, sizes, recorded: dict | None = None) -> TrainConfig:

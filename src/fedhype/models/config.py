@@ -6,7 +6,7 @@ import math
 import numbers
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from fedhype.errors import ValidationError
@@ -167,6 +167,21 @@ def switch_setting(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValidationError(f"{key} must be true or false, got {_shown(value)}")
     return value
+
+
+def field_defaults(cls: type, *, factories: bool = False, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``{name: default}`` of a dataclass's fields that have a plain default (the one source of defaults); with
+    ``factories`` also those with a default factory (called now: ``TrainConfig.dp_sgd_min_records`` reads its
+    module constant when called); the fields in ``skip`` left out."""
+    out = {}
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif factories and f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def resolve_latent(latent: int | str, dim: int, private: bool, records_per_class: float | None = None) -> int:

@@ -12,13 +12,13 @@ import copy
 import tomllib
 import warnings
 from collections.abc import Callable
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from fedhype.errors import ValidationError
 from fedhype.federated.config import TRAIN_FLAGS, TrainConfig
-from fedhype.models.config import ModelConfig
+from fedhype.models.config import ModelConfig, field_defaults
 from fedhype.synthesis.defaults import DEFAULT_ANCHOR
 
 #: the ``[train]`` keys a job configuration lists (and writes into config.toml); the other
@@ -32,21 +32,6 @@ JOB_TRAIN_KEYS = ("rounds", "local_epochs", "batch_size", "participation", "lr_l
 JOB_MODEL_KEYS = ("hidden", "latent")
 #: keys that take ``"auto"`` or an integer ≥ 1
 AUTO_OR_COUNT = {("model", "latent"), ("model", "code_dim"), ("synthesis", "per_class")}
-
-
-def field_defaults(cls: type, *, factories: bool = False, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``{name: default}`` of a dataclass's fields that have a plain default (the one source of defaults); with
-    ``factories`` also those with a default factory (called now: ``TrainConfig.dp_sgd_min_records`` reads its
-    module constant when called); the fields in ``skip`` left out."""
-    out = {}
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        if f.default is not MISSING:
-            out[f.name] = f.default
-        elif factories and f.default_factory is not MISSING:
-            out[f.name] = f.default_factory()
-    return out
 
 
 _TRAIN_DEFAULTS = field_defaults(TrainConfig)
