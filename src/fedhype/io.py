@@ -274,7 +274,8 @@ def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
         h.update(name.encode())
         h.update(str(t.dtype).encode())
         h.update(str(tuple(t.shape)).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():  # the tensor's own bytes (a buffer, not a copy)
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 

@@ -50,3 +50,21 @@ def test_an_unseeded_rerun_draws_new_batches_as_well_as_new_noise(tmp_path):
     assert again["psi"].keys() == saved["psi"].keys()
     for k in saved["psi"]:
         assert torch.equal(again["psi"][k], saved["psi"][k])  # the model state itself is restored
+
+
+
+def test_a_client_keeps_one_copy_of_its_records_and_maps_each_batch_as_drawn(tmp_path):
+    """Memory: a client holds its records once (float32 [n_i, D]), not also a model-space copy (that halved the
+    per-client data in the clients-scaling benchmark); a batch mapped to model space when drawn has the values
+    that mapping every record first gives (the map is row-wise), so a seeded round is unchanged."""
+    from fedhype.models.cvae import to_model_space
+
+    c = _client(tmp_path, seed=5)
+    c.set_space((torch.full((64,), 0.01), torch.tensor(0.2)))
+    assert [k for k, v in vars(c).items() if torch.is_tensor(v) and v.dim() == 2] == ["_raw"]
+    assert c.n == 60
+    full = to_model_space(c._raw, c.space)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        idx = torch.randint(0, 60, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g)
+        assert torch.equal(to_model_space(c._raw[idx], c.space), full[idx])

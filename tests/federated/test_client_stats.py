@@ -336,6 +336,29 @@ def test_clip_shift_is_zero_for_one_common_centre_and_points_to_a_clients_own_ce
     assert float(b[k_far] @ (mu[0] - mu[k_far])) > 0.9 * float(b[k_far].norm() * (mu[0] - mu[k_far]).norm())
 
 
+def test_clip_shift_is_the_monte_carlo_mean_of_the_clipped_draws_class_by_class(real_store, part):
+    """:meth:`ClipShift.shift` keeps [S, D] draws and works one class at a time (the [K, S, D] draws were 30 MB of
+    temporaries per client at D = 64, K = 10 — the clients-scaling benchmark's peak); it must still be
+    b_ik = g·mean_s(clip_R(μ_k + z_s − c_i)) + c_i − μ_k, bit for bit, for the shift of every client."""
+    from fedhype.federated.class_stats import release_moments
+    from fedhype.federated.client_shrinkage import CLIP_SHIFT_DRAWS, ClipShift
+    from fedhype.privacy.centring import Centring
+
+    ups, dp, w = _client_releases(real_store, part, 0.03, 0)
+    pooled = release_moments(ups, dp, w)
+    counts = [u.tensors["class_counts"] for u in ups]
+    mu = pooled["class_means"].to(torch.float64)
+    cens = [Centring(mu[i].to(torch.float32).clone(), 0.4) for i in range(len(ups))]
+    cs = ClipShift(pooled, cens, counts, rescale=1.25)
+    assert tuple(cs._z.shape) == (CLIP_SHIFT_DRAWS, mu.shape[1])  # no [K, S, D] kept
+    for cen in cens:
+        c = cen.centre.to(torch.float64)
+        dev = (mu[:, None, :] + cs._z[None]) - c  # [K, S, D]
+        clipped = dev * torch.clamp(0.4 / dev.norm(dim=2, keepdim=True).clamp_min(1e-300), max=1.0)
+        assert torch.equal(cs.shift(cen), 1.25 * clipped.mean(1) + c - mu)
+    assert float(cs.shift(cens[0]).abs().max()) > 1e-3  # clipping at 0.4 moves the class means
+
+
 def test_client_test_discounts_the_clip_shift_but_the_means_keep_the_clients_deviation(real_store, part):
     """``shrink_client(..., clip_shift=b)``: a client whose class means differ from the pool's by exactly its
     clip shift b is a draw of the pool (f = 0, its Gaussian the pooled one); without the discount the same

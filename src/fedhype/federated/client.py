@@ -28,7 +28,7 @@ class Client:
     Args:
         client_id: public id (str).
         index: position of the client (its code row on the server).
-        x: float32 ``[n_i, D]`` training embeddings (raw; mapped to model space here).
+        x: float32 ``[n_i, D]`` training embeddings (raw, kept once; each batch is mapped to model space as it is drawn).
         labels: int64 ``[n_i]``.
         state_dir: private folder for ψ_i, optimiser and generator states.
         seed: run seed, or None (noise seeded from OS entropy: not reproducible).
@@ -38,9 +38,8 @@ class Client:
                  seed: int | None):
         self.id = str(client_id)
         self.index = index
-        self._raw = x.to(torch.float32)
+        self._raw = x.to(torch.float32)  # the one copy of the records: a batch is mapped to model space when drawn
         self.space = None  # (m, s) of the model space, set by set_space once the DP statistics are in
-        self.x = to_model_space(self._raw)
         self.labels = labels.to(torch.int64)
         self.state_dir = Path(state_dir)
         self.seed = seed
@@ -48,7 +47,6 @@ class Client:
     def set_space(self, space) -> None:
         """Use the model space ``(m [D], s [])`` (public DP outputs) for this client's records."""
         self.space = (space[0].detach().clone(), space[1].detach().clone())
-        self.x = to_model_space(self._raw, self.space)
 
     def release_centre(self, noise_multiplier: float | None, *, distributed=None) -> PrivatizedUpdate:
         """The client's DP sum and count of its unit records (the centred release's first step,
@@ -91,7 +89,7 @@ class Client:
 
     @property
     def n(self) -> int:
-        return int(self.x.shape[0])
+        return int(self._raw.shape[0])
 
     # ------------------------------------------------------------------ private state
     def _state_path(self, round_idx: int) -> Path:
@@ -169,7 +167,7 @@ class Client:
         for _ in range(steps):
             idx = poisson_batch(self.n, q, g)
             b = int(idx.numel())
-            x = self.x[idx]
+            x = to_model_space(self._raw[idx], self.space)  # row-wise: the same values as mapping every record first
             y1h = F.one_hot(self.labels[idx], cfg.n_classes).to(torch.float32)
             eps_q = torch.randn(b, cfg.latent, generator=g)
             eps_s = torch.randn(b, cfg.mmd_samples, cfg.latent, generator=g)

@@ -113,8 +113,7 @@ class ClipShift:
         lam, vec = torch.linalg.eigh((cov + cov.T) / 2)
         root = vec * lam.clamp_min(0).sqrt()  # root·rootᵀ = C_within without its negative (noise) part
         g = torch.Generator().manual_seed(0)
-        z = torch.randn(CLIP_SHIFT_DRAWS, mu.shape[1], generator=g, dtype=torch.float64) @ root.T  # [S, D]
-        self._draws = mu[:, None, :] + z[None]  # [K, S, D]
+        self._z = torch.randn(CLIP_SHIFT_DRAWS, mu.shape[1], generator=g, dtype=torch.float64) @ root.T  # [S, D]
         self._mu = mu
         self._rescale = float(rescale)
         total, weight = torch.zeros_like(mu), torch.zeros(mu.shape[0], dtype=torch.float64)
@@ -127,9 +126,12 @@ class ClipShift:
     def shift(self, centring) -> torch.Tensor:
         """b_i [K, D] float64 for a client clipped around ``centring``."""
         c, r = centring.centre.to(torch.float64), float(centring.radius)
-        dev = self._draws - c
-        scale = torch.clamp(r / dev.norm(dim=2, keepdim=True).clamp_min(1e-300), max=1.0)
-        return self._rescale * (dev * scale).mean(1) + c - self._mu
+        out = torch.empty_like(self._mu)
+        for k in range(self._mu.shape[0]):  # one class at a time (draws μ_k + z): [S, D] temporaries, not [K, S, D]
+            dev = (self._mu[k] + self._z).sub_(c)  # the same operations as before: results bit for bit
+            dev.mul_(torch.clamp(r / dev.norm(dim=1, keepdim=True).clamp_min(1e-300), max=1.0))
+            out[k] = dev.mean(0)
+        return self._rescale * out + c - self._mu
 
     def relative(self, centring) -> torch.Tensor:
         """b_i − b̄ [K, D] float64: what client i's clipping adds to its class means' deviation from the pool's."""

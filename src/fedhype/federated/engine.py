@@ -84,11 +84,14 @@ def build_client(store: EmbeddingStore, partition: Partition, index: int, state_
     return Client(str(c.id), index, tr.embeddings, tr.labels, Path(state_dir), seed)
 
 
-def _build_clients(store: EmbeddingStore, partition: Partition, run: RunDir, cfg: TrainConfig):
+def _build_clients(store: EmbeddingStore, partition: Partition, run: RunDir, cfg: TrainConfig, val: bool = True):
+    """The in-process clients and, with ``val`` (the per-round diagnostics), each client's validation records (else None)."""
     check_client_sizes(partition, cfg)
     clients = [build_client(store, partition, i, run.client_dir(c.id), cfg.seed) for i, c in enumerate(partition.clients)]
-    val = [(va.embeddings, va.labels) for va in (partition.client_store(store, c.id, "val") for c in partition.clients)]
-    return clients, val
+    if not val:
+        return clients, None
+    held = [(va.embeddings, va.labels) for va in (partition.client_store(store, c.id, "val") for c in partition.clients)]
+    return clients, held
 
 
 def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: str | Path, *, resume: bool = False,
@@ -120,8 +123,8 @@ def train(store: EmbeddingStore, partition: Partition, cfg: TrainConfig, out: st
     partition.check_store(store)
 
     def connect(run: RunDir) -> InProcessTransport:
-        clients, val = _build_clients(store, partition, run, cfg)
-        return InProcessTransport(clients, val if diagnostics else None)
+        clients, val = _build_clients(store, partition, run, cfg, val=diagnostics)
+        return InProcessTransport(clients, val)
 
     return run_federation(partition, cfg, out, store_info=describe_store(store), n_classes=store.n_classes,
                           connect=connect, resume=resume, progress=progress, stop_after=stop_after)
@@ -164,8 +167,9 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
         for i, (site, st) in enumerate(zip(sites, stores)):
             tr = site.records("train", roster.class_names, st)
             clients.append(Client(str(i), i, tr.embeddings, tr.labels, run.client_dir(str(i)), cfg.seed))
-            va = site.records("val", roster.class_names, st)
-            val.append((va.embeddings, va.labels))
+            if diagnostics:  # the validation records only where the per-round diagnostics read them
+                va = site.records("val", roster.class_names, st)
+                val.append((va.embeddings, va.labels))
         return InProcessTransport(clients, val if diagnostics else None)
 
     return run_federation(roster, cfg, out, store_info=describe_roster(roster), n_classes=len(roster.class_names),
