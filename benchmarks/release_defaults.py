@@ -56,7 +56,10 @@ The test split is not read. Grids:
   (``client``) for ``no-dp-sgd`` on digits, Fashion-MNIST and 100 clients of all 70,000 images ("release centre, stage off");
   and with 100 clients at ε = 4 / 8 the release alone and ``no-dp-sgd`` drawn from the neutral code ("code, many clients");
 * the code dimension with more clients than the 32 it was: ``no-dp-sgd`` (mixture code) with 128 for 100 clients and
-  64 for 40 ("code dimension, many clients"; ``model.code_dim = "auto"``, docs/method.md decision 23).
+  64 for 40 ("code dimension, many clients"; ``model.code_dim = "auto"``, docs/method.md decision 23);
+* the clients' heterogeneity test as it compared a float32 count with the float64 floor (``counts_floor = float64``:
+  where float32(floor) rounds above the floor, at ε = 1 and 8 on these sets, every floored class took part) against
+  the fixed comparison, for ``no-dp-sgd`` (mixture code, the job's sizes) on the three datasets ("counts floor").
 
 Each finished row is appended to ``runs/bench-release-defaults/rows.jsonl``; a rerun skips the rows
 already there or in the committed ``benchmarks/results/release_defaults.json``. Writes ``benchmarks/results/release_defaults.{json,md}`` (mean ± std over the seeds)
@@ -70,6 +73,7 @@ and prints the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import platform
@@ -279,17 +283,24 @@ GRID: list[tuple[str, str, dict]] = (
                                             **_JOB_SIZE["fashion-full-40"], "located_share": "auto", "code": "mixture",
                                             "code_dim": 64})
        for e in ("4", "8")]
+    # the clients' heterogeneity test compared a float32 count with the float64 floor (client_shrinkage.shrink_client):
+    # where float32(floor) rounds up (ε = 1 and 8 here) every floored class took part; ours' model without its stage
+    # (the default on these sets), the comparison as it was (counts_floor = float64) and fixed, in the same session
+    + [("counts floor", e, {"dataset": d, "method": NO_DP_SGD, **_JOB_SIZE[d], "located_share": "auto", "code": "mixture",
+                            "code_dim": "auto", **v})
+       for d in ("digits", "fashion", "fashion-full-100") for e in ("1", "8") for v in ({"counts_floor": "float64"}, {})
+       if not (d == "fashion-full-100" and e == "8")]
 )
 
 
 #: grids whose rows also record precision, coverage and F (the table shows precision / coverage beside TSTR)
 WITH_PRDC = ("located share, auto", "client covariance test", "DP-SGD share, fidelity", "DP-SGD stage off",
              "DP-SGD stage off, many clients", "DP-SGD stage, client size", "release centre, stage off",
-             "code, many clients", "code dimension, many clients")
+             "code, many clients", "code dimension, many clients", "counts floor")
 #: grids whose rows also record MMD² to the validation split (the table shows it after precision / coverage)
 WITH_MMD = ("DP-SGD share, fidelity", "DP-SGD stage off", "DP-SGD stage off, many clients", "DP-SGD stage, client size",
             "release centre, stage off", "code, many clients",
-            "code dimension, many clients")
+            "code dimension, many clients", "counts floor")
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:
@@ -329,6 +340,7 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     # every row ran fedhypevae with its DP-SGD stage (the rule of docs/method.md decision 22 came after them, and
     # the "DP-SGD stage, client size" grid compares the two methods by name): the stage stays on here
     overrides.setdefault("dp_sgd_min_records", 0)
+    before_fix = overrides.pop("counts_floor", None) == "float64"  # the heterogeneity test as it ran before 2026-12-06
     t = overrides.pop("within_class_min_snr", 0.9)
     covariance.WITHIN_CLASS_MIN_SNR = float("inf") if t == "never" else float(t)
     for k, v in overrides.items():
@@ -337,7 +349,7 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
                                    "code_dim") else "train"
         sets.append(f'{section}.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"{section}.{k}={v}")
     cfg = train_config(resolve(config, sets))
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _floor_as_before(before_fix):
         train(store, part, cfg, Path(tmp) / "run", diagnostics=False)
         release = Path(tmp) / "run" / "release.json"
         snr = json.loads(release.read_text()).get("class_mean_snr") if release.exists() else None
@@ -352,6 +364,33 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     return {"val_tstr": float(np.mean(probe.predict(as_matrix(val).numpy()) == val.labels.numpy())),
             "precision": pr["precision"] and float(pr["precision"]), "coverage": pr["coverage"] and float(pr["coverage"]),
             "class_mean_snr": snr, "mmd2": mmd2}
+
+
+@contextlib.contextmanager
+def _floor_as_before(on: bool):
+    """With ``on``, :func:`fedhype.federated.client_shrinkage.shrink_client` as it ran before 2026-12-06: its test took a
+    class as resolved when its float32 count exceeded the float64 floor, so where float32(floor) rounds above the floor
+    every floored class took part (the same as a floor of 0 there; elsewhere the fixed comparison gives the old result)."""
+    if not on:
+        yield
+        return
+    import torch
+
+    from fedhype.federated import client_shrinkage as cs
+
+    fixed = cs.shrink_client
+
+    def before(client, pooled, clip_shift=None):
+        floor = float(client.get("counts_floor", 0.0))
+        if float(torch.tensor(floor, dtype=torch.float32)) > floor:
+            client = {**client, "counts_floor": 0.0}
+        return fixed(client, pooled, clip_shift)
+
+    cs.shrink_client, cs.SHRINKAGE["client"] = before, before
+    try:
+        yield
+    finally:
+        cs.shrink_client, cs.SHRINKAGE["client"] = fixed, fixed
 
 
 def data(name: str):

@@ -230,7 +230,11 @@ def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" 
     tau2 = client["sums_noise_var"] / n_i ** 2 + s2 / n_i  # [K]
     # a class whose noisy count is at the floor (2 count-noise stds) is not resolved: its mean carries the
     # client's noisy overall mean (_moments), not its records; it keeps the pool's and takes no part in the test
-    resolved = client["counts"].to(torch.float64) > float(client.get("counts_floor", 0.0))
+    # compared in the counts' own dtype: a count floored at the float64 floor and stored as float32 can round above it
+    # (float32(33.159968…) = 33.159969…), and then every floored class took part in the test (all 100 clients of a
+    # label-skewed run at ε = 1 read as domains, mean f 0.20; benchmarks/results/release_defaults.md, "counts floor")
+    counts = client["counts"]
+    resolved = counts > torch.tensor(float(client.get("counts_floor", 0.0)), dtype=counts.dtype)
     a = paule_mandel(dt[resolved].pow(2).sum(1) / dim, tau2[resolved]) if bool(resolved.any()) else 0.0
     f = torch.where(resolved, a / (a + tau2), torch.zeros_like(tau2))  # [K]
     out["class_means"] = (pm + f[:, None] * d).to(torch.float32)
