@@ -92,3 +92,11 @@ class FedhypeWarning(UserWarning):
     advice (δ against 1/n, a batch at or above a client's training set), an ε above its target after a resume, and
     the notes of a synthetic store (classes the release cannot tell from absent, …). Silence them with
     ``warnings.simplefilter("ignore", fedhype.errors.FedhypeWarning)``."""
+
+
+def listed(items, shown: int = 5) -> str:
+    """``"a, b, c, d, e and 95 more"``: the first ``shown`` of ``items`` (strings), then how many are left, for messages
+    that name clients (a probe's warnings and errors over 100 clients listed every one of them)."""
+    items = [str(i) for i in items]
+    head = ", ".join(items[:shown])
+    return head + (f" and {len(items) - shown} more" if len(items) > shown else "")

@@ -114,10 +114,23 @@ def test_a_model_too_large_for_memory_is_refused_before_anything_is_charged(real
             "--rounds", 1, "--hidden", 64, "--latent", 8, "--seed", 0, "--json")
     r, obj = _invoke(*args, "--out", tmp_path / "run")
     assert r.exit_code == 2 and f"has {n:,} parameters" in obj["error"] and "nothing was written or charged" in obj["error"]
+    assert obj["error"].startswith("the model has ")  # --hidden 64 is below the default: no width to blame
     assert not (tmp_path / "run").exists()
     monkeypatch.setattr(fedhype.resources, "available_memory", lambda: n * TRAIN_BYTES_PER_PARAMETER)  # it fits
     r, obj = _invoke(*args, "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
+    # the refusal leads with the width that made the model large, where one did (it listed every width)
+    from fedhype.errors import ValidationError
+    from fedhype.federated.run_plan import check_model_memory
+
+    wide = TrainConfig(model={"hidden": 2000, "latent": 8}).model_config(real_store.dim, real_store.n_classes)
+    at_default = training_memory(TrainConfig(model={"latent": 8}).model_config(real_store.dim, real_store.n_classes),
+                                 "fedhypevae", 2)[0]
+    monkeypatch.setattr(fedhype.resources, "available_memory", lambda: at_default * TRAIN_BYTES_PER_PARAMETER)
+    with pytest.raises(ValidationError) as err:
+        check_model_memory(wide, "fedhypevae", 2)
+    assert str(err.value).startswith(f"model.hidden = 2000 makes the model this large (at its default, 128, it would "
+                                     f"have {at_default:,} parameters): the model has ")
 
 
 def test_a_client_without_training_records_is_not_told_to_lower_the_minimum_to_0():

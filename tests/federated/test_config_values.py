@@ -145,17 +145,19 @@ def test_the_job_configuration_names_the_key_of_a_quoted_setting_without_a_job_d
     TrainConfig as given, and a quoted one came back as "a train.* or model.* setting has the wrong type"."""
     from fedhype.pipeline.config import resolve, train_config
 
-    for item, says in (('train.local_steps="3"', "train.local_steps (--local-steps) must be a whole number ≥ 1 or "
-                                                 "unset"),
+    for item, says in (('train.local_steps="3"', "train.local_steps must be a whole number ≥ 1 or unset"),
                        ('train.min_records="20"', "got '20': write it unquoted, e.g. train.min_records = 20"),
-                       ("train.min_records=8.5", "train.min_records (--min-records) must be a whole number ≥ 0"),
-                       ("train.min_records=true", "train.min_records (--min-records) must be a whole number ≥ 0"),
+                       ("train.min_records=8.5", "train.min_records must be a whole number ≥ 0"),
+                       ("train.min_records=true", "train.min_records must be a whole number ≥ 0"),
                        ('train.lr_server="1"', "train.lr_server must be a finite number > 0, got '1': write it "
                                                "unquoted"),
-                       ("model.mmd_samples=2.5", "model.mmd_samples must be a whole number ≥ 1, got 2.5")):
+                       ("model.mmd_samples=2.5", "model.mmd_samples must be a whole number ≥ 1, got 2.5"),
+                       ("train.noise_multiplier=0", "train.noise_multiplier, the noise multiplier σ, must be a finite "
+                                                    "number > 0, got 0 (σ = 0 gives no privacy: use train.no_dp = true")):
         with pytest.raises(ValidationError) as e:
             train_config(resolve(None, [item]))
         assert says in str(e.value) and "has the wrong type" not in str(e.value), (item, str(e.value))
+        assert "(--" not in str(e.value) and "--no-dp" not in str(e.value)  # a job has keys, not `fedhype train`'s options
     # the job's own keys keep their conversion: rounds = 8.0 is 8 (pipeline.config._set_key), and so do the keys it
     # does not list (a probe: min_records = 20.0 was refused where rounds = 8.0 was taken)
     assert train_config(resolve(None, ["train.rounds=8.0", "train.min_records=30"])).rounds == 8
@@ -167,10 +169,10 @@ def test_the_job_configuration_names_the_key_of_a_quoted_setting_without_a_job_d
 
 
 @pytest.mark.parametrize("item, says", [
-    ('train.min_records="20"', "train.min_records (--min-records) must be a whole number ≥ 0 (0: no minimum), got "
+    ('train.min_records="20"', "train.min_records must be a whole number ≥ 0 (0: no minimum), got "
                                "'20': write it unquoted, e.g. train.min_records = 20"),
-    ("train.local_steps=2.5", "train.local_steps (--local-steps) must be a whole number ≥ 1"),
-    ("train.batch_size=0", "train.batch_size (--batch-size) must be a whole number ≥ 1, got 0"),
+    ("train.local_steps=2.5", "train.local_steps must be a whole number ≥ 1"),
+    ("train.batch_size=0", "train.batch_size must be a whole number ≥ 1, got 0"),
 ])
 def test_fedhype_run_refuses_a_bad_whole_number_naming_the_key_before_writing_anything(tmp_path, item, says):
     from typer.testing import CliRunner
@@ -180,6 +182,7 @@ def test_fedhype_run_refuses_a_bad_whole_number_naming_the_key_before_writing_an
     r = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "job"), "--set", item])
     assert r.exit_code == 2, r.output
     assert says in " ".join(r.output.split()), r.output  # (the console may wrap the line)
+    assert "(--" not in r.output  # `fedhype run` has no --min-records, --local-steps or --batch-size (they were named)
     assert not (tmp_path / "job").exists()  # refused before anything was embedded or written
 
 
@@ -199,3 +202,23 @@ def test_a_zero_noise_multiplier_is_refused_naming_the_key_and_the_non_private_s
     said = _refusal(noise_multiplier=0.0, epsilon=None)
     assert said.startswith("train.noise_multiplier (--noise-multiplier), the noise multiplier σ, must be a finite "
                            "number > 0, got 0.0") and "--no-dp (train.no_dp = true)" in said, said
+
+
+def test_a_jobs_refusals_name_its_keys_not_fedhype_trains_options():
+    """``fedhype run`` has no --epsilon, --no-dp or --secure-aggregation: a refusal of its training settings names the
+    keys a job sets (a review found these left after the key-and-option forms were reworded)."""
+    from fedhype.pipeline.config import job_words
+
+    assert job_words("give --epsilon (target ε) or --noise-multiplier, or --no-dp for a non-private run") == \
+        "give train.epsilon (target ε) or train.noise_multiplier, or train.no_dp = true for a non-private run"
+    assert job_words("--dropout-tolerance applies to secure aggregation: add --secure-aggregation or drop it") == \
+        "train.dropout_tolerance applies to secure aggregation: add train.secure_aggregation = true or drop it"
+    assert job_words("train.rounds (--rounds) must be a whole number ≥ 1, got 0") == \
+        "train.rounds must be a whole number ≥ 1, got 0"
+    kept = "--set 'train.rounds=0' (0: no minimum) --epsilon-like"  # other options and parentheses are left alone
+    assert job_words(kept) == kept
+    from fedhype.pipeline.config import resolve, train_config
+
+    with pytest.raises(ValidationError) as e:
+        train_config(resolve(None, ["train.epsilon=none", "train.noise_multiplier=none"]))
+    assert "--" not in str(e.value) and "train.epsilon" in str(e.value), str(e.value)

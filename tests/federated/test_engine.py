@@ -148,6 +148,12 @@ def test_a_run_resumes_at_the_code_dimension_it_started_with_when_the_auto_rule_
     done = train(real_store, part, _cfg(rounds=2, model={**small, "code_dim": "auto"}), tmp_path / "c", resume=True,
                  diagnostics=False)
     assert done["complete"] and load_model(tmp_path / "c")[0].cfg.code_dim == 4
+    # another code dimension is refused, saying what the run was started with (it read "None → 8")
+    with pytest.raises(ValidationError) as err:
+        train(real_store, part, _cfg(rounds=3, model={**small, "code_dim": 8}), tmp_path / "c", resume=True,
+              diagnostics=False)
+    assert "train.model.code_dim: not given (the default, 'auto') → 8" in str(err.value)
+    assert "None" not in str(err.value)
 
 
 def test_an_interrupted_non_private_run_resumes_identically(real_store, part, tmp_path):

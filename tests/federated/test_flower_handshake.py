@@ -118,3 +118,19 @@ def test_a_round_refused_by_a_node_says_that_a_restart_will_not_help(real_store)
     with pytest.raises(NodeFailure, match=r"Restart the SuperNode\(s\), then run again with resume=true") as exc:
         t._raise_failures({}, [0], "round 3", "Nothing of it is committed.")
     assert "refused" not in str(exc.value)
+
+
+def test_a_node_for_no_client_of_a_large_federation_names_five_and_counts_the_rest():
+    """A probe's unknown-client error over 100 clients listed every (id, name) pair."""
+    from fedhype.errors import ValidationError
+    from fedhype.federated.flower.handshake import NodeSettings
+
+    node = NodeSettings.__new__(NodeSettings)
+    object.__setattr__(node, "client", "nosuch")
+    object.__setattr__(node, "partition", "part.json")
+    clients = [(str(i), f"site-{i}") for i in range(100)]
+    assert NodeSettings.client_index(node, clients[:3] + [("7", "nosuch")]) == 3  # by name, where no id matches
+    with pytest.raises(ValidationError) as e:
+        NodeSettings.client_index(node, clients)
+    assert str(e.value).endswith("is not a client of part.json (its 100 clients by id (name): 0 (site-0), 1 (site-1), "
+                                 "2 (site-2), 3 (site-3), 4 (site-4) and 95 more)")

@@ -215,3 +215,26 @@ def test_the_report_says_which_located_share_the_release_used(real_store, tmp_pa
     (tmp_path / "bare").mkdir()
     assert _release_choices(tmp_path / "bare") is None and _share_clause(None) == ""
     assert _share_clause({"located_share": [0.8, 0.0]}) == ""  # local-cvae: one per client, not one line
+
+
+def test_the_report_states_the_resolved_model_sizes_and_which_a_rule_set(real_store, tmp_path):
+    """The job's config.toml says ``code_dim = "auto"`` (or nothing); the report says what it resolved to (a probe:
+    only run/config.json and release/config.json did), marking the sizes set by ``"auto"``."""
+    from fedhype.data.partition import make_partition
+    from fedhype.federated.config import TrainConfig
+    from fedhype.federated.engine import train
+    from fedhype.pipeline.report import _model_line, _model_sizes
+
+    part = make_partition(real_store, scheme="domain", seed=0)
+    train(real_store, part, TrainConfig(method="dp-gaussian", epsilon=8.0, seed=0, model={"hidden": 48}),
+          tmp_path / "run", diagnostics=False)
+    m = _model_sizes(tmp_path / "run")
+    resolved = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
+    assert m == {"latent": resolved["latent"], "hidden": 48, "code_dim": 32, "decoder": resolved["decoder"],
+                 "latent_asked": "auto", "code_dim_asked": "auto"}
+    line = _model_line(m, {"hypernetwork_parameters": 2_345_678})[0]
+    assert line == (f"Model: latent size {resolved['latent']} (`auto`), code dimension 32 (`auto`), hidden width 48, "
+                    f"decoder `{resolved['decoder']}`; 2.3 M hypernetwork parameters.")
+    assert "(`auto`)" not in _model_line({**m, "code_dim_asked": 32, "latent_asked": 64}, None)[0]
+    (tmp_path / "bare").mkdir()
+    assert _model_sizes(tmp_path / "bare") is None and _model_line(None, None) == []

@@ -312,3 +312,6 @@ def test_subsampling_advice_names_the_clients_whose_batch_is_all_their_records()
     assert msg.startswith("--batch-size 256 is at least the training-set size of a (90), c (256): q = 1")
     assert "no privacy amplification by subsampling" in msg
     assert subsampling_advice(256, {"a": 90}, "train.batch_size").startswith("train.batch_size 256")
+    # with many clients it names five and counts the rest (a probe's warning over 100 clients named every one)
+    many = subsampling_advice(256, {f"client-{i}": 100 + i for i in range(40)})
+    assert "of client-0 (100), client-1 (101), client-2 (102), client-3 (103), client-4 (104) and 35 more: q = 1" in many

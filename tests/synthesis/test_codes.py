@@ -44,6 +44,15 @@ def test_bad_specs_name_the_flag_and_the_problem(spec, needle):
     assert str(e.value).startswith(f"--code {spec!r}") and needle in str(e.value)
 
 
+def test_an_unknown_client_among_many_names_five_and_counts_the_rest():
+    """A probe's 100-client model listed every id and name in the error."""
+    ids, names = [str(i) for i in range(100)], [f"site-{i}" for i in range(100)]
+    with pytest.raises(ValidationError) as e:
+        parse_code_spec("client:nosuch", ids, names)
+    assert str(e.value) == ("--code 'client:nosuch': unknown client 'nosuch'; the 100 clients have ids '0', '1', "
+                            "'2', '3', '4' and 95 more and names 'site-0', 'site-1', 'site-2', 'site-3', 'site-4' and 95 more")
+
+
 def test_a_bare_mixture_needs_the_public_sizes():
     with pytest.raises(ValidationError, match="needs the run's public client sizes"):
         parse_code_spec("mixture", CLIENTS, NAMES)

@@ -119,12 +119,38 @@ def check_model_memory(mcfg: ModelConfig, method: str, n_clients: int) -> None:
     n, need = training_memory(mcfg, method, n_clients)
     if need > avail:
         raise ValidationError(
-            f"the model has {n:,} parameters (model.hidden = {mcfg.hidden}, model.hyper_hidden = {mcfg.hyper_hidden}, "
+            _largest_width(mcfg, method, n_clients, n)
+            + f"the model has {n:,} parameters (model.hidden = {mcfg.hidden}, model.hyper_hidden = {mcfg.hyper_hidden}, "
             f"model.code_dim = {mcfg.code_dim}{_code_dim_note(mcfg, method, n_clients)}); "
             f"training it needs about {format_bytes(need)} of memory "
             f"(float32 weights, gradients, optimiser state, per-sample gradients) and {format_bytes(avail)} is "
             "available: lower --hidden (model.hidden), model.code_dim or the other widths; nothing was written or "
             "charged")
+
+
+def _largest_width(mcfg: ModelConfig, method: str, n_clients: int, n: int) -> str:
+    """The memory refusal's lead: the width whose return to its default shrinks the model most, where that at least
+    halves it (``"model.hidden = 20000 makes the model this large (at its default, 128, it would have 1,234 parameters): "``),
+    else "".
+    A probe's refusal listed every width without saying which one a user had set too large."""
+    from fedhype.federated.baselines import federation
+
+    defaults = field_defaults(ModelConfig)
+    # "auto" as TrainConfig.model_config resolves it: one per client a server holds, where the model has heads
+    heads = (1 if federation(method) == "local" else n_clients) if mcfg.client_heads else None
+    best: tuple[int, str, Any] | None = None
+    for key in ("hidden", "hyper_hidden", "code_dim"):
+        default = resolve_code_dim(defaults[key], heads) if key == "code_dim" else defaults[key]
+        if getattr(mcfg, key) == default:
+            continue
+        smaller = training_memory(replace(mcfg, **{key: default}), method, n_clients)[0]
+        if best is None or smaller < best[0]:
+            best = (smaller, key, default)
+    if best is None or best[0] > n / 2:
+        return ""
+    smaller, key, default = best
+    return (f"model.{key} = {getattr(mcfg, key)} makes the model this large (at its default, {default}"
+            f"{' for ' + str(n_clients) + ' clients' if key == 'code_dim' else ''}, it would have {smaller:,} parameters): ")
 
 
 def _code_dim_note(mcfg: ModelConfig, method: str, n_clients: int) -> str:
@@ -436,14 +462,30 @@ def committed_rounds(run: RunDir, plan: RunPlan, resume: bool) -> int:
 RUN_FILES_BEFORE_CONFIG = {".lock"}
 
 
+#: a key one of the two configurations does not have (:func:`_differences`)
+_ABSENT = object()
+
+
 def _differences(old: Any, new: Any, path: str = "") -> list[str]:
-    """``key: old → new`` for every leaf that differs between two JSON-like configs."""
+    """``key: old → new`` for every leaf that differs between two JSON-like configs; a key one side does not give is
+    shown as such, a ``train.model`` key whose default is a rule with that default, ``"auto"`` (a probe read
+    ``train.model.code_dim: None → 32`` for a run started without the key, that is with ``"auto"``)."""
     if isinstance(old, dict) and isinstance(new, dict):
         out: list[str] = []
         for k in sorted(set(old) | set(new), key=str):
-            out += _differences(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
+            out += _differences(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{path}.{k}" if path else str(k))
         return out
-    return [] if old == new else [f"{path}: {old!r} → {new!r}"]
+    return [] if old == new else [f"{path}: {_shown(old, path)} → {_shown(new, path)}"]
+
+
+def _shown(value: Any, path: str) -> str:
+    """A config value as a refusal shows it: ``repr``, or what a key not given means."""
+    if value is not _ABSENT:
+        return repr(value)
+    head, _, key = path.rpartition(".")
+    default = field_defaults(ModelConfig).get(key) if head == "train.model" else None
+    # only a rule's "auto" is named: another default may be the method preset's, not the field's (dp-cvae's decoder)
+    return f"not given (the default, {default!r})" if default == "auto" else "not given"
 
 
 def _comparable(conf: dict) -> dict:

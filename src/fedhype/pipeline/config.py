@@ -437,7 +437,32 @@ def train_config(conf: dict) -> TrainConfig:
         cfg.model_config(1, 2)  # validates the [model] section too
     except TypeError as exc:
         raise ValidationError(f"a train.* or model.* setting has the wrong type ({exc}); numbers must not be quoted") from None
+    except ValidationError as exc:  # a job sets keys, not `fedhype train`'s options: its refusal names the keys only
+        if type(exc) is not ValidationError:
+            raise
+        raise ValidationError(job_words(str(exc))) from None
     return cfg
+
+
+def job_words(message: str) -> str:
+    """A refusal of the training settings in a job's words: ``fedhype train``'s options named beside a key are left
+    out (``train.rounds (--rounds) must be …`` → ``train.rounds must be …``) and an option named for a key is
+    replaced by the key (``use --no-dp (train.no_dp = true)`` → ``use train.no_dp = true``), and one named alone by its
+    key (:data:`JOB_KEYS_OF_OPTIONS`: ``give --epsilon`` → ``give train.epsilon``). A probe's ``fedhype
+    run --set train.rounds=0`` was told of ``--rounds``, which ``fedhype run`` does not have."""
+    import re
+
+    message = re.sub(r"--[a-z][a-z-]* \((train|model)\.([a-z_]+)( = [^)]*)?\)", lambda m: m.group(0)[m.group(0).index("(") + 1:-1],
+                     message)
+    message = re.sub(r"((?:train|model)\.[a-z_]+) \(--[a-z][a-z-]*\)", r"\1", message)
+    # the options named alone: their keys
+    return re.sub(r"--(" + "|".join(JOB_KEYS_OF_OPTIONS) + r")\b(?![-=])", lambda m: JOB_KEYS_OF_OPTIONS[m.group(1)], message)
+
+
+#: `fedhype train` options a refusal of the training settings names alone → what a job sets instead (:func:`job_words`)
+JOB_KEYS_OF_OPTIONS = {"epsilon": "train.epsilon", "noise-multiplier": "train.noise_multiplier",
+                       "no-dp": "train.no_dp = true", "secure-aggregation": "train.secure_aggregation = true",
+                       "dropout-tolerance": "train.dropout_tolerance"}
 
 
 def to_toml(conf: dict) -> str:

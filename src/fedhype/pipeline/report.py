@@ -106,6 +106,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "n_synthetic": len(syn), "code": syn.meta.get("code"), "codes_note": syn.meta.get("codes_note"),
         "anchor": syn.meta.get("anchor", "off"),
         "release_choices": _release_choices(out / "run"),
+        "model": _model_sizes(out / "run"),
         "timings_s": dict(timings), "timings_earlier_s": list(getattr(timings, "earlier", [])),
         # each earlier run's record: its start, its stages and, for a run that stopped, the stage it stopped in
         "timings_earlier_runs": list(getattr(timings, "earlier_runs", [])),
@@ -153,6 +154,38 @@ def _release_choices(run: Path) -> dict[str, Any] | None:
 
     kept = {k: notes[k] for k in RELEASE_NOTE_KEYS if k in notes}
     return kept or None
+
+
+def _model_sizes(run: Path) -> dict[str, Any] | None:
+    """The model's resolved sizes (the run's ``config.json``: ``latent``, ``hidden``, ``code_dim``, ``decoder``) with
+    what the job asked of the two set by a rule (``latent_asked``, ``code_dim_asked``: ``"auto"`` where not given),
+    or None (no run config)."""
+    path = run / "config.json"
+    if not path.exists():
+        return None
+    conf = read_json(path, "run config")
+    model, asked = conf.get("model") or {}, ((conf.get("train") or {}).get("model") or {})
+    out = {k: model[k] for k in ("latent", "hidden", "code_dim", "decoder") if k in model}
+    for k in ("latent", "code_dim"):
+        if k in out:
+            out[f"{k}_asked"] = asked.get(k, "auto")
+    return out or None
+
+
+def _model_line(m: dict[str, Any] | None, traffic: dict[str, Any] | None) -> list[str]:
+    """The report's Model line: the resolved sizes (a size set by ``"auto"`` says so) and the parameters, or []."""
+    if not m:
+        return []
+    def size(k: str, name: str) -> str:
+        rule = " (`auto`)" if m.get(f"{k}_asked") == "auto" else ""
+        return f"{name} {m[k]}{rule}"
+    parts = [size(k, n) for k, n in (("latent", "latent size"), ("code_dim", "code dimension")) if k in m]
+    parts += [f"hidden width {m['hidden']}"] if "hidden" in m else []
+    parts += [f"decoder `{m['decoder']}`"] if "decoder" in m else []
+    t = traffic or {}
+    params = (f"; {t['hypernetwork_parameters'] / 1e6:.1f} M hypernetwork parameters"
+              if t.get("hypernetwork_parameters") else "")
+    return [f"Model: {', '.join(parts)}{params}.", ""]
 
 
 def _share_clause(c: dict[str, Any] | None) -> str:
@@ -521,7 +554,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         share_line(r["private"], conf["train"].get("seed") is not None), "", "## Details", "",
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
-        "", f"Privacy: {priv}.", "",
+        "", f"Privacy: {priv}.", "", *_model_line(r.get("model"), r.get("traffic")),
         *([f"Secure aggregation: {r['secure_aggregation']['trust']}.", ""] if r.get("secure_aggregation") else []),
         f"Synthetic: {r['n_synthetic']} embeddings from code `{r['code']}`"
         + (f" ({r['codes_note']})" if r.get("codes_note") else "")

@@ -169,10 +169,12 @@ def subsampling_advice(batch_size: int, sizes: "dict[str, int]", flag: str = "--
     Args:
         batch_size: B (expected Poisson batch size). sizes: client name → n_i. flag: how the user set B.
     """
+    from fedhype.errors import listed
+
     full = [f"{name} ({n})" for name, n in sizes.items() if n <= batch_size]
     if not full:
         return None
-    return (f"{flag} {batch_size} is at least the training-set size of {', '.join(full)}: q = 1, every step uses every "
+    return (f"{flag} {batch_size} is at least the training-set size of {listed(full)}: q = 1, every step uses every "
             "record and gets no privacy amplification by subsampling; a batch well below n costs far less ε per step")
 
 

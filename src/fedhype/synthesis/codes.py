@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhype.errors import ValidationError
+from fedhype.errors import ValidationError, listed
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ def _resolve(token: str, clients: list[str], names: list[str], spec: str) -> int
     for found in (by_id, by_name):
         if found is not None:
             return found
-    raise ValidationError(f"--code {spec!r}: unknown client {token!r}; known ids {clients} / names {names}")
+    raise ValidationError(f"--code {spec!r}: unknown client {token!r}; the {len(clients)} clients have ids "
+                          f"{listed(repr(c) for c in clients)} and names {listed(repr(n) for n in names)}")
 
 
 def parse_code_spec(spec: str, clients: list[str], names: list[str] | None = None,

@@ -65,7 +65,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.common.logger import log
 
 from fedhype import __version__
-from fedhype.errors import ArtifactError, FedhypeError, ValidationError
+from fedhype.errors import ArtifactError, FedhypeError, ValidationError, listed
 
 QUERY_TYPE, QUERY, IDENTITY = "query", "query", "identity"
 #: the run key the server sends (grid_transport.run_key_of: the run folder's name, ≤ 60 characters, "-", 12 hex
@@ -282,7 +282,7 @@ class NodeSettings:
                 if c[key] == self.client:
                     return i
         raise ValidationError(f"SuperNode --node-config client={self.client!r} is not a client of {self.partition} "
-                              f"(ids, names: {clients})")
+                              f"(its {len(clients)} clients by id (name): {listed(f'{i} ({n})' for i, n in clients)})")
 
 
 def check_version(c: Mapping[str, Any], where: str) -> None:
