@@ -45,6 +45,7 @@ import numpy as np
 
 from fedhype.data.store import EmbeddingStore, opaque_id
 from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
+from fedhype.errors import listed as listed_items
 from fedhype.io import atomic_write_json, read_json
 
 if TYPE_CHECKING:
@@ -474,8 +475,8 @@ def make_partition(
     floor = max(1, min_train_per_client)
     bad = [c for c in clients if len(c.train) < floor]
     if bad:
-        listed = ", ".join(f"{c.name} ({len(c.train)} train / {len(c.train) + len(c.val) + len(c.test)} records)"
-                           for c in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        listed = listed_items([f"{c.name} ({len(c.train)} train / {len(c.train) + len(c.val) + len(c.test)} records)"
+                               for c in bad])
         hint = {"dirichlet": "use fewer clients (--clients; partition.clients in a job) or a larger --alpha "
                              "(partition.alpha)",
                 "iid": "use fewer clients (--clients; partition.clients in a job) or a larger / no --quantity-skew",

@@ -25,7 +25,7 @@ from torch import nn
 from fedhype.encoders.base import Encoder
 from fedhype.encoders.preprocess import IMAGENET_MEAN, IMAGENET_STD, make_preprocess, resample_name
 from fedhype.encoders.registry import register_encoder
-from fedhype.errors import ValidationError
+from fedhype.errors import ValidationError, listed
 
 # Vision towers loaded from a full two-tower checkpoint.
 _TOWERS = {"clip": "CLIPVisionModel", "clip_vision_model": "CLIPVisionModel",
@@ -91,8 +91,7 @@ def _load_config(ref: str):
 
 
 def _names(keys: list[str], shown: int = 5) -> str:
-    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
-    return f"{len(keys)} ({', '.join(keys[:shown])}{more})"
+    return f"{len(keys)} ({listed(keys, shown)})"
 
 
 def check_loading_info(ref: str, model: nn.Module, info: dict[str, Any]) -> None:

@@ -133,11 +133,8 @@ def _largest_width(mcfg: ModelConfig, method: str, n_clients: int, n: int) -> st
     halves it (``"model.hidden = 20000 makes the model this large (at its default, 128, it would have 1,234 parameters): "``),
     else "".
     A probe's refusal listed every width without saying which one a user had set too large."""
-    from fedhype.federated.baselines import federation
-
     defaults = field_defaults(ModelConfig)
-    # "auto" as TrainConfig.model_config resolves it: one per client a server holds, where the model has heads
-    heads = (1 if federation(method) == "local" else n_clients) if mcfg.client_heads else None
+    heads = _heads_clients(mcfg, method, n_clients)
     best: tuple[int, str, Any] | None = None
     for key in ("hidden", "hyper_hidden", "code_dim"):
         default = resolve_code_dim(defaults[key], heads) if key == "code_dim" else defaults[key]
@@ -153,15 +150,23 @@ def _largest_width(mcfg: ModelConfig, method: str, n_clients: int, n: int) -> st
             f"{' for ' + str(n_clients) + ' clients' if key == 'code_dim' else ''}, it would have {smaller:,} parameters): ")
 
 
+def _heads_clients(mcfg: ModelConfig, method: str, n_clients: int) -> int | None:
+    """The clients ``model.code_dim = "auto"`` counts, as :meth:`TrainConfig.model_config` resolves it: those a server
+    holds (local-cvae: one) where the model has client-statistics heads, else None (``"auto"`` then gives 32)."""
+    from fedhype.federated.baselines import federation
+
+    if not mcfg.client_heads:
+        return None
+    return 1 if federation(method) == "local" else n_clients
+
+
 def _code_dim_note(mcfg: ModelConfig, method: str, n_clients: int) -> str:
     """What a memory refusal says of the code dimension: the client-statistics heads hold (K + L + 1)·D weights per
     code coordinate, and ``"auto"`` gives one per client a server holds (:func:`fedhype.models.config.resolve_code_dim`;
     local-cvae: one)."""
-    from fedhype.federated.baselines import federation
-
-    if not mcfg.client_heads:
+    n_clients = _heads_clients(mcfg, method, n_clients)
+    if n_clients is None:
         return ""
-    n_clients = 1 if federation(method) == "local" else n_clients
     per = (mcfg.n_classes + mcfg.latent + 1) * mcfg.dim
     return f": the client-statistics heads hold {per:,} weights per code dimension; \"auto\" gives one per client, " \
            f"{resolve_code_dim('auto', n_clients)} for {n_clients} clients"
