@@ -184,6 +184,26 @@ def test_run_end_to_end_and_resume(tmp_path):
     r = runner.invoke(app, args + ["--set", f"train.min_records={TrainConfig.min_records + 1}"])
     assert r.exit_code == 2 and f"train.min_records: {TrainConfig.min_records} → {TrainConfig.min_records + 1}" \
         in _json(r)["error"]
+    # a training setting changed with a later one is refused, naming both (the trained model is the old settings')
+    r = runner.invoke(app, args + ["--set", "train.epsilon=4", "--set", "synthesis.per_class=20"])
+    err = _json(r)["error"]
+    assert r.exit_code == 2 and "train.epsilon: 1.0 → 4" in err and "synthesis.per_class: 'auto' → 20" in err
+    # the stages after training may change (a probe: a job could not switch its code × domain matrix off, or draw
+    # another synthetic set, without a new --out and a second ε): the model is kept, nothing is charged
+    assert "code_domain" in json.loads((job / "evaluation.json").read_text())
+    r = runner.invoke(app, args + ["--set", "synthesis.per_class=20", "--set", "evaluate.code_domain=false"])
+    assert r.exit_code == 0, r.output
+    assert (job / "run" / "ledger.json").read_bytes() == ledger and "train: nothing left to train" in r.stderr
+    assert "the stages after training only (evaluate.code_domain: True → False; synthesis.per_class: 'auto' → 20)" \
+        in r.stderr and "nothing is charged again" in r.stderr
+    later = _json(r)
+    assert later["epsilon"] == pytest.approx(rep["epsilon"]) and later["n_synthetic"] == 20 * 10
+    assert "code_domain" not in json.loads((job / "evaluation.json").read_text())
+    assert json.loads((job / "config.json").read_text())["synthesis"]["per_class"] == 20
+    assert len(later["timings_earlier_s"]) == 3  # the history is kept: the same job, rerun
+    # and back: the job's own settings again, another rerun of the later stages
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and (job / "run" / "ledger.json").read_bytes() == ledger, r.output
     r = runner.invoke(app, ["run", "--out", str(tmp_path / "x"), "--set", "train.nonsense=1", "--json"])
     assert r.exit_code == 2 and "unknown key" in _json(r)["error"]
 

@@ -79,7 +79,9 @@ def register(app: typer.Typer) -> None:
         config: Optional[Path] = typer.Option(None, "--config", help="TOML job configuration (see configs/).",
                                               callback=existing("job configuration (TOML)", "see configs/ for examples")),
         set_: List[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable), e.g. train.epsilon=4."),
-        out: Path = typer.Option(Path("runs/main"), "--out", help="Output directory (rerun the same command to resume)."),
+        out: Path = typer.Option(Path("runs/main"), "--out", help="Output directory (rerun the same command to resume; a job that trained "
+                                                     "may change only its synthesis.* and evaluate.* keys, which reruns "
+                                                     "those stages and spends no ε)."),
         secure_aggregation: Optional[bool] = typer.Option(
             None, "--secure-aggregation/--no-secure-aggregation",
             help="Shortcut for --set train.secure_aggregation=true|false: release the statistics under secure "

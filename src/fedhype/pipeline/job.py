@@ -41,6 +41,24 @@ Log = Callable[[str], None]
 #: what the stages before training write (removed when a never-trained job's configuration is replaced)
 _STAGE_FILES = ("embeddings.safetensors", "partition.json", "synthetic.safetensors", "evaluation.json", "report.json",
                 "report.md")
+#: the job sections read only after training: post-processing of the trained DP model (synthesis) and evaluation
+#: against the site's own records; a job that trained may rerun with other values of them (nothing is charged)
+LATER_SECTIONS = ("synthesis", "evaluate")
+#: what those stages write: removed when their settings change, so no output of the old settings is left beside
+#: the new configuration if the rerun stops before them
+LATER_STAGE_FILES = ("synthetic.safetensors", "evaluation.json", "report.json", "report.md")
+
+
+def later_changes(old: dict, new: dict) -> list[str]:
+    """The settings (``"synthesis.per_class: 'auto' → 50"``) that differ between two job configurations (both with
+    their defaults spelled out: :func:`fedhype.pipeline.config.with_defaults_spelled_out`) when only
+    :data:`LATER_SECTIONS` differ; ``[]`` when any other section differs too (or none does): those settings made
+    the trained model and its ε, so a job that trained resumes only with them unchanged."""
+    from fedhype.federated.engine import _differences
+
+    if any(old.get(k) != new.get(k) for k in set(old) | set(new) if k not in LATER_SECTIONS):
+        return []
+    return _differences({k: old.get(k) for k in LATER_SECTIONS}, {k: new.get(k) for k in LATER_SECTIONS})
 
 
 def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
@@ -329,11 +347,15 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
             quiet: float = 3.0) -> dict[str, Any]:
     """Run (or resume) the whole job into ``out``; returns the report dict.
 
+    A job that trained reruns with other ``[synthesis]`` / ``[evaluate]`` values (:func:`later_changes`): the
+    trained model is kept and charged nothing again, the stages after training run with the new values.
+
     Every stage announces itself through ``log``, and while one runs a line comes at least every
     ``quiet`` seconds (:class:`~fedhype.pipeline.progress.Heartbeat`): a piped log never stays silent.
 
     Raises:
-        ValidationError: a different configuration already in ``out``; bad settings.
+        ValidationError: a different ``[data]``, ``[partition]``, ``[train]`` or ``[model]`` configuration already
+            in ``out`` once training started; bad settings.
         BudgetExceededError: the training plan would exceed ``train.max_epsilon``.
     """
     from fedhype.pipeline.progress import Heartbeat
@@ -462,6 +484,14 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     # --set train.min_records=… resumes with it given at its default, and the other way round)
     stale = old_conf is not None and (not isinstance(old_conf, dict)
                                       or with_defaults_spelled_out(old_conf) != with_defaults_spelled_out(conf))
+    later: list[str] = []
+    if stale and (out / "run" / "config.json").exists() and isinstance(old_conf, dict):
+        later = later_changes(with_defaults_spelled_out(old_conf), with_defaults_spelled_out(conf))
+        if later:  # only [synthesis] / [evaluate] changed: post-processing of the trained model, no ε
+            stale = False
+            log(f"run: {out} holds this job with other settings for the stages after training only "
+                f"({'; '.join(later[:5])}{' …' if len(later) > 5 else ''}): the trained model is kept and nothing is "
+                "charged again; synthesis and evaluation run again with the new settings")
     if stale:
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
             from fedhype.federated.engine import _differences
@@ -478,15 +508,17 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     # configuration is written, so a job refused before that leaves its folder as it was
     timings = StageTimings(out / TIMINGS_FILE, fresh=stale, attached=old_conf is not None and not stale)
     try:
-        return _stages(conf, out, log, on_round, tcfg, timings, stale=stale)
+        return _stages(conf, out, log, on_round, tcfg, timings, stale=stale, later=bool(later))
     except BaseException as exc:  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt by the CLI), an error
         timings.stopped(exc)  # the run's stage timings so far, the interrupted one marked (atomic)
         raise
 
 
 def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, timings: StageTimings, *,
-            stale: bool) -> dict[str, Any]:
-    """The stages of :func:`_run_job`, once every setting was checked; each timed in ``timings``."""
+            stale: bool, later: bool = False) -> dict[str, Any]:
+    """The stages of :func:`_run_job`, once every setting was checked; each timed in ``timings``. ``stale``: the
+    folder's stage outputs belong to other settings (all are removed); ``later``: only those of the stages after
+    training do (:data:`LATER_STAGE_FILES` are removed, the store, partition and trained run are kept)."""
     cfg_path = out / "config.json"
     private = not tcfg.no_dp
     timings.begin("embed_s")
@@ -528,8 +560,8 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes,
                       recorded_config(RunDir(out / "run"), True))[0]
     out.mkdir(parents=True, exist_ok=True)
-    if stale:
-        for name in _STAGE_FILES:
+    if stale or later:
+        for name in _STAGE_FILES if stale else LATER_STAGE_FILES:
             (out / name).unlink(missing_ok=True)
     atomic_write_json(cfg_path, conf)
     atomic_write_text(out / "config.toml", to_toml(conf))
