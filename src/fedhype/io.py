@@ -99,6 +99,40 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+#: the largest JSON file :func:`artifact_format` parses whole (a partition of a million records is about 30 MB)
+SNIFF_JSON_BYTES = 64 * 2**20
+
+
+def _json_format_head(path: Path) -> str | None:
+    """The top-level ``"format"`` of a large JSON file, read from its first 64 KiB: the object's leading keys are
+    decoded one by one (fedhype writes ``"format"`` among the first, after at most a short ``"private"`` note);
+    ``None`` if it is not found there."""
+    with open(path, "rb") as fh:
+        head = fh.read(65536).decode("utf-8", errors="replace")
+    dec, i = json.JSONDecoder(), 0
+
+    def skip(j: int, char: str = "") -> int:
+        while j < len(head) and head[j].isspace():
+            j += 1
+        if char:
+            if head[j:j + 1] != char:
+                raise ValueError(char)
+            j += 1
+        return j
+
+    try:
+        i = skip(0, "{")
+        for _ in range(8):
+            key, i = dec.raw_decode(head, skip(i))
+            value, i = dec.raw_decode(head, skip(skip(i, ":")))
+            if key == "format":
+                return value if isinstance(value, str) and value.startswith("fedhype-") else None
+            i = skip(i, ",")
+    except (ValueError, IndexError):  # not JSON, or a value running past the head
+        return None
+    return None
+
+
 def artifact_format(path: str | os.PathLike) -> str | None:
     """The fedhype format id of an existing file, read from its header only (no tensor is loaded).
 
@@ -106,17 +140,26 @@ def artifact_format(path: str | os.PathLike) -> str | None:
     ``"format"``. An embeddings store's id gets its kind appended: ``"fedhype-embeddings/1 (real)"``
     or ``"fedhype-embeddings/1 (synthetic)"``.
 
+    A path that is not a regular file (a device, pipe or socket) is not opened: reading ``/dev/zero`` never ends
+    and opening a pipe waits for a writer (a new user's probe gave ``--out /dev/full`` and the command was killed
+    for memory). A JSON file above :data:`SNIFF_JSON_BYTES` is not parsed whole: its format is read from its first
+    64 KiB, where fedhype writes it among the first keys (``{"private": "…", "format": "fedhype-partition/1", …``).
+
     Returns:
         e.g. ``"fedhype-partition/1"``, ``"fedhype-model/1"``; ``None`` for a file that is not a
-        readable fedhype artifact (another file, or a corrupt or truncated one).
+        readable fedhype artifact (another file, or a corrupt or truncated one, or not a regular file).
     """
     path = Path(path)
+    if not path.is_file():
+        return None
     header: Any = None
     try:
         raw = tensor_metadata(path).get("fedhype")
         header = json.loads(raw) if raw else None
     except Exception:  # noqa: BLE001 - not a (readable) safetensors file: perhaps JSON
         try:
+            if path.stat().st_size > SNIFF_JSON_BYTES:
+                return _json_format_head(path)
             with open(path, encoding="utf-8") as fh:
                 header = json.load(fh)
         except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors

@@ -243,3 +243,42 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(files, tmp_pat
                      "--out", tmp_path / "sub" / "p.json", "--json")
     assert r.exit_code == 2 and f"cannot write into {tmp_path} (Read-only file system)" in obj["error"]
     assert not (tmp_path / "sub").exists()
+
+
+def test_an_out_that_is_no_regular_file_is_refused_before_it_is_opened(files, tmp_path, monkeypatch):
+    """A new user's probe: ``embed --out /dev/full`` read the device as JSON until the machine ran out of memory, and
+    ``partition --out`` a named pipe waited forever in open(). Refused at once, naming the path (exit 2)."""
+    import os
+
+    import fedhype.io as fio
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: (opened.append(str(p)), real_open(p, *a, **k))[1])
+    assert fio.artifact_format(fifo) is None and fio.artifact_format("/dev/zero") is None
+    assert not [p for p in opened if p in (str(fifo), "/dev/zero")]  # neither was opened
+    monkeypatch.undo()
+    for out in (fifo, Path("/dev/null")):
+        r, js = _invoke("partition", "--store", files["dir"] / "real.safetensors", "--scheme", "domain", "--out", out,
+                        "--overwrite", "--json")
+        assert r.exit_code == 2 and f"--out {out} is not a regular file (a device, pipe or socket)" in js["error"]
+
+
+def test_a_large_json_out_is_sniffed_from_its_head(files, tmp_path, monkeypatch):
+    """A JSON file above the whole-parse limit is classified from its first 64 KiB (fedhype writes "format" among its leading keys)
+    instead of being parsed whole (a probe's 300 MB file took 1.1 GB to refuse)."""
+    import fedhype.io as fio
+
+    part = json.loads((files["dir"] / "part.json").read_text())
+    assert list(part)[:2] == ["private", "format"]  # among the leading keys: what the sniff reads
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(part))
+    other = tmp_path / "other.json"
+    other.write_text('{"x": "' + "y" * 70000 + '", "format": "fedhype-partition/1"}')  # past the first 64 KiB
+    monkeypatch.setattr(fio, "SNIFF_JSON_BYTES", 1000)
+    assert fio.artifact_format(big) == "fedhype-partition/1"  # replaced by `partition --overwrite`, as before
+    assert fio.artifact_format(other) is None  # not one fedhype wrote: not replaced
+    monkeypatch.setattr(fio, "SNIFF_JSON_BYTES", 10**9)
+    assert fio.artifact_format(other) == "fedhype-partition/1"  # the whole-parse path is unchanged

@@ -511,6 +511,9 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
         raise ValidationError(f"--out {out} is a folder; give a file name such as {out / 'out.safetensors'}"
                               if writes.startswith("fedhype-embeddings") else
                               f"--out {out} is a folder; give a file name such as {out / 'partition.json'}")
+    if out.exists() and not out.is_file():  # checked before anything opens it: a pipe's open waits for a writer
+        raise ValidationError(f"--out {out} is not a regular file (a device, pipe or socket): give the name of a "
+                              "file to write, in a folder you can write")
     from fedhype.pipeline.release import release_holding
 
     # a probe got "File exists: emb.safetensors" under a file, and `embed --out` into a read-only folder embedded
