@@ -365,8 +365,9 @@ def register(app: typer.Typer) -> None:
                          f"{privacy}, δ = {cfg.delta:g})")
                 if cfg is not given:
                     log_line(f"train: {given.stage_off_reason(sizes)}")
-            # δ < 1/n is refused by the plan; δ ≪ 1/n is advised (as `fedhype budget` warns), and the rest
-            for advice in given.plan_warnings(sizes):
+            # δ < 1/n is refused by the plan; δ ≪ 1/n is advised (as `fedhype budget` warns), and the rest — not for
+            # a finished run, where nothing runs (a probe's --resume of one was warned about its batch size)
+            for advice in given.plan_warnings(sizes) if finished is None else []:
                 log_line(f"train: warning: {advice}")
             try:
                 if sites is not None:

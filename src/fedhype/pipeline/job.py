@@ -575,12 +575,18 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
 
     run_dir = out / "run"
     resume = (run_dir / "config.json").exists()
-    released, done = False, 0
+    released, done, finished = False, 0, False
     if resume:
         rd = RunDir(run_dir)
         done = rd.committed_round()
         stage = rd.release_stage()
         released = stage in ("committed", "saved")
+        finished = stage == "committed" and (tcfg.statistics_only or tcfg.method in STATISTICS_ONLY
+                                             or done >= tcfg.rounds)
+        if finished:  # a probe's rerun of a finished job read "resuming … a release that was interrupted is charged"
+            log("train: the job finished training before" + (f" ({done} round{'s' if done != 1 else ''})" if done else "")
+                + ": nothing is released, trained or charged again; the trained model is reused")
+    if resume and not finished:
         log("train: resuming " + ("the statistics release" if tcfg.statistics_only else
                                   f"after round {done} of {tcfg.rounds}") + " ("
             + (release_resume_note(stage, tcfg.seed is not None) if private else
@@ -593,7 +599,8 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     if tcfg.method not in STATISTICS_ONLY and tcfg.rounds > done:
         left.append(f"{tcfg.rounds - done} {'DP-SGD' if private else 'training'} round{'s' if tcfg.rounds - done != 1 else ''}"
                     + (" left" if done else "") + ("" if private else " (no clipping, no noise)"))
-    log("train: " + (", then ".join(left) or "nothing left to train") + f" (latent size L = {mcfg.latent})")
+    if not finished:
+        log("train: " + (", then ".join(left) or "nothing left to train") + f" (latent size L = {mcfg.latent})")
     trained = train(store, part, tcfg, run_dir, resume=resume, progress=on_round)
     timings.end()
 
