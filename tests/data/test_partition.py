@@ -227,3 +227,18 @@ def test_saved_partition_is_marked_private_and_names_no_file(store, tmp_path):
     assert [c.n_train for c in roster.clients] == [len(c.train) for c in part.clients]
     public = json.dumps(roster.to_dict())
     assert not any(i in public for i in again.clients[0].train + again.clients[1].test)
+
+
+def test_store_and_partition_print_as_short_summaries(store):
+    """A new user's ``print(store)`` / ``print(clients)`` dumped every embedding and sample id (tens of KB): one line
+    each, with the sizes and names a user checks (five named, the rest counted)."""
+    part = make_partition(store, scheme="dirichlet", n_clients=7, alpha=1.0, seed=0)
+    s, p = repr(store), repr(part)
+    assert s == (f"EmbeddingStore({len(store)} × {store.dim}, kind='real', {store.n_classes} classes "
+                 f"[{', '.join(store.class_names[:5])} and {store.n_classes - 5} more], {len(store.domain_names)} "
+                 f"domains [{', '.join(store.domain_names[:5])}])")
+    c0 = part.clients[0]
+    assert repr(c0) == f"ClientSplit(id=0, name={c0.name!r}, train={len(c0.train)}, val={len(c0.val)}, test={len(c0.test)})"
+    assert p.startswith("Partition(scheme='dirichlet', params={") and f"store_n={len(store)}" in p
+    assert f"7 clients (train/val/test): {c0.name} {len(c0.train)}/{len(c0.val)}/{len(c0.test)}, " in p
+    assert p.endswith(" and 2 more)") and len(p) < 400 and store.sample_ids[0] not in p

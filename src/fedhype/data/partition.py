@@ -80,6 +80,11 @@ class ClientSplit:
         """Its number of records over the three splits."""
         return len(self.train) + len(self.val) + len(self.test)
 
+    def __repr__(self) -> str:
+        """One line: its id, name and split sizes (not every sample id)."""
+        return (f"ClientSplit(id={self.id}, name={self.name!r}, train={len(self.train)}, val={len(self.val)}, "
+                f"test={len(self.test)})")
+
     def ids(self, split: str) -> list[str]:
         """Sample ids of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
         if split not in SPLITS:
@@ -100,6 +105,15 @@ class Partition:
     clients: list[ClientSplit] = field(default_factory=list)
     #: a random token drawn when the partition was made (``secrets.token_hex``): the partition's data key
     key: str = ""
+
+    def __repr__(self) -> str:
+        """A short summary: scheme, parameters, the store's size and each client's split sizes (five listed); the
+        dataclass's own repr printed every sample id (a new user's ``print(clients)``)."""
+        from fedhype.errors import listed
+
+        shown = [f"{c.name} {len(c.train)}/{len(c.val)}/{len(c.test)}" for c in self.clients]
+        return (f"Partition(scheme={self.scheme!r}, params={self.params!r}, seed={self.seed}, store_n={self.store_n}, "
+                f"{len(self.clients)} clients (train/val/test): {listed(shown)})")
 
     @property
     def data_key(self) -> str:
