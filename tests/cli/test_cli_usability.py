@@ -246,10 +246,17 @@ def test_clients_below_min_train_are_capped_in_the_message(files, tmp_path):
     err = _one_json(r)["error"]
     assert err.count(" train / ") == 5 and " more;" in err and "(--min-records)" in err
     assert "a larger --alpha" in err and "lower --min-records" in err and len(err) < 500
+    # the count advised fits: a probe's "use --clients ≤ 28" (the records' total) failed again at 28 under the skew
+    import re
+
+    k = int(re.search(r"use --clients (\d+) \(the most that fit with these settings and --seed\)", err).group(1))
+    r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "dirichlet", "--clients", k,
+                "--alpha", 0.01, "--out", tmp_path / "p.json", "--json")
+    assert r.exit_code == 0 and len(_one_json(r)["clients"]) == k, r.output
     r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", "iid", "--clients", 56,
-                "--out", tmp_path / "p.json", "--json")
+                "--out", tmp_path / "p2.json", "--json")
     err = _one_json(r)["error"]
-    assert r.exit_code == 2 and "use --clients ≤ 53" in err and "--quantity-skew" in err
+    assert r.exit_code == 2 and "use --clients 53 (the most that fit" in err and "--quantity-skew" in err
 
 
 def test_domain_scheme_advice_fits_the_scheme(files, tmp_path):

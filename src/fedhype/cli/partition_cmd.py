@@ -29,9 +29,12 @@ def _parse_split(text: str) -> tuple[float, float, float]:
     return parts  # type: ignore[return-value]
 
 
-def _advice(scheme: str, clients: int | None, n_domains: int, max_clients: int | None) -> str:
-    """What to do about clients below --min-records, for ``scheme``."""
-    fewer = f"--clients ≤ {max_clients}" if max_clients and clients and clients > max_clients else "fewer --clients"
+def _advice(scheme: str, clients: int | None, n_domains: int, max_clients: int | None, tried: bool = False) -> str:
+    """What to do about clients below --min-records, for ``scheme``; ``tried``: ``max_clients`` is a count the
+    partition was tried with and fits (else a bound from the records' total, which a skew can lower)."""
+    fewer = (f"--clients {max_clients} (the most that fit with these settings and --seed)"
+             if tried and max_clients and clients and clients > max_clients else
+             f"--clients ≤ {max_clients}" if max_clients and clients and clients > max_clients else "fewer --clients")
     if scheme == "domain" and clients is None:
         return ("with --scheme domain each domain is one client, so a small domain cannot be helped by client "
                 "counts: lower --min-records, raise the train fraction of --fractions, pool the domains with "
@@ -42,6 +45,21 @@ def _advice(scheme: str, clients: int | None, n_domains: int, max_clients: int |
     if scheme == "dirichlet":
         return f"use {fewer}, a larger --alpha (less label skew) or lower --min-records"
     return f"use {fewer}, a larger or no --quantity-skew, or lower --min-records"
+
+
+def _largest_fitting(attempt, upper: int, tries: int = 40) -> int | None:
+    """The largest client count k ≤ ``upper`` for which ``attempt(k)`` (the partition with every other setting
+    unchanged) raises no :class:`MinRecordsError`, trying downward from ``upper`` at most ``tries`` counts (each is
+    one partition of the store: milliseconds to a second); None when none of them fits."""
+    for k in range(upper, max(0, upper - tries), -1):
+        try:
+            attempt(k)
+            return k
+        except MinRecordsError:
+            continue
+        except ValidationError:
+            return None
+    return None
 
 
 def _precheck(n: int, clients: int | None, train_fraction: float, min_train: int) -> None:
@@ -62,7 +80,8 @@ def _precheck(n: int, clients: int | None, train_fraction: float, min_train: int
                                      else "lower --min-records or use a larger store"))
 
 
-def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: int, max_clients: int) -> ValidationError:
+def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: int, max_clients: int,
+             tried: bool = False) -> ValidationError:
     """A "clients below --min-records" refusal with at most :data:`SHOWN` clients named and advice for ``scheme``.
 
     Reads the fields of the :class:`~fedhype.errors.MinRecordsError` of
@@ -77,7 +96,7 @@ def _shorten(exc: ValidationError, scheme: str, clients: int | None, n_domains: 
     what = "domains are too small to be clients" if scheme == "domain" and clients is None else \
         f"clients have fewer than {exc.minimum} train records (--min-records)"
     return MinRecordsError(f"{len(exc.clients)} of {exc.n_clients} {what}: {shown}{more}; "
-                           f"{_advice(scheme, clients, n_domains, max_clients)}",
+                           f"{_advice(scheme, clients, n_domains, max_clients, tried)}",
                            stage=exc.stage, minimum=exc.minimum, clients=exc.clients, n_clients=exc.n_clients)
 
 
@@ -140,8 +159,15 @@ def partition(
                                   splits=splits, min_train_per_client=min_train, seed=seed,
                                   use_given_splits=not draw_splits)
         except ValidationError as exc:
-            fit = int(len(emb) * fraction // max(1, min_train))
-            raise _shorten(exc, scheme, clients, len(emb.domain_names), fit) from None
+            fit, found = int(len(emb) * fraction // max(1, min_train)), None
+            if isinstance(exc, MinRecordsError) and clients and scheme != "domain":
+                # the records' total bounds the count, the skew lowers it (a probe's "use --clients ≤ 28" failed
+                # again at 28): the largest count that this partition's settings do fit, found by trying
+                found = _largest_fitting(lambda k: make_partition(
+                    emb, scheme=scheme, n_clients=k, alpha=DEFAULTS["partition"]["alpha"] if alpha is None else alpha,
+                    quantity_skew=quantity_skew, splits=splits, min_train_per_client=min_train, seed=seed,
+                    use_given_splits=not draw_splits), min(fit, clients - 1))
+            raise _shorten(exc, scheme, clients, len(emb.domain_names), found or fit, found is not None) from None
         given = part.params.get("given_splits")
         if given:
             console.print(given_splits_line(given, "--draw-splits draws every split instead"), highlight=False)
