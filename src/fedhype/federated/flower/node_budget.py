@@ -160,10 +160,11 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
         raise NodeRefusal(f"this site's own ledger: the server's request ({e.mechanism}, {what}) would take it to "
                           f"ε = {eps:.4f}, over the ε = {limit:.4f} that the plan of "
                           f"its federation file gives it (rounds, steps, q, σ and the release as published); nothing "
-                          f"was run. " + ("A rerun of an unseeded release is a new release: allow it with "
-                                          "train.max_epsilon in the federation file" if e.round < 0 else
-                                          "A rerun of an unseeded round is a new release: allow it with "
-                                          "train.max_epsilon in the federation file"))
+                          f"was run. " + ("A rerun of an unseeded release is a new release" if e.round < 0 else
+                                          "A rerun of an unseeded round is a new release")
+                          + f": allow it with train.max_epsilon (at least {eps:.4f}) in the federation file — a resume "
+                          "accepts the changed file — give every node the new file, restart them and resume; or keep "
+                          "the last committed round, whose ε is within the plan (docs/flower.md)")
     # the site's ledger across runs, first; a charge it holds that this node's ledger lacks (a stop between the two
     # writes: nothing ran) is reused, not made twice
     charge_site(node, state_dir, delta, lambda ch: ch.charge(pending, recorded=list(ledger.events)))
