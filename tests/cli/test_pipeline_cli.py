@@ -451,5 +451,15 @@ def test_train_and_budget_name_the_stage_rule(files, tmp_path, monkeypatch):
     s0 = float(w.split("releases the statistics alone at σ₀ = ")[1].split(" ")[0])
     ran = json.loads((tmp_path / "run" / "config.json").read_text())["privacy_plan"]["class_stats_noise_multiplier"]
     assert s0 == pytest.approx(ran, rel=1e-3)
+    # and the run it makes comes first, with its ε (a probe read the DP-SGD plan's σ and steps as the run's)
+    dflt = json.loads(b.stdout)["default_run"]
+    assert dflt["statistics_only"] is True and dflt["class_stats_noise_multiplier"] == pytest.approx(ran, rel=1e-6)
+    assert 3.99 < dflt["epsilon"] <= 4.0
+    b = CliRunner().invoke(app, ["budget", "--partition", str(files / "part.json"), "--epsilon", "4"])
+    head = " ".join(b.output.split())
+    assert head.startswith("by default `fedhype train` runs no DP-SGD round with these sizes: it releases the class "
+                           f"statistics alone at σ₀ = {dflt['class_stats_noise_multiplier']:.4g}")
+    assert "the DP-SGD stage's plan (--dp-sgd-min-records 0): privacy budget per client" in head
     b = CliRunner().invoke(app, ["budget", "--client-sizes", "4000,5000,3000", "--epsilon", "1", "--json"])
     assert not [w for w in json.loads(b.stdout)["warnings"] if "no DP-SGD round" in w]
+    assert "default_run" not in json.loads(b.stdout)

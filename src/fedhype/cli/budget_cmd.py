@@ -157,12 +157,18 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     from fedhype.federated.config import TrainConfig
 
     off = TrainConfig(secure_aggregation=bool(secure_aggregation)).stage_off_reason([r["n"] for r in rows])
+    default_run = None
     if off:  # train's default method would not run the rounds this plans (docs/method.md, decision 22)
         alone = ""
-        if target_epsilon is not None and class_stats_noise_multiplier is None:  # the σ₀ train will release at
-            s0_off = plan_noise(plan, delta, target_epsilon=target_epsilon, release_share=class_stats_share,
-                                centre_share=centre_share, release_only=True)["class_stats_noise_multiplier"]
-            alone = f" (by default train releases the statistics alone at σ₀ = {float(s0_off):.4g} for ε = {target_epsilon:g})"
+        # the σ₀ train will release at, and its ε: the run train makes by default, said before this plan's table (a
+        # probe read this plan's σ and steps as the run's, with train's σ₀ only in a trailing warning)
+        off_noise = plan_noise(plan, delta, target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
+                               release_sigma=class_stats_noise_multiplier, centre_share=centre_share, release_only=True)
+        s0_off = float(off_noise["class_stats_noise_multiplier"])
+        default_run = {"statistics_only": True, "class_stats_noise_multiplier": s0_off,
+                       "epsilon": epsilon_report(off_noise["prefix"], delta)["epsilon"], "reason": off}
+        if target_epsilon is not None and class_stats_noise_multiplier is None:
+            alone = f" (by default train releases the statistics alone at σ₀ = {s0_off:.4g} for ε = {target_epsilon:g})"
         warnings.append(f"with these sizes `fedhype train` runs no DP-SGD round by default: {off}; this plan is that "
                         f"of `fedhype train --dp-sgd-min-records 0`{alone}")
     for r in rows:
@@ -198,6 +204,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
         raise ValidationError("--dropout-tolerance applies to secure aggregation: add --secure-aggregation or drop it")
     if target_epsilon is not None:
         out["target_epsilon"] = float(target_epsilon)
+    if default_run is not None:
+        out["default_run"] = default_run  # what `fedhype train` runs with these sizes and no --dp-sgd-min-records
     return _mark(out, sigma)
 
 
@@ -339,7 +347,15 @@ def _render(result: dict[str, Any]) -> None:
         out.print(kv_table("privacy budget (reported ε: the smaller of PRV and RDP)",
                            {k: "∞" if _infinite(result[k]) else result[k] for k in keys if k in result}))
     else:
-        table = Table(title=f"privacy budget per client (σ = {result['noise_multiplier']:.4g}, δ = {result['delta']:g})")
+        dflt = result.get("default_run")
+        if dflt:  # the run train makes by default comes first: the table is the plan with the DP-SGD stage
+            out.print(f"[bold]by default `fedhype train` runs no DP-SGD round with these sizes[/]: it releases the "
+                      f"class statistics alone at σ₀ = {_fmt(dflt['class_stats_noise_multiplier'])}, ε = "
+                      f"{_fmt(dflt['epsilon'])} at δ = {result['delta']:g}; the table is the plan with the DP-SGD "
+                      "stage (`fedhype train --dp-sgd-min-records 0`)", highlight=False, soft_wrap=True)
+        title = "the DP-SGD stage's plan (--dp-sgd-min-records 0): " if dflt else ""
+        table = Table(title=f"{title}privacy budget per client (σ = {result['noise_multiplier']:.4g}, "
+                            f"δ = {result['delta']:g})")
         for col in ("client", "n", "q", "steps", "ε PRV", "ε RDP", "ε PLD"):
             table.add_column(col, justify="left" if col == "client" else "right")
         for r in result["clients"]:
