@@ -259,7 +259,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]note[/]: --anchor: {m['anchor']}; the store is drawn unanchored", highlight=False)
             return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "anchor": m.get("anchor"),
                     "epsilon": m["epsilon"],
-                    "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": store.class_counts(),
+                    "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": dict(zip(store.class_names, store.class_counts())),  # as embed's (a probe: a list here)
                     "absent_classes": [a["class"] for a in m.get("absent_classes") or []],
                     "notes": [nt["text"] for nt in m.get("notes") or []],
                     "embeddings_per_s": len(store) / max(secs, 1e-9), "release": None if release is None else str(release)}
