@@ -39,6 +39,16 @@ def test_auto_refuses_a_two_level_tree_naming_both_readings(tmp_path):
     assert "--layout class (classes benign, malignant, normal" in msg
     assert "--layout domain/class (domains benign, malignant, normal; classes patient_00, patient_01" in msg
     assert "data.layout" in msg and "layout=" in msg
+    assert "most likely" not in msg  # each class holds other patients: no reading is likelier
+    # sites holding the same classes: still refused, with the likelier reading said (a probe's own sites' tree)
+    for site in ("site_a", "site_b"):
+        for label in (0, 1):
+            for i in _rows(label, 2):
+                _save(tmp_path / "sites", f"{site}/c{label}/{i}.png", i)
+    with pytest.raises(ValidationError) as exc:
+        scan_image_folder(tmp_path / "sites")
+    assert "every folder holds the same sub-folders (c0, c1), as domains of the same classes do: most likely " \
+        "--layout domain/class. Choose one" in str(exc.value)
     # read as a domain tree on request: the patients become classes (what the old guess did silently)
     src = scan_image_folder(root, layout="domain/class")
     assert src.domain_names == ["benign", "malignant", "normal"] and len(src.class_names) == 6

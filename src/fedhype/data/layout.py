@@ -189,11 +189,17 @@ def _detect(root: Path, level: list[Path]) -> str:
     inner = [p for d in full for p in subs[d]]
     d0 = next(iter(full))
     ex = subs[d0][0]
+    # the same sub-folder names under every folder read like sites holding the same classes (a probe: every two-level
+    # tree was called ambiguous, its own sites' too): still refused — a class's nested folders may repeat names —
+    # but the likelier reading is said
+    same = len(full) >= 2 and len({frozenset(p.name for p in subs[d]) for d in full}) == 1
+    hint = (f"; every folder holds the same sub-folders ({_names(subs[d0])}), as domains of the same classes do: "
+            "most likely --layout domain/class" if same else "")
     raise ValidationError(
         f"{root}: ambiguous layout: every folder under it holds only sub-folders (e.g. {ex.relative_to(root)}/), so it "
         f"reads two ways: as --layout class (classes {_names(list(full))}; the sub-folders below a class, e.g. "
         f"{ex.name}, stay in that class, as in torchvision's ImageFolder) or as --layout domain/class (domains "
-        f"{_names(list(full))}; classes {_names(inner)}). Choose one ({HOW})")
+        f"{_names(list(full))}; classes {_names(inner)}){hint}. Choose one ({HOW})")
 
 
 def _refuse_mixed(root: Path, holds_files: list[Path], holds_dirs: list[Path]) -> str:
