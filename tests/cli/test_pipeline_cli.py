@@ -346,6 +346,14 @@ def test_a_statistics_only_job_says_what_it_ran_and_which_settings_did_nothing(t
     assert "training.png" not in md and "Per-round −ELBO" not in md and "floor a trained generator" not in md
     assert not (tmp_path / "job" / "plots" / "training.png").exists()
     assert rep["plots"] == [str(tmp_path / "job" / "plots" / "projection.png")]
+    # the DP linear reference switched on after training: the job says it is a release of its own, at its own ε
+    ledger = (tmp_path / "job" / "run" / "ledger.json").read_bytes()
+    r = CliRunner().invoke(app, [a if a != "evaluate.dp_linear=false" else "evaluate.dp_linear=true" for a in args])
+    assert r.exit_code == 0, r.output
+    assert "(evaluate.dp_linear: False → True): the trained model is kept and nothing is charged again" in r.stderr
+    assert "evaluate.dp_linear trains the DP linear reference now, a separate release at its own ε" in r.stderr
+    assert (tmp_path / "job" / "run" / "ledger.json").read_bytes() == ledger
+    assert 0.9 < _json(r)["dp_fedavg_linear_epsilon"] <= 1.0 and (tmp_path / "job" / "dp_linear" / "ledger.json").exists()
     # --method and --set train.method name the same setting: the flag is the shortcut, as --secure-aggregation
     bad = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "x"), "--method", "no_dp_sgd"])
     assert bad.exit_code == 2 and "no-dp-sgd" in bad.output and not (tmp_path / "x").exists()

@@ -489,9 +489,13 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
         later = later_changes(with_defaults_spelled_out(old_conf), with_defaults_spelled_out(conf))
         if later:  # only [synthesis] / [evaluate] changed: post-processing of the trained model, no ε
             stale = False
+            # the DP linear reference switched on: its own DP model, trained now at its own ε (a separate release)
+            linear = bool(conf["evaluate"].get("dp_linear")) and not (out / "dp_linear" / "model.safetensors").exists()
             log(f"run: {out} holds this job with other settings for the stages after training only "
                 f"({'; '.join(later[:5])}{' …' if len(later) > 5 else ''}): the trained model is kept and nothing is "
-                "charged again; synthesis and evaluation run again with the new settings")
+                "charged again; synthesis and evaluation run again with the new settings"
+                + ("; evaluate.dp_linear trains the DP linear reference now, a separate release at its own ε"
+                   if linear and not tcfg.no_dp else ""))
     if stale:
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
             from fedhype.federated.engine import _differences
