@@ -236,7 +236,18 @@ def test_far_too_many_clients_is_short_and_says_what_to_do(files, tmp_path):
         err = _one_json(r)["error"]
         assert len(err) < 400, err
         # 1,797 records × 0.6 = 1,078 train records: at most 53 clients of ≥ 20
-        assert "--clients 10000 is too many for 1797 records" in err and "use --clients 53 or fewer" in err
+        assert "--clients 10000 is too many for 1797 records" in err
+        if scheme == "iid":
+            assert "use --clients 53 or fewer" in err
+            continue
+        # under label skew fewer fit: the count said is one that does (a probe followed "18 or fewer" into a refusal)
+        import re
+
+        k = int(re.search(r"use --clients (\d+) \(the most that fit with these settings and --seed\)", err).group(1))
+        assert k <= 53
+        r = _invoke("partition", "--store", files / "digits.safetensors", "--scheme", scheme, "--clients", k,
+                    "--out", tmp_path / "p.json", "--json")
+        assert r.exit_code == 0, r.output
 
 
 def test_clients_below_min_train_are_capped_in_the_message(files, tmp_path):

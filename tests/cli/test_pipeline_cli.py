@@ -187,18 +187,33 @@ def test_run_end_to_end_and_resume(tmp_path):
     # a training setting changed with a later one is refused, naming both (the trained model is the old settings')
     r = runner.invoke(app, args + ["--set", "train.epsilon=4", "--set", "synthesis.per_class=20"])
     err = _json(r)["error"]
-    assert r.exit_code == 2 and "train.epsilon: 1.0 → 4" in err and "synthesis.per_class: 'auto' → 20" in err
+    assert r.exit_code == 2 and "config.json: train.epsilon: 1.0 → 4); use another --out" in err
+    assert "(the 1 [synthesis]/[evaluate] change given with it would be allowed alone" in err
+    # the refused settings come first, whatever the later ones (a probe's six changes listed five allowed ones and
+    # cut the refused one)
+    many = [f"evaluate.{k}" for k in ("k=4", "permutations=30", "max_samples=1000", "seed=1", "interpolation=false")]
+    r = runner.invoke(app, args + [x for kv in many for x in ("--set", kv)] + ["--set", "train.epsilon=4"])
+    err = _json(r)["error"]
+    assert r.exit_code == 2 and "config.json: train.epsilon: 1.0 → 4); use" in err and "the 5 [synthesis]/[evaluate] " \
+        "changes given with it would be allowed alone" in err and "evaluate.k" not in err
     # the stages after training may change (a probe: a job could not switch its code × domain matrix off, or draw
     # another synthetic set, without a new --out and a second ε): the model is kept, nothing is charged
     assert "code_domain" in json.loads((job / "evaluation.json").read_text())
-    r = runner.invoke(app, args + ["--set", "synthesis.per_class=20", "--set", "evaluate.code_domain=false"])
+    r = runner.invoke(app, args + ["--set", "synthesis.per_class=20", "--set", "evaluate.code_domain=false",
+                                   "--set", "evaluate.dp_linear=false"])
     assert r.exit_code == 0, r.output
     assert (job / "run" / "ledger.json").read_bytes() == ledger and done in r.stderr
-    assert "the stages after training only (evaluate.code_domain: True → False; synthesis.per_class: 'auto' → 20)" \
-        in r.stderr and "nothing is charged again" in r.stderr
+    assert "the stages after training only (evaluate.code_domain: True → False; evaluate.dp_linear: True → False; " \
+        "synthesis.per_class: 'auto' → 20): the training keeps its settings" in r.stderr
     later = _json(r)
     assert later["epsilon"] == pytest.approx(rep["epsilon"]) and later["n_synthetic"] == 20 * 10
     assert "code_domain" not in json.loads((job / "evaluation.json").read_text())
+    # the report no longer presents the DP linear reference, whose model stays in the folder: the audit agrees (a
+    # probe's audit failed: "report.json: dp_fedavg_linear_epsilon" against the model's ledger)
+    assert later["dp_fedavg_linear_epsilon"] is None
+    a = runner.invoke(app, ["audit", "--run", str(job), "--json"])
+    assert a.exit_code == 0, a.output
+    assert "does not present this reference (a rerun with evaluate.dp_linear = false)" in a.output
     assert json.loads((job / "config.json").read_text())["synthesis"]["per_class"] == 20
     assert len(later["timings_earlier_s"]) == 3  # the history is kept: the same job, rerun
     # and back: the job's own settings again, another rerun of the later stages
@@ -350,7 +365,7 @@ def test_a_statistics_only_job_says_what_it_ran_and_which_settings_did_nothing(t
     ledger = (tmp_path / "job" / "run" / "ledger.json").read_bytes()
     r = CliRunner().invoke(app, [a if a != "evaluate.dp_linear=false" else "evaluate.dp_linear=true" for a in args])
     assert r.exit_code == 0, r.output
-    assert "(evaluate.dp_linear: False → True): the trained model is kept and nothing is charged again" in r.stderr
+    assert "(evaluate.dp_linear: False → True): the training keeps its settings" in r.stderr
     assert "evaluate.dp_linear trains the DP linear reference now, a separate release at its own ε" in r.stderr
     assert (tmp_path / "job" / "run" / "ledger.json").read_bytes() == ledger
     assert 0.9 < _json(r)["dp_fedavg_linear_epsilon"] <= 1.0 and (tmp_path / "job" / "dp_linear" / "ledger.json").exists()

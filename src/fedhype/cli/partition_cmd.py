@@ -151,22 +151,31 @@ def partition(
                                   "client's data)")
         valid = min(splits) >= 0 and splits[0] > 0 and abs(sum(splits) - 1) <= 1e-6  # else make_partition says why
         fraction = splits[0] / sum(splits) if valid else 1.0
-        if valid and min_train >= 0 and scheme in ("domain", "dirichlet", "iid"):
-            _precheck(len(emb), clients, fraction, min_train)
-        try:
-            part = make_partition(emb, scheme=scheme, n_clients=clients,
-                                  alpha=DEFAULTS["partition"]["alpha"] if alpha is None else alpha, quantity_skew=quantity_skew,
-                                  splits=splits, min_train_per_client=min_train, seed=seed,
+        def attempt(k: int | None):
+            return make_partition(emb, scheme=scheme, n_clients=k,
+                                  alpha=DEFAULTS["partition"]["alpha"] if alpha is None else alpha,
+                                  quantity_skew=quantity_skew, splits=splits, min_train_per_client=min_train, seed=seed,
                                   use_given_splits=not draw_splits)
+
+        # the records' total bounds the count, a skew lowers it (a probe's "use --clients ≤ 28", and then the
+        # precheck's "18 or fewer", failed when followed): where it does, the largest count that fits, by trying
+        skewed = scheme == "dirichlet" or (scheme == "iid" and bool(quantity_skew))
+        if valid and min_train >= 0 and scheme in ("domain", "dirichlet", "iid"):
+            try:
+                _precheck(len(emb), clients, fraction, min_train)
+            except ValidationError as exc:
+                bound = int(len(emb) * fraction // max(1, min_train))
+                found = _largest_fitting(attempt, min(bound, clients - 1)) if skewed and clients and bound >= 1 else None
+                if found is None:
+                    raise
+                raise ValidationError(str(exc).replace(f"use --clients {bound} or fewer", f"use --clients {found} (the "
+                                      "most that fit with these settings and --seed)")) from None
+        try:
+            part = attempt(clients)
         except ValidationError as exc:
             fit, found = int(len(emb) * fraction // max(1, min_train)), None
             if isinstance(exc, MinRecordsError) and clients and scheme != "domain":
-                # the records' total bounds the count, the skew lowers it (a probe's "use --clients ≤ 28" failed
-                # again at 28): the largest count that this partition's settings do fit, found by trying
-                found = _largest_fitting(lambda k: make_partition(
-                    emb, scheme=scheme, n_clients=k, alpha=DEFAULTS["partition"]["alpha"] if alpha is None else alpha,
-                    quantity_skew=quantity_skew, splits=splits, min_train_per_client=min_train, seed=seed,
-                    use_given_splits=not draw_splits), min(fit, clients - 1))
+                found = _largest_fitting(attempt, min(fit, clients - 1))
             raise _shorten(exc, scheme, clients, len(emb.domain_names), found or fit, found is not None) from None
         given = part.params.get("given_splits")
         if given:

@@ -198,6 +198,8 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                 f"dp_linear/ is a separate DP model at its own ε = {sub['epsilon']:.4g} (δ = {sub['delta']:g}, "
                 "recomputed from dp_linear/ledger.json); it stays in the run folder — release/ does not hold it"
                 + both + "; `--set evaluate.dp_linear=false` trains none")
+        if sub.get("report_note"):
+            res["warnings"].append(sub["report_note"])
         _finish(res, res["checked"] + sub["checked"])
     return res
 

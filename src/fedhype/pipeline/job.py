@@ -487,24 +487,26 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     later: list[str] = []
     if stale and (out / "run" / "config.json").exists() and isinstance(old_conf, dict):
         later = later_changes(with_defaults_spelled_out(old_conf), with_defaults_spelled_out(conf))
-        if later:  # only [synthesis] / [evaluate] changed: post-processing of the trained model, no ε
-            stale = False
-            # the DP linear reference switched on: its own DP model, trained now at its own ε (a separate release)
-            linear = bool(conf["evaluate"].get("dp_linear")) and not (out / "dp_linear" / "model.safetensors").exists()
-            log(f"run: {out} holds this job with other settings for the stages after training only "
-                f"({'; '.join(later[:5])}{' …' if len(later) > 5 else ''}): the trained model is kept and nothing is "
-                "charged again; synthesis and evaluation run again with the new settings"
-                + ("; evaluate.dp_linear trains the DP linear reference now, a separate release at its own ε"
-                   if linear and not tcfg.no_dp else ""))
+        stale = not later  # only [synthesis] / [evaluate] changed: said once they are checked (_stages)
     if stale:
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
             from fedhype.federated.engine import _differences
 
-            diff = _differences(with_defaults_spelled_out(old_conf) if isinstance(old_conf, dict) else old_conf,
-                                with_defaults_spelled_out(conf))
-            raise ValidationError(f"{out} holds a job with a different configuration ({cfg_path}: "
-                                  f"{'; '.join(diff[:5]) or 'details differ'}); "
-                                  "use another --out or the same settings to resume")
+            if isinstance(old_conf, dict):  # the settings that refuse it first, the later stages' apart (a probe's
+                # refusal listed five allowed [evaluate]/[synthesis] changes and cut the refused train.epsilon)
+                old_s, new_s = with_defaults_spelled_out(old_conf), with_defaults_spelled_out(conf)
+                diff = _differences(*({k: c.get(k) for k in set(old_s) | set(new_s) if k not in LATER_SECTIONS}
+                                      for c in (old_s, new_s)))
+                free = _differences(*({k: c.get(k) for k in LATER_SECTIONS} for c in (old_s, new_s)))
+            else:
+                diff, free = _differences(old_conf, with_defaults_spelled_out(conf)), []
+            raise ValidationError(
+                f"{out} holds a job with a different configuration ({cfg_path}: "
+                f"{'; '.join(diff[:5]) or 'details differ'}{' …' if len(diff) > 5 else ''}); use another --out or "
+                "the same settings to resume"
+                + (f" (the {len(free)} [synthesis]/[evaluate] change{'s' if len(free) != 1 else ''} given with "
+                   f"{'them' if len(diff) != 1 else 'it'} would be allowed alone: they rerun only the stages after "
+                   "training)" if free else ""))
         # a job refused before training spent nothing: its folder is reused, and what its stages wrote
         # under the old settings is not (removed below, once the new settings are known to be valid)
         log(f"run: {out} held a job that never started training (nothing was spent); replacing its configuration")
@@ -512,17 +514,18 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     # configuration is written, so a job refused before that leaves its folder as it was
     timings = StageTimings(out / TIMINGS_FILE, fresh=stale, attached=old_conf is not None and not stale)
     try:
-        return _stages(conf, out, log, on_round, tcfg, timings, stale=stale, later=bool(later))
+        return _stages(conf, out, log, on_round, tcfg, timings, stale=stale, later=later)
     except BaseException as exc:  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt by the CLI), an error
         timings.stopped(exc)  # the run's stage timings so far, the interrupted one marked (atomic)
         raise
 
 
 def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, timings: StageTimings, *,
-            stale: bool, later: bool = False) -> dict[str, Any]:
+            stale: bool, later: "list[str] | None" = None) -> dict[str, Any]:
     """The stages of :func:`_run_job`, once every setting was checked; each timed in ``timings``. ``stale``: the
-    folder's stage outputs belong to other settings (all are removed); ``later``: only those of the stages after
-    training do (:data:`LATER_STAGE_FILES` are removed, the store, partition and trained run are kept)."""
+    folder's stage outputs belong to other settings (all are removed); ``later``: the changed settings of the
+    stages after training (:func:`later_changes`; :data:`LATER_STAGE_FILES` are removed once every setting is
+    checked, the store, partition and run are kept)."""
     cfg_path = out / "config.json"
     private = not tcfg.no_dp
     timings.begin("embed_s")
@@ -564,6 +567,15 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes,
                       recorded_config(RunDir(out / "run"), True))[0]
     out.mkdir(parents=True, exist_ok=True)
+    if later:  # said once every setting was checked (a probe was told "run again" before a refusal)
+        # the DP linear reference switched on: its own DP model, trained now at its own ε (a separate release)
+        linear = (any(c.startswith("evaluate.dp_linear:") for c in later) and bool(conf["evaluate"].get("dp_linear"))
+                  and not (out / "dp_linear" / "model.safetensors").exists() and private)
+        log(f"run: {out} holds this job with other settings for the stages after training only "
+            f"({'; '.join(later[:5])}{' …' if len(later) > 5 else ''}): the training keeps its settings (its model, "
+            "or where it stopped); synthesis and evaluation run with the new ones"
+            + ("; evaluate.dp_linear trains the DP linear reference now, a separate release at its own ε"
+               if linear else ""))
     if stale or later:
         for name in _STAGE_FILES if stale else LATER_STAGE_FILES:
             (out / name).unlink(missing_ok=True)
