@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import typer
@@ -62,21 +62,27 @@ def _largest_fitting(attempt, upper: int, tries: int = 40) -> int | None:
     return None
 
 
-def _precheck(n: int, clients: int | None, train_fraction: float, min_train: int) -> None:
+def _precheck(n: int, clients: int | None, train_fraction: float, min_train: int,
+              attempt: "Callable[[int], Any] | None" = None) -> None:
     """Refuse a client count that cannot give every client ``min_train`` train records, before partitioning.
 
     A client's train split is within one record of its share, so the clients hold at most
     ``n·fraction + clients`` train records together; a count needing more is refused with the
-    largest count that could fit. Borderline counts are left to :func:`make_partition`.
+    largest count that could fit — or, given ``attempt`` (the partition at a client count: a skewed scheme, where
+    fewer fit), the largest count that does (:func:`_largest_fitting`). Borderline counts are left to
+    :func:`make_partition`.
     """
     m = max(1, min_train)
     if clients is None or clients < 1 or (clients <= n and clients * (m - 1) <= n * train_fraction):
         return
     fit = int(n * train_fraction // m)
+    found = _largest_fitting(attempt, min(fit, clients - 1)) if attempt is not None and fit >= 1 else None
+    use = (f"use --clients {found} (the most that fit with these settings and --seed)" if found is not None else
+           f"use --clients {fit} or fewer")
     raise ValidationError(
         f"--clients {clients} is too many for {n} records: a train fraction of {train_fraction:g} (--fractions) gives "
         f"about {round(n * train_fraction)} train records in all, fewer than the {clients} × {m} that --min-records "
-        f"{min_train} asks for; " + (f"use --clients {fit} or fewer, or lower --min-records" if fit >= 1
+        f"{min_train} asks for; " + (f"{use}, or lower --min-records" if fit >= 1
                                      else "lower --min-records or use a larger store"))
 
 
@@ -161,15 +167,7 @@ def partition(
         # precheck's "18 or fewer", failed when followed): where it does, the largest count that fits, by trying
         skewed = scheme == "dirichlet" or (scheme == "iid" and bool(quantity_skew))
         if valid and min_train >= 0 and scheme in ("domain", "dirichlet", "iid"):
-            try:
-                _precheck(len(emb), clients, fraction, min_train)
-            except ValidationError as exc:
-                bound = int(len(emb) * fraction // max(1, min_train))
-                found = _largest_fitting(attempt, min(bound, clients - 1)) if skewed and clients and bound >= 1 else None
-                if found is None:
-                    raise
-                raise ValidationError(str(exc).replace(f"use --clients {bound} or fewer", f"use --clients {found} (the "
-                                      "most that fit with these settings and --seed)")) from None
+            _precheck(len(emb), clients, fraction, min_train, attempt if skewed else None)
         try:
             part = attempt(clients)
         except ValidationError as exc:
