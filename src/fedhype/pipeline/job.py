@@ -49,16 +49,22 @@ LATER_SECTIONS = ("synthesis", "evaluate")
 LATER_STAGE_FILES = ("synthetic.safetensors", "evaluation.json", "report.json", "report.md")
 
 
-def later_changes(old: dict, new: dict) -> list[str]:
-    """The settings (``"synthesis.per_class: 'auto' → 50"``) that differ between two job configurations (both with
-    their defaults spelled out: :func:`fedhype.pipeline.config.with_defaults_spelled_out`) when only
-    :data:`LATER_SECTIONS` differ; ``[]`` when any other section differs too (or none does): those settings made
-    the trained model and its ε, so a job that trained resumes only with them unchanged."""
+def split_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
+    """The differences (``"train.epsilon: 1.0 → 4"``) between two job configurations (both with their defaults
+    spelled out: :func:`fedhype.pipeline.config.with_defaults_spelled_out`), split into those of the sections that
+    made the trained model and its ε and those of :data:`LATER_SECTIONS`."""
     from fedhype.federated.engine import _differences
 
-    if any(old.get(k) != new.get(k) for k in set(old) | set(new) if k not in LATER_SECTIONS):
-        return []
-    return _differences({k: old.get(k) for k in LATER_SECTIONS}, {k: new.get(k) for k in LATER_SECTIONS})
+    trained = _differences(*({k: c.get(k) for k in set(old) | set(new) if k not in LATER_SECTIONS} for c in (old, new)))
+    return trained, _differences(*({k: c.get(k) for k in LATER_SECTIONS} for c in (old, new)))
+
+
+def later_changes(old: dict, new: dict) -> list[str]:
+    """The settings (``"synthesis.per_class: 'auto' → 50"``) that differ between two job configurations when only
+    :data:`LATER_SECTIONS` differ (:func:`split_changes`); ``[]`` when any other section differs too (or none
+    does): those settings made the trained model and its ε, so a job that trained resumes only with them unchanged."""
+    trained, later = split_changes(old, new)
+    return [] if trained else later
 
 
 def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
@@ -494,10 +500,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
 
             if isinstance(old_conf, dict):  # the settings that refuse it first, the later stages' apart (a probe's
                 # refusal listed five allowed [evaluate]/[synthesis] changes and cut the refused train.epsilon)
-                old_s, new_s = with_defaults_spelled_out(old_conf), with_defaults_spelled_out(conf)
-                diff = _differences(*({k: c.get(k) for k in set(old_s) | set(new_s) if k not in LATER_SECTIONS}
-                                      for c in (old_s, new_s)))
-                free = _differences(*({k: c.get(k) for k in LATER_SECTIONS} for c in (old_s, new_s)))
+                diff, free = split_changes(with_defaults_spelled_out(old_conf), with_defaults_spelled_out(conf))
             else:
                 diff, free = _differences(old_conf, with_defaults_spelled_out(conf)), []
             raise ValidationError(
