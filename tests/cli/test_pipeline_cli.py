@@ -486,3 +486,20 @@ def test_train_and_budget_name_the_stage_rule(files, tmp_path, monkeypatch):
     b = CliRunner().invoke(app, ["budget", "--client-sizes", "4000,5000,3000", "--epsilon", "1", "--json"])
     assert not [w for w in json.loads(b.stdout)["warnings"] if "no DP-SGD round" in w]
     assert "default_run" not in json.loads(b.stdout)
+    # budget takes train's --dp-sgd-min-records: 0 plans the stage without the note, a lower bound keeps the stage,
+    # and the plan's rows do not change with it (the same σ and ε as with the note)
+    noted = json.loads(CliRunner().invoke(app, ["budget", "--client-sizes", "900,1000,800", "--epsilon", "1",
+                                                "--json"]).stdout)
+    for value in ("0", "850"):
+        b = CliRunner().invoke(app, ["budget", "--client-sizes", "900,1000,800", "--epsilon", "1",
+                                     "--dp-sgd-min-records", value, "--json"])
+        out = json.loads(b.stdout)
+        assert b.exit_code == 0 and "default_run" not in out, (value, b.output)
+        assert not [w for w in out["warnings"] if "no DP-SGD round" in w]
+        assert (out["noise_multiplier"], out["epsilon"]) == (noted["noise_multiplier"], noted["epsilon"])
+    b = CliRunner().invoke(app, ["budget", "--client-sizes", "900,1000,800", "--epsilon", "1",
+                                 "--dp-sgd-min-records", "901", "--json"])
+    assert "train.dp_sgd_min_records = 901" in json.loads(b.stdout)["default_run"]["reason"]
+    b = CliRunner().invoke(app, ["budget", "--client-sizes", "900,1000,800", "--epsilon", "1",
+                                 "--dp-sgd-min-records", "-1"])
+    assert b.exit_code == 2 and "--dp-sgd-min-records must be an integer ≥ 0" in " ".join(b.output.split()), b.output

@@ -78,7 +78,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
                 local_epochs: int | None = None, local_steps: int | None = None, participation: float = 1.0,
                 noise_multiplier: float | None = None, target_epsilon: float | None = None,
                 class_stats_share: float = 0.0, class_stats_noise_multiplier: float | None = None,
-                secure_aggregation: bool = False, dropout_tolerance: int = 0, centre_share: float | None = None) -> dict[str, Any]:
+                secure_aggregation: bool = False, dropout_tolerance: int = 0, centre_share: float | None = None,
+                dp_sgd_min_records: int | None = None) -> dict[str, Any]:
     """Per-client ε of a federated DP-SGD plan (see the module docstring).
 
     With ``class_stats_share > 0`` the plan includes the DP class statistics that ``fedhype train``
@@ -94,8 +95,17 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
     guaranteed to carry σ₀), and the result's ``secure_aggregation`` entry gives each client's share
     of the noise std, σ₀/√(m − t).
 
+    Where ``fedhype train`` would run no DP-SGD round with these sizes (the median client below
+    ``dp_sgd_min_records``, train's default when None; ``docs/method.md`` decision 22) the result's
+    ``default_run`` gives the run train makes instead — the statistics release alone, its σ₀ and ε — and the
+    rows stay the plan with the DP-SGD stage (``fedhype train --dp-sgd-min-records 0``); 0 plans the stage
+    without that note.
+
     Args:
         clients: ``[(id, name, n_train), ...]``.
+
+    Raises:
+        ValidationError: a bad flag value, named by its option.
     """
     from fedhype.privacy.accountant import check_delta, delta_advice, epsilon_report, subsampling_advice, validate_delta, validate_noise_multiplier, validate_sample_rate, validate_steps  # torch: imported on use, not for --help
     from fedhype.privacy.plan import plan_noise
@@ -156,7 +166,14 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
         warnings.append(full)
     from fedhype.federated.config import TrainConfig
 
-    off = TrainConfig(secure_aggregation=bool(secure_aggregation)).stage_off_reason([r["n"] for r in rows])
+    if dp_sgd_min_records is None:
+        off_cfg = TrainConfig(secure_aggregation=bool(secure_aggregation))
+    else:
+        if isinstance(dp_sgd_min_records, bool) or not isinstance(dp_sgd_min_records, int) or dp_sgd_min_records < 0:
+            raise ValidationError(f"--dp-sgd-min-records must be an integer ≥ 0 (0: always run the DP-SGD stage), got "
+                                  f"{dp_sgd_min_records!r}")
+        off_cfg = TrainConfig(secure_aggregation=bool(secure_aggregation), dp_sgd_min_records=dp_sgd_min_records)
+    off = off_cfg.stage_off_reason([r["n"] for r in rows])
     default_run = None
     if off:  # train's default method would not run the rounds this plans (docs/method.md, decision 22)
         alone = ""
@@ -352,7 +369,8 @@ def _render(result: dict[str, Any]) -> None:
             out.print(f"[bold]by default `fedhype train` runs no DP-SGD round with these sizes[/]: it releases the "
                       f"class statistics alone at σ₀ = {_fmt(dflt['class_stats_noise_multiplier'])}, ε = "
                       f"{_fmt(dflt['epsilon'])} at δ = {result['delta']:g}; the table is the plan with the DP-SGD "
-                      "stage (`fedhype train --dp-sgd-min-records 0`)", highlight=False, soft_wrap=True)
+                      "stage (`fedhype train --dp-sgd-min-records 0`; `fedhype budget --dp-sgd-min-records 0` plans "
+                      "it without this note)", highlight=False, soft_wrap=True)
         title = "the DP-SGD stage's plan (--dp-sgd-min-records 0): " if dflt else ""
         table = Table(title=f"{title}privacy budget per client (σ = {result['noise_multiplier']:.4g}, "
                             f"δ = {result['delta']:g})")
@@ -441,6 +459,12 @@ def budget(
                                                 "SuperNode refuse what would pass it."),
     no_cap: bool = typer.Option(False, "--no-cap", help="With one --site: lift the site's cap (its ledger keeps "
                                 "recording every run)."),
+    dp_sgd_min_records: int = typer.Option(..., "--dp-sgd-min-records", default_factory=config_default("train", "dp_sgd_min_records"),
+                                           help="Plan: as `fedhype train --dp-sgd-min-records` (default: train's). "
+                                                "Where the median client is below it, train runs no DP-SGD round and "
+                                                "the output says first what it runs instead (the statistics release "
+                                                "alone, its σ₀ and ε); the table stays the plan with the stage. "
+                                                "0: the stage always runs, no such note."),
     json_mode: bool = JsonOpt,
 ) -> None:
     """ε (the smaller of PRV and RDP; PLD cross-check) for a DP-SGD mechanism or federated plan, or σ for a target ε;
@@ -527,7 +551,7 @@ def budget(
         return budget_plan(delta, n_rounds, batch, clients, epochs, local_steps, participation,
                            noise_multiplier, epsilon, class_stats_share=class_stats_share,
                            secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
-                           centre_share=centre_share)
+                           centre_share=centre_share, dp_sgd_min_records=dp_sgd_min_records)
 
     run_command(body, json_mode, render=_render)
 
