@@ -209,3 +209,40 @@ def test_a_byte_identical_image_under_two_classes_is_a_label_conflict(tmp_path, 
     assert "2 image file(s) are byte-identical copies of others" in err
     assert (f"1 image(s) are stored byte-identical under different classes, so their labels conflict (e.g. 0/{first.name} "
             "(class 0) = 2/also.png (class 2)): one image cannot be of two classes") in err, err
+
+
+def test_the_python_api_and_the_job_warn_as_embed_does(tmp_path, tiny, tiny_dinov2_dir):
+    """A probe: `fedhype embed` warned of byte-identical copies, label conflicts and unreadable files, while
+    `fedhype.embed` and `fedhype run` said nothing (the README: the API raises what the CLI prints as warnings)."""
+    import shutil
+    import warnings
+
+    import fedhype
+    from fedhype.errors import FedhypeWarning
+    from fedhype.pipeline.config import DEFAULTS
+    from fedhype.pipeline.job import embed_store
+
+    root = _tree(tmp_path / "imgs")
+    first = sorted((root / "0").iterdir())[0]
+    shutil.copyfile(first, root / "2" / "also.png")
+    _truncate(sorted((root / "1").iterdir())[0])
+    for attempt in ("embedded", "from the cache"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            store = fedhype.embed(root, encoder=f"hf:{tiny_dinov2_dir}", image_size=28, layout="class", device="cpu",
+                                  progress=False)
+        said = [str(w.message) for w in caught if issubclass(w.category, FedhypeWarning)]
+        assert len(store) == 12 and len(said) == 3, (attempt, said)
+        assert said[0].startswith("embed: 1 image file(s) are byte-identical copies of others (e.g. 0/")
+        assert said[1].startswith("embed: 1 image(s) are stored byte-identical under different classes")
+        assert said[2].startswith("embed: 1 image file(s) could not be read and were skipped (e.g. 1/")
+        assert caught[0].filename == __file__  # raised at the caller's line
+    # the job's embed stage logs the same texts, naming its own key for the subset
+    d = {**DEFAULTS["data"], "images": str(root), "dataset": "", "encoder": f"hf:{tiny_dinov2_dir}", "image_size": 28,
+         "layout": "class", "device": "cpu", "limit": 0, "cache_dir": ""}
+    lines: list[str] = []
+    embed_store(d, progress=False, warn=lines.append)
+    assert ["embed: " + x for x in lines] == said
+    lines = []
+    embed_store({**d, "limit": 2}, progress=False, warn=lines.append)
+    assert any("has no record in the store" in x and "(data.limit 2 keeps 2 image(s) of 3 classes" in x for x in lines)

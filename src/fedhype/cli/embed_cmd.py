@@ -160,71 +160,31 @@ def embed(
 
 
 def _warn_duplicates(source) -> None:
-    """A warning for byte-identical image files: each copy is its own record, so one image stored k
-    times is protected only as a group of k (ε grows about k-fold: group privacy, Dwork & Roth 2014, Th. 2.2);
-    and another for copies under different classes, whose labels conflict (:func:`label_conflicts`)."""
-    from rich.markup import escape
+    """:func:`fedhype.encoders.checks.duplicate_warnings` as ``warning:`` lines."""
+    from fedhype.encoders.checks import duplicate_warnings
 
-    if not source.duplicates:
-        return
-    extra = sum(len(g) - 1 for g in source.duplicates)
-    ex = source.duplicates[0]
-    text = (f"{extra} image file(s) are byte-identical copies of others (e.g. {ex[0]} = {ex[1]}): each copy is a "
-            "separate record, so an image stored k times is protected only as a group of k; remove the copies before "
-            "embedding (--json lists them)")
-    console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False)
-    conflicts = label_conflicts(source)
-    if conflicts:  # a probe's image in two class folders was reported only as a duplicate
-        c = conflicts[0]
-        ex = " = ".join(f"{f} (class {k})" for f, k in zip(c["files"], c["classes"]))
-        text = (f"{len(conflicts)} image(s) are stored byte-identical under different classes, so their labels conflict "
-                f"(e.g. {ex}): one image cannot be of two classes; keep it in its right class folder and remove the "
-                "other copies (--json lists them under label_conflicts)")
-        console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False, soft_wrap=True)
-
-
-def label_conflicts(source) -> list[dict[str, list[str]]]:
-    """The groups of byte-identical files (``source.duplicates``) that lie under more than one class:
-    ``[{"files": [...], "classes": [...]}]`` (the class of each file, in the group's order)."""
-    cls = {r.sample_id: source.class_names[r.label] for r in source.records}
-    out = []
-    for group in source.duplicates or []:
-        classes = [cls.get(f, "?") for f in group]
-        if len(set(classes)) > 1:
-            out.append({"files": list(group), "classes": classes})
-    return out
+    for text in duplicate_warnings(source, listed=True):
+        _print_warning(text)
 
 
 def _warn_store(store, out: Path, limit: int | None, images: bool) -> None:
-    """Warnings about the written store: classes it lists without a record (a class with no record cannot be
-    trained on; a small --limit keeps only some classes), and (``images``: the user's own folder) images far
-    smaller than the encoder's input (:func:`fedhype.encoders.embed.small_images_warning`)."""
+    """:func:`fedhype.encoders.checks.store_warnings` of the written store as ``warning:`` lines (its skipped files
+    were printed one by one before embedding)."""
+    from fedhype.encoders.checks import store_warnings
+
+    for text in store_warnings(store, where=str(out), limit=limit, images=images):
+        _print_warning(text)
+
+
+def _print_warning(text: str) -> None:
     from rich.markup import escape
 
-    empty = empty_classes(store)
-    if empty:  # a probe's --limit 3 on 5 class folders wrote a store listing 2 classes without records
-        names, k = ", ".join(empty), len(store.class_names)
-        if limit is not None:
-            why = (f"--limit {limit} keeps {len(store)} image(s) of {k} classes; give a larger --limit (every class "
-                   "keeps an image once it is at least the number of (domain, class) folders, split folders counted)")
-        else:
-            why = "every image of it failed to decode (see skipped): fix or replace them"
-        text = (f"class{'es' if len(empty) > 1 else ''} {names} {'have' if len(empty) > 1 else 'has'} no record in {out}: "
-                f"a class with no record cannot be trained on ({why})")
-        console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False, soft_wrap=True)
-    small = store.meta.get("small_images")
-    if images and small:
-        from fedhype.encoders.embed import small_images_warning
-
-        console.print(f"[yellow]warning[/]: {escape(small_images_warning(small))}", highlight=False, soft_wrap=True)
-
-
-def empty_classes(store) -> list[str]:
-    """The classes the store lists without a record."""
-    return [c for c, n in zip(store.class_names, store.class_counts()) if n == 0]
+    console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def _summary(out: Path, store, enc, cached: bool, duplicates: list | None = None, source=None) -> dict[str, Any]:
+    from fedhype.encoders import checks
+
     return {
         "store": str(out),
         "n": len(store),
@@ -235,8 +195,8 @@ def _summary(out: Path, store, enc, cached: bool, duplicates: list | None = None
         "domain_counts": dict(zip(store.domain_names, store.domain_counts())),
         "skipped": store.meta.get("skipped"),
         "duplicates": duplicates or [],
-        "label_conflicts": label_conflicts(source) if source is not None else [],
-        "empty_classes": empty_classes(store),
+        "label_conflicts": checks.label_conflicts(source) if source is not None else [],
+        "empty_classes": checks.empty_classes(store),
         "small_images": store.meta.get("small_images"),
         "images_per_s": None if cached else store.meta.get("images_per_s"),
         "from_cache": cached,

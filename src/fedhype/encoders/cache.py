@@ -17,7 +17,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fedhype.data.store import EmbeddingStore
 from fedhype.encoders.registry import DEFAULT_ENCODER, create_encoder
@@ -190,6 +190,7 @@ def cached_embed_images(
     num_workers: int | None = None,
     progress: bool = False,
     enc=None,
+    warn: Callable[[str], None] | None = None,
 ) -> tuple[EmbeddingStore, bool]:
     """Embed the image folder ``folder``, or load the cached store of the same files (:func:`image_cache_key`).
 
@@ -203,6 +204,9 @@ def cached_embed_images(
         use_cache: False neither reads nor writes the cache (no copy of the embeddings is kept there).
         pooling, device, dtype, strict, batch_size, num_workers, progress: as for encoding.
         enc: an encoder already built (``fedhype embed`` builds it before scanning).
+        warn: called with each warning about the folder's files (byte-identical copies, copies under two
+            classes: :func:`fedhype.encoders.checks.duplicate_warnings`), cached or not; the store's own
+            warnings are :func:`fedhype.encoders.checks.store_warnings`.
 
     Returns:
         ``(store, from_cache)``: float32 ``[N, D]`` embeddings (``meta["cache_key"]`` set when cached).
@@ -218,8 +222,15 @@ def cached_embed_images(
     source = scan_image_folder(folder, layout=layout, strict=strict, limit=limit, seed=seed)
     if use_cache:
         path, key, store = image_cache_lookup(source, enc, cache_dir=cache_dir)
-        if store is not None:
-            return store, True
+    else:
+        image_files_key(source)  # hashes the files: finds byte-identical copies (the cache lookup does it too)
+    if warn is not None:
+        from fedhype.encoders.checks import duplicate_warnings
+
+        for text in duplicate_warnings(source):
+            warn(text)
+    if use_cache and store is not None:
+        return store, True
     store = embed_source(source, enc, batch_size=batch_size, num_workers=num_workers, strict=strict,
                          progress=progress)
     if use_cache:

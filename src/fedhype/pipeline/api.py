@@ -62,6 +62,11 @@ def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: s
     Returns:
         An :class:`~fedhype.data.store.EmbeddingStore` (float32 ``[N, D]`` embeddings, labels, domains).
 
+    Warns:
+        FedhypeWarning: what ``fedhype embed`` prints as ``warning:`` lines — byte-identical image files (each
+            copy is a record: an image stored k times is protected only as a group of k), copies under two
+            classes, unreadable files (skipped), classes without a record, images far below the encoder's input.
+
     Raises:
         ValidationError: unknown dataset or encoder, a file or missing folder as ``source``, an unreadable
             folder, an ambiguous layout, a ``limit`` or ``image_size`` that is not a whole number ≥ 1.
@@ -97,7 +102,11 @@ def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: s
         raise ValidationError(f"embed: {str(folder)!r}: no such folder; {takes}")
     else:
         d.update(dataset=str(source), images="")
-    return embed_store(d, progress=progress)
+    said: list[str] = []
+    store = embed_store(d, progress=progress, limit_name="limit=", warn=said.append)
+    for text in said:
+        warnings.warn(f"embed: {text}", FedhypeWarning, stacklevel=2)
+    return store
 
 
 def partition(store: EmbeddingStore, *, scheme: str = DEFAULTS["partition"]["scheme"], clients: int | None = None,

@@ -77,7 +77,7 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
             _check_same_images(d, store, path, started=(out / "run" / "config.json").exists())
         log(f"embed: reusing {path} ({len(store)} × {store.dim})")
         return store
-    store, note = _embed_store(d, progress=True)
+    store, note = _embed_store(d, progress=True, warn=lambda text: log(f"embed: warning: {text}"))
     pre = store.meta.get("preprocess") or {}
     log(f"embed: {len(store)} images → {store.dim}-d ({store.meta.get('encoder')}, {pre.get('crop', '?')} px){note}")
     src = store.meta.get("source") or {}
@@ -115,7 +115,8 @@ def _check_same_images(d: dict, store: EmbeddingStore, path: Path, *, started: b
                "; use another --out (or delete the folder: nothing was trained in it yet)"))
 
 
-def embed_store(d: dict, *, progress: bool = True) -> EmbeddingStore:
+def embed_store(d: dict, *, progress: bool = True, warn: Log | None = None,
+                limit_name: str = "data.limit") -> EmbeddingStore:
     """The real store of a ``[data]`` section ``d``: an existing store (``store``, from ``fedhype embed``),
     an image folder (``images``, read as ``layout``) or a bundled ``dataset``, both read from (or added to)
     the embedding cache (:mod:`fedhype.encoders.cache`; an image folder by the content of its files).
@@ -124,16 +125,21 @@ def embed_store(d: dict, *, progress: bool = True) -> EmbeddingStore:
     without ``--image-size`` — so one encoder name gives the same embeddings in both commands; the
     size used is in the store's ``meta["preprocess"]``.
 
+    ``warn`` is called with each warning about the embedded images or the store (byte-identical copies, copies
+    under two classes, unreadable files, classes without a record, tiny images: :mod:`fedhype.encoders.checks`),
+    whose texts name the subset size as ``limit_name``; an existing ``store`` gets none.
+
     Raises:
         ValidationError: ``store`` is missing or not a real embeddings store; an ambiguous image
             folder layout. ArtifactError: a corrupt store.
     """
-    return _embed_store(d, progress=progress)[0]
+    return _embed_store(d, progress=progress, warn=warn, limit_name=limit_name)[0]
 
 
-def _embed_store(d: dict, *, progress: bool) -> tuple[EmbeddingStore, str]:
+def _embed_store(d: dict, *, progress: bool, warn=None, limit_name: str = "data.limit") -> tuple[EmbeddingStore, str]:
     """:func:`embed_store` and a note for the log (``" (from the embedding cache)"`` or ``""``)."""
     from fedhype.encoders.cache import cached_embed, cached_embed_images
+    from fedhype.encoders.checks import store_warnings
 
     if d.get("store"):
         path = Path(d["store"])
@@ -152,11 +158,18 @@ def _embed_store(d: dict, *, progress: bool) -> tuple[EmbeddingStore, str]:
         store, hit = cached_embed_images(d["images"], d["encoder"], layout=d.get("layout", "auto"),
                                          limit=d["limit"] or None, seed=d["seed"], image_size=d["image_size"] or None,
                                          cache_dir=d["cache_dir"] or None, pooling=d["pooling"], device=d["device"],
-                                         dtype=d.get("dtype", "auto"), progress=progress)
-        return store, " (the same files' embeddings, from the embedding cache)" if hit else ""
-    return cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
-                        image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
-                        pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"), progress=progress), ""
+                                         dtype=d.get("dtype", "auto"), progress=progress, warn=warn)
+        note = " (the same files' embeddings, from the embedding cache)" if hit else ""
+    else:
+        store, note = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
+                                   image_size=d["image_size"] or None, cache_dir=d["cache_dir"] or None,
+                                   pooling=d["pooling"], device=d["device"], dtype=d.get("dtype", "auto"),
+                                   progress=progress), ""
+    if warn is not None:
+        for text in store_warnings(store, where="the store", limit=d["limit"] or None, limit_name=limit_name,
+                                   images=bool(d["images"]), skipped=True):
+            warn(text)
+    return store, note
 
 
 def _check_store_settings(d: dict, store: EmbeddingStore, path: Path) -> None:
