@@ -874,3 +874,24 @@ def test_an_option_given_twice_with_the_same_value_and_repeatable_options_pass()
     assert given_twice(train, ["--rounds", "1", "--rounds", "2", "--set", "evaluate.permutations=1",
                                "--set", "evaluate.permutations=2"]) is None
     assert "--max-epsilon 2 and --max-epsilon 3" in given_twice(train, ["--max-epsilon", "2", "--max-epsilon", "3"])
+
+
+@pytest.mark.parametrize("command", [["embed"], ["partition"], ["site"], ["evaluate"], ["audit"], ["synthesize"],
+                                     ["prototypes", "train"], ["prototypes", "dp-linear"]])
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 63), str(2 ** 64 + 5)])
+def test_every_seed_option_refuses_what_numpy_and_torch_cannot_take(command, seed):
+    """A probe: `--seed -1` ended in "internal error: ValueError: expected non-negative integer" (exit 1) in six
+    commands, `synthesize --seed -5` drew as 2^64 − 5 and 2^64 + 5 overflowed; train's own check said what to give."""
+    r = _invoke(*command, "--seed", seed, "--json")
+    assert r.exit_code == 2, r.output
+    err = json.loads(r.stdout)
+    assert err["kind"] == "usage" and err["error"].startswith(
+        f"Invalid value for '--seed': must be a whole number ≥ 0 and below 2^63, got {seed}"), err
+
+
+def test_a_job_refuses_a_bad_data_or_partition_seed_before_it_embeds(tmp_path):
+    for key in ("partition.seed", "data.seed"):
+        r = _invoke("run", "--set", f"{key}=-1", "--out", str(tmp_path / "job"), "--json")
+        assert r.exit_code == 2, r.output
+        assert json.loads(r.stdout)["error"].startswith(f"{key} must be a whole number ≥ 0 and below 2^63, got -1")
+        assert not (tmp_path / "job").exists()

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import CANARIES, choice
-from fedhype.cli.common import JsonOpt, LineProgress, console, existing, kv_table, round_printer, run_command
+from fedhype.cli.common import JsonOpt, LineProgress, console, existing, kv_table, round_printer, run_command, seed_value
 from fedhype.errors import ValidationError
 
 #: the largest --tolerance: it absorbs rounding of recorded ε figures (a claim is consistent within it), nothing more
@@ -264,7 +264,7 @@ def register(app: typer.Typer) -> None:
         confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the ε lower bound."),
         audit_out: Optional[Path] = typer.Option(None, "--out", "--audit-out", help="Black-box: keep the canary run in this folder "
                                                 "(--out, as in every command; --audit-out is its earlier name)."),
-        seed: int = typer.Option(0, "--seed", help="Seed of canaries, sampling, attacks."),
+        seed: int = typer.Option(0, "--seed", callback=seed_value, help="Seed of canaries, sampling, attacks."),
         sites_dirs: Optional[list[Path]] = typer.Option(None, "--site", help="With --run (a run over sites): a site "
                                                         "folder whose own ledger across runs is compared with the run's "
                                                         "ledger (repeatable): the run must not report less ε for the "

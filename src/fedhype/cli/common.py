@@ -432,6 +432,21 @@ def renamed_option(default: Any, new: str, old: str, *, help: str, callback: Cal
 
 
 # ---------------------------------------------------------------------------- input paths
+def seed_value(value: Any) -> Any:
+    """The ``callback`` of every ``--seed`` but train's (whose TrainConfig says the same): a whole number in
+    [0, 2^63), what NumPy and ``torch.Generator`` take, or None. A probe's ``--seed -1`` ended in an internal error
+    in six commands and was kept by two (``synthesize --seed -5`` drew as 2^64 − 5).
+
+    Raises:
+        typer.BadParameter: a seed out of that range (exit 2, naming ``--seed``).
+    """
+    from fedhype.pipeline.arguments import MAX_SEED
+
+    if value is not None and not 0 <= value < MAX_SEED:
+        raise typer.BadParameter(f"must be a whole number ≥ 0 and below 2^63, got {value}")
+    return value
+
+
 def existing(what: str, hint: str = "", *, kind: str = "file", inside: str | None = None) -> Callable[[Any], Any]:
     """A Typer option callback refusing a path that does not exist (a usage error, exit 2).
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import DTYPES, LAYOUTS, POOLINGS, choice
-from fedhype.cli.common import JsonOpt, check_out_file, console, existing, log_line, run_command
+from fedhype.cli.common import JsonOpt, check_out_file, console, existing, log_line, run_command, seed_value
 from fedhype.errors import ValidationError
 
 
@@ -81,7 +81,7 @@ def embed(
     batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
     workers: int | None = typer.Option(None, "--workers", help="Image decoding worker processes (default: cores − 1, at most 4)."),
     limit: int | None = typer.Option(None, "--limit", help="Keep a stratified (domain, class) subset of at most N images."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the --limit subset."),
+    seed: int = typer.Option(0, "--seed", callback=seed_value, help="Seed of the --limit subset."),
     strict: bool = typer.Option(False, "--strict", help="Stop on the first unreadable image instead of skipping it."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Embed again even when the embedding cache ($FEDHYPE_CACHE, "
                                   "default ~/.cache/fedhype) holds these embeddings (an image folder is matched by its "

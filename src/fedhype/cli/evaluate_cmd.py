@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import SPACES, SPLITS, choice
-from fedhype.cli.common import JsonOpt, console, existing, renamed_option, run_command
+from fedhype.cli.common import JsonOpt, console, existing, renamed_option, run_command, seed_value
 from fedhype.errors import ValidationError
 
 _FIDELITY = (("MMD²", "mmd2"), ("MMD² p-value", "mmd2_p_value"), ("MMD² multi-bandwidth", "mmd2_multi"),
@@ -122,7 +122,7 @@ def evaluate(
     permutations: int = typer.Option(200, "--permutations", help="MMD² permutation-test permutations (0: no p-value)."),
     max_samples: int = typer.Option(2000, "--max-samples", help="MMD² subsamples each set to at most this many rows."),
     k: int = typer.Option(5, "--k", help="PRDC neighbourhood size k."),
-    seed: int = typer.Option(0, "--seed", help="Seed of subsampling, permutations and classifiers."),
+    seed: int = typer.Option(0, "--seed", callback=seed_value, help="Seed of subsampling, permutations and classifiers."),
     code_domain: Path | None = typer.Option(None, "--code-domain",
                                             help="With --partition: the training run (folder) whose code × domain "
                                                  "matrix to add — MMD² and TSTR of every client code, neutral and "

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from fedhype.cli.choices import SCHEMES, choice
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_file, config_default, console, existing,
-                                renamed_option, run_command)
+                                renamed_option, run_command, seed_value)
 from fedhype.errors import FedhypeError, MinRecordsError, ValidationError
 from fedhype.pipeline.config import DEFAULTS
 
@@ -128,7 +128,7 @@ def partition(
     min_train: int = renamed_option(..., "--min-records", "--min-train", help="Refuse a partition in which a client has fewer "
                                     "training records (`fedhype train --min-records` checks the same at training time).",
                                     default_factory=config_default("partition", "min_records")),
-    seed: int = typer.Option(0, "--seed", help="Seed of the partition."),
+    seed: int = typer.Option(0, "--seed", callback=seed_value, help="Seed of the partition."),
     draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw every client's train/val/test from --fractions "
                                      "even when the store's image folders give splits (train/, val/, test/)."),
     out: Path = typer.Option(..., "--out", help="Partition JSON file to write; an existing file is refused unless "

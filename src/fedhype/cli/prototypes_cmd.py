@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import HEADS, MATCHINGS, SPLITS, choice
-from fedhype.cli.common import JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command
+from fedhype.cli.common import JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command, seed_value
 from fedhype.errors import ValidationError
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
@@ -112,7 +112,7 @@ def train(
                                        "are added to a copy in --out, so the reported ε composes both (the original "
                                        "file is not changed).",
                                        callback=existing("privacy ledger", "the ledger.json of a `fedhype train` run")),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of initialisation, shuffling and (not secure) DP "
+    seed: Optional[int] = typer.Option(None, "--seed", callback=seed_value, help="Seed of initialisation, shuffling and (not secure) DP "
                                        "noise. Default: 0, except with --matching dp: OS entropy (secure noise)."),
     out: Path = typer.Option(..., "--out", help="Model directory to write."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --out."),
@@ -385,7 +385,7 @@ def dp_linear(
     lr: float = typer.Option(1.0, "--lr", help="Local SGD learning rate."),
     clip_norm: float = typer.Option(1.0, "--clip-norm", help="Per-example clipping norm C."),
     max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="Refuse (exit 3) a plan above this ε."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible sampling and noise (not secure; with --site "
+    seed: Optional[int] = typer.Option(None, "--seed", callback=seed_value, help="Reproducible sampling and noise (not secure; with --site "
                                        "ε = ∞ in each site's ledger, refused on a capped site)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for the model and its ledger.json."),
     json_mode: bool = JsonOpt,

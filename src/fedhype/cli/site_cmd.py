@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command
+from fedhype.cli.common import JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command, seed_value
 from fedhype.errors import ValidationError
 
 
@@ -40,7 +40,7 @@ def site(
                                   "(per class; ignored for splits the image folders give)."),
     min_train: int = typer.Option(..., "--min-records", help="Refuse a split with fewer training records.",
                                   default_factory=config_default("partition", "min_records")),
-    seed: int = typer.Option(0, "--seed", help="Seed of the split."),
+    seed: int = typer.Option(0, "--seed", callback=seed_value, help="Seed of the split."),
     draw_splits: bool = typer.Option(False, "--draw-splits", help="Draw train/val/test from --fractions even when the "
                                      "store's image folders give splits (train/, val/, test/)."),
     classes: str | None = typer.Option(None, "--classes", help="The consortium's agreed class names, comma-separated "

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, check_out_file, console, refuse_inside_release, existing, kv_table, run_command
+from fedhype.cli.common import JsonOpt, check_out_file, console, refuse_inside_release, existing, kv_table, run_command, seed_value
 from fedhype.resources import available_memory, format_bytes
 from fedhype.pipeline.config import DEFAULTS
 from fedhype.synthesis.defaults import WARNING_NOTES
@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(1.0, "--temperature", help="Scale of the prior's std, > 0 (1 = model distribution)."),
         anchor: bool = typer.Option(DEFAULT_ANCHOR, "--anchor/--no-anchor", help="Put each code's class means back on "
                                     "the statistics release's (post-processing, no ε; docs/method.md decision 18)."),
-        seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: OS entropy)."),
+        seed: Optional[int] = typer.Option(None, "--seed", callback=seed_value, help="Sampling seed (default: OS entropy)."),
         release: Optional[Path] = typer.Option(None, "--release", help="Also write a release folder here: what may be "
                                                "shared (the DP model, ledger, public config, this synthetic store, "
                                                "privacy.json recomputed from the ledger), nothing else of the run; "

@@ -210,6 +210,7 @@ def check_data(conf: dict) -> None:
             raise ValidationError(f"data.{key} = {d[key]!r}: {exc}") from None
     if d["pooling"] not in POOLINGS:
         raise ValidationError(f"data.pooling must be one of {list(POOLINGS)}, got {d['pooling']!r}")
+    _check_seed("data", d["seed"])
     if d["images"]:
         path = Path(d["images"])
         if not path.is_dir():
@@ -221,6 +222,18 @@ def check_data(conf: dict) -> None:
         if d["dataset"] not in BUILTIN_DATASETS:
             raise ValidationError(f"data.dataset = {d['dataset']!r} is not a bundled dataset; available: "
                                   f"{', '.join(BUILTIN_DATASETS)} (or set data.images to a folder, data.store to a store)")
+
+
+def _check_seed(section: str, value: Any, end: str = "") -> None:
+    """``<section>.seed`` is a whole number in [0, 2^63) (a probe's ``partition.seed = -1`` ended in an internal
+    error from NumPy)."""
+    from fedhype.models.config import whole_setting
+    from fedhype.pipeline.arguments import MAX_SEED
+
+    try:
+        whole_setting(f"{section}.seed", value, 0, below=MAX_SEED, example=0, what=" and below 2^63")
+    except ValidationError as exc:
+        raise ValidationError(f"{exc}{end}") from None
 
 
 def check_partition(conf: dict) -> None:
@@ -238,6 +251,7 @@ def check_partition(conf: dict) -> None:
     p = conf["partition"]
     scheme, clients, fractions = p["scheme"], p["clients"], p["fractions"]
     end = "; nothing was embedded"
+    _check_seed("partition", p["seed"], end)
     if scheme not in SCHEMES:
         raise ValidationError(f"partition.scheme = {scheme!r}: unknown scheme; expected one of {', '.join(SCHEMES)}{end}")
     if not (isinstance(fractions, list) and len(fractions) == 3
