@@ -78,10 +78,30 @@ def test_a_one_class_reference_is_warned_about(stores, tmp_path):
              *FAST, "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert any("holds 1 class(es) (3)" in w and "chance is 1.0" in w for w in out["warnings"]), out["warnings"]
-    assert "say nothing here" in r.stderr
+    # not "any classifier scores 1.0": a classifier trained on ten classes may predict others (a probe read 0.875)
+    assert any("holds 1 class(es) (3): accuracy on it is the share of its records predicted as that class" in w
+               for w in out["warnings"]), out["warnings"]
+    assert "nothing of how classes are told apart" in " ".join(r.stderr.split())
     r = _run("--store", stores["real"], "--synthetic", stores["syn"], *FAST, "--json")  # ten classes: no such warning
     assert not any("class(es)" in w for w in json.loads(r.stdout)["warnings"])
+
+
+def test_the_real_train_store_must_be_real_and_embedded_as_the_run(stores, tmp_path):
+    """A probe: --real-train took a synthetic store (TRTR 0.967, labelled "train on real") and a mean-pooled store
+    against a CLS run (TRTR 1.0) without a word."""
+    r = _run("--store", stores["real"], "--synthetic", stores["syn"], "--real-train", stores["syn"], *FAST, "--json")
+    assert r.exit_code == 2 and json.loads(r.stdout)["error"].startswith(
+        f"--real-train {stores['syn']} is a 'synthetic' store; TRTR trains on real embeddings"), r.output
+    syn = EmbeddingStore.load(stores["syn"])
+    syn.meta["embedding"] = {"encoder": "dinov2-vits14", "pooling": "cls"}
+    syn.save(tmp_path / "syn.safetensors")
+    train = EmbeddingStore.load(stores["train"])
+    train.meta.update(encoder="dinov2-vits14", pooling="mean")
+    train.save(tmp_path / "mean.safetensors")
+    r = _run("--store", stores["real"], "--synthetic", tmp_path / "syn.safetensors", "--real-train",
+             tmp_path / "mean.safetensors", *FAST, "--json")
+    assert r.exit_code == 4, r.output
+    assert "was embedded with pooling = 'mean'" in json.loads(r.stdout)["error"]
 
 
 def test_human_output_is_a_table(stores):

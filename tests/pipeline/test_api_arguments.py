@@ -4,6 +4,7 @@ probe: AttributeError 'list' object has no attribute 'items', 'dim', numpy's See
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import fedhype
@@ -162,6 +163,36 @@ def test_evaluate_refuses_a_synthetic_store_as_the_real_one(real_store, clients)
         fedhype.evaluate(syn, syn)
     with pytest.raises(ValidationError, match=r"evaluate: real_train= is a synthetic store"):
         fedhype.evaluate(test, syn, real_train=syn)
+
+
+def test_evaluate_refuses_real_data_embedded_otherwise_and_warns_as_the_cli(real_store, clients, tiny):
+    """A probe: fedhype.evaluate scored mean-pooled real records against a CLS run (TSTR 0.820 against 0.873) and a
+    whole store as held-out data without a word, where `fedhype evaluate` refuses the one and warns of the other."""
+    import dataclasses
+    import warnings
+
+    from fedhype.errors import ArtifactError, FedhypeWarning
+
+    test = clients.split_store(real_store, "test")
+    syn = tiny.sample(per_class=5, seed=0)
+    pre = test.meta["preprocess"]
+    mean_pooled = dataclasses.replace(test, meta={**test.meta, "pooling": "mean", "preprocess": {**pre, "pooling": "mean"}})
+    for bad in ({"real_test": mean_pooled}, {"real_test": test, "real_train": mean_pooled}):
+        which = "real_train" if "real_train" in bad else "real_test"
+        with pytest.raises(ArtifactError, match=rf"evaluate: {which}= was embedded with pooling = 'mean', the data of "
+                                                 r"synthetic='s run with pooling = 'cls': the two are not comparable"):
+            fedhype.evaluate(bad.pop("real_test"), syn, permutations=0, **bad)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fedhype.evaluate(test, syn, permutations=0)  # a split: no warning
+        fedhype.evaluate(real_store, syn, permutations=0)
+        one = test.subset(np.flatnonzero(test.labels == 0))
+        fedhype.evaluate(one, syn, permutations=0)
+    said = [str(w.message) for w in caught if issubclass(w.category, FedhypeWarning)]
+    assert len(said) == 2, said
+    assert said[0].startswith(f"evaluate: real_test= holds all {len(real_store)} records of the store as embedded")
+    assert said[1].startswith("evaluate: the real reference holds 1 class(es) (0): accuracy on it is the share of its "
+                              "records predicted as that class")
 
 
 # -------------------------------------------------------------------------------------------------------- sample(...)

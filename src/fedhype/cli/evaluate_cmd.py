@@ -136,7 +136,7 @@ def evaluate(
     def body() -> dict[str, Any]:
         from fedhype.data.store import EmbeddingStore
         from fedhype.eval import evaluate as run_eval
-        from fedhype.eval.inputs import check_compatible, check_provenance, check_space
+        from fedhype.eval.inputs import check_compatible, check_provenance, check_space, one_class_warning
         from fedhype.eval.interpolation import ClientSplits, interpolation_protocol
 
         check_space(space)
@@ -164,8 +164,7 @@ def evaluate(
         check_provenance(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}")
         train_store = None
         if real_train is not None:
-            train_store = EmbeddingStore.load(real_train)
-            check_compatible(train_store, syn_store, f"real train store {real_train}", f"synthetic store {synthetic}")
+            train_store = _real_train_store(real_train, syn_store, synthetic)
         part = None
         if partition is not None:
             from fedhype.data.partition import Partition
@@ -195,7 +194,7 @@ def evaluate(
             warnings.append(f"no --partition: all {len(real_store)} records of {real} are the real reference; if the "
                             "model was trained on some of them, TSTR and MMD² overstate what it does on unseen data "
                             "(give --partition with --split test, or a store of held-out records)")
-        one = _one_class_warning(test_store)
+        one = one_class_warning(test_store)
         if one:
             warnings.append(one)
         for w in warnings:
@@ -207,11 +206,7 @@ def evaluate(
                       highlight=False)
         result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
                           max_samples=max_samples, k=k, seed=seed)
-        if result.get("fd_warning"):
-            console.print(f"[yellow]warning[/]: FD: {result['fd_warning']}", highlight=False)
-        if result.get("synthetic_missing_classes"):
-            console.print("[yellow]warning[/]: classes absent from the synthetic store: "
-                          f"{result['synthetic_missing_classes']}", highlight=False)
+        _print_metric_warnings(result)
         clients = ({c.name: ClientSplits(*(part.client_store(real_store, c.id, s) for s in ("train", "val", "test")))
                     for c in part.clients} if interpolation or downstream else {})
         if downstream:
@@ -237,7 +232,8 @@ def evaluate(
             result["code_domain"] = code_domain_matrix(
                 code_domain, {c.name: part.client_store(real_store, c.id, split) for c in part.clients}, seed=seed)
         result.update(real=str(real), synthetic=str(synthetic),
-                      real_train=None if real_train is None else str(real_train),
+                      real_train=str(real_train) if real_train is not None else
+                      f"{partition}: its train split" if train_store is not None else None,
                       partition=None if partition is None else str(partition),
                       real_split=split if partition is not None else None, synthetic_kind=syn_store.kind,
                       warnings=warnings)
@@ -252,38 +248,63 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
     from fedhype.cli.common import open_site, site_records
     from fedhype.data.store import EmbeddingStore
     from fedhype.eval import evaluate as run_eval
-    from fedhype.eval.inputs import check_compatible
+    from fedhype.eval.inputs import check_compatible, one_class_warning
 
     syn_store = EmbeddingStore.load(synthetic)
     against = f"synthetic store {synthetic}"
     s, own, outsider = open_site(site_dir, syn_store, against, str(synthetic))
     where = f"site {s.name!r} ({site_dir})"
     test_store = site_records(s, own, split, syn_store.class_names, site_dir, against)
-    train_store = (site_records(s, own, "train", syn_store.class_names, site_dir, against) if real_train is None
-                   else EmbeddingStore.load(real_train))
-    check_compatible(train_store, syn_store, f"real train store of {where}", f"synthetic store {synthetic}")
+    if real_train is None:
+        train_store = site_records(s, own, "train", syn_store.class_names, site_dir, against)
+        check_compatible(train_store, syn_store, f"real train store of {where}", f"synthetic store {synthetic}")
+    else:
+        train_store = _real_train_store(real_train, syn_store, synthetic)
     kind_warning = _kind_warning(synthetic, syn_store)
-    one = _one_class_warning(test_store)
+    one = one_class_warning(test_store)
     if one:
         console.print(f"[yellow]warning[/]: {one}", highlight=False)
     console.print(f"evaluating {len(syn_store)} synthetic against {len(test_store)} real embeddings of {where} …",
                   highlight=False)
     result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
                       max_samples=max_samples, k=k, seed=seed)
+    _print_metric_warnings(result)
     result.update(real=str(s.store_path), site=s.name, synthetic=str(synthetic),
-                  real_train=None if real_train is None else str(real_train), partition=None, real_split=split,
+                  real_train=f"{site_dir}: its train split" if real_train is None else str(real_train), partition=None,
+                  real_split=split,
                   synthetic_kind=syn_store.kind, warnings=[w for w in (outsider, one, kind_warning) if w])
     return result
 
 
-def _one_class_warning(test_store) -> str | None:
-    """The warning for a real reference of fewer than two classes: every classifier is right on it by chance."""
-    present = sorted(set(int(v) for v in test_store.labels.tolist()))
-    if len(present) >= 2:
-        return None
-    names = [test_store.class_names[k] for k in present]
-    return (f"the real reference holds {len(present)} class(es) ({', '.join(names) or 'none'}): any classifier scores "
-            "1.0 on it (chance is 1.0), so TSTR and TRTR say nothing here; evaluate on data of two or more classes")
+def _print_metric_warnings(result: dict[str, Any]) -> None:
+    """The metrics' own warnings (FD on fewer records than dimensions, classes absent from the synthetic store),
+    printed in every mode; the JSON keeps them as ``fd_warning`` and ``synthetic_missing_classes``."""
+    if result.get("fd_warning"):
+        console.print(f"[yellow]warning[/]: FD: {result['fd_warning']}", highlight=False)
+    if result.get("synthetic_missing_classes"):
+        console.print("[yellow]warning[/]: classes absent from the synthetic store: "
+                      f"{result['synthetic_missing_classes']}", highlight=False)
+
+
+def _real_train_store(path: Path, syn_store, synthetic: Path):
+    """The --real-train store, refused where it cannot be TRTR's reference: a store that is not real (a probe's
+    synthetic store was scored as "train on real"), other classes or dimension, or another embedding than the run's
+    (a mean-pooled store against a CLS run scored 1.0).
+
+    Raises:
+        ValidationError: not a real store, or not comparable in shape. ArtifactError: another embedding (exit 4).
+    """
+    from fedhype.data.store import EmbeddingStore
+    from fedhype.eval.inputs import check_compatible, check_provenance
+
+    store = EmbeddingStore.load(path)
+    if store.kind != "real":
+        raise ValidationError(f"--real-train {path} is a {store.kind!r} store; TRTR trains on real embeddings: give the "
+                              "real training records (`fedhype embed`, or leave --real-train out: with --partition "
+                              "or --site its train split is used)")
+    check_compatible(store, syn_store, f"real train store {path}", f"synthetic store {synthetic}")
+    check_provenance(store, syn_store, f"real train store {path}", f"synthetic store {synthetic}")
+    return store
 
 
 def _kind_warning(path, store) -> str | None:

@@ -122,6 +122,31 @@ def present_domains(store: EmbeddingStore) -> Sequence[int]:
     return sorted(set(store.domains.tolist()))
 
 
+def one_class_warning(test_store: EmbeddingStore) -> str | None:
+    """The warning for a real reference of fewer than two classes, or None: accuracy on it is only the share of its
+    records predicted as its class, which a constant classifier maximises; it says nothing of how the classes are
+    told apart."""
+    present = sorted(set(int(v) for v in test_store.labels.tolist()))
+    if len(present) >= 2:
+        return None
+    names = [test_store.class_names[k] for k in present]
+    return (f"the real reference holds {len(present)} class(es) ({', '.join(names) or 'none'}): accuracy on it is the "
+            "share of its records predicted as that class (a constant classifier scores 1.0), so TSTR and TRTR say "
+            "nothing of how classes are told apart; evaluate on data of two or more classes")
+
+
+def whole_store_warning(store: EmbeddingStore, name: str) -> str | None:
+    """The warning for a real reference that holds every record of the store as embedded (``len(store) ==
+    meta["n"]``; a split or subset holds fewer), or None: if the model trained on some of them, TSTR and MMD²
+    overstate what it does on unseen data."""
+    n = store.meta.get("n")
+    if store.kind != "real" or not isinstance(n, int) or n != len(store):
+        return None
+    return (f"{name} holds all {n} records of the store as embedded; if the model was trained on some of them, TSTR "
+            "and MMD² overstate what it does on unseen data (give its held-out split, e.g. "
+            "partition.split_store(store, 'test'))")
+
+
 #: embedding provenance fields compared between a real store and a synthetic one (fedhype.data.sites.encoder_of)
 PROVENANCE_KEYS = ("encoder", "weights_hash", "pooling", "preprocess")
 

@@ -170,10 +170,17 @@ def evaluate(real_test: EmbeddingStore | str | os.PathLike, synthetic: Embedding
     a probe's ``evaluate(syn, test)`` was scored without a word); ``synthetic`` may be a real store (a
     real-vs-real reference).
 
+    Warns:
+        FedhypeWarning: ``real_test`` holds every record of the store as embedded (if the model trained on some,
+            the figures overstate), or fewer than two classes (accuracy then says nothing of how classes are told
+            apart).
+
     Raises:
         ValidationError: an argument that is neither a store nor a store file's path, a synthetic store given as
             ``real_test`` or ``real_train``, stores of different dimension or class names, sets too small for a
-            metric. ArtifactError: an unreadable store file.
+            metric. ArtifactError: an unreadable store file; real data embedded with another encoder, pooling or
+            preprocessing than the synthetic store's run (not comparable), or a partition's split that is not the
+            run's.
     """
     from fedhype.eval.evaluate import evaluate as _evaluate
 
@@ -198,6 +205,16 @@ def evaluate(real_test: EmbeddingStore | str | os.PathLike, synthetic: Embedding
     permutations = check_whole("evaluate", "permutations", permutations, 0, what=" (0: no MMD² permutation test)")
     max_samples = check_whole("evaluate", "max_samples", max_samples, 2)
     k = check_whole("evaluate", "k", k, 1, what=" (the neighbours of PRDC)")
+    from fedhype.eval.inputs import check_provenance, one_class_warning, whole_store_warning
+
+    # as `fedhype evaluate`: real data embedded otherwise than the run's is refused (a probe scored mean-pooled
+    # records against a CLS run without a word), and what makes the figures say little is warned about
+    check_provenance(real_test, synthetic, "evaluate: real_test=", "synthetic=")
+    if real_train is not None:
+        check_provenance(real_train, synthetic, "evaluate: real_train=", "synthetic=")
+    for note in (whole_store_warning(real_test, "real_test="), one_class_warning(real_test)):
+        if note:
+            warnings.warn(f"evaluate: {note}", FedhypeWarning, stacklevel=2)
     metrics = _evaluate(real_test, synthetic, real_train=real_train, n_permutations=permutations,
                         max_samples=max_samples, k=k, seed=seed)
     return Evaluation.from_metrics(metrics, real_test.n_classes)
