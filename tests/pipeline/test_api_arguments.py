@@ -282,3 +282,18 @@ def test_a_temporary_run_is_kept_until_a_later_fit_succeeds(real_store, clients)
     del g
     gc.collect()
     assert not last.exists()
+
+
+def test_embed_names_its_own_arguments_in_the_encoders_refusals(tmp_path):
+    """A probe: fedhype.embed(..., image_size=113) was refused as "--image-size 113 …", a flag the API does not have."""
+    from PIL import Image
+
+    (tmp_path / "imgs" / "a").mkdir(parents=True)
+    Image.new("RGB", (32, 32), 90).save(tmp_path / "imgs" / "a" / "0.png")
+    for kw, start in ((dict(image_size=113), "embed: image_size=113 is not a multiple of the patch size 14; use 112 or 126"),
+                      (dict(pooling="max"), "embed: pooling must be one of ['cls', 'mean'], got 'max'"),
+                      (dict(dtype="float8"), "embed: dtype must be one of"),
+                      (dict(device="tpu"), "embed: device must be auto, cpu or cuda, got 'tpu'")):
+        with pytest.raises(ValidationError) as info:
+            fedhype.embed(tmp_path / "imgs", layout="class", progress=False, cache_dir=tmp_path / "cache", **kw)
+        assert str(info.value).startswith(start), str(info.value)

@@ -36,6 +36,10 @@ from fedhype.pipeline.config import DEFAULTS, resolve, train_config
 from fedhype.pipeline.arguments import (MAX_SEED, check_store, check_whole, evaluate_store, in_api_words, is_number,
                                         is_whole, parse_fractions, same_value, shown)
 
+#: the encoder's refusals name ``fedhype embed``'s flags; :func:`embed` says its own arguments
+_EMBED_FLAGS = {"--image-size ": "image_size=", "--pooling ": "pooling ", "--dtype ": "dtype ", "--device ": "device "}
+
+
 def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: str = DEFAULTS["data"]["encoder"],
           image_size: int | None = None, layout: str = DEFAULTS["data"]["layout"], limit: int | None = None,
           pooling: str = DEFAULTS["data"]["pooling"], device: str = DEFAULTS["data"]["device"],
@@ -103,7 +107,14 @@ def embed(source: str | os.PathLike = DEFAULTS["data"]["dataset"], *, encoder: s
     else:
         d.update(dataset=str(source), images="")
     said: list[str] = []
-    store = embed_store(d, progress=progress, limit_name="limit=", warn=said.append)
+    try:
+        store = embed_store(d, progress=progress, limit_name="limit=", warn=said.append)
+    except ValidationError as exc:  # the encoder's checks speak of `fedhype embed`'s flags (a probe read --image-size)
+        text = str(exc)
+        for flag, word in _EMBED_FLAGS.items():
+            if text.startswith(flag):
+                raise ValidationError(f"embed: {word}{text[len(flag):]}") from None
+        raise
     for text in said:
         warnings.warn(f"embed: {text}", FedhypeWarning, stacklevel=2)
     return store
@@ -465,7 +476,8 @@ class FedHypeVAE:
             per_class: this many of each class, or ``"auto"`` (when ``n`` is not given either: the
                 configuration's ``[synthesis] per_class``, ``"auto"`` by default = 300 from a DP model of
                 latent 64, 3,000 from a larger one; :func:`fedhype.synthesis.auto_per_class`).
-            n: this many in all, classes in proportion to the DP class counts.
+            n: this many in all, split evenly between the classes (a remainder r adds one to r of them;
+                ``fedhype synthesize --n N --label-weights …`` sets other shares).
             code: ``mixture`` (default: every client's model in proportion to its size), ``neutral``
                 (the domain-neutral meta-code), ``client:<id>``, ``mix:<id>=<w>,…``
                 (:mod:`fedhype.synthesis.codes`).
