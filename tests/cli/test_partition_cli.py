@@ -120,3 +120,14 @@ def test_a_synthetic_store_is_refused(store_file, tmp_path):
     res = invoke("--store", syn, "--scheme", "iid", "--clients", 2, "--out", tmp_path / "p.json", "--json")
     assert res.exit_code == 2 and "'synthetic' store" in res.output and "fedhype embed" in res.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_an_out_name_of_another_format_is_warned_about(store_file, tmp_path):
+    """A probe's `synthesize --out x.npy` wrote a safetensors file named .npy without a word; the same rule holds for
+    every --out file (partition's JSON here), and a right suffix gets no warning."""
+    res = invoke("--store", store_file, "--scheme", "iid", "--clients", 2, "--out", tmp_path / "p.txt", "--json")
+    assert res.exit_code == 0, res.output
+    assert ("`fedhype partition` writes a json file whatever its name; name it *.json" in " ".join(res.stderr.split()))
+    Partition.load(tmp_path / "p.txt")
+    res = invoke("--store", store_file, "--scheme", "iid", "--clients", 2, "--out", tmp_path / "p.JSON", "--json")
+    assert res.exit_code == 0 and "whatever its name" not in res.stderr

@@ -529,6 +529,12 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
     if out.exists() and not out.is_file():  # checked before anything opens it: a pipe's open waits for a writer
         raise ValidationError(f"--out {out} is not a regular file (a device, pipe or socket): give the name of a "
                               "file to write, in a folder you can write")
+    from rich.markup import escape
+
+    suffix = ".safetensors" if writes.startswith("fedhype-embeddings") else ".json"
+    if out.suffix.lower() != suffix:  # a probe's `synthesize --out x.npy` wrote a safetensors file named .npy
+        console.print(f"[yellow]warning[/]: --out {escape(str(out))}: `fedhype {command}` writes a {suffix[1:]} file "
+                      f"whatever its name; name it *{suffix} so that it is read as one", highlight=False)
     from fedhype.pipeline.release import release_holding
 
     # a probe got "File exists: emb.safetensors" under a file, and `embed --out` into a read-only folder embedded

@@ -144,7 +144,10 @@ def evaluate(
             raise ValidationError(f"--site given {len(sites)} times: evaluate one site per command (each on its own "
                                   "test split)")
         site = sites[0] if sites else None
-        if (real is None) == (site is None):
+        if real is not None and site is not None:  # a probe was told to give one of them after giving both
+            raise ValidationError("give the real held-out data once: --store (with --partition to split it) or --site "
+                                  "(a site folder from `fedhype site`), not both")
+        if real is None and site is None:
             raise ValidationError("give the real held-out data: --store (with --partition to split it), or --site "
                                   "(a site folder from `fedhype site`)")
         if site is not None and (partition is not None or interpolation or downstream or code_domain is not None):
