@@ -315,3 +315,21 @@ def test_subsampling_advice_names_the_clients_whose_batch_is_all_their_records()
     # with many clients it names five and counts the rest (a probe's warning over 100 clients named every one)
     many = subsampling_advice(256, {f"client-{i}": 100 + i for i in range(40)})
     assert "of client-0 (100), client-1 (101), client-2 (102), client-3 (103), client-4 (104) and 35 more: q = 1" in many
+
+
+def test_a_release_sigma_beside_a_target_is_refused_where_the_release_is_the_whole_run():
+    """An auditor's probe: `train --epsilon 1 --class-stats-noise-multiplier 1` with no DP-SGD round spent ε = 3.81
+    (the report blamed an interruption); σ₀ alone sets that run's ε, so one that passes the target is refused with
+    the σ₀ that meets it, and one within it is kept."""
+    from fedhype.errors import ValidationError
+    from fedhype.privacy.accountant import calibrate_noise, epsilon_report
+    from fedhype.privacy.centring import release_steps
+    from fedhype.privacy.plan import plan_noise
+
+    need = calibrate_noise(1.0, 1e-4, 1.0, 1)
+    with pytest.raises(ValidationError, match=rf"σ₀ = 1 \(--class-stats-noise-multiplier\) spends ε = 3.8\d+ > the "
+                                              rf"target ε = 1: .* at least {need:.4g}"):
+        plan_noise([], 1e-4, target_epsilon=1.0, release_sigma=1.0, centre_share=0.1, release_only=True)
+    kept = plan_noise([], 1e-4, target_epsilon=1.0, release_sigma=need * 1.01, centre_share=0.1, release_only=True)
+    assert kept["class_stats_noise_multiplier"] == pytest.approx(need * 1.01)
+    assert epsilon_report(release_steps(need * 1.01, 0.1), 1e-4)["epsilon"] < 1.0

@@ -667,7 +667,7 @@ def print_above_target(res: dict) -> None:
     console.print(f"[bold red]ε = {epsilon_text(res['epsilon'], res['target_epsilon'])} is above the target "
                   f"ε = {res['target_epsilon']:g}[/]: "
                   + (f"{charged_again_clause(what)}, interrupted before (fresh noise)" if what
-                     else "an interrupted step was charged again on resume")
+                     else "the plan's noise spends more than the target (no ledger event was charged again)")
                   + " (`fedhype audit --run` names the events charged again; ledger.json keeps every release)",
                   highlight=False)
 

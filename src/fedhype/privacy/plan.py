@@ -99,6 +99,18 @@ def plan_noise(plan: Plan, delta: float, *, target_epsilon: float | None = None,
     plan = list(plan)
     if release_only:
         s0 = release_sigma or noise_multiplier or calibrate_noise(target_epsilon, delta, 1.0, 1)
+        if target_epsilon is not None and (release_sigma or noise_multiplier):
+            # a σ₀ given beside a target: the release is the whole run, so σ₀ alone sets its ε (a probe's --epsilon 1
+            # --class-stats-noise-multiplier 1 spent ε = 3.81, explained afterwards as a charge after an interruption)
+            from fedhype.privacy.accountant import epsilon_report
+
+            spent = epsilon_report(release_steps(float(s0), centre_share), delta)["epsilon"]
+            if spent > target_epsilon * (1 + 1e-6):
+                need = calibrate_noise(target_epsilon, delta, 1.0, 1)
+                raise ValidationError(
+                    f"the statistics release at σ₀ = {float(s0):g} (--class-stats-noise-multiplier) spends ε = "
+                    f"{spent:.4g} > the target ε = {target_epsilon:g}: with no DP-SGD round the release is the whole "
+                    f"run, so give --epsilon alone (σ₀ is calibrated to it: {need:.4g}) or a σ₀ of at least {need:.4g}")
         return {"noise_multiplier": None, "class_stats_noise_multiplier": float(s0),
                 "prefix": release_steps(float(s0), centre_share),
                 "calibrated": noise_multiplier is None and release_sigma is None}
