@@ -275,12 +275,18 @@ def tensor_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The string metadata of a safetensors file (``{}`` when it has none); the tensors are not read.
 
     Raises:
-        whatever safetensors raises for a file that is not one (callers read it after :func:`load_tensors`).
+        ArtifactError: the file is missing, not a safetensors file, or its header is corrupt or truncated (naming
+            ``path``; exit code 4). A probe's truncated model ended ``fedhype audit`` in an internal error.
     """
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as fh:
-        return dict(fh.metadata() or {})
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return dict(fh.metadata() or {})
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types (SafetensorError, OSError)
+        why = not_safetensors(Path(path)) if Path(path).is_file() else "no such file"
+        raise ArtifactError(f"{path}: {why}" if why else
+                            f"{path} is corrupt or truncated ({type(exc).__name__}: {exc})") from None
 
 
 def load_tensors(path: str | os.PathLike, what: str = "tensor file") -> dict[str, torch.Tensor]:

@@ -214,6 +214,23 @@ def test_run_end_to_end_and_resume(tmp_path):
     a = runner.invoke(app, ["audit", "--run", str(job), "--json"])
     assert a.exit_code == 0, a.output
     assert "does not present this reference (a rerun with evaluate.dp_linear = false)" in a.output
+    names = {row["name"] for row in json.loads(a.stdout)["checked"]}
+    assert {f"{job / 'report.json'}: class_stats_epsilon", f"{job / 'report.json'}: target_epsilon",
+            f"{job / 'report.md'}: sha256 (report.json report_md_sha256)"} <= names
+    # an auditor's probe: the report's release ε and its report.md text could be edited and pass
+    import shutil
+
+    for what in ("class_stats_epsilon", "report.md"):
+        bad = tmp_path / f"forged-{what.replace('.', '-')}"
+        shutil.copytree(job, bad)
+        if what == "report.md":
+            (bad / "report.md").write_text((bad / "report.md").read_text().replace("ε = ", "ε = 0.0"))
+        else:
+            forged = json.loads((bad / "report.json").read_text())
+            forged["class_stats_epsilon"] /= 4
+            (bad / "report.json").write_text(json.dumps(forged))
+        f = runner.invoke(app, ["audit", "--run", str(bad), "--json"])
+        assert f.exit_code == 4 and (what in _json(f)["error"]), f.output
     assert json.loads((job / "config.json").read_text())["synthesis"]["per_class"] == 20
     assert len(later["timings_earlier_s"]) == 3  # the history is kept: the same job, rerun
     # and back: the job's own settings again, another rerun of the later stages

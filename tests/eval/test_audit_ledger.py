@@ -312,6 +312,14 @@ def test_a_run_interrupted_before_its_first_commit_is_audited_from_its_ledger(re
     assert res["epsilon"] == pytest.approx(led.worst()[1], rel=1e-12)
     assert res["client_names"] == {"0": part.clients[0].name, "1": part.clients[1].name}
     assert any("before its first round was committed" in w for w in res["warnings"])
+    assert res["noise_seeded"] is False and not any("was seeded" in w for w in res["warnings"])
+    # seeded, the same stop: the audit says so (an auditor's probe read noise_seeded false and no warning)
+    with pytest.raises(KeyboardInterrupt):
+        train(real_store, part, TrainConfig(**{**CFG, "seed": 3}), tmp_path / "seeded", diagnostics=False)
+    res = audit_run(tmp_path / "seeded")
+    assert res["interrupted"] and res["noise_seeded"] is True
+    assert any("the noise was seeded (train.seed = 3)" in w for w in res["warnings"])
+    assert res["target_epsilon"] == CFG.get("epsilon") and res["recharged_events"] == 0
 
 
 def test_a_store_in_the_audited_folder_is_checked_or_named(run_copy, real_store, tmp_path):

@@ -11,6 +11,7 @@ import torch
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.eval.audit_ledger import audit_run
+from fedhype.eval.audit_ledger import audit_run as audit_run_fn
 from fedhype.io import DIGEST_KEY, load_tensors
 from fedhype.pipeline.release import write_release
 from fedhype.privacy.ledger import PrivacyLedger
@@ -86,7 +87,8 @@ def _audit_cli(rel, *extra):
 
 @pytest.mark.parametrize("edit", ["privacy.json epsilon", "privacy.json seed note", "config.json", "README.md warning",
                                   "missing checkpoint", "privacy.json rounds", "privacy.json mechanisms",
-                                  "privacy.json method", "privacy.json accountant", "privacy.json extra claim"])
+                                  "privacy.json method", "privacy.json accountant", "privacy.json extra claim",
+                                  "privacy.json {}", "privacy.json []"])
 def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, tmp_path, edit):
     """A new user's probe: a release with privacy.json's ε lowered, its seeded-noise note removed, config.json edited
     or the README's warning deleted passed `fedhype audit` (exit 0, consistent). privacy.json lists every file's
@@ -125,6 +127,11 @@ def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, t
     elif edit == "missing checkpoint":
         (bad / "checkpoint.json").unlink()
         want = "privacy.json: files[checkpoint.json] sha256"
+    elif edit.startswith("privacy.json ") and edit.split()[1] in ("{}", "[]"):
+        # an auditor's probe: privacy.json replaced by {} turned every release check off (exit 0, "release False")
+        (bad / "privacy.json").write_text(edit.split()[1])
+        (bad / "notes.txt").write_text("patient_0042_scan.png")
+        want = "privacy.json: format"
     else:  # a privacy auditor's probe: these keys were written but never checked (exit 0 with rounds 1, one mechanism)
         key = edit.split()[1]
         forged = {"rounds": 1, "mechanisms": ["dp-release-centre"], "method": "dp-gaussian", "accountant": "exact",
@@ -253,3 +260,45 @@ def test_a_release_whose_ledger_is_gone_is_still_called_a_release(released, tmp_
     code, res = _audit_cli(bad)
     assert code == 4 and res["release"] is True and "privacy ledger not found" in res["error"]
     assert "ask its sender for the folder as released" in res["error"]  # not only a data holder's "restore it"
+
+
+def test_a_model_of_another_run_is_neither_released_nor_audited_under_this_ledger(audit_run, tmp_path):
+    """An auditor's probe: another run's model (trained on another partition, or for more rounds) copied into a run
+    folder was released by `synthesize --release` and passed `fedhype audit` under this run's ledger."""
+    import shutil
+
+    run, _ = audit_run
+    for change in ("data_keys", "rounds_done"):
+        other = tmp_path / change
+        shutil.copytree(run, other)
+        from fedhype.federated.rundir import load_model
+        from fedhype.io import atomic_save_tensors, load_tensors, tensor_metadata
+
+        meta = json.loads(tensor_metadata(other / "model.safetensors")["fedhype"])
+        meta[change] = ["0" * 32] * len(meta["data_keys"]) if change == "data_keys" else meta["rounds_done"] + 5
+        atomic_save_tensors(other / "model.safetensors", load_tensors(other / "model.safetensors"),
+                            metadata={"fedhype": json.dumps(meta)})
+        assert load_model(other)[2][change] == meta[change]
+        with pytest.raises(ArtifactError, match=rf"model.safetensors: {change} vs "):
+            write_release(other, tmp_path / f"rel-{change}")
+        assert not (tmp_path / f"rel-{change}").exists()
+        res = audit_run_fn(other)
+        assert not res["consistent"]
+        assert any(m["name"].startswith(f"model.safetensors: {change} vs") for m in res["mismatches"]), res["mismatches"]
+    assert audit_run_fn(run)["consistent"]
+
+
+@pytest.mark.parametrize("cut", ["header", "empty"])
+def test_a_corrupt_model_is_an_artifact_error_naming_it(released, tmp_path, cut):
+    """An auditor's probe: a truncated, empty or garbage model.safetensors ended `fedhype audit` in "internal error:
+    SafetensorError" (exit 1); it is exit 4 naming the file."""
+    import shutil
+
+    _, rel = released
+    bad = tmp_path / "bad"
+    shutil.copytree(rel, bad)
+    raw = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(raw[:1000] if cut == "header" else b"")
+    code, res = _audit_cli(bad)
+    assert code == 4 and res["kind"] == "artifact", res
+    assert str(bad / "model.safetensors") in res["error"]

@@ -188,3 +188,18 @@ def test_a_job_folders_audit_names_its_dp_linear_reference_and_the_composed_epsi
     (job / "report.json").write_text(json.dumps({**report, "dp_fedavg_linear_epsilon": 1.0}))
     b = audit_folder(job)
     assert not b["consistent"] and [m["name"] for m in b["mismatches"]] == [f"{job / 'report.json'}: dp_fedavg_linear_epsilon"]
+    # an auditor's probe: with dp_linear/ deleted the report's reference left the audit without a word
+    (job / "report.json").write_text(json.dumps(report))
+    shutil.rmtree(job / "dp_linear")
+    c = audit_folder(job)
+    assert not c["consistent"] and [m["name"] for m in c["mismatches"]] == [
+        f"{job / 'report.json'}: dp_fedavg_linear_epsilon (dp_linear/)"]
+    assert "is missing" in c["mismatches"][0]["reason"]
+    # the report's other privacy figures are checked too: the target ε and its report.md's digest
+    (job / "report.md").write_text("ε = 0.1")
+    for forged in ({"target_epsilon": 0.5}, {"report_md_sha256": "0" * 64}):
+        (job / "report.json").write_text(json.dumps({k: v for k, v in {**report, **forged}.items()
+                                                     if not k.startswith("dp_fedavg")}))
+        d = audit_folder(job)
+        assert not d["consistent"] and len(d["mismatches"]) == 1, d["mismatches"]
+        assert d["mismatches"][0]["name"].startswith(f"{job / 'report'}"), d["mismatches"]

@@ -36,7 +36,7 @@ from typing import Any
 
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, ValidationError
-from fedhype.federated.rundir import RunDir, load_model, model_digest
+from fedhype.federated.rundir import RunDir, ledger_rounds, load_model, model_digest, model_run_mismatches
 from fedhype.io import read_json
 from fedhype.privacy.ledger import PrivacyLedger, audit_consistency, recharged_events
 from fedhype.privacy.plan import above_target
@@ -184,6 +184,19 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
         return audit_dp_linear(run_dir, tol)
     res = _audit_run(run_dir, synthetic, tol)
     lin = Path(run_dir) / "dp_linear"
+    if is_job_dir(run_dir) and not lin.exists():
+        # a probe deleted dp_linear/ and the second model's ε left the audit without a word, while the report
+        # still presented it: the report's figure must have its model and ledger beside it
+        report_path = Path(run_dir) / "report.json"
+        report = read_json(report_path, "run report") if report_path.exists() else None
+        claimed = report.get("dp_fedavg_linear_epsilon") if isinstance(report, dict) else None
+        if claimed is not None:
+            _finish(res, res["checked"] + [{
+                "name": f"{report_path}: dp_fedavg_linear_epsilon (dp_linear/)", "claimed": claimed,
+                "recomputed": "missing", "difference": None, "ok": False,
+                "reason": f"the report presents the DP-SGD linear reference at ε = {claimed}, but {lin} is missing: "
+                          "that second DP model of the same records, and its ledger, were removed; its ε was spent all "
+                          "the same (put the folder back to audit it)"}])
     if is_job_dir(run_dir) and is_dp_linear(lin):
         report_path = Path(run_dir) / "report.json"
         report = read_json(report_path, "run report") if report_path.exists() else None
@@ -241,24 +254,11 @@ def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> 
         ledger = _load_ledger(run, res, rows)
         if ledger is None:
             return _finish(res, rows)
-        if meta.get("seed") is not None:
-            res["noise_seeded"] = True
-            res["warnings"].append(f"the noise was seeded (train.seed = {meta.get('seed')}): whoever knows the seed can "
-                                   "regenerate and remove it, so the ε below holds only while the seed stays secret; "
-                                   "a run to be shared as private is trained without a seed")
-        else:
-            seeded = list(dict.fromkeys(e.client for e in ledger.events if e.seeded))
-            if seeded:  # a Flower SuperNode started with seed=: reproducible noise although train.seed is unset
-                res["noise_seeded"] = True
-                res["warnings"].append(f"the noise of client(s) {seeded} was seeded (their SuperNode's seed= node "
-                                       "config, recorded in the ledger): whoever knows the seed can regenerate and "
-                                       "remove it, so their ε holds only while the seed stays secret; run those nodes "
-                                       "without seed=")
+        _note_seeded(res, meta.get("seed"), ledger)
         worst_client, worst = ledger.worst()
         # the run's target (train.epsilon, unless an explicit σ was given) and the events a resumed run
         # charged again (fresh noise after an interruption; privacy.ledger.as_rerun): why ε can exceed it
-        train_conf = config.get("train", {})
-        target = train_conf.get("epsilon") if train_conf.get("noise_multiplier") is None else None
+        target = _target(config)
         rerun = recharged_events(ledger)
         res.update(target_epsilon=target, above_target=above_target(worst, target), recharged_events=len(rerun))
         _note_voids(ledger, res)
@@ -314,6 +314,7 @@ def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> 
             rows += _report_client_rows(ledger, report, str(report_path), tol)
             if "delta" in report:
                 rows.append(_equal(f"{report_path}: delta", report.get("delta"), ledger.delta))
+            rows += _report_release_rows(spent, report, str(report_path), config, tol)
         for path, s in stores:
             rows.append(_check_committed(ledger, spent, f"synthetic {path}: meta.epsilon", s.meta.get("epsilon"), tol))
             rows.append(_equal(f"synthetic {path}: meta.delta", s.meta.get("delta"), ledger.delta))
@@ -324,6 +325,11 @@ def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> 
                     row["reason"] = ("drawn from another model than this folder's model.safetensors (another run's, or "
                                      "this run's before it was resumed): draw it again from this model")
                 rows.append(row)
+    # the model is this run's: trained on its partition, for the rounds its checkpoint and ledger record (a probe's
+    # model of another run, copied in, passed under this ledger)
+    rows += [{**m, "difference": None, "ok": False} for m in model_run_mismatches(
+        meta, config, run.committed_round() if run.checkpoint.exists() else None,
+        ledger_rounds(spent) if private else None)]
     return _finish(res, rows)
 
 
@@ -544,6 +550,62 @@ def _load_ledger(run: RunDir, res: dict[str, Any], rows: list[dict[str, Any]]) -
         return None
 
 
+def _report_release_rows(ledger: PrivacyLedger, report: dict, where: str, config: dict,
+                         tol: float) -> list[dict[str, Any]]:
+    """A job report's other privacy figures (a probe's edits of them passed): the release's own ε and charge count
+    (:func:`fedhype.privacy.events.release_claims` of the ledger), the target ε (``config.json``'s), and its
+    ``report.md`` (the SHA-256 the report recorded of the text written beside it)."""
+    import hashlib
+
+    from fedhype.privacy.events import release_claims
+
+    rows = []
+    if report.get("class_stats_epsilon") is not None:
+        plan = config.get("privacy_plan") if isinstance(config.get("privacy_plan"), dict) else {}
+        want = release_claims(ledger.events, ledger.delta, plan.get("class_stats_noise_multiplier"))
+        rows.append(_equal(f"{where}: class_stats_epsilon", report["class_stats_epsilon"], want["class_stats_epsilon"],
+                           tol))
+        if report.get("class_stats_releases") is not None:
+            rows.append(_equal(f"{where}: class_stats_releases", report["class_stats_releases"],
+                               want["class_stats_releases"]))
+    if "target_epsilon" in report:
+        rows.append(_equal(f"{where}: target_epsilon", report["target_epsilon"], _target(config)))
+    digest = report.get("report_md_sha256")
+    md = Path(where).with_name("report.md")
+    if digest is not None:
+        now = hashlib.sha256(md.read_bytes()).hexdigest() if md.is_file() else None
+        row = _equal(f"{md}: sha256 (report.json report_md_sha256)", digest, now)
+        if not row["ok"]:
+            row["reason"] = ("report.md is not the text written with report.json (edited, replaced or removed): "
+                             "rerun the job's evaluation (`fedhype run` again) to write it")
+        rows.append(row)
+    return rows
+
+
+def _note_seeded(res: dict[str, Any], seed: Any, ledger: PrivacyLedger) -> None:
+    """``res["noise_seeded"]`` and its warning: the run's seed (``train.seed``), or the ledger's events drawn from a
+    node's own seed."""
+    if seed is not None:
+        res["noise_seeded"] = True
+        res["warnings"].append(f"the noise was seeded (train.seed = {seed}): whoever knows the seed can "
+                               "regenerate and remove it, so the ε below holds only while the seed stays secret; "
+                               "a run to be shared as private is trained without a seed")
+        return
+    seeded = list(dict.fromkeys(e.client for e in ledger.events if e.seeded))
+    if seeded:  # a Flower SuperNode started with seed=: reproducible noise although train.seed is unset
+        res["noise_seeded"] = True
+        res["warnings"].append(f"the noise of client(s) {seeded} was seeded (their SuperNode's seed= node "
+                               "config, recorded in the ledger): whoever knows the seed can regenerate and "
+                               "remove it, so their ε holds only while the seed stays secret; run those nodes "
+                               "without seed=")
+
+
+def _target(config: dict) -> float | None:
+    """The run's target ε: ``train.epsilon``, unless an explicit σ was given."""
+    train_conf = config.get("train") or {}
+    return train_conf.get("epsilon") if train_conf.get("noise_multiplier") is None else None
+
+
 def _audit_unstarted(run: RunDir, config: dict) -> dict[str, Any]:
     """:func:`audit_run` of a run interrupted before its first round was committed (no model yet): its ledger's
     write-ahead events (the statistics release, the first round) are spent; nothing else claims an ε."""
@@ -566,6 +628,11 @@ def _audit_unstarted(run: RunDir, config: dict) -> dict[str, Any]:
                    epsilon_rdp=max(rdp.values()) if rdp else 0.0, events=len(ledger))
         rows.append(_equal("config.json: train.delta", (config.get("train") or {}).get("delta"), ledger.delta))
         _note_voids(ledger, res)
+        # as for a committed run: a seeded run's audit says so (a probe's stop before round 1 read noise_seeded false)
+        _note_seeded(res, (config.get("train") or {}).get("seed"), ledger)
+        target = _target(config)
+        rerun = recharged_events(ledger)
+        res.update(target_epsilon=target, above_target=above_target(worst, target), recharged_events=len(rerun))
         charges = len(ledger.events)
     else:
         charges = 0

@@ -260,3 +260,76 @@ def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
     except RuntimeError as exc:
         raise ArtifactError(f"model {path}: weights do not match its config ({exc})") from None
     return hnet, t["codes"], meta
+
+
+def model_run_mismatches(meta: dict, config: dict, rounds_done: int | None,
+                         ledger_rounds: int | None = None) -> list[dict]:
+    """Where a model's metadata disagrees with the run folder it sits in: the clients' data keys and names
+    (``config.json``'s ``partition``), the committed rounds (``checkpoint.json``) and the DP-SGD rounds its ledger
+    charged. A probe copied another run's model into a run folder (trained on another partition: 613 of one
+    client's training records were the run's held-out records) and the release written from it passed the audit.
+
+    Args:
+        meta: the model's metadata (:func:`load_model`); config: the run's ``config.json``.
+        rounds_done: ``checkpoint.json``'s committed rounds (None: no checkpoint). The model is written just before
+            the commit point, so an interrupted run's model may be one round ahead of it.
+        ledger_rounds: the number of DP-SGD rounds the ledger charged (1 + the last round of its events; None: not
+            compared). A model cannot have more.
+
+    Returns:
+        ``[{"name", "claimed", "recomputed", "reason"}]``, empty when the model belongs to the folder (keys a file
+        does not record are not compared).
+    """
+    out = []
+    part = config.get("partition") if isinstance(config.get("partition"), dict) else {}
+    for key, mkey, what in (("keys", "data_keys", "the clients' data keys"), ("clients", "client_names", "the clients")):
+        mine, theirs = meta.get(mkey), part.get(key)
+        if mine is not None and theirs is not None and list(mine) != list(theirs):
+            out.append({"name": f"model.safetensors: {mkey} vs config.json partition.{key}", "claimed": mine,
+                        "recomputed": theirs,
+                        "reason": f"the model was trained on other data than this run ({what} differ): another run's "
+                                  "model, so this folder's ledger does not account for it"})
+    done = meta.get("rounds_done")
+    if isinstance(done, int) and rounds_done is not None and done not in (rounds_done, rounds_done + 1):
+        out.append({"name": "model.safetensors: rounds_done vs checkpoint.json", "claimed": done,
+                    "recomputed": rounds_done,
+                    "reason": "the model has another number of rounds than this run committed: another run's model"})
+    if isinstance(done, int) and ledger_rounds is not None and done > ledger_rounds:
+        out.append({"name": "model.safetensors: rounds_done vs the ledger's DP-SGD rounds", "claimed": done,
+                    "recomputed": ledger_rounds,
+                    "reason": f"the model claims {done} DP-SGD round(s), the ledger charged {ledger_rounds}: rounds no "
+                              "ledger accounts for (another run's model)"})
+    return out
+
+
+def ledger_rounds(ledger) -> int:
+    """The DP-SGD rounds a run's ledger charged: 1 + the last round of its ``dp-sgd`` events (0 without any)."""
+    from fedhype.privacy.events import DP_SGD
+
+    return 1 + max((e.round for e in ledger.events if e.mechanism == DP_SGD and e.round >= 0), default=-1)
+
+
+def check_model_belongs(run_dir: str | Path) -> None:
+    """Refuse a run folder whose model is not its own (:func:`model_run_mismatches` against its ``config.json``,
+    ``checkpoint.json`` and ``ledger.json``): a release written from it would claim this ledger's ε for it.
+
+    Raises:
+        ArtifactError: naming the first disagreement (exit code 4).
+    """
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    run = RunDir(run_dir)
+    if not run.model.exists() or not run.config.exists():
+        return
+    meta = load_model(run.model)[2]
+    ledger = PrivacyLedger.load(run.ledger) if run.ledger.exists() else None
+    bad = model_run_mismatches(meta, read_json(run.config, "run config"),
+                               run.committed_round() if run.checkpoint.exists() else None,
+                               None if ledger is None else ledger_rounds(ledger))
+    if bad:
+        b = bad[0]
+        def brief(v):  # data keys are 32 hex digits each: their first 8 tell them apart
+            return [x[:8] + "…" if isinstance(x, str) and len(x) > 12 else x for x in v] if isinstance(v, list) else v
+
+        raise ArtifactError(f"{run.model}: {b['name']}: {brief(b['claimed'])!r} against {brief(b['recomputed'])!r}: "
+                            f"{b['reason']}; put back the model this run trained (or train again)")

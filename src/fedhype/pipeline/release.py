@@ -192,7 +192,8 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
     its ``README.md`` must be the text the release writes (a deleted seeded-noise warning fails).
 
     Returns:
-        None when ``folder`` is no release (no ``privacy.json`` of this format), else the checked rows
+        None when ``folder`` is no release (no ``privacy.json``), else the checked rows (one failing row for a
+        ``privacy.json`` of another format: a replaced one must not turn the release checks off)
         ``{"name", "claimed", "recomputed", "difference", "ok"[, "reason"]}`` (the rows of
         :func:`fedhype.eval.audit_ledger.audit_run`).
     """
@@ -206,7 +207,13 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
         return [{"name": "privacy.json", "claimed": None, "recomputed": None, "difference": None, "ok": False,
                  "reason": str(exc)}]
     if not isinstance(claimed, dict) or claimed.get("format") != FORMAT:
-        return None
+        # a probe replaced privacy.json with {} and the folder was audited as a run folder: its README and extra
+        # files unchecked, exit 0. A privacy.json that is not a release's fails as a removed one does.
+        found = claimed.get("format") if isinstance(claimed, dict) else type(claimed).__name__
+        return [{"name": "privacy.json: format", "claimed": found, "recomputed": FORMAT, "difference": None, "ok": False,
+                 "reason": f"{path} is not a release's privacy.json (format {found!r}, not {FORMAT!r}): replaced or "
+                           "edited, so the folder cannot be checked for what else it holds; ask for the folder as it "
+                           "was released"}]
     rows: list[dict[str, Any]] = []
 
     def row(name, c, r, ok, reason=None):
@@ -351,7 +358,8 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
 
     Raises:
         ValidationError: ``dest`` exists (without ``overwrite``, or it is not a release).
-        ArtifactError: no model in ``run_dir``, a tampered ledger, a synthetic store of another run, a model whose
+        ArtifactError: no model in ``run_dir``, another run's model (its data keys, clients or rounds are not the run's:
+            :func:`fedhype.federated.rundir.check_model_belongs`), a tampered ledger, a synthetic store of another run, a model whose
             metadata says more ε than the run's ledger records (:func:`_copy_model`; where it says less than the
             committed rounds cost, the released model's metadata says the ledger's figure and ``privacy.json`` a
             ``model_epsilon_note``).
@@ -364,6 +372,9 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
         if not overwrite or not is_release:
             raise ValidationError(f"{dest} exists; a release is written into a new folder"
                                   + ("" if is_release else " (and this one is not a fedhype release)"))
+    from fedhype.federated.rundir import check_model_belongs
+
+    check_model_belongs(src)  # another run's model copied in would be released under this ledger (a probe)
     summary = privacy_summary(src)
     if synthetic is not None:
         from fedhype.data.store import EmbeddingStore

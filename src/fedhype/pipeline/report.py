@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import platform
 import statistics
@@ -119,8 +120,11 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d"),
         "fedhype_version": __version__,
     }
+    text = _markdown(report, ev, conf)
+    # the audit ties the text to the figures: a probe's report.md edited to "ε = 0.1" passed
+    report["report_md_sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
     atomic_write_json(out / "report.json", strict_json(report))
-    atomic_write_text(out / "report.md", _markdown(report, ev, conf))
+    atomic_write_text(out / "report.md", text)
     return report
 
 
@@ -327,8 +331,8 @@ def _recharged_of(run_dir: Path) -> str | None:
 def _recharged_words(r: dict) -> str:
     """Why a run's ε is above its target: what it charged again on resume (``r["recharged"]``, from the ledger)."""
     what = r.get("recharged")
-    if not what:
-        return "an interrupted step was charged again on resume, see the ledger"
+    if not what:  # nothing charged twice: the plan itself spent more (a probe's report gave an interruption as reason)
+        return "the plan's noise spends more than the target (nothing was charged again), see the ledger"
     from fedhype.privacy.ledger import charged_again_clause
 
     return f"{charged_again_clause(what)}, see the ledger"
@@ -384,28 +388,15 @@ def _secure_aggregation(conf: dict, part, trained: dict) -> dict | None:
 
 
 def _class_stats_claims(run_dir: Path, trained: dict) -> dict:
-    """ε of the class-statistics release alone and how many times each client was charged for it."""
+    """ε of the class-statistics release alone and how many times each client was charged for it
+    (:func:`fedhype.privacy.events.release_claims`; ``fedhype audit`` recomputes them the same way)."""
     s0 = trained.get("class_stats_noise_multiplier")
     if not s0 or not trained.get("private"):
         return {"class_stats_epsilon": None, "class_stats_releases": None}
-    from fedhype.federated.class_stats import MECHANISM
-    from fedhype.privacy.accountant import epsilon
+    from fedhype.privacy.events import release_claims
     from fedhype.privacy.ledger import PrivacyLedger
 
-    pre = [e for e in PrivacyLedger.load(Path(run_dir) / "ledger.json").events if e.round == -1]
-    per_client: dict[str, int] = {}
-    for e in pre:
-        if e.mechanism == MECHANISM:
-            per_client[e.client] = per_client.get(e.client, 0) + 1
-    # one client's first release as recorded: the centre (when centred) and the statistics
-    first = pre[0].client if pre else None
-    steps, seen = [], set()
-    for e in pre:
-        if e.client == first and e.mechanism not in seen:
-            seen.add(e.mechanism)
-            steps.append((float(e.noise_multiplier), float(e.sample_rate), int(e.steps)))
-    return {"class_stats_epsilon": epsilon(steps or [(float(s0), 1.0, 1)], trained["delta"]),
-            "class_stats_releases": max(per_client.values()) if per_client else 0}
+    return release_claims(PrivacyLedger.load(Path(run_dir) / "ledger.json").events, trained["delta"], s0)
 
 
 def _no_round_clause(r: dict) -> str:

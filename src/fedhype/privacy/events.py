@@ -90,3 +90,30 @@ def skellam_release_events(clients: Iterable[str], plan, mechanism: str, note: s
     return [LedgerEvent(client=str(c), round=-1, mechanism=mechanism, sample_rate=1.0, steps=1,
                         clip_norm=float(RELEASE_SENSITIVITY), note=note, **plan.event_fields())
             for c in clients]
+
+
+def release_claims(events: Sequence[LedgerEvent], delta: float, sigma0: float | None = None) -> dict:
+    """What a run's report says of its statistics release, recomputed from its ledger's events: the ε of one
+    client's release alone (its first release as recorded: the centre, when centred, and the statistics; one step
+    of ``sigma0`` where the ledger has none) and the most times a client was charged for it.
+
+    Returns:
+        ``{"class_stats_epsilon": float | None, "class_stats_releases": int}`` (None without a release or σ₀).
+    """
+    from fedhype.privacy.accountant import epsilon
+
+    pre = [e for e in events if e.round == -1]
+    per_client: dict[str, int] = {}
+    for e in pre:
+        if e.mechanism == RELEASE:
+            per_client[e.client] = per_client.get(e.client, 0) + 1
+    first = pre[0].client if pre else None
+    steps, seen = [], set()
+    for e in pre:
+        if e.client == first and e.mechanism not in seen:
+            seen.add(e.mechanism)
+            steps.append((float(e.noise_multiplier), float(e.sample_rate), int(e.steps)))
+    if not steps and not sigma0:
+        return {"class_stats_epsilon": None, "class_stats_releases": 0}
+    return {"class_stats_epsilon": epsilon(steps or [(float(sigma0), 1.0, 1)], delta),
+            "class_stats_releases": max(per_client.values()) if per_client else 0}
