@@ -280,3 +280,12 @@ def test_budget_plans_the_steps_and_sigma_that_train_runs(seed):
         assert [(row["sample_rate"], row["steps"]) for row in plan["clients"]] == engine["plan"]
         assert plan["noise_multiplier"] == pytest.approx(engine["noise_multiplier"], rel=1e-9)
         assert plan["class_stats_noise_multiplier"] == pytest.approx(engine["class_stats_noise_multiplier"], rel=1e-9)
+
+
+def test_a_single_mechanism_with_a_large_delta_is_warned_about(app):
+    """An auditor's probe: --delta 0.5 printed ε = 0 without a word."""
+    result, out = _run(app, "--noise-multiplier", "1.1", "--sample-rate", "0.01", "--steps", "100", "--delta", "0.5",
+                       "--json")
+    assert result.exit_code == 0 and any(w.startswith("δ = 0.5 is no meaningful guarantee") for w in out["warnings"])
+    result, out = _run(app, *MNIST, "--json")
+    assert not any("no meaningful guarantee" in w for w in out.get("warnings") or [])

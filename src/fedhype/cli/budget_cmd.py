@@ -54,6 +54,10 @@ def _mark(result: dict[str, Any], sigma: float, note: bool = True) -> dict[str, 
     return result
 
 
+#: a δ at or above this gets a warning from a single mechanism's budget (no n to compare it with)
+LARGE_DELTA = 0.01
+
+
 def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier: float | None = None,
                   target_epsilon: float | None = None) -> dict[str, Any]:
     """ε of ``steps`` Poisson-subsampled Gaussian steps, or (with ``target_epsilon``) σ for a target ε."""
@@ -69,6 +73,11 @@ def budget_single(delta: float, sample_rate: float, steps: int, noise_multiplier
         sigma = validate_noise_multiplier(noise_multiplier, "--noise-multiplier")
     rep = epsilon_report([(sigma, q, steps)], delta)
     out = {"mode": "single", **rep, "noise_multiplier": sigma, "sample_rate": q}
+    if delta >= LARGE_DELTA:  # a probe's --delta 0.5 printed ε = 0 without a word
+        out["warnings"] = [*(out.get("warnings") or []),
+                           f"δ = {delta:g} is no meaningful guarantee: (ε, δ)-DP allows a mechanism that publishes a "
+                           "record outright with probability δ; δ is usually well below 1/n of the data set (a plan "
+                           "with --client-sizes checks it against each client's n)"]
     if target_epsilon is not None:
         out["target_epsilon"] = float(target_epsilon)
     return _mark(out, sigma)
