@@ -220,14 +220,17 @@ def test_run_end_to_end_and_resume(tmp_path):
     # an auditor's probe: the report's release ε and its report.md text could be edited and pass
     import shutil
 
-    for what in ("class_stats_epsilon", "report.md"):
+    for what in ("class_stats_epsilon", "report.md", "target_epsilon"):
         bad = tmp_path / f"forged-{what.replace('.', '-')}"
         shutil.copytree(job, bad)
         if what == "report.md":
             (bad / "report.md").write_text((bad / "report.md").read_text().replace("ε = ", "ε = 0.0"))
         else:
             forged = json.loads((bad / "report.json").read_text())
-            forged["class_stats_epsilon"] /= 4
+            if what == "target_epsilon":  # a second probe: a removed key turned its check off
+                forged.pop("target_epsilon")
+            else:
+                forged["class_stats_epsilon"] /= 4
             (bad / "report.json").write_text(json.dumps(forged))
         f = runner.invoke(app, ["audit", "--run", str(bad), "--json"])
         assert f.exit_code == 4 and (what in _json(f)["error"]), f.output

@@ -268,14 +268,15 @@ def test_a_model_of_another_run_is_neither_released_nor_audited_under_this_ledge
     import shutil
 
     run, _ = audit_run
-    for change in ("data_keys", "rounds_done"):
+    for change in ("data_keys", "rounds_done", "method", "seed"):
         other = tmp_path / change
         shutil.copytree(run, other)
         from fedhype.federated.rundir import load_model
         from fedhype.io import atomic_save_tensors, load_tensors, tensor_metadata
 
         meta = json.loads(tensor_metadata(other / "model.safetensors")["fedhype"])
-        meta[change] = ["0" * 32] * len(meta["data_keys"]) if change == "data_keys" else meta["rounds_done"] + 5
+        meta[change] = {"data_keys": ["0" * 32] * len(meta["data_keys"]), "rounds_done": meta["rounds_done"] + 5,
+                        "method": "dp-gaussian", "seed": 12345}[change]
         atomic_save_tensors(other / "model.safetensors", load_tensors(other / "model.safetensors"),
                             metadata={"fedhype": json.dumps(meta)})
         assert load_model(other)[2][change] == meta[change]

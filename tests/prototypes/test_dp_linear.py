@@ -183,8 +183,14 @@ def test_a_job_folders_audit_names_its_dp_linear_reference_and_the_composed_epsi
     assert a["consistent"], a["mismatches"]
     assert a["dp_linear"]["epsilon"] == pytest.approx(res["epsilon"], abs=1e-9) and a["dp_linear"]["consistent"]
     assert any("report.json: dp_fedavg_linear_epsilon" in r["name"] for r in a["checked"])
-    said = [w for w in a["warnings"] if "dp_linear/" in w]
+    said = [w for w in a["warnings"] if "dp_linear/ is a separate DP model" in w]
     assert len(said) == 1 and f"ε ≤ {gen['epsilon'] + res['epsilon']:.4g}" in said[0]
+    # its seeded noise is said at the job's level too (a second probe saw it only in dp_linear/'s own audit)
+    from fedhype.eval.audit_dp_linear import audit_dp_linear as audit_linear
+
+    seeded = audit_linear(out).get("noise_seeded", False)
+    assert seeded  # the eps8 reference is trained with a seed
+    assert any(w.startswith("the noise of dp_linear/") for w in a["warnings"]) == seeded
     (job / "report.json").write_text(json.dumps({**report, "dp_fedavg_linear_epsilon": 1.0}))
     b = audit_folder(job)
     assert not b["consistent"] and [m["name"] for m in b["mismatches"]] == [f"{job / 'report.json'}: dp_fedavg_linear_epsilon"]

@@ -213,6 +213,9 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
                 + both + "; `--set evaluate.dp_linear=false` trains none")
         if sub.get("report_note"):
             res["warnings"].append(sub["report_note"])
+        if sub.get("noise_seeded"):  # a second probe: a seeded dp_linear/ was said so only when audited alone
+            res["warnings"].append("the noise of dp_linear/ (the DP-SGD linear reference) was seeded: whoever knows the "
+                                   "seed can regenerate and remove it, so its ε holds only while the seed stays secret")
         _finish(res, res["checked"] + sub["checked"])
     return res
 
@@ -314,7 +317,7 @@ def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> 
             rows += _report_client_rows(ledger, report, str(report_path), tol)
             if "delta" in report:
                 rows.append(_equal(f"{report_path}: delta", report.get("delta"), ledger.delta))
-            rows += _report_release_rows(spent, report, str(report_path), config, tol)
+            rows += _report_release_rows(spent, report, str(report_path), config, tol, res["warnings"])
         for path, s in stores:
             rows.append(_check_committed(ledger, spent, f"synthetic {path}: meta.epsilon", s.meta.get("epsilon"), tol))
             rows.append(_equal(f"synthetic {path}: meta.delta", s.meta.get("delta"), ledger.delta))
@@ -551,7 +554,7 @@ def _load_ledger(run: RunDir, res: dict[str, Any], rows: list[dict[str, Any]]) -
 
 
 def _report_release_rows(ledger: PrivacyLedger, report: dict, where: str, config: dict,
-                         tol: float) -> list[dict[str, Any]]:
+                         tol: float, notes: list[str]) -> list[dict[str, Any]]:
     """A job report's other privacy figures (a probe's edits of them passed): the release's own ε and charge count
     (:func:`fedhype.privacy.events.release_claims` of the ledger), the target ε (``config.json``'s), and its
     ``report.md`` (the SHA-256 the report recorded of the text written beside it)."""
@@ -560,6 +563,17 @@ def _report_release_rows(ledger: PrivacyLedger, report: dict, where: str, config
     from fedhype.privacy.events import release_claims
 
     rows = []
+    if "tstr_accuracy" in report:  # a job's report writes these keys: one removed turned its check off (a probe)
+        gone = [k for k in ("class_stats_epsilon", "target_epsilon") if k not in report]
+        if gone:
+            rows.append({"name": f"{where}: {', '.join(gone)}", "claimed": "missing", "recomputed": None,
+                         "difference": None, "ok": False,
+                         "reason": "a job's report.json writes these keys: removed; rerun the job's evaluation "
+                                   "(`fedhype run` again) to write it whole"})
+        if "report_md_sha256" not in report:  # reports written before 2026-12-07 have none
+            notes.append(f"{where} records no report_md_sha256 (a report written before the audit checked report.md, "
+                         "or the key was removed): report.md is not checked; rerun the job (`fedhype run` again) to "
+                         "write both")
     if report.get("class_stats_epsilon") is not None:
         plan = config.get("privacy_plan") if isinstance(config.get("privacy_plan"), dict) else {}
         want = release_claims(ledger.events, ledger.delta, plan.get("class_stats_noise_multiplier"))

@@ -265,7 +265,7 @@ def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
 def model_run_mismatches(meta: dict, config: dict, rounds_done: int | None,
                          ledger_rounds: int | None = None) -> list[dict]:
     """Where a model's metadata disagrees with the run folder it sits in: the clients' data keys and names
-    (``config.json``'s ``partition``), the committed rounds (``checkpoint.json``) and the DP-SGD rounds its ledger
+    (``config.json``'s ``partition``), the method and noise seed (its ``train``), the committed rounds (``checkpoint.json``) and the DP-SGD rounds its ledger
     charged. A probe copied another run's model into a run folder (trained on another partition: 613 of one
     client's training records were the run's held-out records) and the release written from it passed the audit.
 
@@ -289,6 +289,12 @@ def model_run_mismatches(meta: dict, config: dict, rounds_done: int | None,
                         "recomputed": theirs,
                         "reason": f"the model was trained on other data than this run ({what} differ): another run's "
                                   "model, so this folder's ledger does not account for it"})
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    for key, what in (("method", "the method (the one the run resolved)"), ("seed", "the noise seed")):
+        if key in meta and key in train and meta[key] != train[key]:  # a second probe: dp-gaussian's or a seeded
+            out.append({"name": f"model.safetensors: {key} vs config.json train.{key}", "claimed": meta[key],
+                        "recomputed": train[key],  # run's model, copied in, passed every check
+                        "reason": f"the model was trained with another {what} than this run: another run's model"})
     done = meta.get("rounds_done")
     if isinstance(done, int) and rounds_done is not None and done not in (rounds_done, rounds_done + 1):
         out.append({"name": "model.safetensors: rounds_done vs checkpoint.json", "claimed": done,
