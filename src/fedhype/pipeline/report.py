@@ -62,17 +62,17 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     projection_plot(F.normalize(test.embeddings, dim=-1).numpy(), test.labels.numpy(), syn.embeddings.numpy(),
                     syn.labels.numpy(), store.class_names, plots / "projection.png")
     metrics = read_json(out / "run" / "metrics.json", "metrics")
-    release = _class_stats_claims(out / "run", trained).get("class_stats_epsilon")
-    target_eps = conf["train"].get("epsilon") if trained["private"] and conf["train"].get("noise_multiplier") is None else None
+    claims = _class_stats_claims(out / "run", trained)
+    release = claims.get("class_stats_epsilon")
+    target = conf["train"].get("epsilon") if trained["private"] and conf["train"].get("noise_multiplier") is None else None
     curves = bool(trained.get("rounds"))  # a run with no DP-SGD round (dp-gaussian, no-dp-sgd) has no curve to draw
     if curves:
-        training_plot(metrics, plots / "training.png", release_epsilon=release, target_epsilon=target_eps)
+        training_plot(metrics, plots / "training.png", release_epsilon=release, target_epsilon=target)
     if ev.get("code_domain"):
         from fedhype.pipeline.plots import code_domain_plot
 
         code_domain_plot(ev["code_domain"], plots / "code_domain.png")
     per_client = client_epsilons(out / "run", trained.get("epsilon_per_client"))
-    target = conf["train"].get("epsilon") if trained["private"] and conf["train"].get("noise_multiplier") is None else None
     report = {
         "epsilon": trained["epsilon"], "delta": trained["delta"], "private": trained["private"],
         "target_epsilon": target, "above_target": above_target(trained["epsilon"], target),
@@ -87,7 +87,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "centre_share": float(conf["train"].get("centre_share") or 0.0) if trained["private"] else None,
         "release_centre": _release_centre(conf) if trained["private"] else None,
         "secure_aggregation": _secure_aggregation(conf, part, trained),
-        **_class_stats_claims(out / "run", trained),
+        **claims,
         "rounds": trained["rounds"], "clients": [c.name for c in part.clients],
         "client_sizes": [len(c.train) for c in part.clients],
         # ε per client keyed by client name (as in "clients"); "client_epsilons" keeps the ledger ids
