@@ -346,7 +346,7 @@ def val_scores(store, part, overrides: dict, eps: str, seed: int, config=None, w
     for k, v in overrides.items():
         v = str(v).lower() if isinstance(v, bool) else v
         section = "model" if k in ("latent", "residual", "clip_rescale", "located_share", "client_shrinkage",
-                                   "code_dim") else "train"
+                                   "code_dim", "pooling") else "train"
         sets.append(f'{section}.{k}="{v}"' if isinstance(v, str) and v not in ("true", "false") else f"{section}.{k}={v}")
     cfg = train_config(resolve(config, sets))
     with tempfile.TemporaryDirectory() as tmp, _floor_as_before(before_fix):

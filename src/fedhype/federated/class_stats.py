@@ -32,9 +32,10 @@ import torch
 from fedhype.errors import FedhypeError, ValidationError
 from fedhype.federated.client_shrinkage import SHRINKAGE, ClipShift, shrinkage_mode
 from fedhype.federated.covariance import MIN_TOTAL_VARIANCE, _gaussian, class_mean_snr, resolve_located_share
+from fedhype.federated.pooling import pooled_class_means
 from fedhype.federated.release_outputs import (_has_centre, is_partial, load_release_outputs, load_secure_outputs,
                                                save_release_outputs, save_secure_outputs)
-from fedhype.models.config import CLIENT_SHRINKAGE, DEFAULT_RESIDUAL
+from fedhype.models.config import CLIENT_SHRINKAGE, DEFAULT_RESIDUAL, POOLINGS
 from fedhype.privacy.dp_step import PrivatizedUpdate
 from fedhype.privacy.events import RELEASE as MECHANISM  # the one list of mechanism names
 from fedhype.privacy.secure_agg import DistributedNoise, PrivatizedAggregate, secure_sum
@@ -44,7 +45,7 @@ from fedhype.privacy.secure_agg import DistributedNoise, PrivatizedAggregate, se
 def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *, sums_std: float | None = None,
                           second_moment_std: float = 0.0, max_rank: int | None = None, centring=None,
                           residual: str = DEFAULT_RESIDUAL, located_share: float = 0.0,
-                          rescale: float = 1.0) -> dict[str, torch.Tensor]:
+                          rescale: float = 1.0, pooling: str = "sum") -> dict[str, torch.Tensor]:
     """Pool the clients' privatized statistics into the model space, the class bias and the covariance.
 
     Args:
@@ -67,6 +68,9 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
         residual, located_share: where the variance the release cannot locate goes (:func:`fedhype.federated.covariance.covariance_estimate`);
             ``located_share = "auto"`` is resolved from these pooled moments (:func:`fedhype.federated.covariance.resolve_located_share`).
         rescale: the clip rescale g of a centred release (:func:`clip_rescale_factor`; 1 = none).
+        pooling: ``model.pooling``, how the clients' class sums make the class means (:mod:`fedhype.federated.pooling`;
+            the sum under secure aggregation, without DP noise and for one release). ``"random-effects"`` adds
+            ``pooling_tau2`` [K] float64 (τ_k²) to the result.
 
     Returns:
         float32 tensors in model space: ``space_mean`` [D], ``space_scale`` [] and ``class_bias``
@@ -77,9 +81,11 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
         ``located_share`` [] (the share used) and ``class_mean_snr`` [] (F, :func:`fedhype.federated.covariance.class_mean_snr`), float64.
     """
     mo = _moments(updates, noise_std, sums_std=sums_std, second_moment_std=second_moment_std, centring=centring,
-                  rescale=rescale)
+                  rescale=rescale, pooling=pooling)
     mean, scale, class_means = mo["mean"], torch.sqrt(mo["var"] / mo["mean"].shape[0]), mo["class_means"]
     out = {"space_mean": mean, "space_scale": scale, "class_bias": (class_means - mean) / scale}
+    if pooling == "random-effects" and "pooling_tau2" in mo:
+        out["pooling_tau2"] = mo["pooling_tau2"]
     if mo["cov"] is not None:
         share = resolve_located_share(located_share, mo, max_rank)
         factor, resid, rank = _gaussian(mo, max_rank, residual, share)
@@ -92,7 +98,7 @@ def aggregate_class_stats(updates: "list[PrivatizedUpdate] | PrivatizedAggregate
 
 def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std: float = 0.0, *,
              sums_std: float | None = None, second_moment_std: float = 0.0, centring=None,
-             rescale: float = 1.0) -> dict:
+             rescale: float = 1.0, pooling: str = "sum") -> dict:
     """The DP first and second moments of a release in unit-sphere units (:func:`aggregate_class_stats`).
 
     ``centring``: None (uncentred release), one :class:`~fedhype.privacy.centring.Centring` for every
@@ -104,7 +110,9 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
 
     Returns ``mean`` [D], ``var`` [] (total variance, clamped), ``class_means`` [K, D] float32;
     ``counts`` [K] (floored at ``counts_floor``, twice the count noise std),
-    ``sums_noise_var`` (noise variance per coordinate of the pooled sums),
+    ``sums_noise_var`` (noise variance per coordinate of the pooled sums: a float, or [K] float64 where ``pooling``
+    weighted them — N_k² × the noise variance of class mean k, so that class mean k's is ``sums_noise_var/counts²``
+    either way; ``pooling_tau2`` [K] with it),
     ``cov`` [D, D] float64 (total covariance M/N − m mᵀ, or None without second moments) and
     ``offdiag_var`` (noise variance of each of its off-diagonal entries).
     """
@@ -144,10 +152,26 @@ def _moments(updates: "list[PrivatizedUpdate] | PrivatizedAggregate", noise_std:
     bias = dim * sums_noise_var / float(total) ** 2
     var = torch.clamp(1.0 - (mean.pow(2).sum() - bias), min=MIN_TOTAL_VARIANCE, max=1.0)
     class_counts = counts.clamp_min(floor)
-    class_means = mean + (sums - counts[:, None] * mean) / class_counts[:, None]
+    class_sums, class_noise_var, tau2 = sums, sums_noise_var, None
+    if pooling not in POOLINGS:
+        raise ValidationError(f"model.pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+    if pooling != "sum" and noise_factor == 1.0 and len(updates) > 1 and sums_std > 0:
+        # per-client releases under DP: weighted class means (fedhype.federated.pooling), written back as class
+        # sums N_k·μ̂_k with the noise variance N_k²·v_k, so that everything below reads them as before
+        pool = pooled_class_means(lambda: ((*_unit_sphere(u, cen, rescale, second=False)[:2],
+                                            1.0 if cen is None else float(cen.radius) * float(rescale))
+                                           for u, cen in zip(updates, cens)), sums_std, pooling)
+        ok = pool["pooled"] & (counts > 0)
+        class_sums = torch.where(ok[:, None], counts[:, None] * pool["class_means"].nan_to_num(), sums)
+        class_noise_var = torch.where(ok, counts ** 2 * pool["noise_var"].nan_to_num(),
+                                      torch.full_like(counts, sums_noise_var))
+        tau2 = pool["tau2"]
+    class_means = mean + (class_sums - counts[:, None] * mean) / class_counts[:, None]
     out = {"mean": mean.to(torch.float32), "var": var.to(torch.float32), "class_means": class_means.to(torch.float32),
-           "counts": class_counts.to(torch.float32), "sums_noise_var": sums_noise_var, "cov": None, "offdiag_var": 0.0,
+           "counts": class_counts.to(torch.float32), "sums_noise_var": class_noise_var, "cov": None, "offdiag_var": 0.0,
            "counts_floor": float(floor)}
+    if tau2 is not None:
+        out["pooling_tau2"] = tau2
     if all_m2 and m2_sum is not None:
         out["cov"] = m2_sum / float(total) - torch.outer(mean, mean)
         out["offdiag_var"] = noise_factor * float(second_moment_std) ** 2 * sum(r ** 4 for r in radii) / float(total) ** 2
@@ -166,17 +190,19 @@ def _per_release(centring, n: int) -> list:
     return cens
 
 
-def _unit_sphere(update, centring, rescale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]:
+def _unit_sphere(update, centring, rescale: float = 1.0, second: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]:
     """One release's class sums [K, D], counts [K] and second moments [D, D] (or None) of the unit records, float64.
 
     A centred release holds the statistics of ``y = clip_R(x − c)/R``; with x = c + R·y (exact for the
     records inside the radius) they map back as Σx = n·c + R·Σy and Σxxᵀ = n·c cᵀ + R(c Σyᵀ + Σy cᵀ) + R²·Σyyᵀ
     (n and Σy the noisy totals over the classes). ``rescale`` g puts g·R in place of R (x ≈ c + g·R·y:
-    :func:`clip_rescale_factor`). Post-processing (:mod:`fedhype.privacy.centring`).
+    :func:`clip_rescale_factor`). ``second=False`` skips the second moments (None: the class sums' passes of
+    :func:`fedhype.federated.pooling.pooled_class_means`). Post-processing (:mod:`fedhype.privacy.centring`).
     """
     s = update.tensors["class_sums"].to(torch.float64)
     n = update.tensors["class_counts"].to(torch.float64)
-    m2 = update.tensors["second_moment"].to(torch.float64) if "second_moment" in update.tensors else None
+    m2 = update.tensors["second_moment"].to(torch.float64) if second and "second_moment" in update.tensors else None
     if centring is None:
         return s, n, m2
     c, r = centring.centre.to(torch.float64), float(centring.radius) * float(rescale)
@@ -309,7 +335,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
     with torch.no_grad():
         base_cb, base_wl = hnet.base["cb"].to(torch.float64), hnet.base["wl"].to(torch.float64)
         base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
-        pooled = release_moments(updates, dp, weights, centring, rescale)
+        pooled = release_moments(updates, dp, weights, centring, rescale, getattr(cfg, "pooling", "sum"))
         shrink = shrinkage_mode(getattr(cfg, "client_shrinkage", False))
         cens = _per_release(centring, len(updates))
         # client centres (each client clipped around its own): the "client" test discounts the clip shift
@@ -366,19 +392,23 @@ def release_notes(stats: dict[str, torch.Tensor]) -> dict[str, float]:
     """What the run records of :func:`pooled_stats`' choices (``release.json``, the model's metadata): the
     located share used (``model.located_share = "auto"`` resolved, :func:`fedhype.federated.covariance.resolve_located_share`), the class
     means' James–Stein factor F it was chosen from and the number r of covariance directions the release
-    located (:func:`fedhype.federated.covariance.covariance_estimate`); empty without second moments. Public: functions of DP outputs."""
+    located (:func:`fedhype.federated.covariance.covariance_estimate`); empty without second moments; with
+    ``model.pooling = "random-effects"`` also ``pooling_tau2``, the clients' class-mean scatter τ_k² per class
+    (:mod:`fedhype.federated.pooling`). Public: functions of DP outputs."""
     share, snr, directions = RELEASE_NOTE_KEYS
     out = {k: round(float(stats[k]), 6) for k in (share, snr) if k in stats}
     if "rank" in stats:
         out[directions] = int(stats["rank"])
+    if "pooling_tau2" in stats:  # model.pooling = "random-effects": the scatter τ_k² it found, per class
+        out["pooling_tau2"] = [float(f"{float(v):.4g}") for v in stats["pooling_tau2"]]
     return out
 
 
-def release_moments(updates, dp, weights, centring=None, rescale: float = 1.0) -> dict:
+def release_moments(updates, dp, weights, centring=None, rescale: float = 1.0, pooling: str = "sum") -> dict:
     """:func:`_moments` of ``updates`` with the noise levels of the release settings (``dp``, ``weights``)."""
     std = release_noise(dp, weights)
     return _moments(updates, std["class_counts"], sums_std=std["class_sums"], second_moment_std=std["second_moment_offdiag"],
-                    centring=centring, rescale=rescale)
+                    centring=centring, rescale=rescale, pooling=pooling)
 
 
 def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_rank: int | None = None, *,
@@ -425,12 +455,12 @@ def release_noise(dp, weights) -> dict[str, float]:
 
 def pooled_stats(updates: list[PrivatizedUpdate], dp, weights, max_rank: int | None = None,
                  centring=None, residual: str = DEFAULT_RESIDUAL, located_share: float = 0.0,
-                 rescale: float = 1.0) -> dict[str, torch.Tensor]:
+                 rescale: float = 1.0, pooling: str = "sum") -> dict[str, torch.Tensor]:
     """:func:`aggregate_class_stats` with the noise levels of the release settings (``dp``, ``weights``)."""
     std = release_noise(dp, weights)
     return aggregate_class_stats(updates, std["class_counts"], sums_std=std["class_sums"],
                                  second_moment_std=std["second_moment_offdiag"], max_rank=max_rank, centring=centring,
-                                 residual=residual, located_share=located_share, rescale=rescale)
+                                 residual=residual, located_share=located_share, rescale=rescale, pooling=pooling)
 
 
 def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_path, *, seeded: bool,
@@ -602,7 +632,7 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         server.release_notes = {k: [n.get(k) for n in notes] for k in (notes[0] if notes else {})}  # one per client
     else:
         g = clip_rescale_factor(updates, cens) if rescaled else 1.0
-        stats = pooled_stats(updates, dp, weights, rank_cap, cens, residual, share, g)
+        stats = pooled_stats(updates, dp, weights, rank_cap, cens, residual, share, g, server.cfg.pooling)
         apply_class_stats(server.hnet, stats)
         server.release_notes = release_notes(stats)
         if server.hnet.cfg.client_heads:  # h(c_i) = client i's own DP Gaussian

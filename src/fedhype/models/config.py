@@ -64,6 +64,10 @@ AUTO_SHARE_MIN_SNR = 0.94
 AUTO_SHARE_MAX_LOCATED = 20
 #: default ``ModelConfig.located_share``
 DEFAULT_LOCATED_SHARE = "auto"
+#: how the server pools the clients' released class sums into class means (``model.pooling``,
+#: :mod:`fedhype.federated.pooling`): the plain sum, inverse-variance weights, random-effects weights
+POOLINGS = ("sum", "inverse-variance", "random-effects")
+DEFAULT_POOLING = "sum"
 #: the ``fedhype train`` options of ``[model]`` keys (named in a refusal beside the key)
 MODEL_FLAGS = {"hidden": "--hidden", "latent": "--latent"}
 
@@ -348,6 +352,13 @@ class ModelConfig:
             images) and of ours by +0.014 on digits (+0.001 on all 70,000 images), but where the class means
             are noisy (ε = 1 on the smaller sets) it costs 0.011–0.023, because it scales their noise up with
             them (benchmarks/results/release_defaults.md, "clip rescale").
+        pooling: how the server pools the clients' per-client class sums into the class means (post-processing of
+            the releases, no ε; :mod:`fedhype.federated.pooling`): ``"sum"`` adds them (each client's noise counts
+            fully, whatever share of a class it holds), ``"inverse-variance"`` weights each client's class mean by
+            n_ik²/R_i² (its DP count over its clip radius: the inverse of its noise variance; Cochran 1954),
+            ``"random-effects"`` moves those weights toward the sum's as far as the clients' class means are found to
+            scatter beyond their noise (DerSimonian & Laird 1986). Without DP, with one client and under secure
+            aggregation (the server holds one sum) every rule is the sum. Measured: benchmarks/results/pooling.md.
     """
 
     dim: int
@@ -371,6 +382,7 @@ class ModelConfig:
     residual: str = DEFAULT_RESIDUAL
     located_share: float | str = DEFAULT_LOCATED_SHARE
     clip_rescale: bool = False
+    pooling: str = DEFAULT_POOLING
 
     @property
     def linear_path(self) -> bool:
@@ -416,6 +428,8 @@ class ModelConfig:
             self.located_share = float(share)
         if not isinstance(self.clip_rescale, bool):
             raise ValidationError(f"model.clip_rescale must be true or false, got {self.clip_rescale!r}")
+        if self.pooling not in POOLINGS:
+            raise ValidationError(f"model.pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")
         bands = self.mmd_bandwidths
         # a string or a number was read character by character or failed with a TypeError; 0 divides by zero in the
         # kernel, an empty list in its mean (the MMD term and the validation MMD² of every run)
