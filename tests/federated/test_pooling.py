@@ -168,3 +168,27 @@ def test_a_run_pools_by_its_setting_charges_the_same_and_records_the_scatter(rea
     a, b = (runs[r][0].base["cb"] for r in runs)  # the class bias the pooled class means set
     assert not torch.allclose(a, b)
     torch.testing.assert_close(runs["sum"][0].space_mean, runs["random-effects"][0].space_mean)
+
+
+def test_weights_sum_to_one_with_unequal_radii_and_one_client_classes_have_no_scatter(real_store):
+    """Noise-free releases of one common class mean, clip radii 0.5–2 and mixed counts (one class held by one client,
+    counts of 0.3 and −2): both weighted rules give the common mean exactly (Σ_i a_ik = 1, whatever R_i), and a class
+    only one client counts has τ² = 0, not rounding noise over rounding noise."""
+    from fedhype.federated.pooling import pooled_class_means
+
+    x = torch.nn.functional.normalize(real_store.embeddings.to(torch.float64), dim=1)
+    mu = torch.stack([x[real_store.labels == k].mean(0) for k in range(K)])
+    radii = [0.5, 1.0, 2.0, 0.8]
+    counts = torch.tensor([[40.0] * K, [3.0] * K, [0.3] * K, [-2.0] * K])
+    counts[1:, 0] = 0.0  # class 0: client 0 alone
+    rel = [(n[:, None] * mu, n, r) for n, r in zip(counts, radii)]
+    for rule in ("inverse-variance", "random-effects"):
+        got = pooled_class_means(lambda: iter(rel), 1.3, rule)
+        torch.testing.assert_close(got["class_means"], mu, atol=1e-12, rtol=0)
+        assert bool(got["pooled"].all()) and float(got["tau2"][0]) == 0.0
+    # the weights follow n²/R²: two clients, the second twice the count at twice the radius — equal weights
+    rel = [(20.0 * (mu + 0.1), torch.full((K,), 20.0), 1.0), (40.0 * (mu - 0.1), torch.full((K,), 40.0), 2.0)]
+    got = pooled_class_means(lambda: iter(rel), 1.3, "inverse-variance")
+    torch.testing.assert_close(got["class_means"], mu, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="pooling rule"):
+        pooled_class_means(lambda: iter(rel), 1.3, "sum")

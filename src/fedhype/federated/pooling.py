@@ -42,7 +42,7 @@ def _tau2(releases: Iterable[Release], sigma2: float) -> tuple[torch.Tensor, tor
     """
     ws = w = w2 = a = m = None
     for s, n, r in releases:
-        n = n.clamp_min(0)
+        s, n = s.to(torch.float64), n.to(torch.float64).clamp_min(0)
         r2 = r * r
         on = (n > 0).to(torch.float64)
         terms = (n[:, None] * s / r2, n * n / r2, (n * n / r2) ** 2, on * s.pow(2).sum(1) / r2, on)
@@ -57,7 +57,9 @@ def _tau2(releases: Iterable[Release], sigma2: float) -> tuple[torch.Tensor, tor
     q = (a - 2.0 * (ws * mu).sum(1) + w * mu.pow(2).sum(1)) / sigma2  # Σ_i ‖S_i − n_i μ‖² / (σ²R_i²)
     big_w, big_w2 = w / sigma2, w2 / sigma2 ** 2
     spread = big_w - big_w2 / big_w.clamp_min(1e-300)
-    tau2 = torch.where(spread > 0, (q / dim - (m - 1.0)) / spread.clamp_min(1e-300), torch.zeros_like(q))
+    # one client holding the class: spread is 0 up to rounding (no scatter to measure), τ² = 0 there
+    resolved = (m > 1) & (spread > 1e-12 * big_w)
+    tau2 = torch.where(resolved, (q / dim - (m - 1.0)) / spread.clamp_min(1e-300), torch.zeros_like(q))
     return tau2.clamp_min(0.0), q, m
 
 
@@ -66,7 +68,7 @@ def pooled_class_means(releases: Callable[[], Iterable[Release]], sigma: float, 
 
     Args:
         releases: called once per pass (two passes, three with ``"random-effects"``); yields, client by client, its
-            class sums [K, D] float64 and noisy counts [K] float64 on the unit sphere and the radius R_i they were
+            class sums [K, D] and noisy counts [K] (computed in float64) on the unit sphere and the radius R_i they were
             mapped back with (1 for an uncentred release).
         sigma: the per-entry noise std σ of a release's class sums before the mapping (> 0).
         rule: ``"inverse-variance"`` or ``"random-effects"``.
@@ -89,13 +91,13 @@ def pooled_class_means(releases: Callable[[], Iterable[Release]], sigma: float, 
     # with den_ik = τ²n_ik² + σ²R_i²: a_ik = (τ²π_ik + c_k)·n_ik²/den_ik
     total = None
     for _, n, _ in releases():
-        n = n.clamp_min(0)
+        n = n.to(torch.float64).clamp_min(0)
         total = n.clone() if total is None else total.add_(n)
     t2 = torch.zeros_like(total) if tau2 is None else tau2
     safe_total = total.clamp_min(1e-300)
     g_pi = g_one = None  # Σ_i π_i n_i²/den_i, Σ_i n_i²/den_i
     for _, n, r in releases():
-        n = n.clamp_min(0)
+        n = n.to(torch.float64).clamp_min(0)
         den = t2 * n * n + sigma2 * r * r
         terms = (n.pow(3) / safe_total / den, n * n / den)
         g_pi, g_one = (terms[0].clone(), terms[1].clone()) if g_pi is None else (g_pi.add_(terms[0]), g_one.add_(terms[1]))
@@ -103,7 +105,7 @@ def pooled_class_means(releases: Callable[[], Iterable[Release]], sigma: float, 
     # second pass: Σ_i a_ik m̂_ik = Σ_i (τ²π_ik + c_k)·n_ik·S_ik/den_ik and its noise variance
     means = noise = None
     for s, n, r in releases():
-        n = n.clamp_min(0)
+        s, n = s.to(torch.float64), n.to(torch.float64).clamp_min(0)
         den = t2 * n * n + sigma2 * r * r
         coef = (t2 * n / safe_total + c) * n / den  # [K]: a_ik / n_ik
         terms = (coef[:, None] * s, coef * coef * sigma2 * r * r)
