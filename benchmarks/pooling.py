@@ -85,7 +85,7 @@ def table(rows: list[dict]) -> str:
     order = {"1": 1, "4": 4, "8": 8, "none": 99}
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["split"], r["dataset"], r["method"], r["eps"], r["pooling"]), []).append(r)
+        groups.setdefault((r.get("split"), r["dataset"], r["method"], r["eps"], r["pooling"]), []).append(r)
     for g in sorted(groups, key=lambda g: (g[0] != "val", g[1], g[2], order[g[3]], POOLINGS.index(g[4]))):
         rs = sorted(groups[g], key=lambda r: r["seed"])
         base = {r["seed"]: r["tstr"] for r in groups.get((*g[:4], "sum"), [])}
