@@ -30,7 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import CANARIES, choice
-from fedhype.cli.common import JsonOpt, LineProgress, console, existing, kv_table, round_printer, run_command, seed_value
+from fedhype.cli.common import (
+    JsonOpt, LineProgress, console, existing, kv_table, round_printer, run_command, seed_value, warn)
 from fedhype.errors import ValidationError
 
 #: the largest --tolerance: it absorbs rounding of recorded ε figures (a claim is consistent within it), nothing more
@@ -84,7 +85,7 @@ def _render(r: dict[str, Any]) -> None:
                           "yes" if row["ok"] else "NO", row.get("note") or "")
             out.print(t)
         for w in r.get("warnings", []):
-            console.print(f"[yellow]warning[/]: {w}", highlight=False)
+            warn(w)
     for mia in r.get("mia") or []:
         t = Table(title=f"membership inference ({mia['synthetic']})")
         for col in ("attack", "AUROC", "95% CI", "TPR@1%FPR"):
@@ -179,7 +180,7 @@ def _white_box(run, s, p, client, sigma, q, steps, clip, delta, opts: dict) -> d
         tr = p.client_store(s, int(mech["client"]), "train")
         records = (tr.embeddings, tr.labels)
     else:
-        console.print("[yellow]note[/]: no --store/--partition: the mechanism runs on the canaries alone", highlight=False)
+        warn("no --store/--partition: the mechanism runs on the canaries alone", "note")
     total = sum(ph.steps for ph in mech["phases"])
     console.print(f"white-box audit: client {mech['client']}, {total} DP steps, {opts['n_canaries']} canaries …",
                   highlight=False)
@@ -206,7 +207,7 @@ def _release_box(run, s, p, client, opts: dict) -> dict:
         tr = p.client_store(s, int(mech["client"]), "train")
         records = (tr.embeddings, tr.labels)
     else:
-        console.print("[yellow]note[/]: no --store/--partition: the release runs on the canaries alone", highlight=False)
+        warn("no --store/--partition: the release runs on the canaries alone", "note")
     n = opts.pop("n_canaries") or mech["dim"]
     sa = mech["distributed"]
     console.print(f"white-box release audit: client {mech['client']}, {len(mech['steps'])} step(s)"

@@ -35,7 +35,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhype.cli.common import JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command
+from fedhype.cli.common import (
+    JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command, warn)
 from fedhype.errors import ValidationError
 
 INFINITE_NOTE = "ε = ∞: σ = 0 adds no noise, so there is no differential-privacy guarantee"
@@ -265,7 +266,7 @@ def budget_site(folder: Path, max_epsilon: float | None = None, delta: float | N
             check_delta_change(led, delta, None if no_cap else (KEEP if max_epsilon is None else float(max_epsilon)))
             if (advice := delta_advice(delta, {s.name: len(s.split.train)})) is not None:
                 warnings.append(advice)
-                console.print(f"[yellow]warning[/]: {advice}", highlight=False, soft_wrap=True)
+                warn(advice)
         if led is None and delta is None:
             from fedhype.pipeline.config import DEFAULTS
 
@@ -413,7 +414,7 @@ def _render(result: dict[str, Any]) -> None:
     if result.get("note"):
         out.print(result["note"], style="bold red", highlight=False)
     for w in result.get("warnings") or []:
-        console.print(f"[yellow]warning[/]: {w}", highlight=False, soft_wrap=True)
+        warn(w)
 
 
 _TRAIN_DEFAULT_NOTE = "so the plan is the one `fedhype train` runs with the same flags"

@@ -529,12 +529,10 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
     if out.exists() and not out.is_file():  # checked before anything opens it: a pipe's open waits for a writer
         raise ValidationError(f"--out {out} is not a regular file (a device, pipe or socket): give the name of a "
                               "file to write, in a folder you can write")
-    from rich.markup import escape
-
     suffix = ".safetensors" if writes.startswith("fedhype-embeddings") else ".json"
     if out.suffix.lower() != suffix:  # a probe's `synthesize --out x.npy` wrote a safetensors file named .npy
-        console.print(f"[yellow]warning[/]: --out {escape(str(out))}: `fedhype {command}` writes a {suffix[1:]} file "
-                      f"whatever its name; name it *{suffix} so that it is read as one", highlight=False)
+        warn(f"--out {out}: `fedhype {command}` writes a {suffix[1:]} file whatever its name; name it *{suffix} so "
+             "that it is read as one")
     from fedhype.pipeline.release import release_holding
 
     # a probe got "File exists: emb.safetensors" under a file, and `embed --out` into a read-only folder embedded
@@ -637,6 +635,17 @@ def check_out_kind(out: Path, command: str, allowed: tuple[str, ...]) -> str:
 
 
 # ---------------------------------------------------------------------------- progress on stderr
+def warn(text: str, level: str = "warning") -> None:
+    """One warning or note on stderr: ``level`` in yellow, then ``text`` as written.
+
+    The text is escaped (a path or class name with brackets prints as it is, never as rich markup) and never wrapped,
+    so a log file keeps one line per warning. Every command's warnings go through here.
+    """
+    from rich.markup import escape
+
+    console.print(f"[yellow]{level}[/]: {escape(str(text))}", highlight=False, soft_wrap=True)
+
+
 def log_line(text: str) -> None:
     """One plain progress/log line on stderr (never wrapped, so log files keep one line per event)."""
     console.print(text, highlight=False, markup=False, soft_wrap=True)
@@ -720,7 +729,7 @@ def open_site(site_dir: Path, against: Any, against_name: str, run_name: str) ->
                     f"({', '.join(run_clients)}): its test split is held out from that run only if none of its records "
                     "were in the run's training data (a run on a partition of the same store trained on them: the "
                     "scores would be optimistic); this cannot be checked from a synthetic store")
-        console.print(f"[yellow]warning[/]: {outsider}", highlight=False)
+        warn(outsider)
     if own.dim != against.dim:
         check_compatible(own, against, f"site {s.name!r} store {s.store_path}", against_name)
     return s, own, outsider

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import DTYPES, LAYOUTS, POOLINGS, choice
-from fedhype.cli.common import JsonOpt, check_out_file, console, existing, log_line, run_command, seed_value
+from fedhype.cli.common import JsonOpt, check_out_file, console, existing, log_line, run_command, seed_value, warn
 from fedhype.errors import ValidationError
 
 
@@ -141,7 +141,7 @@ def embed(
                 return _summary(out, hit, enc, cached=True)
             source = load_builtin(dataset, limit=limit, seed=seed)
         for s in source.skipped[:5]:
-            console.print(f"[yellow]skipped[/] {s['file']}: {s['reason']}", highlight=False)
+            warn(f"{s['file']}: {s['reason']}", "skipped")
         log_line(f"encoder {enc.id}: {enc.dim}-d, {enc.preprocess['crop']} px, {enc.device}, "
                  f"{enc.describe()['dtype']}; {len(source)} images")
         # a rich bar in a terminal, plain periodic lines in a pipe or log (embed_source decides)
@@ -164,7 +164,7 @@ def _warn_duplicates(source) -> None:
     from fedhype.encoders.checks import duplicate_warnings
 
     for text in duplicate_warnings(source, listed=True):
-        _print_warning(text)
+        warn(text)
 
 
 def _warn_store(store, out: Path, limit: int | None, images: bool) -> None:
@@ -173,13 +173,7 @@ def _warn_store(store, out: Path, limit: int | None, images: bool) -> None:
     from fedhype.encoders.checks import store_warnings
 
     for text in store_warnings(store, where=str(out), limit=limit, images=images):
-        _print_warning(text)
-
-
-def _print_warning(text: str) -> None:
-    from rich.markup import escape
-
-    console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False, soft_wrap=True)
+        warn(text)
 
 
 def _summary(out: Path, store, enc, cached: bool, duplicates: list | None = None, source=None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import SPACES, SPLITS, choice
-from fedhype.cli.common import JsonOpt, console, existing, renamed_option, run_command, seed_value
+from fedhype.cli.common import JsonOpt, console, existing, renamed_option, run_command, seed_value, warn
 from fedhype.errors import ValidationError
 
 _FIDELITY = (("MMD²", "mmd2"), ("MMD² p-value", "mmd2_p_value"), ("MMD² multi-bandwidth", "mmd2_multi"),
@@ -201,7 +201,7 @@ def evaluate(
         if one:
             warnings.append(one)
         for w in warnings:
-            console.print(f"[yellow]warning[/]: {w}", highlight=False)
+            warn(w)
         kind_warning = _kind_warning(synthetic, syn_store)
         if kind_warning:
             warnings.append(kind_warning)
@@ -266,7 +266,7 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
     kind_warning = _kind_warning(synthetic, syn_store)
     one = one_class_warning(test_store)
     if one:
-        console.print(f"[yellow]warning[/]: {one}", highlight=False)
+        warn(one)
     console.print(f"evaluating {len(syn_store)} synthetic against {len(test_store)} real embeddings of {where} …",
                   highlight=False)
     result = run_eval(test_store, syn_store, real_train=train_store, space=space, n_permutations=permutations,
@@ -283,10 +283,9 @@ def _print_metric_warnings(result: dict[str, Any]) -> None:
     """The metrics' own warnings (FD on fewer records than dimensions, classes absent from the synthetic store),
     printed in every mode; the JSON keeps them as ``fd_warning`` and ``synthetic_missing_classes``."""
     if result.get("fd_warning"):
-        console.print(f"[yellow]warning[/]: FD: {result['fd_warning']}", highlight=False)
+        warn(f"FD: {result['fd_warning']}")
     if result.get("synthetic_missing_classes"):
-        console.print("[yellow]warning[/]: classes absent from the synthetic store: "
-                      f"{result['synthetic_missing_classes']}", highlight=False)
+        warn(f"classes absent from the synthetic store: {result['synthetic_missing_classes']}")
 
 
 def _real_train_store(path: Path, syn_store, synthetic: Path):
@@ -317,7 +316,7 @@ def _kind_warning(path, store) -> str | None:
         return None
     msg = (f"{path} is marked kind={store.kind!r}, not 'synthetic': its figures score real records as if they were "
            "synthetic (a real store is the reference, --store)")
-    console.print(f"[yellow]warning[/]: {msg}", highlight=False)
+    warn(msg)
     return msg
 
 

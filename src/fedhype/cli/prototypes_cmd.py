@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import HEADS, MATCHINGS, SPLITS, choice
-from fedhype.cli.common import JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command, seed_value
+from fedhype.cli.common import (
+    JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command, seed_value, warn)
 from fedhype.errors import ValidationError
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
@@ -195,8 +196,8 @@ def train(
         # a DP synthetic store's ε, and none (null: no DP guarantee) for real records or a non-private store
         eps = None if not private else clf.privacy_.get("epsilon") if matching == "dp" else store.meta.get("epsilon")
         if not private:
-            console.print("[yellow]note[/]: this classifier was trained on real records (or a non-private store): "
-                          "it is NOT differentially private", highlight=False)
+            warn("this classifier was trained on real records (or a non-private store): it is NOT differentially "
+                 "private", "note")
         return {"model": str(out), "n_train": int(len(y_tr)), "n_clients": len(part.clients) if part else None,
                 "federated": federated, "matching": matching, "head": head, "epochs": epochs,
                 "classes": store.class_names, "private": private, "data_epsilon": store.meta.get("epsilon"),
@@ -331,11 +332,11 @@ def evaluate(
                 desc = "all of them" if seen.get("records") == "all" else f"the {seen.get('records')} split of a partition"
                 warnings.append(f"the model was trained on real records of site {s.name!r}'s store ({desc}) and the "
                                 f"site's {split} split may include them: these figures may not be held-out accuracy")
-                console.print(f"[yellow]warning[/]: {warnings[-1]}", highlight=False)
+                warn(warnings[-1])
             elif seen.get("records") == "all" or partition is None or seen.get("records") == split:
                 warnings.append(f"the model was trained on real records of this store ({desc}) and the records "
                                 "evaluated here include them: these figures are not held-out accuracy")
-                console.print(f"[yellow]warning[/]: {warnings[-1]}", highlight=False)
+                warn(warnings[-1])
         x, y = test.embeddings, test.labels.numpy()
         probs = {h: clf.predict_proba(x, head=h) for h in ("linear", "prototype", "both")}
         preds = {h: clf.classes_[p.argmax(1)] for h, p in probs.items()}

@@ -15,7 +15,8 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command, seed_value
+from fedhype.cli.common import (
+    JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command, seed_value, warn)
 from fedhype.errors import ValidationError
 
 
@@ -154,7 +155,7 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
         click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
     check_delta(delta, n_train)
     if (advice := delta_advice(delta, {name: n_train})) is not None:  # as `fedhype budget` and `fedhype train` warn
-        console.print(f"[yellow]warning[/]: {advice}", highlight=False, soft_wrap=True)
+        warn(advice)
     previous: dict = {}  # the split --overwrite replaces: did it start a ledger, which store did it name
     if (out / SITE_FILE).exists():
         try:

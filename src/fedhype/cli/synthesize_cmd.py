@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from fedhype.cli.common import JsonOpt, check_out_file, console, refuse_inside_release, existing, kv_table, run_command, seed_value
+from fedhype.cli.common import (
+    JsonOpt, check_out_file, console, existing, kv_table, refuse_inside_release, run_command, seed_value, warn)
 from fedhype.resources import available_memory, format_bytes
 from fedhype.pipeline.config import DEFAULTS
 from fedhype.synthesis.defaults import WARNING_NOTES
@@ -233,9 +234,8 @@ def register(app: typer.Typer) -> None:
                         planned = None
                 done = store.meta.get("rounds_done") or _rounds_done(src)
                 if planned is not None and done is not None and done < planned:
-                    console.print(f"[yellow]warning[/]: the run has {done} of its {planned} rounds: this release holds "
-                                  "a partly trained model (resume the run with `fedhype train --resume` first for the "
-                                  "full one)", highlight=False)
+                    warn(f"the run has {done} of its {planned} rounds: this release holds a partly trained model (resume "
+                         "the run with `fedhype train --resume` first for the full one)")
                 try:
                     write_release(run_dir, release, synthetic=out)
                 except BaseException:
@@ -250,13 +250,11 @@ def register(app: typer.Typer) -> None:
             m = store.meta
             if not m["private"]:
                 console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
-            from rich.markup import escape
-
             for nt in m.get("notes") or ([{"kind": "codes", "text": m["codes_note"]}] if m.get("codes_note") else []):
                 level = "warning" if nt["kind"] in WARNING_NOTES else "note"
-                console.print(f"[yellow]{level}[/]: {escape(nt['text'])}", highlight=False, soft_wrap=True)
+                warn(nt['text'], level)
             if anchor and str(m.get("anchor", "")).startswith("none"):  # a probe: --anchor did nothing, silently
-                console.print(f"[yellow]note[/]: --anchor: {m['anchor']}; the store is drawn unanchored", highlight=False)
+                warn(f"--anchor: {m['anchor']}; the store is drawn unanchored", "note")
             return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "anchor": m.get("anchor"),
                     "epsilon": m["epsilon"],
                     "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": dict(zip(store.class_names, store.class_counts())),  # as embed's (a probe: a list here)
