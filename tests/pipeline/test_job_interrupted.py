@@ -109,6 +109,19 @@ def test_an_interrupted_non_private_job_keeps_its_timings_and_never_calls_its_re
             "job: no clipping, no noise)") in said and not any("DP-SGD" in line for line in said)
     assert "## Reference: non-private FedAvg linear classifier" in md and "| FedAvg logistic regression |" in md
 
+    # 4. a rerun with another synthesis setting that stops before its release leaves no release of the old settings
+    # beside the new configuration (the old release held the old synthetic store), and the one that finishes writes it
+    assert (out / "release" / "synthetic.safetensors").exists()
+    monkeypatch.setattr(synthesis, "synthesize", broken)
+    later = resolve(None, [*SMALL, "train.no_dp=true", "evaluate.dp_linear=true", "synthesis.per_class=10"])
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        run_job(later, out, log=said.append)
+    assert not (out / "release").exists() and not (out / "report.md").exists()
+    assert (out / "run" / "model.safetensors").exists()  # the trained model is kept
+    monkeypatch.undo()
+    rep = run_job(later, out, log=said.append)
+    assert rep["n_synthetic"] == 10 * 10 and audit_run(out / "release")["mismatches"] == []
+
 
 def test_a_job_refused_before_it_wrote_anything_leaves_an_older_jobs_timings_as_they_were(tmp_path):
     """The timings of a new (or replaced) job are written only once it wrote its configuration: a refusal before

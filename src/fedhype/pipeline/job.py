@@ -44,8 +44,8 @@ _STAGE_FILES = ("embeddings.safetensors", "partition.json", "synthetic.safetenso
 #: the job sections read only after training: post-processing of the trained DP model (synthesis) and evaluation
 #: against the site's own records; a job that trained may rerun with other values of them (nothing is charged)
 LATER_SECTIONS = ("synthesis", "evaluate")
-#: what those stages write: removed when their settings change, so no output of the old settings is left beside
-#: the new configuration if the rerun stops before them
+#: what those stages write: removed when their settings change (with the folder ``release/``), so no output of the
+#: old settings is left beside the new configuration if the rerun stops before them
 LATER_STAGE_FILES = ("synthetic.safetensors", "evaluation.json", "report.json", "report.md")
 
 
@@ -589,12 +589,17 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
                   and not (out / "dp_linear" / "model.safetensors").exists() and private)
         log(f"run: {out} holds this job with other settings for the stages after training only "
             f"({'; '.join(later[:5])}{' …' if len(later) > 5 else ''}): the training keeps its settings (its model, "
-            "or where it stopped); synthesis and evaluation run with the new ones"
-            + ("; evaluate.dp_linear trains the DP linear reference now, a separate release at its own ε"
+            "or where it stopped); synthesis and evaluation run with the new ones, and release/ is written again "
+            "after them" + ("; evaluate.dp_linear trains the DP linear reference now, a separate release at its own ε"
                if linear else ""))
     if stale or later:
         for name in _STAGE_FILES if stale else LATER_STAGE_FILES:
             (out / name).unlink(missing_ok=True)
+    if later:  # the old release holds the old settings' synthetic store: a rerun that stops before the release
+        # stage must not leave it beside the new configuration (it is written again, whole, after evaluation)
+        import shutil
+
+        shutil.rmtree(out / "release", ignore_errors=True)
     atomic_write_json(cfg_path, conf)
     atomic_write_text(out / "config.toml", to_toml(conf))
     timings.attach()  # the folder holds this job: its timings so far are written, and each stage's from here
