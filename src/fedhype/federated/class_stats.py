@@ -335,7 +335,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
     with torch.no_grad():
         base_cb, base_wl = hnet.base["cb"].to(torch.float64), hnet.base["wl"].to(torch.float64)
         base_lsx = hnet.base["logsx"].to(torch.float64) if "logsx" in hnet.base else None
-        pooled = release_moments(updates, dp, weights, centring, rescale, getattr(cfg, "pooling", "sum"))
+        pooled = release_moments(updates, dp, weights, centring, rescale, cfg.pooling)
         shrink = shrinkage_mode(getattr(cfg, "client_shrinkage", False))
         cens = _per_release(centring, len(updates))
         # client centres (each client clipped around its own): the "client" test discounts the clip shift
