@@ -137,8 +137,9 @@ def partition(
                                    "embeddings store or any other file is never replaced)."),
     json_mode: bool = JsonOpt,
 ) -> None:
-    """Partition a store over clients and write the partition (opaque record ids, no data; private to the
-    store's holder: a federation's server is given only its roster, and real sites split with `fedhype site`)."""
+    """Partition a store over clients and write the partition (opaque record ids, no data).
+
+    Private to the store's holder: a federation's server gets only its roster; real sites split with `fedhype site`."""
 
     def body() -> dict[str, Any]:
         from fedhype.data.partition import FORMAT, given_splits_line, make_partition
