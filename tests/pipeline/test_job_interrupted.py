@@ -123,6 +123,33 @@ def test_an_interrupted_non_private_job_keeps_its_timings_and_never_calls_its_re
     assert rep["n_synthetic"] == 10 * 10 and audit_run(out / "release")["mismatches"] == []
 
 
+def test_an_interrupted_job_resumes_under_a_spending_cap_given_only_now(tmp_path):
+    """`train.max_epsilon` may be added on a resume (the README and the interruption message suggest it; a probe's
+    `fedhype run --set train.max_epsilon=…` was refused as "a different configuration"): a cap below what the rest
+    of the plan costs refuses before spending, a cap above it lets the job finish, and nothing else may change."""
+    from fedhype.errors import BudgetExceededError, ValidationError
+
+    out = tmp_path / "capped"
+    conf = resolve(None, [*SMALL, "train.epsilon=2"])
+
+    def ctrl_c(m):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_job(conf, out, log=lambda s: None, on_round=ctrl_c)
+    ledger = (out / "run" / "ledger.json").read_bytes()
+    said: list[str] = []
+    with pytest.raises(BudgetExceededError, match="max-epsilon 1.5"):
+        run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.max_epsilon=1.5"]), out, log=said.append)
+    assert (out / "run" / "ledger.json").read_bytes() == ledger  # refused before spending
+    assert "run: train.max_epsilon: None → 1.5 (a cap on what the job may still spend" in "\n".join(said)
+    with pytest.raises(ValidationError, match="train.epsilon: 2 → 3"):  # the cap frees no other setting
+        run_job(resolve(None, [*SMALL, "train.epsilon=3", "train.max_epsilon=2.1"]), out, log=lambda s: None)
+    rep = run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.max_epsilon=2.1"]), out, log=lambda s: None)
+    assert rep["private"] and rep["epsilon"] <= 2.1
+    assert json.loads((out / "config.json").read_text())["train"]["max_epsilon"] == 2.1  # the cap it ran under
+
+
 def test_a_job_refused_before_it_wrote_anything_leaves_an_older_jobs_timings_as_they_were(tmp_path):
     """The timings of a new (or replaced) job are written only once it wrote its configuration: a refusal before
     that (here: δ ≥ 1/n, known only after the partition) leaves the folder, timings.json included, untouched."""

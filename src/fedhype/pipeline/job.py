@@ -49,6 +49,20 @@ LATER_SECTIONS = ("synthesis", "evaluate")
 LATER_STAGE_FILES = ("synthetic.safetensors", "evaluation.json", "report.json", "report.md")
 
 
+#: settings any rerun may change, however far the job got: a spending cap changes nothing trained or drawn (the
+#: engine checks it against the ledger before each release and round), so a resume may add, raise or lower it
+FREE_SETTINGS = (("train", "max_epsilon"),)
+
+
+def without_free_settings(conf: dict) -> dict:
+    """``conf`` without :data:`FREE_SETTINGS` (a copy; the sections are copied where one is removed)."""
+    out = dict(conf)
+    for section, key in FREE_SETTINGS:
+        if isinstance(out.get(section), dict) and key in out[section]:
+            out[section] = {k: v for k, v in out[section].items() if k != key}
+    return out
+
+
 def split_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
     """The differences (``"train.epsilon: 1.0 → 4"``) between two job configurations (both with their defaults
     spelled out: :func:`fedhype.pipeline.config.with_defaults_spelled_out`), split into those of the sections that
@@ -501,19 +515,25 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
         upgrade_keys(old_conf)  # a job folder written before partition.split / min_train were renamed resumes
     # a key left out and the same key given at its default are the same setting (a job begun without
     # --set train.min_records=… resumes with it given at its default, and the other way round)
-    stale = old_conf is not None and (not isinstance(old_conf, dict)
-                                      or with_defaults_spelled_out(old_conf) != with_defaults_spelled_out(conf))
+    # train.max_epsilon aside (FREE_SETTINGS: a probe's resume with the cap the README suggests was refused)
+    spelled = without_free_settings(with_defaults_spelled_out(conf))
+    old_spelled = without_free_settings(with_defaults_spelled_out(old_conf)) if isinstance(old_conf, dict) else None
+    stale = old_conf is not None and (old_spelled is None or old_spelled != spelled)
+    if old_spelled is not None and (cap := (old_conf.get("train") or {}).get("max_epsilon")) \
+            != conf["train"].get("max_epsilon"):
+        log(f"run: train.max_epsilon: {cap} → {conf['train'].get('max_epsilon')} (a cap on what the job may still "
+            "spend, checked against its ledger before each release and round: nothing trained changes)")
     later: list[str] = []
-    if stale and (out / "run" / "config.json").exists() and isinstance(old_conf, dict):
-        later = later_changes(with_defaults_spelled_out(old_conf), with_defaults_spelled_out(conf))
+    if stale and (out / "run" / "config.json").exists() and old_spelled is not None:
+        later = later_changes(old_spelled, spelled)
         stale = not later  # only [synthesis] / [evaluate] changed: said once they are checked (_stages)
     if stale:
         if (out / "run" / "config.json").exists():  # training started: only the same settings may resume it
             from fedhype.federated.engine import _differences
 
-            if isinstance(old_conf, dict):  # the settings that refuse it first, the later stages' apart (a probe's
+            if old_spelled is not None:  # the settings that refuse it first, the later stages' apart (a probe's
                 # refusal listed five allowed [evaluate]/[synthesis] changes and cut the refused train.epsilon)
-                diff, free = split_changes(with_defaults_spelled_out(old_conf), with_defaults_spelled_out(conf))
+                diff, free = split_changes(old_spelled, spelled)
             else:
                 diff, free = _differences(old_conf, with_defaults_spelled_out(conf)), []
             raise ValidationError(
