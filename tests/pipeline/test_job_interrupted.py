@@ -123,6 +123,34 @@ def test_an_interrupted_non_private_job_keeps_its_timings_and_never_calls_its_re
     assert rep["n_synthetic"] == 10 * 10 and audit_run(out / "release")["mismatches"] == []
 
 
+def test_a_killed_run_is_listed_as_killed_in_the_stage_it_was_in(tmp_path, monkeypatch):
+    """SIGKILL (or the OOM killer) runs no handler, so the run cannot say it stopped; a probe's `kill -9` in training
+    was listed as an ordinary earlier run ("embed 0.1 · partition 0.0"). Each stage is recorded as running when it
+    starts: the next run lists the killed one as killed, in that stage, with no time for it."""
+    from fedhype.pipeline.job import KILLED, StageTimings
+
+    out = tmp_path / "killed"
+    conf = resolve(None, [*SMALL, "train.no_dp=true"])
+
+    def killed(m):  # the state a SIGKILL leaves: no handler records the stop
+        monkeypatch.setattr(StageTimings, "stopped", lambda self, exc: None)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_job(conf, out, log=lambda s: None, on_round=killed)
+    monkeypatch.undo()
+    raw = _runs(out)
+    assert raw[0]["running"] == "train_s" and "train_s" not in raw[0]["stages"] and "stopped_by" not in raw[0]
+    rep = run_job(conf, out, log=lambda s: None)
+    runs = _runs(out)
+    assert runs[0]["interrupted"] == "train_s" and runs[0]["stopped_by"] == KILLED and "running" not in runs[0]
+    assert "running" not in runs[1] and "stopped_by" not in runs[1]  # the run that finished
+    assert rep["timings_earlier_runs"][0]["stopped_by"] == KILLED
+    md = (out / "report.md").read_text()
+    assert (f"- earlier run 1 (interrupted in train: {KILLED}): embed {runs[0]['stages']['embed_s']:.1f} · partition "
+            f"{runs[0]['stages']['partition_s']:.1f} · train (interrupted)") in md
+
+
 def test_an_interrupted_job_resumes_under_a_spending_cap_given_only_now(tmp_path):
     """`train.max_epsilon` may be added on a resume (the README and the interruption message suggest it; a probe's
     `fedhype run --set train.max_epsilon=…` was refused as "a different configuration"): a cap below what the rest

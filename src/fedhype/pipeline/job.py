@@ -407,6 +407,10 @@ def run_job(conf: dict, out: str | Path, *, log: Log = print, on_round: Callable
 TIMINGS_FILE = "timings.json"
 
 
+#: why an earlier run stopped when it left no record of it: it was still running a stage when the next run started
+KILLED = "killed (SIGKILL, out of memory or power loss: no time recorded for that stage)"
+
+
 class StageTimings(dict):
     """This run's stage timings (``{"embed_s": seconds, …}``), kept with those of the earlier runs into the folder.
 
@@ -432,6 +436,11 @@ class StageTimings(dict):
                 runs = [r for r in raw.get("runs", []) if isinstance(r, dict) and isinstance(r.get("stages"), dict)]
             except (OSError, ValueError, AttributeError):
                 runs = []  # a damaged history is only a loss of earlier timings
+        for r in runs:  # a run still "running" a stage when the next one starts was killed (a probe's kill -9 run
+            # was listed as an ordinary run): no handler ran, so the stage it was in has no time
+            stage = r.pop("running", None)
+            if stage and not r.get("stopped_by"):
+                r["interrupted"], r["stopped_by"] = stage, KILLED
         self.earlier = [dict(r["stages"]) for r in runs]
         #: the earlier runs' records: ``{"started", "stages"[, "interrupted": stage key, "stopped_by"]}``
         self.earlier_runs = [dict(r) for r in runs]
@@ -445,15 +454,25 @@ class StageTimings(dict):
         self._flush()
 
     def begin(self, key: str) -> None:
-        """Stage ``key`` (``"train_s"``) starts now: :meth:`end` records its seconds, :meth:`stopped` those so far."""
+        """Stage ``key`` (``"train_s"``) starts now: :meth:`end` records its seconds, :meth:`stopped` those so far.
+        The file records the stage as running, so a run killed in it (SIGKILL: no handler runs) is listed as such."""
         self._stage = (key, time.perf_counter())
+        self._runs[-1]["running"] = key
+        self._flush()
 
     def end(self) -> float:
         """Record the seconds of the stage :meth:`begin` started; returns them."""
         key, t0 = self._stage  # type: ignore[misc]
         self._stage = None
+        self._runs[-1].pop("running", None)
         self[key] = seconds = time.perf_counter() - t0
         return seconds
+
+    def finish(self) -> None:
+        """The run completed: no stage is running (the report and release stages are timed only if stopped)."""
+        self._stage = None
+        self._runs[-1].pop("running", None)
+        self._flush()
 
     def attach(self) -> None:
         """The folder now holds this job: write what was timed so far, and every stage from here on."""
@@ -465,6 +484,7 @@ class StageTimings(dict):
         seconds up to now and why (``"interrupted"``, ``"stopped_by"``). Never raises: the caller re-raises ``exc``."""
         try:
             run = self._runs[-1]
+            run.pop("running", None)
             if self._stage is not None:
                 key, t0 = self._stage
                 self._stage = None
@@ -739,6 +759,7 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     timings.begin("release_s")  # (as the report: a stop here is recorded)
     log.stage("release")
     write_release(run_dir, out / "release", synthetic=out / "synthetic.safetensors", overwrite=True)
+    timings.finish()
     seeded = bool(read_json(out / "release" / "privacy.json", "release privacy file").get("noise_seeded"))
     log(release_line(out / "release", private, seeded))
     return report

@@ -616,8 +616,12 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         runs = r.get("timings_earlier_runs") or [{} for _ in r["timings_earlier_s"]]
         timing_lines = [f"- this run: {timing_lines[0]}"] + [
             f"- earlier run {i + 1}{_stopped(run)}: "
-            + (" · ".join(f"{k[:-2]} {v:.1f}" + (" (interrupted)" if k == run.get("interrupted") else "")
-                          for k, v in st.items()) or "no stage finished")
+            + (" · ".join([*(f"{k[:-2]} {v:.1f}" + (" (interrupted)" if k == run.get("interrupted") else "")
+                             for k, v in st.items()),
+                           # a killed run's stage has no time (StageTimings: no handler ran)
+                           *([f"{run['interrupted'][:-2]} (interrupted)"]
+                             if run.get("interrupted") and run["interrupted"] not in st else [])])
+               or "no stage finished")
             for i, (st, run) in enumerate(zip(r["timings_earlier_s"], runs))]
     lines += ["", "## Timings (s)", "", *timing_lines,
               "", "![projection](plots/projection.png)", "",
