@@ -361,6 +361,16 @@ def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):
     r = runner.invoke(app, ["site", "--store", str(root / "clinic_c" / "embeddings.safetensors"), "--name", "c",
                             "--min-records", "500", "--out", str(tmp_path / "s"), "--json"])
     assert r.exit_code == 2 and "site 'c' would have" in r.output and "--clients" not in r.output
+    # a site whose test split is empty: warned when it is split, and `evaluate --site` says which split and what to
+    # do (a probe's 3-image site split 2 / 1 / 0 silently; evaluation then failed on "MMD² needs at least 2 samples")
+    r = runner.invoke(app, ["site", "--store", str(root / "clinic_c" / "embeddings.safetensors"), "--name", "clinic_z",
+                            "--min-records", "5", "--fractions", "0.9,0.1,0", "--out", str(tmp_path / "no-test"),
+                            "--json"])
+    res = _json(r)
+    assert res["splits"]["test"] == 0 and "split(s) test 0 hold fewer than 2 records" in res["warnings"][0]
+    assert "warning: site 'clinic_z': split(s) test 0 hold fewer than 2 records" in r.stderr
+    r = runner.invoke(app, ["evaluate", "--site", str(tmp_path / "no-test"), "--synthetic", syn, "--json"])
+    assert r.exit_code == 2 and "its test split holds 0 record(s), and a score needs at least 2" in r.output, r.output
     # a moved store: the message names site.json's "store" key
     moved = tmp_path / "moved"
     shutil.copytree(root / "hospital_b" / "site", moved)

@@ -740,11 +740,17 @@ def site_records(site: Any, store: Any, split: str, class_names: list[str], site
     ``class_names`` (the classes of ``against_name``, which may hold more than the site).
 
     Raises:
-        ValidationError: a class of the site missing from ``class_names``, naming the site and ``against_name``.
+        ValidationError: a class of the site missing from ``class_names``, naming the site and ``against_name``;
+            a split of fewer than 2 records (no score can be computed on it).
     """
     from fedhype.errors import ValidationError
 
     try:
-        return site.records(split, list(class_names), store)
+        records = site.records(split, list(class_names), store)
     except ValidationError as exc:
         raise ValidationError(f"site {site.name!r} ({site_dir}): {exc} of {against_name}") from None
+    if len(records) < 2:  # a probe's 3-image site had an empty test split: "real set: MMD² needs at least 2 samples"
+        raise ValidationError(f"site {site.name!r} ({site_dir}): its {split} split holds {len(records)} record(s), and "
+                              "a score needs at least 2: give another --split, or split the site again with more "
+                              "records or other --fractions (`fedhype site … --overwrite`)")
+    return records

@@ -120,8 +120,18 @@ def site(
         s.save(out)
         console.print(f"wrote {out / SITE_FILE} (private) and {out / CARD_FILE} (public)", highlight=False)
         ledger = _site_ledger(out, name, *ledger_args)
+        sizes = site_splits(s)
+        # a probe's 3-image site split 2 / 1 / 0 without a word, and `evaluate --site` then failed on "MMD² needs at
+        # least 2 samples"
+        thin = [f"{k} {n}" for k, n in sizes.items() if k != "train" and n < 2]
+        warnings = [f"site {name!r}: split(s) {', '.join(thin)} hold fewer than 2 records: `fedhype evaluate --site` "
+                    "and `fedhype prototypes evaluate --site` score this site only on a split of at least 2 (give the "
+                    "site more records, or other --fractions with --overwrite)"] if thin else []
+        for w in warnings:
+            warn(w)
         return {"site": str(out), "name": name, "private": str(out / SITE_FILE), "card": str(out / CARD_FILE),
-                "splits": site_splits(s), "class_names": list(emb.class_names), "given_splits": given, **ledger}
+                "splits": sizes, "class_names": list(emb.class_names), "given_splits": given, **ledger,
+                "warnings": warnings}
 
     run_command(body, json_mode, _render)
 
