@@ -48,7 +48,11 @@ def test_auto_refuses_a_two_level_tree_naming_both_readings(tmp_path):
     with pytest.raises(ValidationError) as exc:
         scan_image_folder(tmp_path / "sites")
     assert "every folder holds the same sub-folders (c0, c1), as domains of the same classes do: most likely " \
-        "--layout domain/class. Choose one" in str(exc.value)
+        "--layout domain/class, unless they are patients" in str(exc.value)
+    # patients numbered alike in every class read the same way: the refusal says what domain/class would make of
+    # them (a new user followed the hint and put patient ids on a public card as class names)
+    assert "then --layout class keeps them inside their class (read as domain/class, their names become class " \
+        "names, which a site's public card lists). Choose one" in str(exc.value)
     # read as a domain tree on request: the patients become classes (what the old guess did silently)
     src = scan_image_folder(root, layout="domain/class")
     assert src.domain_names == ["benign", "malignant", "normal"] and len(src.class_names) == 6

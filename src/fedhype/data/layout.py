@@ -193,8 +193,12 @@ def _detect(root: Path, level: list[Path]) -> str:
     # tree was called ambiguous, its own sites' too): still refused — a class's nested folders may repeat names —
     # but the likelier reading is said
     same = len(full) >= 2 and len({frozenset(p.name for p in subs[d]) for d in full}) == 1
+    # ... but patients numbered alike in every class look the same (a new user's class/patient_00/ tree was pointed at
+    # domain/class, which made patient ids class names on the site's public card): both cases are said
     hint = (f"; every folder holds the same sub-folders ({_names(subs[d0])}), as domains of the same classes do: "
-            "most likely --layout domain/class" if same else "")
+            "most likely --layout domain/class, unless they are patients, sessions or other groups numbered alike "
+            "within each class: then --layout class keeps them inside their class (read as domain/class, their names "
+            "become class names, which a site's public card lists)" if same else "")
     raise ValidationError(
         f"{root}: ambiguous layout: every folder under it holds only sub-folders (e.g. {ex.relative_to(root)}/), so it "
         f"reads two ways: as --layout class (classes {_names(list(full))}; the sub-folders below a class, e.g. "
