@@ -252,8 +252,9 @@ def test_dp_linear_seeded_says_the_noise_can_be_regenerated_and_the_plan_line_wa
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert ("note: --seed makes the noise reproducible, which is not secure: whoever holds the seed (the model's "
-            "metadata carries it) can regenerate the noise and remove it, so the ε above holds only while the seed "
-            "stays secret; the sites' ledgers count this run as ε = ∞") in text
+            "metadata carries it) can regenerate the noise and remove it, so the ε of this run holds only while the seed "
+            "stays secret and its release must not be shared as private; the sites' ledgers count this run as ε = ∞") \
+        in text
     assert "(PRV, worst client; seeded noise: only while the seed stays secret" in text
     assert "DP FedAvg linear classifier: 1 rounds over 1 site (the plan fits every site's ledger)" in text
     res = _json(_run("prototypes", "dp-linear", "--site", north, "--epsilon", 1, "--rounds", 1, "--seed", 3, "--json"))

@@ -222,12 +222,19 @@ def test_pooled_partition_is_checked_and_the_release_drops_the_store_digest(cons
     r = runner.invoke(app, ["partition", "--store", str(store), "--scheme", "iid", "--clients", "1",
                             "--min-records", "5", "--out", str(parts[0]), "--json"])
     assert r.exit_code == 2 and "--overwrite" in r.output
-    _json(runner.invoke(app, ["train", "--store", str(store), "--partition", str(parts[0]), "--out", str(tmp_path / "run"),
-                              "--epsilon", "4", "--rounds", "1", "--local-steps", "1", "--batch-size", "8",
-                              "--min-records", "5", "--hidden", "16", "--latent", "4", "--seed", "0", "--json"]))
+    r = runner.invoke(app, ["train", "--store", str(store), "--partition", str(parts[0]), "--out", str(tmp_path / "run"),
+                            "--epsilon", "4", "--rounds", "1", "--local-steps", "1", "--batch-size", "8",
+                            "--min-records", "5", "--hidden", "16", "--latent", "4", "--seed", "0", "--json"])
+    assert _json(r)["noise_seeded"] is True
+    # a seeded run says what its seed costs before it spends, and its release is not called shareable (a new user's
+    # seeded train said nothing, and synthesize --release said "what may be shared")
+    assert "warning: --seed makes the noise reproducible, which is not secure" in r.stderr
+    assert "its release must not be shared as private. Leave out --seed" in r.stderr
     syn = tmp_path / "syn.safetensors"
-    _json(runner.invoke(app, ["synthesize", "--run", str(tmp_path / "run"), "--out", str(syn), "--per-class", "10",
-                              "--seed", "0", "--release", str(tmp_path / "release"), "--json"]))
+    r = runner.invoke(app, ["synthesize", "--run", str(tmp_path / "run"), "--out", str(syn), "--per-class", "10",
+                            "--seed", "0", "--release", str(tmp_path / "release"), "--json"])
+    _json(r)
+    assert "(seeded noise: not to be shared as private" in r.stderr and "what may be shared" not in r.stderr
     ev = ["evaluate", "--store", str(store), "--synthetic", str(syn), "--permutations", "0", "--k", "2", "--json"]
     r = runner.invoke(app, [*ev, "--partition", str(parts[1])])
     assert r.exit_code == 4 and "another `fedhype partition`" in r.output

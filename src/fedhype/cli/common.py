@@ -651,6 +651,16 @@ def log_line(text: str) -> None:
     console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
+def seeded_note(sites: bool) -> str:
+    """What a seeded DP run's ε means, said by every command that trains with ``--seed`` before it spends (a new
+    user's seeded `train --site` said nothing while the sites' ledgers counted the run as ε = ∞)."""
+    return ("--seed makes the noise reproducible, which is not secure: whoever holds the seed (the model's metadata "
+            "carries it) can regenerate the noise and remove it, so the ε of this run holds only while the seed stays "
+            "secret and its release must not be shared as private" + ("; the sites' ledgers count this run as ε = ∞"
+                                                                       if sites else "")
+            + ". Leave out --seed (noise from OS entropy) for a release")
+
+
 def round_printer(rounds: int) -> Callable[[dict], None]:
     """A progress callback printing one plain stderr line per training round (ε and held-out
     diagnostics); lines are never wrapped, so they read the same in a terminal, a pipe or a log."""

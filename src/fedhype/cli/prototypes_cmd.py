@@ -13,7 +13,7 @@ from rich.table import Table
 
 from fedhype.cli.choices import HEADS, MATCHINGS, SPLITS, choice
 from fedhype.cli.common import (
-    JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command, seed_value, warn)
+    JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command, seed_value, seeded_note, warn)
 from fedhype.errors import ValidationError
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
@@ -429,7 +429,7 @@ def dp_linear(
             r = dp_linear_downstream(store, Partition.load(partition), cfg, out=out)
         r["seeded"] = seed is not None
         if seed is not None and not no_dp:
-            console.print(_seeded_note(sites is not None), highlight=False)
+            warn(seeded_note(sites is not None), "note")
         return r
 
     def render(r: dict[str, Any]) -> None:
@@ -453,14 +453,6 @@ def dp_linear(
                           highlight=False)
 
     run_command(body, _json(ctx, json_mode), render)
-
-
-def _seeded_note(sites: bool) -> str:
-    """What a seeded DP run's ε means (as `fedhype train --seed`: "whoever knows the seed can remove it")."""
-    return ("[yellow]note[/]: --seed makes the noise reproducible, which is not secure: whoever holds the seed (the "
-            "model's metadata carries it) can regenerate the noise and remove it, so the ε above holds only while the "
-            "seed stays secret" + ("; the sites' ledgers count this run as ε = ∞" if sites else "")
-            + ". Leave out --seed (noise from OS entropy) for a release")
 
 
 def _check_writable_parent(out: Path) -> None:

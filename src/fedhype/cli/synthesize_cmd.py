@@ -244,9 +244,11 @@ def register(app: typer.Typer) -> None:
                     out.unlink(missing_ok=True)
                     raise
                 console.print(f"wrote the release folder {release} "
-                              + ("(what may be shared)" if store.meta["private"] else
+                              + ("(seeded noise: not to be shared as private; its README.md and privacy.json say why)"
+                                 if store.meta["private"] and _noise_seeded(release) else
+                                 "(what may be shared)" if store.meta["private"] else
                                  "(NOT private: trained with --no-dp; it must not leave the site as private data)"),
-                              highlight=False)
+                              highlight=False, soft_wrap=True)
             m = store.meta
             if not m["private"]:
                 console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
@@ -264,3 +266,13 @@ def register(app: typer.Typer) -> None:
 
         run_command(body, json_out, lambda r: Console().print(kv_table("fedhype synthesize", {
             k: v for k, v in r.items() if k not in ("class_counts", "notes", "absent_classes")})))
+
+
+def _noise_seeded(release: Path) -> bool:
+    """Whether the release's training noise was seeded (its privacy.json, recomputed from the ledger)."""
+    import json
+
+    try:
+        return bool(json.loads((release / "privacy.json").read_text(encoding="utf-8")).get("noise_seeded"))
+    except (OSError, ValueError, AttributeError):
+        return False

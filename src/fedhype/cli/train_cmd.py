@@ -19,7 +19,7 @@ from fedhype.federated.config import METHOD_REGISTRY, METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, client_labels, check_out_dir, check_out_kind, config_default,
                                 config_option, console, existing, kv_table, log_line, print_above_target, round_printer,
-                                run_command, INTERRUPTED_TRAINING)
+                                run_command, seeded_note, warn, INTERRUPTED_TRAINING)
 from fedhype.errors import MinRecordsError, ValidationError
 
 if TYPE_CHECKING:
@@ -306,6 +306,8 @@ def register(app: typer.Typer) -> None:
                                     min_records=min_records, dp_sgd_min_records=dp_sgd_min_records, method=method),
                                {"hidden": hidden, "latent": latent, **model_settings(set_, hidden=hidden, latent=latent)})
             sites = _sites(store, partition, site, classes)
+            if seed is not None and not no_dp:  # said before anything is spent
+                warn(seeded_note(sites is not None))
             if sites is None:
                 s = EmbeddingStore.load(store)
                 if s.kind != "real":  # before the partition check, whose digest mismatch would hide the cause
