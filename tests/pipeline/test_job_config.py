@@ -294,3 +294,21 @@ def test_a_setting_left_out_and_the_same_setting_at_its_default_are_one_job():
     assert _differences(bare, spelled(resolve(None, ["data.image_size=224"]))) == ["data.image_size: 112 → 224"]
     other = spelled(resolve(None, ['data.encoder="timm:vit_small_patch16_224"']))
     assert other["data"]["image_size"] == 0
+
+
+def test_a_target_epsilon_no_noise_can_meet_is_refused_before_the_embedding(tmp_path, monkeypatch):
+    """A probe's `fedhype run --set train.epsilon=1e9` embedded for 10 minutes, then failed naming --epsilon: the
+    statistics release is one un-subsampled Gaussian step, whose σ₀ needs no record count, so it is checked first."""
+    import fedhype.pipeline.job as job
+    from fedhype.pipeline.config import resolve
+
+    def no_embedding(*a, **k):
+        raise AssertionError("embedded before the refusal")
+
+    monkeypatch.setattr(job, "_embed", no_embedding)
+    with pytest.raises(ValidationError) as err:
+        job.run_job(resolve(None, ["train.epsilon=1e9"]), tmp_path / "absurd", log=lambda s: None)
+    assert str(err.value) == ("target ε = 1e+09 (train.epsilon) at δ = 0.0001 (train.delta): the statistics release's "
+                              "share, 0.95 × ε = 9.5e+08, is met even by σ < 1e-4; lower train.epsilon (nothing was "
+                              "done)")
+    assert not (tmp_path / "absurd").exists()

@@ -336,6 +336,28 @@ def _classes_without_training_records(store: EmbeddingStore, part: Partition) ->
 MAX_JOB_SYNTHETIC = 1_000_000
 
 
+def _check_release_epsilon(tcfg) -> None:
+    """Refuse a target ε whose statistics release no noise multiplier can meet, before any work: the release is one
+    un-subsampled Gaussian step, so its σ₀ needs no record count (:func:`fedhype.privacy.plan.release_noise_multiplier`,
+    with the smallest share of ε the plan may give it; the rest of the plan is checked once the sizes are known).
+
+    Raises:
+        ValidationError: naming train.epsilon and train.delta (nothing was done).
+    """
+    if tcfg.no_dp or tcfg.epsilon is None or tcfg.noise_multiplier is not None \
+            or tcfg.class_stats_noise_multiplier is not None:
+        return
+    from fedhype.privacy.plan import release_noise_multiplier
+
+    try:
+        release_noise_multiplier(min(1.0, float(tcfg.class_stats_share)), tcfg.delta, [], target_epsilon=tcfg.epsilon)
+    except ValidationError as exc:
+        text = str(exc)
+        for flag, key in (("--epsilon", "train.epsilon"), ("--delta", "train.delta")):
+            text = text.replace(flag, key)
+        raise ValidationError(text + " (nothing was done)") from None
+
+
 def _check_synthesis_code(conf: dict) -> None:
     from fedhype.federated.baselines import is_local
 
@@ -522,6 +544,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     from fedhype.pipeline.config import check_data, check_partition, upgrade_keys, with_defaults_spelled_out
 
     tcfg = train_config(conf)  # validate every training setting before anything is written
+    _check_release_epsilon(tcfg)  # an ε no σ can calibrate, before the embedding (a probe waited 10 min for it)
     check_data(conf)  # and the [data] section: encoder name, folder, pooling, device, dtype
     check_partition(conf)  # and [partition], which was refused only after the embedding (a new user's probe)
     _check_synthesis_code(conf)
