@@ -211,10 +211,17 @@ def test_run_end_to_end_and_resume(tmp_path):
     # the report no longer presents the DP linear reference, whose model stays in the folder: the audit agrees (a
     # probe's audit failed: "report.json: dp_fedavg_linear_epsilon" against the model's ledger)
     assert later["dp_fedavg_linear_epsilon"] is None
+    # ... but it still names the model left in dp_linear/, a second DP model of the same records, with its ε (a new
+    # user's report dropped it while the audit warned of it)
+    assert rep["dp_fedavg_linear_epsilon"] and later["dp_linear_kept_epsilon"] == pytest.approx(
+        rep["dp_fedavg_linear_epsilon"])
+    assert (f"`dp_linear/` still holds the DP linear reference an earlier run of this job trained on the same records "
+            f"(its own ε = {rep['dp_fedavg_linear_epsilon']:.3g}; ") in " ".join((job / "report.md").read_text().split())
     a = runner.invoke(app, ["audit", "--run", str(job), "--json"])
     assert a.exit_code == 0, a.output
     assert "does not present this reference (a rerun with evaluate.dp_linear = false)" in a.output
     names = {row["name"] for row in json.loads(a.stdout)["checked"]}
+    assert any(n.endswith(": dp_linear_kept_epsilon") for n in names), names  # the ε the report names is checked
     assert {f"{job / 'report.json'}: class_stats_epsilon", f"{job / 'report.json'}: target_epsilon",
             f"{job / 'report.md'}: sha256 (report.json report_md_sha256)"} <= names
     # an auditor's probe: the report's release ε and its report.md text could be edited and pass

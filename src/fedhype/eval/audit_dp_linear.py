@@ -113,9 +113,14 @@ def audit_dp_linear(folder: str | Path, tol: float = 1e-6, report: dict | None =
     presented = report is not None and any(report.get(f"dp_fedavg_linear_{k}") is not None
                                            for k in ("accuracy", "epsilon", "delta"))
     if report is not None and not presented:  # a rerun with evaluate.dp_linear = false: the report states no figure
+        kept = report.get("dp_linear_kept_epsilon")
         res["report_note"] = (f"{report_name} does not present this reference (a rerun with evaluate.dp_linear = "
-                              "false): nothing of it to check there; the model and its ε are still in the folder")
+                              "false)" + (": it names the model left in the folder, and its ε (checked)"
+                                          if kept is not None else
+                                          ": nothing of it to check there; the model and its ε are still in the folder"))
         res["warnings"].append(res["report_note"])
+        if kept is not None:  # the report names the model left in the folder: its ε must be the ledger's
+            rows.append(_check(ledger, f"{report_name}: dp_linear_kept_epsilon", "worst", kept, tol))
     if presented:  # the report presents the reference: its ε must be the ledger's (a missing one is a mismatch)
         rows.append(_check(ledger, f"{report_name}: dp_fedavg_linear_epsilon", "worst",
                            report.get("dp_fedavg_linear_epsilon"), tol))

@@ -103,6 +103,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "downstream": downstream_summary(ev.get("downstream")),
         "code_domain": ev.get("code_domain"),
         **_dp_linear_keys(ev.get("dp_linear")),
+        "dp_linear_kept_epsilon": None if ev.get("dp_linear") else _kept_dp_linear_epsilon(out / "dp_linear"),
         "n_real": len(store), "n_test": ev.get("n_real"), "dim": store.dim, "encoder": store.meta.get("encoder"),
         "n_synthetic": len(syn), "code": syn.meta.get("code"), "codes_note": syn.meta.get("codes_note"),
         "anchor": syn.meta.get("anchor", "off"),
@@ -230,6 +231,22 @@ def held_out_trend(metrics: list) -> dict[str, Any] | None:
         out[k] = [float(a["diagnostics_not_dp"][k]), float(b["diagnostics_not_dp"][k])]
     out["worse"] = out["val_neg_elbo"][1] > out["val_neg_elbo"][0] and out["val_mmd2"][1] > out["val_mmd2"][0]
     return out
+
+
+def _kept_dp_linear_epsilon(folder: Path) -> float | None:
+    """The ε of a DP linear reference an earlier run of the job left in ``folder`` (``dp_linear/``) although this run
+    does not present it (a rerun with ``evaluate.dp_linear = false``), or None: the report still names that second DP
+    model of the same records (a new user's report dropped it while the audit warned of it)."""
+    from fedhype.eval.audit_dp_linear import _privacy_record
+    from fedhype.errors import ArtifactError
+
+    try:
+        privacy = _privacy_record(folder)
+    except ArtifactError:
+        return None
+    if not privacy or not privacy.get("private") or privacy.get("epsilon") is None:
+        return None
+    return float(privacy["epsilon"])
 
 
 def _dp_linear_keys(d: dict | None) -> dict[str, Any]:
@@ -427,7 +444,12 @@ def glance(r: dict) -> list[str]:
                    + (f" The job also trained the DP linear reference below on the same records, a separate release "
                       f"with its own ε = {r['dp_fedavg_linear_epsilon']:.3g}: a record in both has spent both "
                       "(sequential composition); it stays with the data holder unless shared too."
-                      if r.get("dp_fedavg_linear_private") and r.get("dp_fedavg_linear_epsilon") is not None else "")
+                      if r.get("dp_fedavg_linear_private") and r.get("dp_fedavg_linear_epsilon") is not None else
+                      f" `dp_linear/` still holds the DP linear reference an earlier run of this job trained on the "
+                      f"same records (its own ε = {r['dp_linear_kept_epsilon']:.3g}; this run, with "
+                      "`evaluate.dp_linear = false`, does not present it): a record in both has spent both (sequential "
+                      "composition); it stays with the data holder unless shared too — delete the folder if it is not "
+                      "needed." if r.get("dp_linear_kept_epsilon") is not None else "")
                    + (" **But the noise was seeded** (`train.seed`): whoever knows the seed can regenerate and remove "
                       "it, so this holds only while the seed stays secret; do not share this run as private, train "
                       "again without a seed." if r.get("noise_seeded") else ""))
