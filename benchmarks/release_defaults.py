@@ -290,17 +290,23 @@ GRID: list[tuple[str, str, dict]] = (
                             "code_dim": "auto", **v})
        for d in ("digits", "fashion", "fashion-full-100") for e in ("1", "8") for v in ({"counts_floor": "float64"}, {})
        if not (d == "fashion-full-100" and e == "8")]
+    # without DP the release is the exact statistics: does the (non-private) training stage still add anything to
+    # the full-rank Gaussian it starts from? ours against no-dp-sgd at the no-DP job's size (L = D, 3,000 per class;
+    # docs/method.md decision 15), mixture code ("no DP, training stage")
+    + [("no DP, training stage", "none", {"dataset": d, "method": m, "latent": 384, "per_class": 3000,
+                                          "located_share": "auto", "code": "mixture"})
+       for d in ("digits", "fashion", "fashion-full") for m in ("fedhypevae", NO_DP_SGD)]
 )
 
 
 #: grids whose rows also record precision, coverage and F (the table shows precision / coverage beside TSTR)
 WITH_PRDC = ("located share, auto", "client covariance test", "DP-SGD share, fidelity", "DP-SGD stage off",
              "DP-SGD stage off, many clients", "DP-SGD stage, client size", "release centre, stage off",
-             "code, many clients", "code dimension, many clients", "counts floor")
+             "code, many clients", "code dimension, many clients", "counts floor", "no DP, training stage")
 #: grids whose rows also record MMD² to the validation split (the table shows it after precision / coverage)
 WITH_MMD = ("DP-SGD share, fidelity", "DP-SGD stage off", "DP-SGD stage off, many clients", "DP-SGD stage, client size",
             "release centre, stage off", "code, many clients",
-            "code dimension, many clients", "counts floor")
+            "code dimension, many clients", "counts floor", "no DP, training stage")
 
 
 def val_tstr(store, part, overrides: dict, eps: str, seed: int, config=None) -> float:

@@ -37,13 +37,21 @@ def test_the_rule_is_the_median_client_against_the_threshold_for_ours_under_dp_p
     once = cfg.for_clients([10])
     assert once.for_clients([10]) == once and {k: v for k, v in once.to_dict().items() if k != "method"} == \
         {k: v for k, v in cfg.to_dict().items() if k != "method"}
-    # only ours, under DP, with per-client releases: the rule was measured there only
+    # only ours, with per-client releases: the rule was measured there only
     for other in (TrainConfig(dp_sgd_min_records=1000, method="no-mmd"),
                   TrainConfig(dp_sgd_min_records=1000, secure_aggregation=True),
-                  TrainConfig(dp_sgd_min_records=1000, no_dp=True, epsilon=None),
                   TrainConfig(dp_sgd_min_records=1000, model={"class_bias": False}),  # no release: the stage is all
-                  TrainConfig(dp_sgd_min_records=0)):
+                  TrainConfig(dp_sgd_min_records=0),
+                  TrainConfig(dp_sgd_min_records=0, no_dp=True, epsilon=None)):  # 0 runs the stage without DP too
         assert other.for_clients([10, 10]) is other and other.stage_off_reason([10, 10]) is None
+    # without DP the stage is off whatever the sizes: the exact statistics' Gaussian was ahead on every validation
+    # set (docs/method.md, decision 25)
+    no_dp = TrainConfig(dp_sgd_min_records=1000, no_dp=True, epsilon=None)
+    for sizes in ([10, 10], [5000, 5000]):
+        assert no_dp.for_clients(sizes).method == "no-dp-sgd"
+        assert no_dp.stage_off_reason(sizes).startswith("without DP the statistics release is exact")
+    assert "decision 25" in no_dp.stage_off_reason([5000]) and "train.dp_sgd_min_records = 0 runs the training " \
+        "stage" in no_dp.stage_off_reason([5000])
     for bad in (-1, 1.5, "auto", True):
         with pytest.raises(ValidationError, match="train.dp_sgd_min_records"):
             TrainConfig(dp_sgd_min_records=bad)
@@ -54,10 +62,10 @@ def test_stage_rule_applies_is_the_rule_without_the_sizes():
     with :meth:`stage_off_reason` (which adds the median against the threshold)."""
     assert TrainConfig(dp_sgd_min_records=1000).stage_rule_applies() is True
     assert TrainConfig(dp_sgd_min_records=1000, epsilon=None, noise_multiplier=2.0).stage_rule_applies() is True
+    assert TrainConfig(dp_sgd_min_records=1000, no_dp=True, epsilon=None).stage_rule_applies() is True
     for other in (TrainConfig(dp_sgd_min_records=1000, method="no-mmd"),
                   TrainConfig(dp_sgd_min_records=1000, method="no-dp-sgd"),
                   TrainConfig(dp_sgd_min_records=1000, secure_aggregation=True),
-                  TrainConfig(dp_sgd_min_records=1000, no_dp=True, epsilon=None),
                   TrainConfig(dp_sgd_min_records=1000, model={"class_bias": False}),
                   TrainConfig(dp_sgd_min_records=0)):
         assert other.stage_rule_applies() is False
@@ -173,6 +181,20 @@ def test_a_run_begun_before_the_rule_resumes_with_its_stage(real_store, part, tm
         with pytest.raises(ValidationError, match="train.dp_sgd_min_records: 10000 → " + str(other)):
             train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, dp_sgd_min_records=other),
                   tmp_path / "ruled", resume=True, diagnostics=False)
+    # a run without DP begun before decision 25 (its training stage recorded under the default threshold) resumes
+    # with its stage; a new one trains no round
+    shipped = dict(epsilon=None, no_dp=True, seed=0, model=SMALL, rounds=2,
+                   dp_sgd_min_records=SHIPPED_DP_SGD_MIN_RECORDS)  # (the tests' default threshold is 0)
+    train(real_store, part, TrainConfig(**{**shipped, "dp_sgd_min_records": 0}), tmp_path / "nodp", diagnostics=False,
+          stop_after=1)
+    path = tmp_path / "nodp" / "config.json"
+    conf = json.loads(path.read_text())
+    conf["train"]["dp_sgd_min_records"] = SHIPPED_DP_SGD_MIN_RECORDS  # as the shipped default recorded it before
+    path.write_text(json.dumps(conf))
+    res = train(real_store, part, TrainConfig(**shipped), tmp_path / "nodp", resume=True, diagnostics=False)
+    assert res.rounds == 2 and res.complete and res.method == "fedhypevae"
+    fresh = train(real_store, part, TrainConfig(**shipped), tmp_path / "nodp-new", diagnostics=False)
+    assert fresh.rounds == 0 and fresh.method == "no-dp-sgd"
 
 
 def test_a_method_without_rounds_and_a_model_without_a_release_is_refused(real_store, part, tmp_path):

@@ -349,19 +349,21 @@ class TrainConfig:
         return 0 if self.statistics_only else int(self.rounds)
 
     def stage_rule_applies(self) -> bool:
-        """True when the client-size rule of :meth:`stage_off_reason` decides whether this configuration runs its
-        DP-SGD stage: ``fedhypevae`` under DP, without secure aggregation, on a model that releases statistics
-        (``model.class_bias``; without a release the stage is all it learns) and ``dp_sgd_min_records > 0``
-        (docs/method.md, decision 22). The sizes then decide (:meth:`for_clients`); False: the stage runs as the
-        method says, whatever the sizes."""
-        return (self.method == STAGE_METHOD and not self.no_dp and not self.secure_aggregation
+        """True when the rule of :meth:`stage_off_reason` decides whether this configuration runs its training
+        stage: ``fedhypevae`` without secure aggregation, on a model that releases statistics (``model.class_bias``;
+        without a release the stage is all it learns) and ``dp_sgd_min_records > 0`` (docs/method.md, decisions 22
+        and 25). Under DP the sizes then decide, without DP the stage is off (:meth:`for_clients`); False: the stage
+        runs as the method says, whatever the sizes."""
+        return (self.method == STAGE_METHOD and not self.secure_aggregation
                 and bool(self.dp_sgd_min_records) and self.model_config(1, 2).class_bias)
 
     def stage_off_reason(self, sizes) -> str | None:
-        """Why :meth:`for_clients` runs ``fedhypevae`` without its DP-SGD stage for these client sizes, or None
-        when it does not (:meth:`stage_rule_applies` is False — another method, no DP, secure aggregation, a model
-        that releases no statistics (``model.class_bias = false``), ``dp_sgd_min_records = 0`` — no sizes, or a
-        median client of at least ``dp_sgd_min_records`` records).
+        """Why :meth:`for_clients` runs ``fedhypevae`` without its training stage for these client sizes, or None
+        when it does not (:meth:`stage_rule_applies` is False — another method, secure aggregation, a model that
+        releases no statistics (``model.class_bias = false``), ``dp_sgd_min_records = 0`` — no sizes, or, under DP,
+        a median client of at least ``dp_sgd_min_records`` records). Without DP the stage is off whatever the sizes:
+        the release is then the exact statistics, whose full-rank Gaussian was ahead of the trained model on every
+        validation set (docs/method.md, decision 25).
 
         Args:
             sizes: the clients' training-set sizes n_i (public; an iterable of ints, or a name → size mapping).
@@ -371,6 +373,11 @@ class TrainConfig:
             return None
         import statistics
 
+        if self.no_dp:
+            return (f"without DP the statistics release is exact, and the full-rank Gaussian it gives was ahead of the "
+                    f"trained model on every validation set: the job trains no round (the {NO_STAGE_METHOD!r} model; "
+                    "docs/method.md, decision 25); train.dp_sgd_min_records = 0 runs the training stage (`fedhype train "
+                    "--dp-sgd-min-records 0`, `fedhype run --set train.dp_sgd_min_records=0`)")
         median = statistics.median(values)
         if median >= self.dp_sgd_min_records:
             return None

@@ -509,7 +509,7 @@ def _comparable(conf: dict) -> dict:
 
 def resolve_stage(cfg: TrainConfig, sizes, recorded: dict | None = None) -> TrainConfig:
     """``cfg`` for clients of these public sizes (:meth:`TrainConfig.for_clients`: ``fedhypevae`` without its
-    DP-SGD stage below ``train.dp_sgd_min_records``). On a resume, as :func:`keep_recorded_sizes` keeps a run's
+    DP-SGD stage below ``train.dp_sgd_min_records``, and without DP). On a resume, as :func:`keep_recorded_sizes` keeps a run's
     latent size, a run recorded before the rule existed (its ``config.json`` has no ``train.dp_sgd_min_records``)
     resumes with the method it began with, and a run that recorded another threshold than this release's default
     resumes with its own where ``cfg`` has the default (a threshold given explicitly and different is the resume's
@@ -524,6 +524,8 @@ def resolve_stage(cfg: TrainConfig, sizes, recorded: dict | None = None) -> Trai
     if train is not None:
         if "dp_sgd_min_records" not in train:
             return cfg
+        if cfg.no_dp and train.get("method") == _config.STAGE_METHOD:  # a run without DP begun before decision 25
+            return cfg  # resumes with its training stage
         kept = train["dp_sgd_min_records"]
         if cfg.dp_sgd_min_records == _config.DEFAULT_DP_SGD_MIN_RECORDS and kept != cfg.dp_sgd_min_records \
                 and isinstance(kept, int) and not isinstance(kept, bool) and kept >= 0:
