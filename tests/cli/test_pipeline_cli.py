@@ -470,6 +470,23 @@ def test_the_default_job_on_small_clients_runs_without_the_dp_sgd_stage_and_says
     assert json.loads((tmp_path / "job" / "run" / "config.json").read_text())["train"]["method"] == "no-dp-sgd"
 
 
+def test_run_without_dp_announces_no_training_round(tmp_path, monkeypatch):
+    """Without DP ours trains no round (docs/method.md, decision 25): run's plan line says so, not the DP rule's
+    "3 rounds if the median client has ≥ 1,500 training records"."""
+    import fedhype.pipeline.job as job
+    from fedhype.errors import ValidationError
+
+    def stop(*a, **k):
+        raise ValidationError("stopped after the plan line")
+
+    monkeypatch.setattr(job, "run_job", stop)
+    r = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "job"), "--set", "train.no_dp=true",
+                                 "--set", "train.epsilon=none", "--set", "train.dp_sgd_min_records=1500"])
+    assert r.exit_code == 2 and "stopped after the plan line" in r.output
+    assert "run: embed → partition → train (the exact statistics, no training round) → synthesize" in r.stderr
+    assert "if the median client" not in r.stderr
+
+
 def test_train_and_budget_name_the_stage_rule(files, tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["train", "--store", str(files / "emb.safetensors"), "--partition",
                                  str(files / "part.json"), "--out", str(tmp_path / "run"), "--epsilon", "4",

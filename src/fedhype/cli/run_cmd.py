@@ -115,7 +115,9 @@ def register(app: typer.Typer) -> None:
             from fedhype.pipeline.config import train_config
 
             cfg = train_config(conf)
-            if cfg.stage_rule_applies():  # the sizes decide once the partition is known (docs/method.md, decision 22)
+            if cfg.stage_rule_applies() and cfg.no_dp:  # without DP no round (docs/method.md, decision 25)
+                what = "the exact statistics, no training round"
+            elif cfg.stage_rule_applies():  # the sizes decide once the partition is known (decision 22)
                 what += (f" if the median client has ≥ {cfg.dp_sgd_min_records:,} training records, else the "
                          "statistics release alone")
             log_line(f"run: embed → partition → train ({what}) → synthesize → evaluate → report, into {out}")
