@@ -101,6 +101,25 @@ def test_a_quoted_or_fractional_threshold_is_refused_naming_the_key_and_what_to_
     assert not (tmp_path / "job").exists()  # refused before anything was embedded or written
 
 
+def test_without_dp_the_notes_give_decision_25_and_a_resume_keeps_its_recorded_threshold(monkeypatch):
+    """A reviewer's findings: round settings given to a no-DP run were said to have no effect "because the median
+    client is below train.dp_sgd_min_records", and a no-DP run begun under another threshold lost it on resume."""
+    from fedhype.federated import config
+    from fedhype.federated.run_plan import resolve_stage
+
+    monkeypatch.setattr(config, "DEFAULT_DP_SGD_MIN_RECORDS", SHIPPED_DP_SGD_MIN_RECORDS)
+    cfg = TrainConfig(no_dp=True, epsilon=None, rounds=3)
+    notes = " ".join(cfg.plan_warnings({"a": 5000, "b": 5000}, "train.batch_size"))
+    assert "no training round runs (without DP the exact statistics' Gaussian is the model: docs/method.md " \
+        "decision 25): train.rounds has no effect" in notes and "median client" not in notes
+    begun = {"train": {"method": "fedhypevae", "dp_sgd_min_records": 0, "no_dp": True}}
+    kept = resolve_stage(TrainConfig(no_dp=True, epsilon=None), [10, 10], begun)
+    assert kept.method == "fedhypevae" and kept.dp_sgd_min_records == 0
+    before_rule = {"train": {"method": "fedhypevae", "dp_sgd_min_records": SHIPPED_DP_SGD_MIN_RECORDS, "no_dp": True}}
+    assert resolve_stage(TrainConfig(no_dp=True, epsilon=None), [10, 10], before_rule).method == "fedhypevae"
+    assert resolve_stage(TrainConfig(no_dp=True, epsilon=None), [10, 10], None).method == "no-dp-sgd"
+
+
 def test_the_shipped_threshold_switches_the_stage_off_for_the_digits_job_and_keeps_it_for_large_clients(monkeypatch):
     from fedhype.federated import config
 

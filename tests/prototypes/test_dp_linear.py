@@ -95,6 +95,10 @@ def test_rerun_reuses_the_saved_release(real_store, part, eps8):
     assert again["reused"] and again["accuracy"] == res["accuracy"] and (out / "ledger.json").read_bytes() == before
     with pytest.raises(ValidationError, match="other settings"):
         dp_linear_downstream(real_store, part, DPLinearConfig(epsilon=4.0, seed=0), out=out)
+    # a job resumed with a spending cap (train.max_epsilon, which a rerun may change) reuses the model: the cap
+    # trained nothing (a reviewer: such a rerun was refused after synthesis and evaluation)
+    capped = dp_linear_downstream(real_store, part, DPLinearConfig(epsilon=8.0, seed=0, max_epsilon=9.0), out=out)
+    assert capped["reused"] and (out / "ledger.json").read_bytes() == before
 
 
 def test_refusals(real_store, part, tmp_path):

@@ -745,13 +745,15 @@ def open_site(site_dir: Path, against: Any, against_name: str, run_name: str) ->
     return s, own, outsider
 
 
-def site_records(site: Any, store: Any, split: str, class_names: list[str], site_dir: Path, against_name: str) -> Any:
+def site_records(site: Any, store: Any, split: str, class_names: list[str], site_dir: Path, against_name: str,
+                 minimum: int = 2, instead: str = "give another --split") -> Any:
     """``split`` records of the site of ``--site`` (:func:`open_site`), labels renumbered by name to
     ``class_names`` (the classes of ``against_name``, which may hold more than the site).
 
     Raises:
         ValidationError: a class of the site missing from ``class_names``, naming the site and ``against_name``;
-            a split of fewer than 2 records (no score can be computed on it).
+            a split of fewer than ``minimum`` records (2 for MMD² and TRTR; no score can be computed on fewer),
+            with ``instead`` as the first remedy.
     """
     from fedhype.errors import ValidationError
 
@@ -759,8 +761,9 @@ def site_records(site: Any, store: Any, split: str, class_names: list[str], site
         records = site.records(split, list(class_names), store)
     except ValidationError as exc:
         raise ValidationError(f"site {site.name!r} ({site_dir}): {exc} of {against_name}") from None
-    if len(records) < 2:  # a probe's 3-image site had an empty test split: "real set: MMD² needs at least 2 samples"
+    if len(records) < minimum:  # a probe's 3-image site had an empty test split: "real set: MMD² needs at least 2
+        # samples"
         raise ValidationError(f"site {site.name!r} ({site_dir}): its {split} split holds {len(records)} record(s), and "
-                              "a score needs at least 2: give another --split, or split the site again with more "
+                              f"a score needs at least {minimum}: {instead}, or split the site again with more "
                               "records or other --fractions (`fedhype site … --overwrite`)")
     return records

@@ -259,7 +259,8 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
     where = f"site {s.name!r} ({site_dir})"
     test_store = site_records(s, own, split, syn_store.class_names, site_dir, against)
     if real_train is None:
-        train_store = site_records(s, own, "train", syn_store.class_names, site_dir, against)
+        train_store = site_records(s, own, "train", syn_store.class_names, site_dir, against,
+                                   instead="give the TRTR reference's records with --real-train")
         check_compatible(train_store, syn_store, f"real train store of {where}", f"synthetic store {synthetic}")
     else:
         train_store = _real_train_store(real_train, syn_store, synthetic)

@@ -298,7 +298,8 @@ def evaluate(
 
             what = f"--model {model}"
             s, store, outsider = open_site(site, against, what, f"the synthetic store that trained {what}")
-            test = site_records(s, store, split, list(names) if names is not None else store.class_names, site, what)
+            test = site_records(s, store, split, list(names) if names is not None else store.class_names, site, what,
+                                minimum=1)  # accuracy needs one record
             if names is None and test.n_classes > len(clf.classes_):
                 raise ValidationError(f"site {s.name!r} ({site}) has {test.n_classes} classes, the model "
                                       f"{len(clf.classes_)}")

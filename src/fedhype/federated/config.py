@@ -452,7 +452,9 @@ class TrainConfig:
         why = ("runs no DP-SGD round (the statistics release takes the whole ε" + (
             f", at σ₀ = {self.class_stats_noise_multiplier:g}" if self.class_stats_noise_multiplier is not None else "")
             + ")")
-        head = ("no DP-SGD round runs (the median client is below train.dp_sgd_min_records: the stage rule, "
+        head = ("no training round runs (without DP the exact statistics' Gaussian is the model: docs/method.md "
+                "decision 25)" if stage_off and self.no_dp else
+                "no DP-SGD round runs (the median client is below train.dp_sgd_min_records: the stage rule, "
                 "docs/method.md decision 22)" if stage_off else f"train.method = {self.method!r} {why}")
         return (f"{head}: " + ", ".join(f"train.{k}" for k in names)
                 + (" has" if len(names) == 1 else " have") + " no effect (recorded in config.json as given)")

@@ -524,10 +524,10 @@ def resolve_stage(cfg: TrainConfig, sizes, recorded: dict | None = None) -> Trai
     if train is not None:
         if "dp_sgd_min_records" not in train:
             return cfg
-        if cfg.no_dp and train.get("method") == _config.STAGE_METHOD:  # a run without DP begun before decision 25
-            return cfg  # resumes with its training stage
         kept = train["dp_sgd_min_records"]
         if cfg.dp_sgd_min_records == _config.DEFAULT_DP_SGD_MIN_RECORDS and kept != cfg.dp_sgd_min_records \
                 and isinstance(kept, int) and not isinstance(kept, bool) and kept >= 0:
             cfg = replace(cfg, dp_sgd_min_records=kept)
+        if cfg.no_dp and train.get("method") == _config.STAGE_METHOD:  # a run without DP begun before decision 25
+            return cfg  # resumes with its training stage
     return cfg.for_clients(sizes)

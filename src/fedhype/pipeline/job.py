@@ -345,8 +345,8 @@ def _check_release_epsilon(tcfg) -> None:
         ValidationError: naming train.epsilon and train.delta (nothing was done).
     """
     if tcfg.no_dp or tcfg.epsilon is None or tcfg.noise_multiplier is not None \
-            or tcfg.class_stats_noise_multiplier is not None:
-        return
+            or tcfg.class_stats_noise_multiplier is not None or not tcfg.model_config(1, 2).class_bias:
+        return  # (model.class_bias = false releases no statistics: the plan's own check speaks for it)
     from fedhype.privacy.plan import release_noise_multiplier
 
     try:

@@ -331,7 +331,10 @@ def dp_linear_downstream(store, partition, cfg: DPLinearConfig | None = None, *,
     if reused:
         model = DPLinearModel.load(out)
         sizes = {c: int(len(x)) for c, (x, _) in clients.items()}
-        if model.config != json.loads(json.dumps(asdict(cfg))) or model.privacy.get("client_sizes") != sizes:
+        # the spending cap (train.max_epsilon, which a job may change on a rerun) trained nothing: not compared
+        given = {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k != "max_epsilon"}
+        if {k: v for k, v in model.config.items() if k != "max_epsilon"} != given \
+                or model.privacy.get("client_sizes") != sizes:
             raise ValidationError(f"{out} holds a DP linear classifier trained with other settings or clients; "
                                   "remove it or choose another output folder")
     else:
