@@ -5,6 +5,8 @@ Nothing fedhype writes is ever left half-written: a reader sees the old file or 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -56,6 +58,30 @@ def check_writable_folder(out: str | os.PathLike, done: str = "nothing was done"
         raise ValidationError(f"--out {shown}: cannot write into {above} ({exc.strerror or exc}); give an --out in a "
                               f"folder you can write to ({done})") from None
     return above
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike, busy: str):
+    """Hold ``fcntl.flock`` on the file ``path`` (made if missing, not removed here: a caller removes it, if at all,
+    inside the block, while it holds the lock) for the ``with`` block, recording this process's pid in it.
+
+    The kernel releases the lock when the process exits for any reason (kill -9 included), so it is never stale.
+
+    Raises:
+        ValidationError: another process holds it: ``busy`` with the holder's pid put in for ``{pid}``.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ValidationError(busy.format(pid=holder)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

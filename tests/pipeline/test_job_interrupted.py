@@ -151,6 +151,41 @@ def test_a_killed_run_is_listed_as_killed_in_the_stage_it_was_in(tmp_path, monke
             f"{runs[0]['stages']['partition_s']:.1f} · train (interrupted)") in md
 
 
+def test_a_second_run_into_a_live_job_folder_is_refused_and_leaves_the_first_as_it_was(tmp_path):
+    """No job-level lock: a second `fedhype run` into a live job's folder marked the first run killed (its stage was
+    "running"), then failed at the training run's own lock (a review). The job folder is locked for the whole job
+    (``<out>/.lock``, flock: released by the kernel when the holder dies); a refused second run writes nothing, and a
+    folder the refused run would have made is not left behind."""
+    import os
+    import subprocess
+    import sys
+
+    from fedhype.errors import ValidationError
+
+    out = tmp_path / "live"
+    out.mkdir()
+    (out / TIMINGS_FILE).write_text(json.dumps({"runs": [{"started": "then", "stages": {"embed_s": 1.0},
+                                                           "running": "train_s"}]}))  # the live run's record
+    before = (out / TIMINGS_FILE).read_bytes()
+    hold = ("import sys, time; from fedhype.io import exclusive_lock\n"
+            "with exclusive_lock(sys.argv[1], 'busy {pid}'):\n    print('locked', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"  # waits on the condition, not on a timer
+        with pytest.raises(ValidationError, match=f"job folder {out} is being run by another process \\(pid "
+                                                  f"{holder.pid}\\)"):
+            run_job(resolve(None, [*SMALL, "train.no_dp=true"]), out, log=lambda s: None)
+        assert (out / TIMINGS_FILE).read_bytes() == before  # the live run is not marked killed
+        assert sorted(p.name for p in out.iterdir()) == [".lock", TIMINGS_FILE]
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(ValidationError, match="is not below 1/n"):  # refused after the lock, before writing
+        run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.delta=0.05"]), tmp_path / "new", log=lambda s: None)
+    assert not (tmp_path / "new").exists()  # the folder made for the lock is removed again
+    assert os.path.exists(out / ".lock")
+
+
 def test_an_interrupted_job_resumes_under_a_spending_cap_given_only_now(tmp_path):
     """`train.max_epsilon` may be added on a resume (the README and the interruption message suggest it; a probe's
     `fedhype run --set train.max_epsilon=…` was refused as "a different configuration"): a cap below what the rest

@@ -21,7 +21,6 @@ round is on disk; older round files are removed afterwards. A crash leaves the p
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 
 from fedhype.errors import ArtifactError, ValidationError
 from fedhype.federated.baselines import is_local, load_local_models
-from fedhype.io import DIGEST_KEY, atomic_save_tensors, atomic_write_json, load_tensors, read_json, tensor_metadata
+from fedhype.io import DIGEST_KEY, atomic_save_tensors, exclusive_lock, atomic_write_json, load_tensors, read_json, tensor_metadata
 from fedhype.models.config import ModelConfig
 from fedhype.models.hypernet import HyperNetwork, fill_missing_anchors
 from fedhype.privacy.ledger import LEDGER_ADVICE
@@ -107,24 +106,16 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / ".lock"
         new_lock = not path.exists()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
+        with exclusive_lock(path, f"run directory {self.root} is being written by another process (pid {{pid}}); "
+                                  "wait for it to finish, or stop it, and run the command again"):
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-                raise ValidationError(f"run directory {self.root} is being written by another process (pid {holder}); "
-                                      "wait for it to finish, or stop it, and run the command again") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-            yield self
-        finally:
-            if created and [p.name for p in self.root.iterdir()] == [".lock"]:
-                path.unlink(missing_ok=True)  # a run refused before writing anything leaves no folder behind
-                self.root.rmdir()
-            elif new_lock and not self.config.exists():
-                path.unlink(missing_ok=True)  # nor a lock file in a folder it refused to write into
-            os.close(fd)  # closing the descriptor releases the lock
+                yield self
+            finally:  # while the lock is held
+                if created and [p.name for p in self.root.iterdir()] == [".lock"]:
+                    path.unlink(missing_ok=True)  # a run refused before writing anything leaves no folder behind
+                    self.root.rmdir()
+                elif new_lock and not self.config.exists():
+                    path.unlink(missing_ok=True)  # nor a lock file in a folder it refused to write into
 
     def server_ckpt(self, r: int) -> Path:
         return self.root / "ckpt" / f"server-r{r}.safetensors"

@@ -17,6 +17,7 @@ Output directory::
                                    A train.no_dp job's release is NOT private: nothing of it may leave the
                                    site as private data (its README, the report and the log say so)
       timings.json                 every run's stage seconds, an interrupted run's included (:class:`StageTimings`)
+      .lock                        one `fedhype run` at a time in the folder (a second is refused, naming the pid)
 
 Rerunning the same command after an interruption continues where it stopped: embeddings come
 from the cache, the partition is reused, training resumes from its last committed round
@@ -26,6 +27,7 @@ from the cache, the partition is reused, training resumes from its last committe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -550,6 +552,36 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     _check_synthesis_code(conf)
     out = Path(out)
     check_out_writable(out)  # a read-only --out failed at train, after the embedding and the partition (a probe)
+    with _job_lock(out):  # a second `fedhype run` into a live job's folder marked the first one killed (a review)
+        return _locked_job(conf, out, log, on_round, tcfg)
+
+
+@contextlib.contextmanager
+def _job_lock(out: Path):
+    """One ``fedhype run`` at a time in a job folder: ``<out>/.lock`` (:func:`fedhype.io.exclusive_lock`). A folder
+    made for it is removed again if the job wrote nothing into it.
+
+    Raises:
+        ValidationError: another process runs a job there (its pid named).
+    """
+    from fedhype.io import exclusive_lock
+
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ".lock"
+    with exclusive_lock(path, f"job folder {out} is being run by another process (pid {{pid}}); wait for it to "
+                              "finish, or stop it, and run the command again (nothing was done)"):
+        try:
+            yield
+        finally:  # while the lock is held
+            if created and [p.name for p in out.iterdir()] == [".lock"]:
+                path.unlink(missing_ok=True)
+                out.rmdir()
+
+
+def _locked_job(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg) -> dict[str, Any]:
+    from fedhype.pipeline.config import upgrade_keys, with_defaults_spelled_out
+
     cfg_path = out / "config.json"
     old_conf = read_json(cfg_path, "job config") if cfg_path.exists() else None
     if isinstance(old_conf, dict) and isinstance(old_conf.get("data"), dict):
