@@ -100,3 +100,8 @@ def listed(items, shown: int = 5) -> str:
     items = [str(i) for i in items]
     head = ", ".join(items[:shown])
     return head + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``"1 client"``, ``"4 clients"``: ``n`` and ``noun`` in the number ``n`` takes (a probe read "1 clients")."""
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"

@@ -247,6 +247,33 @@ def test_a_class_without_training_records_is_warned_about(tmp_path, enc, tiny_di
     assert line and "3" in line[0], r.stderr[-2000:]
 
 
+def test_unreadable_files_are_in_the_report_and_data_strict_stops_on_them(tmp_path, enc, tiny_dinov2_dir):
+    """A probe's `fedhype run` skipped unreadable images with a warning on stderr only: report.md said nothing, `run` had
+    no `embed --strict`, and a zero-byte file was "not an image". The report lists them (report.json data_warnings,
+    report.md), data.strict stops on the first one before anything is written, and a rerun may change data.strict."""
+    root = split_tree(tmp_path / "digits")
+    (root / "train" / "1" / "empty.png").write_bytes(b"")  # an interrupted copy
+    good = (root / "train" / "2" / f"{_rows(2, 1)[0]}.png").read_bytes()
+    (root / "train" / "2" / "cut.png").write_bytes(good[: len(good) // 2])  # truncated
+    out = tmp_path / "job"
+    data = ["--set", f"data.images='{root}'", "--set", "data.device='cpu'", "--set", "partition.scheme='iid'",
+            "--set", "partition.clients=2", "--set", f"data.encoder='hf:{tiny_dinov2_dir}'"]
+    r = runner.invoke(app, ["run", "--out", str(out), *data, "--set", "data.strict=true", *SMALL_JOB, "--json"])
+    assert r.exit_code == 2, r.output
+    err = _json(r)["error"]
+    assert "unusable file" in err and "empty.png: an empty file (0 bytes)" in err and "drop --strict" in err, err
+    assert not out.exists()  # refused before the job wrote anything
+    r = runner.invoke(app, ["run", "--out", str(out), *data, *SMALL_JOB, "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "report.json").read_text())
+    said = [w for w in rep["data_warnings"] if "could not be read and were skipped" in w]
+    assert len(said) == 1 and said[0].startswith("2 image file(s)"), rep["data_warnings"]
+    assert f"- data warning: {said[0]}" in (out / "report.md").read_text()
+    # the finished job reruns with data.strict given now: the store is reused, nothing is read or refused
+    r = runner.invoke(app, ["run", "--out", str(out), *data, "--set", "data.strict=true", *SMALL_JOB, "--json"])
+    assert r.exit_code == 0, r.output
+
+
 def test_a_one_class_folder_is_refused_before_any_epsilon_is_spent(tmp_path, enc, tiny_dinov2_dir):
     """A new user's finding: `run` on images of one class trained all its rounds (ε spent), then stopped in
     the evaluation ("y must hold at least two classes") on every rerun."""

@@ -188,14 +188,14 @@ def test_run_end_to_end_and_resume(tmp_path):
     r = runner.invoke(app, args + ["--set", "train.epsilon=4", "--set", "synthesis.per_class=20"])
     err = _json(r)["error"]
     assert r.exit_code == 2 and "config.json: train.epsilon: 1.0 → 4); use another --out" in err
-    assert "(the 1 [synthesis]/[evaluate] change given with it would be allowed alone" in err
+    assert "(the 1 [synthesis]/[evaluate] difference from the job's settings beside it would be allowed alone" in err
     # the refused settings come first, whatever the later ones (a probe's six changes listed five allowed ones and
     # cut the refused one)
     many = [f"evaluate.{k}" for k in ("k=4", "permutations=30", "max_samples=1000", "seed=1", "interpolation=false")]
     r = runner.invoke(app, args + [x for kv in many for x in ("--set", kv)] + ["--set", "train.epsilon=4"])
     err = _json(r)["error"]
     assert r.exit_code == 2 and "config.json: train.epsilon: 1.0 → 4); use" in err and "the 5 [synthesis]/[evaluate] " \
-        "changes given with it would be allowed alone" in err and "evaluate.k" not in err
+        "differences from the job's settings beside it would be allowed alone" in err and "evaluate.k" not in err
     # the stages after training may change (a probe: a job could not switch its code × domain matrix off, or draw
     # another synthetic set, without a new --out and a second ε): the model is kept, nothing is charged
     assert "code_domain" in json.loads((job / "evaluation.json").read_text())

@@ -201,6 +201,9 @@ def test_an_interrupted_job_resumes_under_a_spending_cap_given_only_now(tmp_path
     with pytest.raises(KeyboardInterrupt):
         run_job(conf, out, log=lambda s: None, on_round=ctrl_c)
     ledger = (out / "run" / "ledger.json").read_bytes()
+    # a resumed job's rounds were trained: a refusal says this run trained nothing, not "nothing was trained"
+    with pytest.raises(ValidationError, match="synthesis.temperature must be .*; this run trained nothing$"):
+        run_job(resolve(None, [*SMALL, "train.epsilon=2", "synthesis.temperature=0"]), out, log=lambda s: None)
     said: list[str] = []
     with pytest.raises(BudgetExceededError, match="max-epsilon 1.5"):
         run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.max_epsilon=1.5"]), out, log=said.append)

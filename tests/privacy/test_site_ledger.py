@@ -13,7 +13,7 @@ from fedhype.federated.config import TrainConfig
 from fedhype.privacy.accountant import epsilon
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge
 from fedhype.privacy.site_ledger import (SiteCharger, by_run, cap_of, composed, ledger_path, load_site_ledger,
-                                         report, seeded_runs, set_site_ledger, spent)
+                                         report, seeded_runs, set_site_ledger, spent, eps_text)
 
 DELTA = 1e-5
 
@@ -159,6 +159,7 @@ def test_a_seeded_run_is_infinite_for_the_site_and_refused_under_a_cap_before_an
     train_sites(sites, TrainConfig(**{**CFG, "rounds": 1}), tmp_path / "seeded")
     led = load_site_ledger(sites[0].folder)
     assert spent(led) == float("inf") and len(seeded_runs(led)) == 1
+    assert eps_text(spent(led)) == "∞" and eps_text(0.5) == "0.5000"  # messages said "ε = inf" (a probe)
     rep = report(led, sites[0].folder, "site-0")
     assert rep["epsilon"] is None and rep["epsilon_infinite"] and rep["seeded_runs"] == seeded_runs(led)
     assert rep["runs"][0]["seeded"] and rep["runs"][0]["epsilon_infinite"] and "regenerate" in rep["seeded_note"]

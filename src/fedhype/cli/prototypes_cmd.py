@@ -14,7 +14,7 @@ from rich.table import Table
 from fedhype.cli.choices import HEADS, MATCHINGS, SPLITS, choice
 from fedhype.cli.common import (
     JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command, seed_value, seeded_note, warn)
-from fedhype.errors import ValidationError
+from fedhype.errors import ValidationError, counted
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
 
@@ -154,7 +154,7 @@ def train(
                                       "synthetic store: give the real store (`fedhype embed`) and its --partition")
             part.check_store(store)
             clients = _clients(part, store, split)
-            console.print(f"FedHPro: {epochs} rounds over {len(clients)} clients …", highlight=False)
+            console.print(f"FedHPro: {epochs} rounds over {counted(len(clients), 'client')} …", highlight=False)
             fit_federated(clf, clients, classes=classes, local_epochs=local_epochs, ledger=run_ledger)
             x_tr = np.concatenate([x.numpy() for x, _ in clients.values()])
             y_tr = np.concatenate([y for _, y in clients.values()])

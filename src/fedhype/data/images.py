@@ -84,6 +84,11 @@ def check_image_file(path: str | os.PathLike) -> str | None:
     if os.path.islink(path) and not os.path.exists(path):
         return f"a symbolic link to a missing file ({os.readlink(path)})"
     try:
+        if os.path.getsize(path) == 0:  # was "not an image (PIL cannot identify the format)" (a probe)
+            return "an empty file (0 bytes): an interrupted copy or download?"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    try:
         with Image.open(path) as im:
             fmt = im.format
             im.verify()

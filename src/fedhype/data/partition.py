@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedhype.data.store import EmbeddingStore, opaque_id
-from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
+from fedhype.errors import ArtifactError, MinRecordsError, ValidationError, counted
 from fedhype.errors import listed as listed_items
 from fedhype.io import atomic_write_json, read_json
 
@@ -113,7 +113,7 @@ class Partition:
 
         shown = [f"{c.name} {len(c.train)}/{len(c.val)}/{len(c.test)}" for c in self.clients]
         return (f"Partition(scheme={self.scheme!r}, params={self.params!r}, seed={self.seed}, store_n={self.store_n}, "
-                f"{len(self.clients)} clients (train/val/test): {listed(shown)})")
+                f"{counted(len(self.clients), 'client')} (train/val/test): {listed(shown)})")
 
     @property
     def data_key(self) -> str:
@@ -237,7 +237,7 @@ class Partition:
             ArtifactError: an id of the partition is not in ``store``.
         """
         if not 0 <= client_id < len(self.clients):
-            raise ValidationError(f"client {client_id} does not exist; the partition has {len(self.clients)} clients")
+            raise ValidationError(f"client {client_id} does not exist; the partition has {counted(len(self.clients), 'client')}")
         return store.subset(store.positions(self.clients[client_id].ids(split)))
 
     def split_store(self, store: EmbeddingStore, split: str) -> EmbeddingStore:

@@ -230,6 +230,11 @@ def cached_embed_images(
         for text in duplicate_warnings(source):
             warn(text)
     if use_cache and store is not None:
+        bad = store.meta.get("skipped") or []
+        if strict and bad:  # a cached store skipped files that failed to decode: strict stops on them as embedding would
+            raise ValidationError(f"cannot decode image {bad[0].get('file')}: {bad[0].get('reason')} ({len(bad)} "
+                                  "unreadable file(s) in this folder, found when it was embedded; remove or fix them, "
+                                  "or drop --strict / data.strict)")
         return store, True
     store = embed_source(source, enc, batch_size=batch_size, num_workers=num_workers, strict=strict,
                          progress=progress)

@@ -15,7 +15,7 @@ from typing import Any
 
 from fedhype.data.partition import Partition
 from fedhype.data.roster import Roster, as_roster
-from fedhype.errors import FedhypeWarning, MinRecordsError, ValidationError
+from fedhype.errors import FedhypeWarning, MinRecordsError, ValidationError, counted
 from fedhype.federated.config import TrainConfig
 from fedhype.federated.rundir import RunDir
 from fedhype.io import read_json
@@ -169,7 +169,7 @@ def _code_dim_note(mcfg: ModelConfig, method: str, n_clients: int) -> str:
         return ""
     per = (mcfg.n_classes + mcfg.latent + 1) * mcfg.dim
     return f": the client-statistics heads hold {per:,} weights per code dimension; \"auto\" gives one per client, " \
-           f"{resolve_code_dim('auto', n_clients)} for {n_clients} clients"
+           f"{resolve_code_dim('auto', n_clients)} for {counted(n_clients, 'client')}"
 
 
 #: disk a run writes per model parameter, in bytes (float32): the server's checkpoint (weights, codes and Adam's

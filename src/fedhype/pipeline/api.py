@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from fedhype.data.partition import Partition, make_partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ArtifactError, FedhypeWarning, ValidationError
+from fedhype.errors import ArtifactError, FedhypeWarning, ValidationError, counted
 from fedhype.eval.result import Evaluation
 from fedhype.pipeline.config import DEFAULTS, resolve, train_config
 from fedhype.pipeline.arguments import (MAX_SEED, check_store, check_whole, evaluate_store, in_api_words, is_number,
@@ -279,7 +279,7 @@ class PrivacySpent:
         how = "min of PRV and RDP" if self.accountant == "best" else self.accountant
         seeded = ("; SEEDED noise: reproducible, not to be shared as private — train without a seed for a release"
                   if self.noise_seeded else "")
-        return (f"(ε = {self.epsilon:.3f}, δ = {self.delta:g})-DP per record, worst of {len(self.per_client)} clients "
+        return (f"(ε = {self.epsilon:.3f}, δ = {self.delta:g})-DP per record, worst of {counted(len(self.per_client), 'client')} "
                 f"(accountant: {how}; mechanisms: {', '.join(self.mechanisms)}){seeded}")
 
 

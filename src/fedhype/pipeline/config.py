@@ -43,7 +43,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # fedhype.embed use (112 px for dinov2-vits14; configs/*.toml set 112 explicitly, the size the committed
     # benchmark figures were measured at); cache_dir "" = ~/.cache/fedhype/embeddings ($FEDHYPE_CACHE)
     "data": {"dataset": "digits-domains", "images": "", "layout": "auto", "store": "", "encoder": "dinov2-vits14",
-             "image_size": 0, "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "dtype": "auto", "cache_dir": ""},
+             "image_size": 0, "pooling": "cls", "limit": 0, "seed": 0, "device": "auto", "dtype": "auto", "cache_dir": "",
+             "strict": False},
     # fractions: train/val/test shares of each client's records (`fedhype partition --fractions`); min_records:
     # the smallest client training set (`--min-records`), the same minimum as train.min_records
     "partition": {"scheme": "domain", "clients": 0, "alpha": 0.3, "fractions": [0.6, 0.2, 0.2],

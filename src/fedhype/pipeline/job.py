@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from fedhype.data.partition import Partition, make_partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ValidationError
+from fedhype.errors import ValidationError, counted
 from fedhype.io import atomic_write_json, atomic_write_text, read_json
 from fedhype.pipeline.config import to_toml, train_config
 
@@ -52,8 +52,10 @@ LATER_STAGE_FILES = ("synthetic.safetensors", "evaluation.json", "report.json", 
 
 
 #: settings any rerun may change, however far the job got: a spending cap changes nothing trained or drawn (the
-#: engine checks it against the ledger before each release and round), so a resume may add, raise or lower it
-FREE_SETTINGS = (("train", "max_epsilon"),)
+#: engine checks it against the ledger before each release and round), so a resume may add, raise or lower it; and
+#: whether an unreadable image stops the embedding (data.strict: a store it made is the same either way, and a rerun
+#: reuses the job's store without reading an image again)
+FREE_SETTINGS = (("train", "max_epsilon"), ("data", "strict"))
 
 
 def without_free_settings(conf: dict) -> dict:
@@ -174,7 +176,8 @@ def _embed_store(d: dict, *, progress: bool, warn=None, limit_name: str = "data.
         store, hit = cached_embed_images(d["images"], d["encoder"], layout=d.get("layout", "auto"),
                                          limit=d["limit"] or None, seed=d["seed"], image_size=d["image_size"] or None,
                                          cache_dir=d["cache_dir"] or None, pooling=d["pooling"], device=d["device"],
-                                         dtype=d.get("dtype", "auto"), progress=progress, warn=warn)
+                                         dtype=d.get("dtype", "auto"), progress=progress, warn=warn,
+                                         strict=bool(d.get("strict", False)))
         note = " (the same files' embeddings, from the embedding cache)" if hit else ""
     else:
         store, note = cached_embed(d["dataset"], d["encoder"], limit=d["limit"] or None, seed=d["seed"],
@@ -240,7 +243,7 @@ def thin_classes(part: Partition, store: EmbeddingStore, minimum: int = THIN_CLA
             "images of them or leave them out")
 
 
-def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore) -> None:
+def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore, *, started: bool = False) -> None:
     """Refuse, before training, a job whose data its evaluation cannot score.
 
     The classifiers of the evaluation (TSTR, TRTR, the hyper-prototypes) need training records of at
@@ -258,35 +261,37 @@ def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore) -> Non
     from fedhype.synthesis.codes import parse_code_spec
 
     e, syn = conf["evaluate"], conf["synthesis"]
+    # a resumed job's earlier rounds were trained and charged: "nothing was trained" was wrong there (a probe)
+    done = "this run trained nothing" if started else "nothing was trained"
     for key, low in (("k", 1), ("max_samples", 2), ("permutations", 0)):
         v = e[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValidationError(f"evaluate.{key} must be an integer ≥ {low}, got {v!r}; nothing was trained")
+            raise ValidationError(f"evaluate.{key} must be an integer ≥ {low}, got {v!r}; {done}")
     from fedhype.models.config import whole_setting
 
     for section, values in (("synthesis", syn), ("evaluate", e)):  # synthesis.seed = 1e30 crashed after the release
         try:
             whole_setting(f"{section}.seed", values["seed"], 0, below=2 ** 63, example=0, what=" and below 2^63")
         except ValidationError as exc:
-            raise ValidationError(f"{exc}; nothing was trained") from None
+            raise ValidationError(f"{exc}; {done}") from None
     n_syn = None if syn["per_class"] == "auto" else syn["per_class"] * store.n_classes
     if n_syn is not None and n_syn > MAX_JOB_SYNTHETIC:  # 1e9 per class filled the memory after the release
         raise ValidationError(f"synthesis.per_class = {syn['per_class']:,} asks for {n_syn:,} synthetic embeddings over "
                               f"{store.n_classes} classes ({n_syn * store.dim * 4 / 2 ** 30:,.1f} GiB as float32); a job "
                               f"draws and evaluates at most {MAX_JOB_SYNTHETIC:,}: give a smaller synthesis.per_class "
-                              "(`fedhype synthesize --per-class` draws more from the trained model); nothing was trained")
+                              f"(`fedhype synthesize --per-class` draws more from the trained model); {done}")
     temp = syn["temperature"]
     from fedhype.synthesis.defaults import MAX_TEMPERATURE
 
     if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not math.isfinite(temp) or not 0 < temp <= MAX_TEMPERATURE:
         raise ValidationError(f"synthesis.temperature must be a finite number > 0 and ≤ {MAX_TEMPERATURE:g} (1 = the "
-                              f"model's distribution), got {temp!r}; nothing was trained")
+                              f"model's distribution), got {temp!r}; {done}")
     code = str(syn["code"])
     if code.strip() not in ("neutral", "mixture"):  # a client or a weighted mix: its clients must exist
         try:
             parse_code_spec(code, [str(c.id) for c in part.clients], [str(c.name) for c in part.clients])
         except ValidationError as exc:
-            raise ValidationError(f"synthesis.code: {exc}; nothing was trained") from None
+            raise ValidationError(f"synthesis.code: {exc}; {done}") from None
     missing = set(_classes_without_training_records(store, part))
     present = [name for name in store.class_names if name not in missing]
     if len(present) < 2:
@@ -294,14 +299,14 @@ def _check_evaluation(conf: dict, part: Partition, store: EmbeddingStore) -> Non
         raise ValidationError(
             f"the job's training records hold {len(present)} class(es) ({held}); its evaluation trains classifiers "
             "(TSTR, hyper-prototypes), which need at least two: give images of two or more classes (one folder per "
-            "class), or train a one-class generator with `fedhype train` alone; nothing was trained")
+            f"class), or train a one-class generator with `fedhype train` alone; {done}")
     n_test = sum(len(c.test) for c in part.clients)
     k = int(conf["evaluate"]["k"])
     if n_test <= max(k, 1):
         raise ValidationError(
             f"the partition leaves {n_test} real test record(s) over {len(part.clients)} client(s); the evaluation needs "
             f"more than evaluate.k = {k} (PRDC's nearest neighbours) and at least 2 (MMD²): give more images, a larger "
-            "test share (partition.fractions) or a smaller evaluate.k; nothing was trained")
+            f"test share (partition.fractions) or a smaller evaluate.k; {done}")
 
 
 def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bool) -> Partition:
@@ -318,7 +323,7 @@ def _partition(conf: dict, store: EmbeddingStore, out: Path, log: Log, reuse: bo
         from fedhype.data.partition import given_splits_line
 
         log(given_splits_line(part.params["given_splits"], "partition.fractions applies only to the splits drawn"))
-    log(f"partition: {len(part.clients)} clients ({p['scheme']}): " +
+    log(f"partition: {counted(len(part.clients), 'client')} ({p['scheme']}): " +
         ", ".join(f"{c.name}={len(c.train)}" for c in part.clients))
     missing = _classes_without_training_records(store, part)
     if missing:
@@ -615,9 +620,10 @@ def _locked_job(conf: dict, out: Path, log, on_round: Callable[[dict], None], tc
                 f"{out} holds a job with a different configuration ({cfg_path}: "
                 f"{'; '.join(diff[:5]) or 'details differ'}{' …' if len(diff) > 5 else ''}); use another --out or "
                 "the same settings to resume"
-                + (f" (the {len(free)} [synthesis]/[evaluate] change{'s' if len(free) != 1 else ''} given with "
-                   f"{'them' if len(diff) != 1 else 'it'} would be allowed alone: they rerun only the stages after "
-                   "training)" if free else ""))
+                # "given with it" counted a difference an earlier rerun had stored as one given now (a probe)
+                + (f" (the {len(free)} [synthesis]/[evaluate] difference{'s' if len(free) != 1 else ''} from the "
+                   f"job's settings beside {'them' if len(diff) != 1 else 'it'} would be allowed alone: they rerun "
+                   "only the stages after training)" if free else ""))
         # a job refused before training spent nothing: its folder is reused, and what its stages wrote
         # under the old settings is not (removed below, once the new settings are known to be valid)
         log(f"run: {out} held a job that never started training (nothing was spent); replacing its configuration")
@@ -657,7 +663,7 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
     # max_epsilon) happens here, before the job writes anything: a refused job leaves its folder as it was
-    _check_evaluation(conf, part, store)  # what evaluation needs of the data, before any ε is spent
+    _check_evaluation(conf, part, store, started=(out / "run" / "config.json").exists())  # what evaluation needs of the data, before any ε is spent
     thin = thin_classes(part, store)
     if thin:
         log(f"train: warning: {thin}")

@@ -54,6 +54,7 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
     """Write report.json / report.md / plots; return the report dict."""
     from torch.nn import functional as F
 
+    from fedhype.encoders.checks import store_warnings
     from fedhype.pipeline.plots import projection_plot, training_plot
 
     plots = out / "plots"
@@ -104,6 +105,10 @@ def write_report(out: Path, conf: dict, store, part, trained: dict, syn, ev: dic
         "code_domain": ev.get("code_domain"),
         **_dp_linear_keys(ev.get("dp_linear")),
         "dp_linear_kept_epsilon": None if ev.get("dp_linear") else _kept_dp_linear_epsilon(out / "dp_linear"),
+        # unreadable files skipped, classes without a record, tiny images: the embed stage warned on stderr only
+        # (a probe's report said nothing of 3 skipped files); data.strict stops on the first unreadable one instead
+        "data_warnings": store_warnings(store, where="the job's store", limit=conf["data"].get("limit") or None,
+                                        limit_name="data.limit", images=bool(conf["data"].get("images")), skipped=True),
         "n_real": len(store), "n_test": ev.get("n_real"), "dim": store.dim, "encoder": store.meta.get("encoder"),
         "n_synthetic": len(syn), "code": syn.meta.get("code"), "codes_note": syn.meta.get("codes_note"),
         "anchor": syn.meta.get("anchor", "off"),
@@ -209,7 +214,8 @@ def _trend_sentence(t: dict | None) -> str:
     s = f" From round {r0} to round {r1} the held-out −ELBO went {e0:.6g} → {e1:.6g} and MMD² {m0:.4g} → {m1:.4g}"
     if t["worse"]:
         s += (": **the DP-SGD rounds made the held-out fit worse, not better** (on small training sets they add nothing "
-              "measurable: README, \"Current state\"); `--method dp-gaussian` samples the statistics release alone — the "
+              "measurable: README, \"Where the result stands\", and docs/method.md decision 22, which runs them only where "
+              "the median client has train.dp_sgd_min_records); `--method dp-gaussian` samples the statistics release alone — the "
               "model before the rounds — with the whole ε")
     return s + "."
 
@@ -567,6 +573,7 @@ def _markdown(r: dict, ev: dict, conf: dict) -> str:
         share_line(r["private"], conf["train"].get("seed") is not None), "", "## Details", "",
         f"Data: {r['n_real']} real images → {r['dim']}-d embeddings ({r['encoder']}); clients: "
         + ", ".join(f"{n} ({s})" for n, s in zip(r["clients"], r["client_sizes"])) + ".",
+        *([""] + [f"- data warning: {w}" for w in r["data_warnings"]] if r.get("data_warnings") else []),
         "", f"Privacy: {priv}.", "", *_model_line(r.get("model"), r.get("traffic")),
         *([f"Secure aggregation: {r['secure_aggregation']['trust']}.", ""] if r.get("secure_aggregation") else []),
         f"Synthetic: {r['n_synthetic']} embeddings from code `{r['code']}`"

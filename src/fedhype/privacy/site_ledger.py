@@ -69,6 +69,11 @@ SEEDED_NOTE = ("a seeded run (--seed / train.seed) drew its noise from the run s
                "private runs")
 
 
+def eps_text(eps: float) -> str:
+    """ε for a message: 4 decimals, or ∞ (a seeded run counts as ε = ∞; a probe read "ε = inf")."""
+    return "∞" if math.isinf(eps) else f"{eps:.4f}"
+
+
 def ledger_path(folder: str | os.PathLike) -> Path:
     """``<folder>/site-ledger.json`` (``folder``: a site folder, or its ``site.json``)."""
     folder = Path(folder)
@@ -318,7 +323,7 @@ def set_site_ledger(folder: str | os.PathLike, site: str, *, max_epsilon=KEEP, d
             raise ValidationError(f"site {site!r}: {infinite_reason(new)} ({ledger_path(folder)}: ε = ∞), so no "
                                   "finite cap can hold; the site can only record further runs (no cap)")
         if cap is not None and now > cap:
-            raise ValidationError(f"site {site!r} has already spent ε = {now:.4f} at δ = {new.delta:g} over its runs "
+            raise ValidationError(f"site {site!r} has already spent ε = {eps_text(now)} at δ = {new.delta:g} over its runs "
                                   f"({ledger_path(folder)}): a cap of {cap:g} is below it; give a larger one")
         new.save(ledger_path(folder))
         return new
@@ -448,7 +453,7 @@ class SiteCharger:
                 f"of {cap:g} ({ledger_path(self.folder)}); nothing was run. Train with DP, or the site's operator lifts "
                 f"the cap with `fedhype budget --site {self.folder} --no-cap`", epsilon=eps, limit=cap)
         return BudgetExceededError(
-            f"site {self.site!r}: {e.mechanism} ({what}) would take its records to ε = {eps:.4f} at δ = {led.delta:g} "
+            f"site {self.site!r}: {e.mechanism} ({what}) would take its records to ε = {eps_text(eps)} at δ = {led.delta:g} "
             f"over all its runs, past the site's cap of {cap:g} (already spent: {spent(led):.4f}; "
             f"{ledger_path(self.folder)}); nothing was charged or run. The site's operator raises the cap with "
             f"`fedhype budget --site {self.folder} --max-epsilon E`; then resume this run with --resume (its folder "
@@ -498,7 +503,7 @@ def refuse_plan(charger: SiteCharger, planned: Sequence[tuple[float, float, int]
         led_others = [e for e in led.events if run_of(e) != charger.run_key]
         raise BudgetExceededError(
             f"site {charger.site!r}: this run's plan (ε = {composed(events, led.delta):.4f} alone) would take its "
-            f"records to ε = {err.epsilon:.4f} at δ = {led.delta:g} over all its runs, past the site's cap of "
+            f"records to ε = {eps_text(err.epsilon)} at δ = {led.delta:g} over all its runs, past the site's cap of "
             f"{err.limit:g} (spent by its other runs: {composed(led_others, led.delta):.4f}; "
             f"{ledger_path(charger.folder)}); nothing was run. "
             f"Lower the run's --epsilon, or the site's operator raises the cap with "
