@@ -22,6 +22,7 @@ Usage: python benchmarks/embed.py [--n 256] [--encoder dinov2-vits14] [--image-s
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import resource
@@ -128,7 +129,7 @@ def dtype_ratio(args) -> dict:
     """bfloat16 autocast vs float32: forward throughput, agreement, and probe accuracy on the digits set."""
     from sklearn.model_selection import train_test_split
 
-    from fedhype.encoders.base import cpu_supports_bf16
+    from fedhype.encoders.base import cpu_bf16_flags, cpu_supports_bf16
     from fedhype.encoders.cache import cached_embed
     from fedhype.eval.utility import Probe
 
@@ -148,36 +149,73 @@ def dtype_ratio(args) -> dict:
             emb[d] = out
     cos = torch.nn.functional.cosine_similarity(emb["float32"], emb["bfloat16"])
     probe: dict = {}
-    native = encs["float32"].device.type == "cuda" or cpu_supports_bf16()
+    cuda = encs["float32"].device.type == "cuda"
+    native = cuda or bool(cpu_bf16_flags())  # AVX512-BF16 alone runs bfloat16 near float32's speed: the probe is cheap
     for d in (("float32", "bfloat16") if native or args.probe_anyway else ()):  # emulated bf16: hours for the probe
         store = cached_embed("digits-domains", args.encoder, image_size=size, device=args.device, dtype=d)
         x, y, dom = store.embeddings.numpy(), store.labels.numpy(), store.domains.numpy()
         xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.3, stratify=y * 10 + dom, random_state=0)
         probe[d] = float((Probe(store.n_classes).fit(xtr, ytr).predict(xte) == yte).mean())
     return {"encoder": args.encoder, "image_size": size, "n_images": len(source), "batch_size": args.batch_size,
-            "device": str(encs["float32"].device), "cpu_bf16": cpu_supports_bf16(), "torch_threads": torch.get_num_threads(),
+            "device": str(encs["float32"].device), "cpu_bf16": cpu_supports_bf16(), "cpu_bf16_flags": cpu_bf16_flags(),
+            "cpu_kind": "cuda" if cuda else ("amx_bf16" if "amx_bf16" in cpu_bf16_flags() else
+                                             (cpu_bf16_flags() or ["no bf16 instructions"])[0]),
+            "auto_dtype": "bfloat16" if cuda or cpu_supports_bf16() else "float32",
+            "cpu_model": _cpu_model(), "torch_threads": torch.get_num_threads(),
             "images_per_s": speed, "ratio_bf16_vs_fp32": speed["bfloat16"] / speed["float32"],
             "min_cosine": float(cos.min()), "probe_accuracy": probe,
             "probe_difference": abs(probe["bfloat16"] - probe["float32"]) if probe else None, "date": time.strftime("%Y-%m-%d"),
             "load_average": os.getloadavg(), "platform": platform.platform(), "torch": torch.__version__}
 
 
-def dtype_markdown(r: dict) -> str:
-    return (f"# Embedding: bfloat16 autocast vs float32\n\n_{r['date']}, {r['platform']}, torch {r['torch']}, "
-            f"{r['torch_threads']} threads, CPU bf16 instructions: {r['cpu_bf16']}; `benchmarks/embed.py --dtype-ratio`; "
-            f"{r['encoder']} at {r['image_size']} px, forward pass on {r['n_images']} digits images (batches of "
-            f"{r['batch_size']}), load average {', '.join(f'{v:.2f}' for v in r['load_average'])}_\n\n"
-            "| | float32 | bfloat16 autocast | ratio |\n|---|---|---|---|\n"
-            f"| images/s | {r['images_per_s']['float32']:.1f} | {r['images_per_s']['bfloat16']:.1f} | "
-            f"**{r['ratio_bf16_vs_fp32']:.2f}×** |\n"
-            + (f"| linear-probe accuracy (whole digits set, 70/30) | {r['probe_accuracy']['float32']:.4f} | "
-               f"{r['probe_accuracy']['bfloat16']:.4f} | difference {r['probe_difference']:.4f} |\n" if r["probe_accuracy"] else "")
-            + f"\nMinimum cosine between the two embeddings of an image: {r['min_cosine']:.5f}.\n"
-            + ("" if r["probe_accuracy"] else
-               "\nThis CPU has no bfloat16 matrix instructions (no `amx_bf16` / `avx512_bf16` flag): bfloat16 is emulated "
-               "and slower than float32, so `--dtype auto` (the default of `fedhype embed` and `fedhype run`) picks float32 "
-               "here, and the probe comparison (the whole digits set in both precisions) was skipped "
-               "(`--probe-anyway` runs it).\n"))
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
+#: the kind of a run recorded before the flags were (2026-12-02, cpu_bf16 = True: the issue's machine, described as
+#: having AMX-BF16), and of one without bfloat16 instructions
+_OLD_KIND = {True: "amx_bf16 (flags not recorded; the machine was described as having AMX-BF16)",
+             False: "no bf16 instructions (flags not recorded)"}
+
+
+def dtype_results(r: dict, path: Path) -> dict:
+    """The committed runs with ``r`` in place of the one of its CPU kind (one row per kind: AMX-BF16, AVX512-BF16
+    alone, none, CUDA), as ``{"runs": [...]}``."""
+    old = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    runs = old.get("runs", [old] if "images_per_s" in old else [])
+    for x in runs:
+        x.setdefault("cpu_kind", _OLD_KIND[bool(x.get("cpu_bf16"))])
+    kind = lambda x: x["cpu_kind"].split(" ")[0]  # noqa: E731
+    return {"runs": [x for x in runs if kind(x) != kind(r)] + [r]}
+
+
+def dtype_markdown(res: dict) -> str:
+    rows = []
+    for r in res["runs"]:
+        probe = (f"{r['probe_accuracy']['float32']:.4f} / {r['probe_accuracy']['bfloat16']:.4f} (difference "
+                 f"{r['probe_difference']:.4f})" if r["probe_accuracy"] else "not run (emulated bfloat16)")
+        rows.append(f"| {r['cpu_kind']} | {r.get('cpu_model', 'not recorded')} | {r['date']} | {r['encoder']} at "
+                    f"{r['image_size']} px, {r['n_images']} images, batches of {r['batch_size']}, "
+                    f"{r['torch_threads']} threads | {r['images_per_s']['float32']:.1f} | "
+                    f"{r['images_per_s']['bfloat16']:.1f} | **{r['ratio_bf16_vs_fp32']:.2f}×** | {probe} | "
+                    f"{r['min_cosine']:.5f} | {', '.join(f'{v:.2f}' for v in r['load_average'])} | "
+                    f"{r.get('auto_dtype', 'bfloat16' if r['cpu_bf16'] else 'float32')} |")
+    return ("# Embedding: bfloat16 autocast vs float32\n\n"
+            "_`benchmarks/embed.py --dtype-ratio`, one row per CPU kind (the latest run of each): the encoder's forward "
+            "pass on the same pre-transformed digits batches in both precisions, interleaved in one run (images/s: the "
+            "best of the repeats); the linear probe on the whole digits set (70/30) embedded in each precision_\n\n"
+            "| bfloat16 instructions | CPU | date | workload | float32 images/s | bfloat16 images/s | ratio | "
+            "linear-probe accuracy float32 / bfloat16 | minimum cosine | load average | `--dtype auto` picks |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+            "`--dtype auto` (the default of `fedhype embed` and `fedhype run`) picks bfloat16 autocast on GPUs and on "
+            "CPUs with AMX-BF16, where it is faster; with AVX512-BF16 alone it was no faster than float32 (a bare "
+            "bfloat16 matrix product ran at 0.65–0.76× float32's there, 2026-12-07), and without bfloat16 "
+            "instructions it is emulated (0.15× float32 on an AVX2-only CPU, 2026-12-01): float32 on both. The "
+            "embedding cache keeps the two precisions apart.\n")
 
 
 def main(argv=None) -> int:
@@ -198,8 +236,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.dtype_ratio:
         r = dtype_ratio(args)
-        md = dtype_markdown(r)
-        atomic_write_json(RESULTS.parent / "embed_dtype.json", r)
+        res = dtype_results(r, RESULTS.parent / "embed_dtype.json")
+        md = dtype_markdown(res)
+        atomic_write_json(RESULTS.parent / "embed_dtype.json", res)
         (RESULTS.parent / "embed_dtype.md").write_text(md)
         Console().print(md)
         return 0

@@ -65,18 +65,29 @@ def exclusive_lock(path: str | os.PathLike, busy: str):
     """Hold ``fcntl.flock`` on the file ``path`` (made if missing, not removed here: a caller removes it, if at all,
     inside the block, while it holds the lock) for the ``with`` block, recording this process's pid in it.
 
-    The kernel releases the lock when the process exits for any reason (kill -9 included), so it is never stale.
+    The kernel releases the lock when the process exits for any reason (kill -9 included), so it is never stale. A
+    lock taken on a file another process removed meanwhile (it had it open) is dropped and taken again on the file
+    now at ``path``, so two processes never both hold ``path``.
 
     Raises:
         ValidationError: another process holds it: ``busy`` with the holder's pid put in for ``{pid}``.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
             raise ValidationError(busy.format(pid=holder)) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file it locked: lock the one at path now
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield

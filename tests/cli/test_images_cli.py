@@ -272,6 +272,36 @@ def test_unreadable_files_are_in_the_report_and_data_strict_stops_on_them(tmp_pa
     # the finished job reruns with data.strict given now: the store is reused, nothing is read or refused
     r = runner.invoke(app, ["run", "--out", str(out), *data, "--set", "data.strict=true", *SMALL_JOB, "--json"])
     assert r.exit_code == 0, r.output
+    # the folder's cache key hashes an empty file's reason as worded before (a job embedded then resumes: a review)
+    import hashlib
+
+    from fedhype.data.images import EMPTY_FILE, NOT_AN_IMAGE, scan_image_folder
+    from fedhype.encoders.cache import image_files_key
+
+    source = scan_image_folder(root)
+    assert {"file": "train/1/empty.png", "reason": EMPTY_FILE} in source.skipped
+    lines = sorted(f"{x['file']}\t{NOT_AN_IMAGE if x['file'].endswith('empty.png') else x['reason']}"
+                   for x in source.skipped)
+    assert image_files_key(source)["skipped"] == hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    # `embed --strict` on a folder whose cached store skipped a file that failed to decode stops too (a review: the
+    # cache hit skipped it silently)
+    from fedhype.encoders import cache
+
+    (root / "train" / "1" / "empty.png").unlink()
+    (root / "train" / "2" / "cut.png").unlink()
+    r = runner.invoke(app, ["embed", "--images", str(root), *enc, "--out", str(tmp_path / "a.safetensors"), "--json"])
+    assert r.exit_code == 0, r.output
+    hit = EmbeddingStore.load(tmp_path / "a.safetensors")
+    hit.meta["skipped"] = [{"file": "train/0/x.png", "reason": "corrupt or truncated image (OSError: broken data)"}]
+    with pytest.raises(Exception, match="cannot decode image train/0/x.png: corrupt or truncated"):
+        cache.check_strict_hit(hit)
+    for path in (tmp_path / "cache" / "embeddings").glob("*.safetensors"):  # the cache entry of this folder, edited
+        if EmbeddingStore.load(path).meta.get("source", {}).get("root") == str(root):
+            hit.meta["cache_key"] = EmbeddingStore.load(path).meta["cache_key"]
+            hit.save(path)
+    r = runner.invoke(app, ["embed", "--images", str(root), *enc, "--strict", "--out", str(tmp_path / "b.safetensors"),
+                            "--json"])
+    assert r.exit_code == 2 and "cannot decode image train/0/x.png" in _json(r)["error"], r.output
 
 
 def test_a_one_class_folder_is_refused_before_any_epsilon_is_spent(tmp_path, enc, tiny_dinov2_dir):

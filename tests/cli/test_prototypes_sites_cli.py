@@ -256,7 +256,7 @@ def test_dp_linear_seeded_says_the_noise_can_be_regenerated_and_the_plan_line_wa
             "stays secret and its release must not be shared as private; the sites' ledgers count this run as ε = ∞") \
         in text
     assert "(PRV, worst client; seeded noise: only while the seed stays secret" in text
-    assert "DP FedAvg linear classifier: 1 rounds over 1 site (the plan fits every site's ledger)" in text
+    assert "DP FedAvg linear classifier: 1 round over 1 site (the plan fits every site's ledger)" in text
     res = _json(_run("prototypes", "dp-linear", "--site", north, "--epsilon", 1, "--rounds", 1, "--seed", 3, "--json"))
     assert res["seeded"] is True and res["noise_seeded"] is True
     res = _json(_run("prototypes", "dp-linear", "--site", north, "--epsilon", 1, "--rounds", 1, "--json"))

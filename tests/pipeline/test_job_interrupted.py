@@ -180,9 +180,14 @@ def test_a_second_run_into_a_live_job_folder_is_refused_and_leaves_the_first_as_
     finally:
         holder.kill()
         holder.wait()
+    refused = resolve(None, [*SMALL, "train.epsilon=2", "train.delta=0.05"])
     with pytest.raises(ValidationError, match="is not below 1/n"):  # refused after the lock, before writing
-        run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.delta=0.05"]), tmp_path / "new", log=lambda s: None)
-    assert not (tmp_path / "new").exists()  # the folder made for the lock is removed again
+        run_job(refused, tmp_path / "new" / "deeper", log=lambda s: None)
+    assert not (tmp_path / "new").exists()  # the folders made for the lock are removed again
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValidationError, match="is not below 1/n"):
+        run_job(refused, tmp_path / "empty", log=lambda s: None)
+    assert list((tmp_path / "empty").iterdir()) == []  # an existing folder is left as it was: no lock file in it
     assert os.path.exists(out / ".lock")
 
 

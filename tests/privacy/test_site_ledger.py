@@ -165,6 +165,19 @@ def test_a_seeded_run_is_infinite_for_the_site_and_refused_under_a_cap_before_an
     assert rep["runs"][0]["seeded"] and rep["runs"][0]["epsilon_infinite"] and "regenerate" in rep["seeded_note"]
     with pytest.raises(ValidationError, match="seeded run.* no finite cap can hold"):
         set_site_ledger(sites[0].folder, "site-0", max_epsilon=100.0)
+    # a cap written before that rule, over a seeded run: a plan is refused for the seeded run's reason, not told to
+    # lower its ε or to raise a cap (a review: "spent by its other runs: inf … Lower the run's --epsilon")
+    capped = PrivacyLedger(led.delta, {**led.meta, "max_epsilon": 100.0})
+    for e in led.events:
+        capped.record(e)
+    capped.save(ledger_path(sites[0].folder))
+    from fedhype.privacy.site_ledger import refuse_plan
+
+    with pytest.raises(BudgetExceededError) as err:
+        refuse_plan(SiteCharger(sites[0].folder, "site-0", "run-new", led.delta), [(5.0, 0.1, 10)])
+    said = str(err.value)
+    assert "seeded run(s)" in said and "--no-cap" in said and ": inf" not in said and "= inf" not in said
+    assert "Lower the run's --epsilon" not in said
 
 
 def test_raising_a_capped_sites_delta_needs_the_cap_restated(tmp_path):

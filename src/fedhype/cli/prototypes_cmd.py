@@ -154,7 +154,7 @@ def train(
                                       "synthetic store: give the real store (`fedhype embed`) and its --partition")
             part.check_store(store)
             clients = _clients(part, store, split)
-            console.print(f"FedHPro: {epochs} rounds over {counted(len(clients), 'client')} …", highlight=False)
+            console.print(f"FedHPro: {counted(epochs, 'round')} over {counted(len(clients), 'client')} …", highlight=False)
             fit_federated(clf, clients, classes=classes, local_epochs=local_epochs, ledger=run_ledger)
             x_tr = np.concatenate([x.numpy() for x, _ in clients.values()])
             y_tr = np.concatenate([y for _, y in clients.values()])
@@ -420,13 +420,13 @@ def dp_linear(
             vocab = [k.strip() for k in classes.split(",")] if classes else None
             # said once every site accepted the plan (a refused plan prints only its refusal)
             r = dp_linear_sites(sites, cfg, out=out, classes=vocab, on_accepted=lambda: console.print(
-                f"DP FedAvg linear classifier: {rounds} rounds over {len(sites)} site{'s' if len(sites) != 1 else ''} "
+                f"DP FedAvg linear classifier: {counted(rounds, 'round')} over {len(sites)} site{'s' if len(sites) != 1 else ''} "
                 "(the plan fits every site's ledger) …", highlight=False))
         else:
             store = EmbeddingStore.load(real)
             if store.kind == "synthetic":
                 raise ValidationError(f"--store {real} is a synthetic store; this reference trains on real records")
-            console.print(f"DP FedAvg linear classifier: planning {rounds} rounds …", highlight=False)
+            console.print(f"DP FedAvg linear classifier: planning {counted(rounds, 'round')} …", highlight=False)
             r = dp_linear_downstream(store, Partition.load(partition), cfg, out=out)
         r["seeded"] = seed is not None
         if seed is not None and not no_dp:

@@ -157,7 +157,8 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
 
     from fedhype.data.sites import SITE_FILE
     from fedhype.privacy.accountant import delta_advice, validate_target_epsilon
-    from fedhype.privacy.site_ledger import KEEP, check_delta, check_delta_change, composed, eps_text, load_site_ledger, site_of
+    from fedhype.privacy.site_ledger import (KEEP, check_delta, check_delta_change, composed, eps_text, infinite_reason,
+                                             load_site_ledger, site_of)
 
     if max_epsilon is not None:
         validate_target_epsilon(max_epsilon, "--max-epsilon")
@@ -199,6 +200,10 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
         check_delta_change(old, delta, KEEP if max_epsilon is None else float(max_epsilon))
     if old is not None and max_epsilon is not None:
         now = composed(old.events, delta if explicit else old.delta)
+        if math.isinf(now):  # "give a larger cap" was wrong: no finite cap can hold (as set_site_ledger says)
+            raise ValidationError(f"--max-epsilon {max_epsilon:g}: site {name!r}: {infinite_reason(old)} "
+                                  f"({out / 'site-ledger.json'}: ε = ∞), so no finite cap can hold; the site can only "
+                                  "record further runs (no cap); nothing was written")
         if now > max_epsilon:
             raise ValidationError(f"--max-epsilon {max_epsilon:g}: site {name!r} has already spent ε = {eps_text(now)} over its "
                                   f"runs ({out / 'site-ledger.json'}); give a larger cap (nothing was written)")

@@ -74,6 +74,12 @@ def _load_file(path: str) -> Image.Image:
         return to_rgb(im)
 
 
+#: why an empty file is skipped (cache keys hash it as :data:`NOT_AN_IMAGE`, the reason given before this one, so a
+#: folder embedded then keeps its key: :func:`fedhype.encoders.cache.image_files_key`)
+EMPTY_FILE = "an empty file (0 bytes): an interrupted copy or download?"
+NOT_AN_IMAGE = "not an image (PIL cannot identify the format)"
+
+
 def check_image_file(path: str | os.PathLike) -> str | None:
     """Check that ``path`` is a readable, complete image; return ``None`` or the reason it is not.
 
@@ -85,7 +91,7 @@ def check_image_file(path: str | os.PathLike) -> str | None:
         return f"a symbolic link to a missing file ({os.readlink(path)})"
     try:
         if os.path.getsize(path) == 0:  # was "not an image (PIL cannot identify the format)" (a probe)
-            return "an empty file (0 bytes): an interrupted copy or download?"
+            return EMPTY_FILE
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     try:
@@ -97,7 +103,7 @@ def check_image_file(path: str | os.PathLike) -> str | None:
                 im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
                 im.load()
     except UnidentifiedImageError:
-        return "not an image (PIL cannot identify the format)"
+        return NOT_AN_IMAGE
     except Image.DecompressionBombError as exc:
         return f"image too large ({exc})"
     except (OSError, SyntaxError, ValueError, EOFError) as exc:

@@ -33,30 +33,41 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(name)
 
 
-def cpu_supports_bf16() -> bool:
-    """Whether this CPU has bfloat16 matrix instructions (AMX-BF16 or AVX512-BF16).
+#: the /proc/cpuinfo flags of bfloat16 instructions: AMX tiles (the matrix unit) and AVX-512 dot products
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
-    Read from the ``flags`` line of ``/proc/cpuinfo`` (Linux); False where that file is absent.
-    Measured on such a CPU (2 cores, bundled DINOv2 ViT-S/14 at 112 px): bfloat16 autocast runs at
-    about 2× the float32 throughput (``benchmarks/embed.py --dtype-ratio``).
-    """
+
+def cpu_bf16_flags() -> list[str]:
+    """The bfloat16 instruction flags (:data:`BF16_FLAGS`) of this CPU, from the ``flags`` line of ``/proc/cpuinfo``
+    (Linux); [] where that file is absent."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"amx_bf16", "avx512_bf16"})
+                    return [name for name in BF16_FLAGS if name in flags]
     except OSError:
-        return False
-    return False
+        return []
+    return []
+
+
+def cpu_supports_bf16() -> bool:
+    """Whether bfloat16 autocast is faster than float32 on this CPU: it has AMX-BF16 (``amx_bf16``).
+
+    Measured with ``benchmarks/embed.py --dtype-ratio`` (bundled DINOv2 ViT-S/14 at 112 px, 2 cores;
+    ``benchmarks/results/embed_dtype.md``): 3.28× the float32 throughput on a CPU with AMX-BF16 (2026-12-02), but
+    0.84–0.99× on one with AVX512-BF16 and no AMX (2026-12-07; a bare bfloat16 matrix product there ran at 0.65–0.76×
+    float32's), and 0.15× where bfloat16 is emulated (AVX2 only). AVX512-BF16 alone therefore does not count.
+    """
+    return "amx_bf16" in cpu_bf16_flags()
 
 
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     """Compute dtype of the encoder's forward pass.
 
     ``None`` → float32 on CPU, bfloat16 on GPU (the exact reference; the Python default);
-    ``"auto"`` (the CLI and job default) → bfloat16 on GPUs and on CPUs with bfloat16 matrix
-    instructions (:func:`cpu_supports_bf16`), float32 elsewhere. bfloat16 and float16 run under
+    ``"auto"`` (the CLI and job default) → bfloat16 on GPUs and on CPUs where it is faster (AMX-BF16:
+    :func:`cpu_supports_bf16`), float32 elsewhere. bfloat16 and float16 run under
     ``torch.autocast`` (weights stay float32; matrix products in the low precision).
 
     Raises:

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from fedhype.data.images import EMPTY_FILE, NOT_AN_IMAGE
 from fedhype.data.store import EmbeddingStore
 from fedhype.encoders.registry import DEFAULT_ENCODER, create_encoder
 from fedhype.errors import ArtifactError, ValidationError
@@ -136,7 +137,10 @@ def image_files_key(source) -> dict[str, Any]:
     lines = sorted(
         "\t".join((r.sample_id, digests[r.sample_id], source.class_names[r.label],
                    source.domain_names[r.domain], r.split or "")) for r in source.records)
-    skipped = sorted(f"{s['file']}\t{s['reason']}" for s in source.skipped)
+    # an empty file's reason as worded when these keys were defined: a folder embedded then keeps its key (a job
+    # resumed after the new wording was refused as "changed", a review)
+    skipped = sorted(f"{s['file']}\t{NOT_AN_IMAGE if s['reason'] == EMPTY_FILE else s['reason']}"
+                     for s in source.skipped)
     return {"kind": "image-folder", "files": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
             "n_files": len(lines), "skipped": hashlib.sha256("\n".join(skipped).encode()).hexdigest(),
             "layout": source.source.get("layout")}
@@ -230,17 +234,28 @@ def cached_embed_images(
         for text in duplicate_warnings(source):
             warn(text)
     if use_cache and store is not None:
-        bad = store.meta.get("skipped") or []
-        if strict and bad:  # a cached store skipped files that failed to decode: strict stops on them as embedding would
-            raise ValidationError(f"cannot decode image {bad[0].get('file')}: {bad[0].get('reason')} ({len(bad)} "
-                                  "unreadable file(s) in this folder, found when it was embedded; remove or fix them, "
-                                  "or drop --strict / data.strict)")
+        if strict:
+            check_strict_hit(store)
         return store, True
     store = embed_source(source, enc, batch_size=batch_size, num_workers=num_workers, strict=strict,
                          progress=progress)
     if use_cache:
         cache_save(path, key, store)
     return store, False
+
+
+def check_strict_hit(store: EmbeddingStore) -> None:
+    """Refuse a cached store of an image folder whose embedding skipped files that failed to decode, as embedding the
+    folder with ``strict`` would have stopped on them (``fedhype embed --strict``, ``data.strict``).
+
+    Raises:
+        ValidationError: naming the first such file, its reason and how many there were.
+    """
+    bad = store.meta.get("skipped") or []
+    if bad:
+        raise ValidationError(f"cannot decode image {bad[0].get('file')}: {bad[0].get('reason')} ({len(bad)} "
+                              "unreadable file(s) in this folder, found when it was embedded; remove or fix them, "
+                              "or drop --strict / data.strict)")
 
 
 def cache_save(path: Path, key: dict[str, Any], store: EmbeddingStore) -> None:

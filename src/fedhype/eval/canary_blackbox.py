@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from fedhype.data.partition import ClientSplit, Partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ValidationError
+from fedhype.errors import ValidationError, counted
 from fedhype.eval.attacks import dcr_scores
 from fedhype.eval.canary_bound import GUESS_IN, GUESS_OUT, audit_from_scores
 from fedhype.eval.inputs import as_matrix
@@ -37,7 +37,7 @@ def add_input_canaries(store: EmbeddingStore, partition: Partition, client: int,
     are in the store but in no split, so no client ever sees them.
     """
     if not 0 <= client < len(partition.clients):
-        raise ValidationError(f"client {client} does not exist; the partition has {len(partition.clients)} clients")
+        raise ValidationError(f"client {client} does not exist; the partition has {counted(len(partition.clients), 'client')}")
     partition.check_store(store)
     can = F.normalize(torch.as_tensor(rng.standard_normal((n_canaries, store.dim)), dtype=torch.float32), dim=1)
     labels = torch.as_tensor(rng.integers(0, store.n_classes, n_canaries), dtype=torch.int64)

@@ -110,12 +110,13 @@ class RunDir:
                                   "wait for it to finish, or stop it, and run the command again"):
             try:
                 yield self
-            finally:  # while the lock is held
-                if created and [p.name for p in self.root.iterdir()] == [".lock"]:
-                    path.unlink(missing_ok=True)  # a run refused before writing anything leaves no folder behind
-                    self.root.rmdir()
-                elif new_lock and not self.config.exists():
-                    path.unlink(missing_ok=True)  # nor a lock file in a folder it refused to write into
+            finally:  # while the lock is held; a failed cleanup must not hide why the run stopped
+                with contextlib.suppress(OSError):
+                    if created and [p.name for p in self.root.iterdir()] == [".lock"]:
+                        path.unlink(missing_ok=True)  # a run refused before writing anything leaves no folder behind
+                        self.root.rmdir()
+                    elif new_lock and not self.config.exists():
+                        path.unlink(missing_ok=True)  # nor a lock file in a folder it refused to write into
 
     def server_ckpt(self, r: int) -> Path:
         return self.root / "ckpt" / f"server-r{r}.safetensors"

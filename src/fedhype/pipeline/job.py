@@ -563,25 +563,35 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
 
 @contextlib.contextmanager
 def _job_lock(out: Path):
-    """One ``fedhype run`` at a time in a job folder: ``<out>/.lock`` (:func:`fedhype.io.exclusive_lock`). A folder
-    made for it is removed again if the job wrote nothing into it.
+    """One ``fedhype run`` at a time in a job folder: ``<out>/.lock`` (:func:`fedhype.io.exclusive_lock`). A job
+    that wrote no configuration leaves no lock file behind, and the folders made for it (``out`` and missing parents)
+    are removed again where it wrote nothing into them.
 
     Raises:
         ValidationError: another process runs a job there (its pid named).
     """
     from fedhype.io import exclusive_lock
 
-    created = not out.exists()
+    made = []  # out and its missing parents, innermost first: removed again where left empty
+    for p in (out, *out.parents):
+        if p.exists():
+            break
+        made.append(p)
     out.mkdir(parents=True, exist_ok=True)
     path = out / ".lock"
+    new_lock = not path.exists()
     with exclusive_lock(path, f"job folder {out} is being run by another process (pid {{pid}}); wait for it to "
                               "finish, or stop it, and run the command again (nothing was done)"):
         try:
             yield
-        finally:  # while the lock is held
-            if created and [p.name for p in out.iterdir()] == [".lock"]:
-                path.unlink(missing_ok=True)
-                out.rmdir()
+        finally:  # while the lock is held; a failed cleanup must not hide why the job stopped
+            with contextlib.suppress(OSError):
+                if new_lock and not (out / "config.json").exists():
+                    path.unlink(missing_ok=True)  # a refused job leaves the folder as it found it
+                for p in made:
+                    if any(p.iterdir()):
+                        break
+                    p.rmdir()
 
 
 def _locked_job(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg) -> dict[str, Any]:
@@ -663,7 +673,8 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
     # max_epsilon) happens here, before the job writes anything: a refused job leaves its folder as it was
-    _check_evaluation(conf, part, store, started=(out / "run" / "config.json").exists())  # what evaluation needs of the data, before any ε is spent
+    # what evaluation needs of the data, before any ε is spent
+    _check_evaluation(conf, part, store, started=(out / "run" / "config.json").exists())
     thin = thin_classes(part, store)
     if thin:
         log(f"train: warning: {thin}")
@@ -732,7 +743,7 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
                + ("the class statistics were computed before and are reused" if released else
                   "the class statistics are computed again")) + ")")
     # what is still to run (a resumed job said "4 clients release their DP class statistics" although it did not)
-    left = [] if released else [f"{len(part.clients)} clients release their "
+    left = [] if released else [f"{counted(len(part.clients), 'client')} release{'s' if len(part.clients) == 1 else ''} their "
                                 + ("DP class statistics" if private else "class statistics (NON-PRIVATE: no noise)")]
     if tcfg.method not in STATISTICS_ONLY and tcfg.rounds > done:
         left.append(f"{tcfg.rounds - done} {'DP-SGD' if private else 'training'} round{'s' if tcfg.rounds - done != 1 else ''}"

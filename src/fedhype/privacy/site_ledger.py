@@ -454,7 +454,7 @@ class SiteCharger:
                 f"the cap with `fedhype budget --site {self.folder} --no-cap`", epsilon=eps, limit=cap)
         return BudgetExceededError(
             f"site {self.site!r}: {e.mechanism} ({what}) would take its records to ε = {eps_text(eps)} at δ = {led.delta:g} "
-            f"over all its runs, past the site's cap of {cap:g} (already spent: {spent(led):.4f}; "
+            f"over all its runs, past the site's cap of {cap:g} (already spent: {eps_text(spent(led))}; "
             f"{ledger_path(self.folder)}); nothing was charged or run. The site's operator raises the cap with "
             f"`fedhype budget --site {self.folder} --max-epsilon E`; then resume this run with --resume (its folder "
             "is kept), or delete its folder", epsilon=eps, limit=cap)
@@ -499,12 +499,14 @@ def refuse_plan(charger: SiteCharger, planned: Sequence[tuple[float, float, int]
     events = [LedgerEvent(charger.site, -1, "planned", float(s), float(q), int(n), clip_norm) for s, q, n in planned if n]
     err = charger.refusal(events, instead_of_own=True)
     if err is not None:
+        if math.isinf(err.epsilon):  # a seeded run (ε = ∞): no lower ε nor larger finite cap helps; err says why
+            raise err
         led = charger._open()
         led_others = [e for e in led.events if run_of(e) != charger.run_key]
         raise BudgetExceededError(
             f"site {charger.site!r}: this run's plan (ε = {composed(events, led.delta):.4f} alone) would take its "
             f"records to ε = {eps_text(err.epsilon)} at δ = {led.delta:g} over all its runs, past the site's cap of "
-            f"{err.limit:g} (spent by its other runs: {composed(led_others, led.delta):.4f}; "
+            f"{err.limit:g} (spent by its other runs: {eps_text(composed(led_others, led.delta))}; "
             f"{ledger_path(charger.folder)}); nothing was run. "
             f"Lower the run's --epsilon, or the site's operator raises the cap with "
             f"`fedhype budget --site {charger.folder} --max-epsilon E`", epsilon=err.epsilon, limit=err.limit)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhype.errors import ValidationError, listed
+from fedhype.errors import ValidationError, counted, listed
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _resolve(token: str, clients: list[str], names: list[str], spec: str) -> int
     for found in (by_id, by_name):
         if found is not None:
             return found
-    raise ValidationError(f"--code {spec!r}: unknown client {token!r}; the {len(clients)} clients have ids "
+    raise ValidationError(f"--code {spec!r}: unknown client {token!r}; the {counted(len(clients), 'client')} {'has' if len(clients) == 1 else 'have'} ids "
                           f"{listed(repr(c) for c in clients)} and names {listed(repr(n) for n in names)}")
 
 
