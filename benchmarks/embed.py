@@ -213,7 +213,7 @@ def dtype_markdown(res: dict) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
             "`--dtype auto` (the default of `fedhype embed` and `fedhype run`) picks bfloat16 autocast on GPUs and on "
             "CPUs with AMX-BF16, where it is faster; with AVX512-BF16 alone it was no faster than float32 (a bare "
-            "bfloat16 matrix product ran at 0.65–0.76× float32's there, 2026-12-07), and without bfloat16 "
+            "bfloat16 matrix product ran at 0.51–0.55× float32's there, 2026-12-07), and without bfloat16 "
             "instructions it is emulated (0.15× float32 on an AVX2-only CPU, 2026-12-01): float32 on both. The "
             "embedding cache keeps the two precisions apart.\n")
 

@@ -56,8 +56,8 @@ def cpu_supports_bf16() -> bool:
 
     Measured with ``benchmarks/embed.py --dtype-ratio`` (bundled DINOv2 ViT-S/14 at 112 px, 2 cores;
     ``benchmarks/results/embed_dtype.md``): 3.28× the float32 throughput on a CPU with AMX-BF16 (2026-12-02), but
-    0.84–0.99× on one with AVX512-BF16 and no AMX (2026-12-07; a bare bfloat16 matrix product there ran at 0.65–0.76×
-    float32's), and 0.15× where bfloat16 is emulated (AVX2 only). AVX512-BF16 alone therefore does not count.
+    0.56× on one with AVX512-BF16 and no AMX (2026-12-07, nothing beside it; a bare bfloat16 matrix product ran
+    at 0.51–0.55× float32's there), and 0.15× where bfloat16 is emulated (AVX2 only). AVX512-BF16 alone therefore does not count.
     """
     return "amx_bf16" in cpu_bf16_flags()
 
