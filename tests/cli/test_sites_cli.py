@@ -574,8 +574,23 @@ def test_splitting_again_from_a_store_of_other_records_is_refused_unless_same_re
     got = _json(runner.invoke(app, ["site", "--store", str(moved), "--name", "hospital_b", "--min-records", "5",
                                     "--out", str(site), "--overwrite", "--json"]))  # the same digest: the same records
     assert got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
-    got = _json(runner.invoke(app, [*base, "--same-records", "--json"]))
+    # another site's records with --same-records: they share none of the split's records, so its ledger cannot be
+    # kept for them (a new user's probe moved hospital_a's ledger onto hospital_b's records without a word)
+    r = runner.invoke(app, [*base, "--same-records", "--json"])
+    assert r.exit_code == 2 and "holds none of the" in r.output and "records of the previous split" in r.output
+    assert {p.name for p in site.iterdir()} >= {"site-ledger.json"}
+    # the same site's records with some removed (a new digest): kept, and how many are shared is said
+    from fedhype.data.store import EmbeddingStore
+
+    store_b = EmbeddingStore.load(moved)
+    fewer = tmp_path / "fewer.safetensors"
+    store_b.subset(list(range(len(store_b) - 3))).save(fewer)
+    r = runner.invoke(app, ["site", "--store", str(fewer), "--name", "hospital_b", "--min-records", "5", "--out",
+                            str(site), "--overwrite", "--same-records", "--json"])
+    got = _json(r)
     assert got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
+    assert f"{len(store_b) - 3:,} of its {len(store_b) - 3:,} records are among the previous split's " \
+           f"{len(store_b):,}" in r.stderr
 
 
 def test_a_class_only_announced_is_worded_so_and_the_python_api_names_its_argument(consortium, tmp_path):

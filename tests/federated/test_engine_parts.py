@@ -103,6 +103,32 @@ def test_charge_round_refuses_before_writing(real_store, part, tmp_path):
         assert run.ledger.read_bytes() == before
 
 
+def test_a_resume_whose_rounds_left_pass_the_cap_is_refused_before_spending(real_store, part, tmp_path):
+    """A new user's probe: a run interrupted after charging a round (unseeded: the resume charges it again) resumed
+    with --max-epsilon above the plan's ε ran rounds until the last one would pass the cap, then stopped there — the
+    budget spent, the model a round short. The rounds still to run are priced with the ledger before the first."""
+    from fedhype.errors import BudgetExceededError
+
+    cfg = _cfg(rounds=3, seed=None)
+    train(real_store, part, cfg, tmp_path / "run", diagnostics=False, stop_after=1)
+    run = RunDir(tmp_path / "run")
+    plan = resolve_plan(part, cfg, store_info=describe_store(real_store), n_classes=real_store.n_classes)
+    with run.writer_lock():  # round 2 charged (write-ahead), then the process stopped before committing it
+        state = open_run(run, plan, 1, lambda r: InProcessTransport(_build_clients(real_store, part, r, cfg)[0]))
+        charge_round(state, 1, sample_clients(state))
+    before = run.ledger.read_bytes()
+    capped = _cfg(rounds=3, seed=None, max_epsilon=4.05)  # above the plan's ε = 4, below it with round 2 charged twice
+    with pytest.raises(BudgetExceededError, match=r"the 2 DP-SGD rounds still to run \(rounds 2–3\) would take "
+                                                  r"client\(s\) .* > --max-epsilon 4.05 with what the ledger already "
+                                                  r"holds; stopped before spending .*completed rounds: 1\)") as info:
+        train(real_store, part, capped, tmp_path / "run", diagnostics=False, resume=True)
+    assert info.value.limit == 4.05 and info.value.epsilon > 4.05
+    assert run.ledger.read_bytes() == before and run.committed_round() == 1  # nothing charged, nothing run
+    res = train(real_store, part, _cfg(rounds=3, seed=None, max_epsilon=5.0), tmp_path / "run", diagnostics=False,
+                resume=True)  # room for the round charged again: the run finishes
+    assert res["complete"] and 4.05 < res["epsilon"] <= 5.0
+
+
 def test_train_result_is_a_read_only_mapping_of_the_old_keys(real_store, part, tmp_path):
     res = train(real_store, part, _cfg(method="dp-gaussian", no_dp=True, epsilon=None), tmp_path / "g",
                 diagnostics=False)

@@ -123,7 +123,8 @@ def test_save_refuses_an_existing_folder_and_leaves_nothing_half_written(audit_r
 def test_evaluation_is_typed_and_keeps_every_metric(real_store):
     part = fedhype.partition(real_store, scheme="iid", clients=2)
     test, train = part.split_store(real_store, "test"), part.split_store(real_store, "train")
-    ev = fedhype.evaluate(test, train, real_train=train, permutations=0)
+    with pytest.warns(fedhype.errors.FedhypeWarning, match="synthetic= is marked kind='real', not 'synthetic'"):
+        ev = fedhype.evaluate(test, train, real_train=train, permutations=0)  # a real-vs-real reference, said so
     assert isinstance(ev, fedhype.Evaluation)
     assert ev.chance == pytest.approx(0.1) and ev.tstr_accuracy == ev.trtr_accuracy > 0.6
     d = ev.to_dict()

@@ -88,8 +88,8 @@ def _audit_cli(rel, *extra):
 @pytest.mark.parametrize("edit", ["privacy.json epsilon", "privacy.json seed note", "config.json", "README.md warning",
                                   "missing checkpoint", "privacy.json rounds", "privacy.json mechanisms",
                                   "privacy.json method", "privacy.json accountant", "privacy.json extra claim",
-                                  "privacy.json {}", "privacy.json []"])
-def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, tmp_path, edit):
+                                  "privacy.json {}", "privacy.json []", "real store as synthetic"])
+def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, tmp_path, edit, real_store):
     """A new user's probe: a release with privacy.json's ε lowered, its seeded-noise note removed, config.json edited
     or the README's warning deleted passed `fedhype audit` (exit 0, consistent). privacy.json lists every file's
     SHA-256 and is recomputed from the model and ledger, and the README is the text the release writes: each edit
@@ -127,6 +127,15 @@ def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, t
     elif edit == "missing checkpoint":
         (bad / "checkpoint.json").unlink()
         want = "privacy.json: files[checkpoint.json] sha256"
+    elif edit == "real store as synthetic":
+        # a new user's probe: the real embeddings copied over synthetic.safetensors, its SHA-256 updated in the
+        # (unsigned) privacy.json: a real store carries no ε, its checks had nothing to compare, and the audit passed
+        import hashlib
+
+        real_store.save(bad / "synthetic.safetensors")
+        priv["files"]["synthetic.safetensors"] = hashlib.sha256((bad / "synthetic.safetensors").read_bytes()).hexdigest()
+        (bad / "privacy.json").write_text(json.dumps(priv))
+        want = f"synthetic {bad / 'synthetic.safetensors'}: kind"
     elif edit.startswith("privacy.json ") and edit.split()[1] in ("{}", "[]"):
         # an auditor's probe: privacy.json replaced by {} turned every release check off (exit 0, "release False")
         (bad / "privacy.json").write_text(edit.split()[1])

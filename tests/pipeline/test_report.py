@@ -95,8 +95,12 @@ def test_at_a_glance_says_what_privacy_cost_and_whether_the_data_is_useful():
     # a resumed run charged twice: ε 4.0034 above a target of 4 is printed as such (3 digits had printed "4")
     over = glance(_glance_report(epsilon=4.0034, target_epsilon=4.0))[0]
     assert "(ε = 4.003," in over and "**above the target 4**" in over and "the target was" not in over
-    assert "scores 0.354" in text and "a constant guess scores 0.100" in text and "0.882" in text
+    assert "scores 0.354" in text and "a constant guess (the most frequent class) scores 0.100" in text and "0.882" in text
     assert "carries 32% of the real data's gain over chance" in text  # (0.354 − 0.1) / (0.882 − 0.1)
+    # an unbalanced test split: the best constant guess is its most frequent class, not 1/K (a probe: 0.200 for 0.25)
+    skewed = "\n".join(glance(_glance_report(majority_share=0.25)))
+    assert "a constant guess (the most frequent class) scores 0.250" in skewed
+    assert "carries 16% of the real data's gain over chance" in skewed  # (0.354 − 0.25) / (0.882 − 0.25)
     assert "the directly trained classifier does better" in text and "tells the synthetic set from the real one" in text
     better = "\n".join(glance(_glance_report(tstr_accuracy=0.6, mmd2_p_value=0.4, coverage=0.5, precision=0.4)))
     assert "the synthetic data does better" in better and "cannot tell the two sets apart" in better

@@ -102,7 +102,7 @@ def site(
             raise ValidationError("--same-records says that --store holds the records of the site folder being split "
                                   "again: give it with --overwrite")
         ledger_args = _ledger_args(out, name, max_epsilon, delta, len(s.split.train), store, emb.digest(),
-                                   same_records)  # checked before anything is written
+                                   same_records, emb.sample_ids)  # checked before anything is written
         s.ledger = True
         kept = None
         if (out / SITE_FILE).exists():  # --overwrite: keep the previous split (runs trained on it evaluate with it)
@@ -137,7 +137,7 @@ def site(
 
 
 def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, n_train: int, store: Path,
-                 digest: str | None = None, same_records: bool = False) -> tuple:
+                 digest: str | None = None, same_records: bool = False, sample_ids=None) -> tuple:
     """Check the site ledger's settings before anything is written: ``(max_epsilon or KEEP, δ or None, expected)``.
 
     A new site starts its ledger at ``delta``; a site split again (--overwrite) keeps its ledger, its δ unless
@@ -190,8 +190,25 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
             "kept (a new --out would start them at ε = 0); give another --out only for a site of entirely other "
             "records")
     if old is not None and other and same_records:
+        # what the two share, by the previous split's record ids (a probe moved one site's ledger onto another site's
+        # records with --same-records, and nothing said that they shared none)
+        from fedhype.data.store import opaque_id
+
+        clients = (previous.get("partition") or {}).get("clients") if isinstance(previous.get("partition"), dict) else None
+        before = {str(i) for c in clients or [] if isinstance(c, dict) for k in ("train", "val", "test")
+                  for i in (c.get(k) or [])}
+        now = {opaque_id(str(i)) for i in sample_ids} if sample_ids is not None else set()
+        shared = len(before & now)
+        if before and sample_ids is not None and not shared:
+            raise ValidationError(
+                f"--same-records: --store {store} holds none of the {len(before):,} records of the previous split of "
+                f"{out} (by their ids): its ledger across runs is those records' spending and cannot be kept for "
+                "other records (nothing was written). Give another --out for a site of other records, or the store "
+                "of this site's records")
         console.print(f"--same-records: the site's ledger across runs is kept for the records of --store {store} "
-                      f"(the previous split's store: {old_store})", highlight=False)
+                      f"(the previous split's store: {old_store})"
+                      + (f"; {shared:,} of its {len(now):,} records are among the previous split's {len(before):,}"
+                         if before and sample_ids is not None else ""), highlight=False)
     if old is not None and site_of(old) != name:
         raise ValidationError(f"--name {name}: this site folder's ledger across runs is site {site_of(old)!r}'s (the "
                               f"spending of these records); keep --name {site_of(old)}, or give another --out for a new "

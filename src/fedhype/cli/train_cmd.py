@@ -259,7 +259,8 @@ def register(app: typer.Typer) -> None:
         dp_sgd_min_records: int = _opt("dp_sgd_min_records", "--dp-sgd-min-records",
                                        help="fedhypevae runs its DP-SGD stage only where the median client has at "
                                             "least this many training records; below, the statistics release takes "
-                                            "the whole ε (the no-dp-sgd model). 0: always run it."),
+                                            "the whole ε (the no-dp-sgd model). 0: always run it. With "
+                                            "--secure-aggregation the stage always runs (not measured there)."),
         hidden: Optional[int] = _opt("hidden", "--hidden", section="model",
                                      help="Width of the CVAE's hidden layers (model size)."),
         latent: Optional[str] = _opt("latent", "--latent", section="model", callback=auto_or_count, metavar="auto|INTEGER",

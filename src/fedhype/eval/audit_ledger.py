@@ -241,6 +241,13 @@ def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> 
                            "epsilon": None, "delta": meta.get("delta"), "epsilon_rdp": None, "worst_client": None,
                            "epsilon_per_client": {}, "epsilon_rdp_per_client": {}, "events": 0, "warnings": list(found)}
     rows: list[dict[str, Any]] = _stripped_release_rows(run.root, config)
+    # only synthetic embeddings are released: a real store in a release (or given as synthetic) carries no ε, so its
+    # ε / δ / model rows had nothing to compare and the release passed (a probe copied the real embeddings over a
+    # release's synthetic store, updated privacy.json's SHA-256, and the audit said consistent)
+    rows += [{"name": f"synthetic {path}: kind", "claimed": s.kind, "recomputed": "synthetic", "difference": None,
+              "ok": False, "reason": f"a {s.kind!r} embeddings store, not synthetic: no mechanism of this run released "
+                                     "it, and real embeddings must never leave the site"}
+             for path, s in stores if s.kind != "synthetic"]
     no_dp = bool(config.get("train", {}).get("no_dp"))
     rows.append(_equal("config.json: train.no_dp vs model private flag", no_dp, not private))
     if not private:
@@ -363,8 +370,8 @@ def _folder_stores(root: Path, stores: list[tuple[str, EmbeddingStore]],
                 notes.append(f"{f.name} in the run folder is neither its model nor an embeddings store: no claim "
                              "covers it (the run folder is private; a copy of a release is what may leave the site)")
             continue
-        if store.kind == "synthetic" and (release or store.meta.get("model_digest") in (None, digest)):
-            out.append((str(f), store))
+        if release or (store.kind == "synthetic" and store.meta.get("model_digest") in (None, digest)):
+            out.append((str(f), store))  # a release's every store is checked, a real one fails (its kind)
         elif store.kind == "synthetic":
             notes.append(f"{f.name} in the run folder was drawn from another model (this run's before it was resumed, "
                          "or another run's): its claims are not checked against this ledger; draw it again from this "

@@ -353,6 +353,39 @@ def _release_budget(state: RunState, pending: list) -> None:
             "spending (nothing was charged by this call)", epsilon=worst, limit=cfg.max_epsilon)
 
 
+def _rounds_budget(state: RunState) -> None:
+    """Refuse, before the first round this call runs, DP-SGD rounds still to run that would take a client past
+    ``train.max_epsilon`` with what its ledger already holds (nothing charged).
+
+    The plan's check prices a run from scratch and each round is checked as it is charged; a resume whose ledger
+    holds rounds charged again after an interruption (fresh noise) can pass the first and fail the second many rounds
+    later: a new user's probe resumed with ``--max-epsilon 2`` ran 12 rounds and stopped at round 20 of 20, the budget
+    spent and the model one round short. At full participation every client runs every round, so the rounds left are
+    priced with the ledger as they would be charged (a seeded replay of a charged round is free:
+    :func:`fedhype.privacy.ledger.pending_charges`); with partial participation which clients a round samples is not
+    known, and the per-round check alone applies.
+    """
+    cfg = state.plan.cfg
+    if cfg.max_epsilon is None or cfg.no_dp or cfg.statistics_only or cfg.participation < 1 \
+            or not state.plan.noise_multiplier or state.done >= cfg.rounds_run():
+        return
+    index = {c.id: i for i, c in enumerate(state.clients)}
+    every = [(c.id, cfg.sample_rate(c.n), cfg.steps_per_round(c.n)) for c in state.clients]
+    future: list = []
+    for r in range(state.done, cfg.rounds_run()):
+        future += dp_sgd_events(r, every, state.plan.noise_multiplier, cfg.clip_norm, mechanism=MECHANISM)
+    planned = pending_charges(state.ledger, future, replays=lambda e: state.transport.replays_noise(index[e.client]))
+    over = state.ledger.would_exceed(planned, cfg.max_epsilon)
+    if over:
+        worst = max(over.values())
+        left = cfg.rounds_run() - state.done
+        raise BudgetExceededError(
+            f"the {left} DP-SGD round{'s' if left != 1 else ''} still to run (rounds {state.done + 1}–"
+            f"{cfg.rounds_run()}) would take client(s) {sorted(over)} to ε = {worst:.4g} > --max-epsilon "
+            f"{cfg.max_epsilon} with what the ledger already holds; stopped before spending (nothing was charged by "
+            f"this call; completed rounds: {state.done})", epsilon=worst, limit=cfg.max_epsilon)
+
+
 # ------------------------------------------------------------------------------------------------ step 3: a round
 @dataclass(frozen=True)
 class RoundOutcome:
@@ -537,6 +570,7 @@ def run_federation(partition: "Partition | Roster", cfg: TrainConfig, out: str |
         if on_open is not None:
             on_open(state)
         release_statistics(state)
+        _rounds_budget(state)
         for ran, r in enumerate(range(state.done, cfg.rounds_run())):
             if stop_after is not None and ran >= stop_after:
                 break
