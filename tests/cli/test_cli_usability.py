@@ -553,10 +553,18 @@ def test_train_set_takes_the_model_settings_without_a_flag(files, tmp_path):
                                                     "set with its flag"),
                         (["--set", "model.bogus=1"], "unknown key model.bogus"),
                         (["--set", "model.hidden=32"], "set the same thing"),
-                        (["--set", "model.client_shrinkage=bogus"], "model.client_shrinkage must be one of")):
+                        (["--set", "model.client_shrinkage=bogus"], "model.client_shrinkage must be one of"),
+                        # a typo was told "train.epsilonn is set with its flag" (a probe)
+                        (["--set", "train.epsilonn=3"], "there is no setting train.epsilonn")):
         r = _invoke(*args, "--out", tmp_path / "bad", *extra)
         assert r.exit_code == 2 and says in _one_json(r)["error"], (extra, r.output)
         assert not (tmp_path / "bad").exists()
+    # without --hidden, --set model.hidden is the setting, checked as such (a probe was told that the flag, which it
+    # had not given, set the same thing)
+    no_flag = [a for a in args if a not in ("--hidden", 16)]
+    r = _invoke(*no_flag, "--out", tmp_path / "bad", "--set", "model.hidden=1.5")
+    err = _one_json(r)["error"]
+    assert r.exit_code == 2 and "must be an integer, got 1.5" in err and "same thing" not in err, r.output
 
 
 # ----------------------------------------------------------------------------- one vocabulary

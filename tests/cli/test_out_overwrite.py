@@ -128,6 +128,33 @@ def test_synthesize_into_a_release_folder_is_refused_even_with_overwrite(files, 
                                                              "ledger.json", "model.safetensors", "privacy.json",
                                                              "synthetic.safetensors"])
     assert not (tmp_path / "s.safetensors").exists()
+    # --out inside a --release still to be written: refused before either folder is made (a probe's release_x was
+    # made for the store, then refused as existing, and left behind)
+    r, obj = _invoke("synthesize", "--run", files["run"], "--out", tmp_path / "new_rel" / "s.safetensors", "--release",
+                     tmp_path / "new_rel", "--per-class", 2, "--json")
+    assert r.exit_code == 2 and "is inside --release" in obj["error"] and not (tmp_path / "new_rel").exists(), r.output
+    # a second `synthesize` into an --out (or --release) another one is writing is refused, naming its pid (two both
+    # said they wrote the same release, one store silently replacing the other: a probe); the lock file goes away
+    import subprocess
+    import sys
+
+    hold = ("import sys, time; from fedhype.io import exclusive_lock\n"
+            "with exclusive_lock(sys.argv[1], 'busy {pid}'):\n    print('locked', flush=True); time.sleep(600)")
+    for target, flag in ((tmp_path / "busy.safetensors", "--out"), (tmp_path / "busy_rel", "--release")):
+        holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / f".{target.name}.lock")],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "locked"  # waits on the condition, not on a timer
+            extra = ["--out", target] if flag == "--out" else ["--out", tmp_path / "free.safetensors", "--release", target]
+            r, obj = _invoke("synthesize", "--run", files["run"], *extra, "--per-class", 2, "--json")
+            assert r.exit_code == 2 and f"is being written by another `fedhype synthesize` (pid {holder.pid})" in \
+                obj["error"] and not target.exists(), r.output
+        finally:
+            holder.kill()
+            holder.wait()
+    r, obj = _invoke("synthesize", "--run", files["run"], "--out", tmp_path / "busy.safetensors", "--per-class", 2,
+                     "--json")
+    assert r.exit_code == 0 and not (tmp_path / ".busy.safetensors.lock").exists(), r.output
     # a file copied in by hand (here: the real store) fails the audit of the folder, named
     shutil.copy(files["dir"] / "real.safetensors", rel / "real.safetensors")
     (rel / "notes").mkdir()

@@ -584,7 +584,8 @@ def check_out_dir(out: Path, command: str, hint: str) -> None:
 def folder_kind(path: Path) -> str:
     """What an output folder already holds, read cheaply (no torch): ``"missing"``, ``"empty"``,
     ``"file"`` (not a folder), ``"job"`` (a ``fedhype run`` folder), ``"run"`` (a training run), ``"prototypes"`` (a
-    hyper-prototype model), ``"dp-linear"`` (a DP linear reference: it spent budget) or ``"other"``."""
+    hyper-prototype model), ``"dp-linear"`` (a DP linear reference: it spent budget), ``"site"`` (a ``fedhype site``
+    folder) or ``"other"``."""
     if not path.exists():
         return "missing"
     if not path.is_dir():
@@ -609,10 +610,14 @@ def folder_kind(path: Path) -> str:
         return "dp-linear"
     if names & {"model.safetensors", "ledger.json", "checkpoint.json"}:
         return "run"
+    if "site.json" in names or "card.json" in names:  # a probe's `train --out <site folder>` read "files fedhype did
+        return "site"  # not write"
     return "other"
 
 
 _KIND_WORDS = {"job": "a `fedhype run` job", "run": "a training run (its ledger records spent privacy budget)",
+               "site": "a site (`fedhype site`: its split, card and ledger across runs; a run goes into a folder of "
+                       "its own, and takes the site with --site)",
                "prototypes": "a hyper-prototype model", "dp-linear": "a DP linear reference (it spent privacy budget)",
                "other": "files fedhype did not write"}
 

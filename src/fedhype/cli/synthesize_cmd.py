@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Optional
@@ -154,10 +155,12 @@ def register(app: typer.Typer) -> None:
                                  "file is refused unless --overwrite."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out, if it is a synthetic "
                                        "store (a real embeddings store, partition or any other file is never replaced)."),
-        code: str = typer.Option(DEFAULT_CODE, "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture (all clients ∝ size) | mixture:<id>=<w>,..."),
+        code: str = typer.Option(DEFAULT_CODE, "--code", help="client:<id> | neutral | mix:<id>=<w>,... | mixture (every client; each class drawn from the "
+                                "clients that hold it, by their DP class counts) | mixture:<id>=<w>,..."),
         per_class: Optional[str] = typer.Option(None, "--per-class", callback=_auto_or_int, metavar="auto|INTEGER",
                                                 help="Samples per class (≥ 1; auto, or neither --per-class nor --n: 300 "
-                                                     "from a DP model, 3000 from one trained with --no-dp)."),
+                                                     "from a DP model of latent 64, 3,000 from a larger one: a --no-dp "
+                                                     "run's, or a DP run's L = 128 from 500 training records per class)."),
         n: Optional[int] = typer.Option(None, "--n", help="Total samples (split by --label-weights; uniform by default)."),
         label_weights: Optional[str] = typer.Option(None, "--label-weights", help="Comma-separated class weights for --n."),
         temperature: float = typer.Option(1.0, "--temperature", help="Scale of the prior's std, > 0 (1 = model distribution)."),
@@ -173,11 +176,15 @@ def register(app: typer.Typer) -> None:
         """Decode synthetic class-conditional embeddings from the DP hypernetwork and codes."""
 
         def body() -> dict:
-            import time
-
             from fedhype.data.store import FORMAT
-            from fedhype.synthesis import synthesize
 
+            if release is not None and out.resolve().is_relative_to(release.resolve()):
+                from fedhype.errors import ValidationError
+
+                # a probe's --out release_x/s.safetensors --release release_x made release_x for the store, then
+                # refused it as existing, and left it behind
+                raise ValidationError(f"--out {out} is inside --release {release}: the release folder is written "
+                                      "whole, with its own copy of the store; give an --out outside it")
             check_out_file(out, overwrite, writes=f"{FORMAT} (synthetic)", command="synthesize")
             if release is not None and release.exists():
                 from fedhype.errors import ValidationError
@@ -212,60 +219,100 @@ def register(app: typer.Typer) -> None:
             check_size(total if total is not None else k * n_classes, hnet.cfg.dim,
                        f"--n {total}" if total is not None else f"--per-class {k} × {n_classes} classes",
                        out=out, copies=2 if release else 1)
-            t0 = time.perf_counter()
-            store = synthesize(src, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature,
-                               anchor=anchor)
-            secs = time.perf_counter() - t0
-            store.save(out)
-            if release is not None:
-                from fedhype.pipeline.release import write_release
-
-                run_dir = src if src.is_dir() else src.parent
-                conf_path = run_dir / "config.json"
-                planned = None
-                if conf_path.is_file():
-                    import json
-
-                    from fedhype.federated.config import TrainConfig
-
-                    try:
-                        planned = TrainConfig(**json.loads(conf_path.read_text(encoding="utf-8"))["train"]).rounds_run()
-                    except (KeyError, TypeError, ValueError):
-                        planned = None
-                done = store.meta.get("rounds_done") or _rounds_done(src)
-                if planned is not None and done is not None and done < planned:
-                    warn(f"the run has {done} of its {planned} rounds: this release holds a partly trained model (resume "
-                         "the run with `fedhype train --resume` first for the full one)")
-                try:
-                    write_release(run_dir, release, synthetic=out)
-                except BaseException:
-                    # the release folder appears whole or not at all; without it the store is removed too, so that
-                    # the same command can be run again (a probe's interrupted run left --out and refused the rerun)
-                    out.unlink(missing_ok=True)
-                    raise
-                console.print(f"wrote the release folder {release} "
-                              + ("(seeded noise: not to be shared as private; its README.md and privacy.json say why)"
-                                 if store.meta["private"] and _noise_seeded(release) else
-                                 "(what may be shared)" if store.meta["private"] else
-                                 "(NOT private: trained with --no-dp; it must not leave the site as private data)"),
-                              highlight=False, soft_wrap=True)
-            m = store.meta
-            if not m["private"]:
-                console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
-            for nt in m.get("notes") or ([{"kind": "codes", "text": m["codes_note"]}] if m.get("codes_note") else []):
-                level = "warning" if nt["kind"] in WARNING_NOTES else "note"
-                warn(nt['text'], level)
-            if anchor and str(m.get("anchor", "")).startswith("none"):  # a probe: --anchor did nothing, silently
-                warn(f"--anchor: {m['anchor']}; the store is drawn unanchored", "note")
-            return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "anchor": m.get("anchor"),
-                    "epsilon": m["epsilon"],
-                    "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": dict(zip(store.class_names, store.class_counts())),  # as embed's (a probe: a list here)
-                    "absent_classes": [a["class"] for a in m.get("absent_classes") or []],
-                    "notes": [nt["text"] for nt in m.get("notes") or []],
-                    "embeddings_per_s": len(store) / max(secs, 1e-9), "release": None if release is None else str(release)}
+            with _writing(out, release, overwrite):
+                return _draw_and_write(src, out, release, code, k, total, weights, seed, temperature, anchor)
 
         run_command(body, json_out, lambda r: Console().print(kv_table("fedhype synthesize", {
             k: v for k, v in r.items() if k not in ("class_counts", "notes", "absent_classes")})))
+
+
+def _draw_and_write(src, out, release, code, k, total, weights, seed, temperature, anchor) -> dict:
+    import time
+
+    from fedhype.synthesis import synthesize
+
+    t0 = time.perf_counter()
+    store = synthesize(src, code, per_class=k, n=total, label_weights=weights, seed=seed, temperature=temperature,
+                       anchor=anchor)
+    secs = time.perf_counter() - t0
+    store.save(out)
+    if release is not None:
+        from fedhype.pipeline.release import write_release
+
+        run_dir = src if src.is_dir() else src.parent
+        conf_path = run_dir / "config.json"
+        planned = None
+        if conf_path.is_file():
+            import json
+
+            from fedhype.federated.config import TrainConfig
+
+            try:
+                planned = TrainConfig(**json.loads(conf_path.read_text(encoding="utf-8"))["train"]).rounds_run()
+            except (KeyError, TypeError, ValueError):
+                planned = None
+        done = store.meta.get("rounds_done") or _rounds_done(src)
+        if planned is not None and done is not None and done < planned:
+            warn(f"the run has {done} of its {planned} rounds: this release holds a partly trained model (resume "
+                 "the run with `fedhype train --resume` first for the full one)")
+        try:
+            write_release(run_dir, release, synthetic=out)
+        except BaseException:
+            # the release folder appears whole or not at all; without it the store is removed too, so that
+            # the same command can be run again (a probe's interrupted run left --out and refused the rerun)
+            out.unlink(missing_ok=True)
+            raise
+        console.print(f"wrote the release folder {release} "
+                      + ("(seeded noise: not to be shared as private; its README.md and privacy.json say why)"
+                         if store.meta["private"] and _noise_seeded(release) else
+                         "(what may be shared)" if store.meta["private"] else
+                         "(NOT private: trained with --no-dp; it must not leave the site as private data)"),
+                      highlight=False, soft_wrap=True)
+    m = store.meta
+    if not m["private"]:
+        console.print("[bold yellow]NON-PRIVATE: the run was trained with --no-dp[/]")
+    for nt in m.get("notes") or ([{"kind": "codes", "text": m["codes_note"]}] if m.get("codes_note") else []):
+        level = "warning" if nt["kind"] in WARNING_NOTES else "note"
+        warn(nt['text'], level)
+    if anchor and str(m.get("anchor", "")).startswith("none"):  # a probe: --anchor did nothing, silently
+        warn(f"--anchor: {m['anchor']}; the store is drawn unanchored", "note")
+    return {"store": str(out), "n": len(store), "dim": store.dim, "code": m["code"], "anchor": m.get("anchor"),
+            "epsilon": m["epsilon"],
+            "delta": m["delta"], "private": m["private"], "seed": m["seed"], "class_counts": dict(zip(store.class_names, store.class_counts())),  # as embed's (a probe: a list here)
+            "absent_classes": [a["class"] for a in m.get("absent_classes") or []],
+            "notes": [nt["text"] for nt in m.get("notes") or []],
+            "embeddings_per_s": len(store) / max(secs, 1e-9), "release": None if release is None else str(release)}
+
+
+@contextlib.contextmanager
+def _writing(out: Path, release: Path | None, overwrite: bool):
+    """Hold a lock on ``--out`` (and ``--release``) while a synthetic store (and its release) is drawn and written, and
+    check again under it what was checked before: two `synthesize` runs into the same --out or --release both said
+    they wrote it, one store silently replacing the other (a new user's probe). The lock files
+    (``.<name>.lock`` beside each) are removed on the way out.
+
+    Raises:
+        ValidationError: another `synthesize` writes the same --out or --release (its pid named), or it appeared
+            meanwhile (an existing --out without --overwrite, an existing --release).
+    """
+    from fedhype.errors import ValidationError
+    from fedhype.io import exclusive_lock
+
+    targets = [out] + ([release] if release is not None else [])
+    with contextlib.ExitStack() as stack:
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            lock = target.parent / f".{target.name}.lock"
+            stack.enter_context(exclusive_lock(lock, f"{target} is being written by another `fedhype synthesize` (pid "
+                                                     "{pid}); wait for it to finish, or give another path"))
+            stack.callback(lock.unlink, missing_ok=True)  # inside the lock (callbacks unwind before the lock's exit)
+        if out.exists() and not overwrite:
+            raise ValidationError(f"--out {out} was written meanwhile by another process; give another --out, or "
+                                  "--overwrite")
+        if release is not None and release.exists():
+            raise ValidationError(f"--release {release} was written meanwhile by another process; a release is written "
+                                  "into a new folder")
+        yield
 
 
 def _noise_seeded(release: Path) -> bool:

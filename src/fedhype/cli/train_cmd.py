@@ -55,10 +55,13 @@ def model_settings(items: list[str], **flags: Any) -> dict[str, Any]:
             raise ValidationError(f"--set {item!r}: `fedhype train --set` takes model.key=value (e.g. "
                                   "model.client_shrinkage=client-cov)" + (
                                       f"; {section}.{name} is set with its flag (fedhype train --help)"
+                                      if section == "train" and name in DEFAULTS["train"] else
+                                      f"; there is no setting train.{name}, and the train settings have flags of "
+                                      "their own (fedhype train --help)"
                                       if section == "train" and name else "; the train settings have flags of their own"))
         if flags.get(name) is not None:
             raise ValidationError(f"--set {item!r} and the flag of model.{name} set the same thing; give one")
-        _set_key(conf, "model", name, _parse_value(value.strip()), where=f"--set {item}")  # the job's own checks
+        _set_key(conf, "model", name, _parse_value(value.strip()), where=f"--set {item!r}")  # the job's own checks
         out[name] = conf["model"][name]
     return out
 
@@ -305,7 +308,9 @@ def register(app: typer.Typer) -> None:
                                     release_centre=release_centre, secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                                     class_stats_noise_multiplier=class_stats_noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed,
                                     min_records=min_records, dp_sgd_min_records=dp_sgd_min_records, method=method),
-                               {"hidden": hidden, "latent": latent, **model_settings(set_, hidden=hidden, latent=latent)})
+                               {"hidden": hidden, "latent": latent, **model_settings(set_, **{
+                                   n: v for n, v in (("hidden", hidden), ("latent", latent))  # only flags given
+                                   if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"})})
             sites = _sites(store, partition, site, classes)
             if seed is not None and not no_dp:  # said before anything is spent
                 warn(seeded_note(sites is not None))
