@@ -152,9 +152,12 @@ def test_synthesize_into_a_release_folder_is_refused_even_with_overwrite(files, 
         finally:
             holder.kill()
             holder.wait()
+    (tmp_path / ".busy.safetensors.x1y2.tmp").write_bytes(b"0" * 64)  # what a SIGKILL left (a probe: 1.2 GB of them)
     r, obj = _invoke("synthesize", "--run", files["run"], "--out", tmp_path / "busy.safetensors", "--per-class", 2,
                      "--json")
     assert r.exit_code == 0 and not (tmp_path / ".busy.safetensors.lock").exists(), r.output
+    assert "1 temporary file(s) of an earlier write that was killed" in r.stderr and ".busy.safetensors.x1y2.tmp" in \
+        r.stderr
     # a file copied in by hand (here: the real store) fails the audit of the folder, named
     shutil.copy(files["dir"] / "real.safetensors", rel / "real.safetensors")
     (rel / "notes").mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 from pathlib import Path
 from typing import Optional
@@ -309,6 +310,14 @@ def _writing(out: Path, release: Path | None, overwrite: bool):
         if out.exists() and not overwrite:
             raise ValidationError(f"--out {out} was written meanwhile by another process; give another --out, or "
                                   "--overwrite")
+        # what a writer killed with SIGKILL leaves (its temporary store, a release's staging folder): named, not
+        # removed — another program could be writing the same path (a probe found 1.2 GB of them, never cleaned up)
+        stale = [*out.parent.glob(f".{glob.escape(out.name)}.*.tmp")] + (
+            [p for p in release.parent.glob(f".{glob.escape(release.name)}.*") if p.is_dir()] if release is not None
+            else [])
+        if stale:
+            warn(f"{len(stale)} temporary file(s) of an earlier write that was killed are beside the output (e.g. "
+                 f"{stale[0]}): unless another program writes the same path now, delete them to free the space")
         if release is not None and release.exists():
             raise ValidationError(f"--release {release} was written meanwhile by another process; a release is written "
                                   "into a new folder")
