@@ -859,6 +859,7 @@ def test_an_option_given_twice_with_different_values_is_refused_before_anything_
     assert r.exit_code == 2, r.output
     text = _one_json(r)["error"] if "--json" in args else r.output
     assert named in " ".join(text.split()) and "give it once" in " ".join(text.split())
+    assert "fedhype --help" not in text and "fedhype -h" not in text  # the command's usage, not the group's (a probe)
     assert not (tmp_path / "o").exists()
 
 

@@ -273,8 +273,10 @@ class JsonUsageGroup(TyperGroup):
             name = next((a for a in argv if a in self.commands), None)
             if name is not None:
                 clash = given_twice(self.commands[name], argv[argv.index(name) + 1:])
-                if clash:
-                    raise UsageError(clash, ctx)
+                if clash:  # the command's usage and help, not the group's (a probe read "see `fedhype --help`")
+                    import click
+
+                    raise UsageError(clash, click.Context(self.commands[name], info_name=name, parent=ctx))
             return super().invoke(ctx)
         except UsageError as exc:
             if ctx.meta.get(_JSON_META):
