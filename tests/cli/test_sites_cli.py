@@ -378,6 +378,22 @@ def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):
     assert "warning: site 'clinic_z': split(s) test 0 hold fewer than 2 records" in r.stderr
     r = runner.invoke(app, ["evaluate", "--site", str(tmp_path / "no-test"), "--synthetic", syn, "--json"])
     assert r.exit_code == 2 and "its test split holds 0 record(s), and a score needs at least 2" in r.output, r.output
+    # a class of a few records at a site is warned about, as `fedhype run` does for the pooled data (a probe's
+    # one-image class went through `site` and `train --site` without a word)
+    import numpy as np
+
+    from fedhype.data.store import EmbeddingStore
+
+    full = EmbeddingStore.load(root / "clinic_c" / "embeddings.safetensors")
+    labels = full.labels.numpy()
+    keep = np.concatenate([np.flatnonzero(labels != 0), np.flatnonzero(labels == 0)[:4]])
+    full.subset(np.sort(keep)).save(tmp_path / "thin.safetensors")
+    r = runner.invoke(app, ["site", "--store", str(tmp_path / "thin.safetensors"), "--name", "clinic_t",
+                            "--min-records", "5", "--out", str(tmp_path / "thin-site"), "--json"])
+    res = _json(r)
+    name0 = full.class_names[0]
+    said = [w for w in res["warnings"] if "have fewer than 10 training records here" in w]
+    assert len(said) == 1 and f"{name0!r} (" in said[0] and "warning: site 'clinic_t': class(es)" in r.stderr, res
     # a moved store: the message names site.json's "store" key
     moved = tmp_path / "moved"
     shutil.copytree(root / "hospital_b" / "site", moved)

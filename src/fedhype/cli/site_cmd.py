@@ -127,6 +127,17 @@ def site(
         warnings = [f"site {name!r}: split(s) {', '.join(thin)} hold fewer than 2 records: `fedhype evaluate --site` "
                     "and `fedhype prototypes evaluate --site` score this site only on a split of at least 2 (give the "
                     "site more records, or other --fractions with --overwrite)"] if thin else []
+        import torch
+
+        from fedhype.pipeline.job import THIN_CLASS
+
+        # `fedhype run` warned of a one-image class, `site` and `train --site` said nothing (a probe)
+        counts = torch.bincount(s.partition.split_store(emb, "train").labels.long(), minlength=emb.n_classes).tolist()
+        few = [f"{emb.class_names[k]!r} ({n})" for k, n in enumerate(counts) if 0 < n < THIN_CLASS]
+        if few:
+            warnings.append(f"site {name!r}: class(es) {', '.join(few[:8])}{' …' if len(few) > 8 else ''} have fewer "
+                            f"than {THIN_CLASS} training records here: unless the other sites hold more of them, their "
+                            "DP statistics are mostly noise and their synthetic embeddings will be poor")
         for w in warnings:
             warn(w)
         return {"site": str(out), "name": name, "private": str(out / SITE_FILE), "card": str(out / CARD_FILE),
