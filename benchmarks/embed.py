@@ -129,7 +129,7 @@ def dtype_ratio(args) -> dict:
     """bfloat16 autocast vs float32: forward throughput, agreement, and probe accuracy on the digits set."""
     from sklearn.model_selection import train_test_split
 
-    from fedhype.encoders.base import cpu_bf16_flags, cpu_supports_bf16
+    from fedhype.encoders.base import cpu_bf16_flags, cpu_supports_bf16, cpu_vendor
     from fedhype.encoders.cache import cached_embed
     from fedhype.eval.utility import Probe
 
@@ -150,7 +150,7 @@ def dtype_ratio(args) -> dict:
     cos = torch.nn.functional.cosine_similarity(emb["float32"], emb["bfloat16"])
     probe: dict = {}
     cuda = encs["float32"].device.type == "cuda"
-    native = cuda or bool(cpu_bf16_flags())  # AVX512-BF16 alone runs bfloat16 near float32's speed: the probe is cheap
+    native = cuda or bool(cpu_bf16_flags())  # AVX512-BF16 runs bfloat16 at 0.5–1.8× float32's: the probe is cheap
     for d in (("float32", "bfloat16") if native or args.probe_anyway else ()):  # emulated bf16: hours for the probe
         store = cached_embed("digits-domains", args.encoder, image_size=size, device=args.device, dtype=d)
         x, y, dom = store.embeddings.numpy(), store.labels.numpy(), store.domains.numpy()
@@ -161,7 +161,7 @@ def dtype_ratio(args) -> dict:
             "cpu_kind": "cuda" if cuda else ("amx_bf16" if "amx_bf16" in cpu_bf16_flags() else
                                              (cpu_bf16_flags() or ["no bf16 instructions"])[0]),
             "auto_dtype": "bfloat16" if cuda or cpu_supports_bf16() else "float32",
-            "cpu_model": _cpu_model(), "torch_threads": torch.get_num_threads(),
+            "cpu_model": _cpu_model(), "cpu_vendor": cpu_vendor(), "torch_threads": torch.get_num_threads(),
             "images_per_s": speed, "ratio_bf16_vs_fp32": speed["bfloat16"] / speed["float32"],
             "min_cosine": float(cos.min()), "probe_accuracy": probe,
             "probe_difference": abs(probe["bfloat16"] - probe["float32"]) if probe else None, "date": time.strftime("%Y-%m-%d"),
@@ -183,13 +183,15 @@ _OLD_KIND = {True: "amx_bf16 (flags not recorded; the machine was described as h
 
 
 def dtype_results(r: dict, path: Path) -> dict:
-    """The committed runs with ``r`` in place of the one of its CPU kind (one row per kind: AMX-BF16, AVX512-BF16
-    alone, none, CUDA), as ``{"runs": [...]}``."""
+    """The committed runs with ``r`` in place of the one of its CPU kind (one row per kind and vendor: AMX-BF16,
+    AVX512-BF16 alone on Intel and on AMD, none, CUDA), as ``{"runs": [...]}``."""
     old = json.loads(path.read_text()) if path.exists() else {"runs": []}
     runs = old.get("runs", [old] if "images_per_s" in old else [])
     for x in runs:
         x.setdefault("cpu_kind", _OLD_KIND[bool(x.get("cpu_bf16"))])
-    kind = lambda x: x["cpu_kind"].split(" ")[0]  # noqa: E731
+    def kind(x: dict) -> tuple[str, str]:  # the instructions and the vendor (AVX512-BF16 differs between the two)
+        vendor = x.get("cpu_vendor") or ("GenuineIntel" if "Intel" in (x.get("cpu_model") or "") else "not recorded")
+        return x["cpu_kind"].split(" ")[0], vendor
     return {"runs": [x for x in runs if kind(x) != kind(r)] + [r]}
 
 
@@ -212,10 +214,11 @@ def dtype_markdown(res: dict) -> str:
             "linear-probe accuracy float32 / bfloat16 | minimum cosine | load average | `--dtype auto` picks |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
             "`--dtype auto` (the default of `fedhype embed` and `fedhype run`) picks bfloat16 autocast on GPUs and on "
-            "CPUs with AMX-BF16, where it is faster; with AVX512-BF16 alone it was no faster than float32 (a bare "
-            "bfloat16 matrix product ran at 0.51–0.55× float32's there, 2026-12-07), and without bfloat16 "
-            "instructions it is emulated (0.15× float32 on an AVX2-only CPU, 2026-12-01): float32 on both. The "
-            "embedding cache keeps the two precisions apart.\n")
+            "CPUs with AMX-BF16 and on AMD CPUs with AVX512-BF16, where it is faster; on an Intel CPU with "
+            "AVX512-BF16 and no AMX it was slower than float32 (a bare bfloat16 matrix product ran at 0.51–0.55× "
+            "float32's there, 2.3× on the AMD EPYC, 2026-12-07), and without bfloat16 instructions it is emulated "
+            "(0.15× float32 on an AVX2-only CPU, 2026-12-01): float32 on both. The embedding cache keeps the two "
+            "precisions apart.\n")
 
 
 def main(argv=None) -> int:

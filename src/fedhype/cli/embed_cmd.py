@@ -77,8 +77,8 @@ def embed(
                                             "dinov2-vits14, 224 for efficientnet-lite0; `fedhype run` and fedhype.embed use the same)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16. auto: bfloat16 autocast on GPUs "
-                              "and on CPUs with AMX-BF16 (3.28× float32 measured there), float32 elsewhere (AVX512-BF16 alone measured "
-                              "0.56× float32).", click_type=choice(DTYPES)),
+                              "and on CPUs with AMX-BF16 (3.28× float32 measured there) or AMD CPUs with AVX512-BF16 (1.90×), float32 "
+                              "elsewhere (AVX512-BF16 on an Intel CPU without AMX measured 0.56× float32).", click_type=choice(DTYPES)),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
     workers: int | None = typer.Option(None, "--workers", help="Image decoding worker processes (default: cores − 1, at most 4)."),
     limit: int | None = typer.Option(None, "--limit", help="Keep a stratified (domain, class) subset of at most N images."),

@@ -51,23 +51,35 @@ def cpu_bf16_flags() -> list[str]:
     return []
 
 
+def cpu_vendor() -> str:
+    """The ``vendor_id`` of ``/proc/cpuinfo`` (``"GenuineIntel"``, ``"AuthenticAMD"``); ``"unknown"`` where absent."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("vendor_id")), "unknown")
+    except OSError:
+        return "unknown"
+
+
 def cpu_supports_bf16() -> bool:
-    """Whether bfloat16 autocast is faster than float32 on this CPU: it has AMX-BF16 (``amx_bf16``).
+    """Whether bfloat16 autocast is faster than float32 on this CPU: it has AMX-BF16 (``amx_bf16``), or AVX512-BF16
+    (``avx512_bf16``) and is an AMD CPU (:func:`cpu_vendor` ``"AuthenticAMD"``).
 
     Measured with ``benchmarks/embed.py --dtype-ratio`` (bundled DINOv2 ViT-S/14 at 112 px, 2 cores;
-    ``benchmarks/results/embed_dtype.md``): 3.28× the float32 throughput on a CPU with AMX-BF16 (2026-12-02), but
-    0.56× on one with AVX512-BF16 and no AMX (2026-12-07, nothing beside it; a bare bfloat16 matrix product ran
-    at 0.51–0.55× float32's there), and 0.15× where bfloat16 is emulated (AVX2 only). AVX512-BF16 alone therefore does not count.
+    ``benchmarks/results/embed_dtype.md``): 3.28× the float32 throughput on a CPU with AMX-BF16 (2026-12-02);
+    with AVX512-BF16 and no AMX 1.90× on an AMD EPYC (2026-12-07; a bare bfloat16 matrix product 2.3× float32's)
+    but 0.56× on an Intel Xeon (2026-12-07, nothing beside it; a bare bfloat16 matrix product 0.51–0.55×); 0.15×
+    where bfloat16 is emulated (AVX2 only). AVX512-BF16 on an Intel CPU without AMX therefore does not count.
     """
-    return "amx_bf16" in cpu_bf16_flags()
+    flags = cpu_bf16_flags()
+    return "amx_bf16" in flags or ("avx512_bf16" in flags and cpu_vendor() == "AuthenticAMD")
 
 
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     """Compute dtype of the encoder's forward pass.
 
     ``None`` → float32 on CPU, bfloat16 on GPU (the exact reference; the Python default);
-    ``"auto"`` (the CLI and job default) → bfloat16 on GPUs and on CPUs where it is faster (AMX-BF16:
-    :func:`cpu_supports_bf16`), float32 elsewhere. bfloat16 and float16 run under
+    ``"auto"`` (the CLI and job default) → bfloat16 on GPUs and on CPUs where it is faster (AMX-BF16, or
+    AVX512-BF16 on AMD: :func:`cpu_supports_bf16`), float32 elsewhere. bfloat16 and float16 run under
     ``torch.autocast`` (weights stay float32; matrix products in the low precision).
 
     Raises:
