@@ -289,3 +289,28 @@ def test_a_single_mechanism_with_a_large_delta_is_warned_about(app):
     assert result.exit_code == 0 and any(w.startswith("δ = 0.5 is no meaningful guarantee") for w in out["warnings"])
     result, out = _run(app, *MNIST, "--json")
     assert not any("no meaningful guarantee" in w for w in out.get("warnings") or [])
+
+
+def test_class_stats_noise_multiplier_previews_trains_explicit_release(app):
+    """budget's own note says "pass --noise-multiplier and --class-stats-noise-multiplier", which budget refused (a
+    probe): σ₀ given beside σ is the release's Gaussian step(s), composed first, as train runs it."""
+    from fedhype.privacy.centring import DEFAULT_CENTRE_SHARE
+
+    s = DEFAULT_CENTRE_SHARE
+    result, out = _run(app, "--noise-multiplier", "5", "--class-stats-noise-multiplier", "2", "--client-sizes",
+                       "2000,2000", "--rounds", "2", "--local-steps", "3", "--batch-size", "64", "--json")
+    assert result.exit_code == 0, result.output
+    assert out["class_stats_noise_multiplier"] == 2.0 and out["noise_multiplier"] == 5.0
+    # the centred release: σ₀/√s and σ₀/√(1 − s), one un-subsampled step each
+    assert [x for st in out["release_steps"] for x in st] == pytest.approx([2 / math.sqrt(s), 1.0, 1,
+                                                                          2 / math.sqrt(1 - s), 1.0, 1])
+    q = 64 / 2000
+    assert out["epsilon"] == pytest.approx(epsilon([*map(tuple, out["release_steps"]), (5.0, q, 6)], 1e-4), rel=1e-9)
+    assert out["class_stats_epsilon"] == pytest.approx(epsilon([*map(tuple, out["release_steps"])], 1e-4), rel=1e-9)
+    for args, msg in ((["--epsilon", "2"], "with --epsilon both are calibrated"),
+                      (["--noise-multiplier", "5", "--class-stats-noise-multiplier", "0"], "finite number > 0"),
+                      (["--noise-multiplier", "5", "--sample-rate", "0.1", "--steps", "3"], "a single mechanism has none")):
+        extra = [] if "--sample-rate" in args else ["--client-sizes", "2000,2000"]
+        result, out = _run(app, *args, *(["--class-stats-noise-multiplier", "2"] if "--class-stats-noise-multiplier"
+                                          not in args else []), *extra, "--json")
+        assert result.exit_code == 2 and msg in out["error"], (args, result.output)

@@ -312,3 +312,36 @@ def test_a_large_json_out_is_sniffed_from_its_head(files, tmp_path, monkeypatch)
     assert fio.artifact_format(other) is None  # not one fedhype wrote: not replaced
     monkeypatch.setattr(fio, "SNIFF_JSON_BYTES", 10**9)
     assert fio.artifact_format(other) == "fedhype-partition/1"  # the whole-parse path is unchanged
+
+
+def test_an_interrupt_after_the_output_is_written_exits_0_with_it(files, tmp_path, monkeypatch):
+    """A new user's `synthesize` stopped 3.6 s in (timeout -s INT) exited 130 saying nothing was half-written, beside
+    the complete store it had just written; with --overwrite the old file was already replaced. An interrupt after the
+    last rename is noted and dropped; one before it still stops the command (130, no --out)."""
+    import os
+    import signal
+
+    from fedhype.cli import synthesize_cmd
+
+    real = synthesize_cmd.output_committed
+
+    def committed_then_signalled(sig):
+        def mark():
+            real()
+            os.kill(os.getpid(), sig)  # delivered to the main thread before the next line runs
+        return mark
+
+    for i, (sig, release) in enumerate(((signal.SIGINT, False), (signal.SIGTERM, True))):
+        monkeypatch.setattr(synthesize_cmd, "output_committed", committed_then_signalled(sig))
+        out = tmp_path / f"late{i}.safetensors"
+        extra = ["--release", tmp_path / f"late_rel{i}"] if release else []
+        r, obj = _invoke("synthesize", "--run", files["run"], "--out", out, *extra, "--per-class", 2, "--json")
+        assert r.exit_code == 0 and obj["store"] == str(out) and obj["n"] == len(EmbeddingStore.load(out)), r.output
+        assert "the interrupt came after the output was written; it is complete" in r.stderr
+        assert not release or (tmp_path / f"late_rel{i}" / "privacy.json").is_file()
+    # before the output is in place: still an interrupt
+    monkeypatch.setattr(synthesize_cmd, "output_committed", real)
+    monkeypatch.setattr(EmbeddingStore, "save", lambda self, path: os.kill(os.getpid(), signal.SIGTERM))
+    out = tmp_path / "early.safetensors"
+    r, obj = _invoke("synthesize", "--run", files["run"], "--out", out, "--per-class", 2, "--json")
+    assert r.exit_code == 130 and obj["kind"] == "interrupted" and not out.exists(), r.output

@@ -456,6 +456,19 @@ def test_each_sites_ledger_across_runs_records_the_run_and_its_cap_refuses_the_n
     r = runner.invoke(app, [*train2, "--json"])
     assert r.exit_code == 3 and "site 'clinic_c': this run's plan" in r.output and "past the site's cap" in r.output
     assert (sites[2] / "site-ledger.json").read_text() == before and not (tmp_path / "run2" / "config.json").exists()
+    # budget composes the run train makes: with the DP-SGD stage, and the statistics release alone where the sites
+    # are below dp_sgd_min_records (a probe's budget composed the stage's plan there: 8.841 where train refused at 8.842)
+    import re
+
+    for extra in ([], ["--dp-sgd-min-records", "100000"]):
+        plan = _json(runner.invoke(app, ["budget", "--epsilon", "4", "--rounds", "2", "--local-steps", "2",
+                                         "--batch-size", "8", *[f"--card={s / 'card.json'}" for s in sites], "--site",
+                                         str(sites[2]), *extra, "--json"]))
+        assert ("default_run" in plan) == bool(extra)
+        r = runner.invoke(app, [*train2, *extra, "--json"])
+        assert r.exit_code == 3, r.output
+        refused = float(re.search(r"to ε = ([0-9.]+)", " ".join(r.output.split())).group(1))
+        assert plan["sites"][0]["after_epsilon"] == pytest.approx(refused, abs=1e-4), (plan["sites"], r.output)
     # a seeded run, however small its plan, is ε = ∞ for a capped site: refused before anything is written
     seeded = [a if a != "4" or train2[i - 1] != "--epsilon" else "0.5" for i, a in enumerate(train2)]  # ε once
     r = runner.invoke(app, [*seeded, "--rounds", "1", "--seed", "0", "--json"])

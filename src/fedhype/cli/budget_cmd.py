@@ -193,7 +193,8 @@ def budget_plan(delta: float, rounds: int, batch_size: int, clients: list[tuple[
                                release_sigma=class_stats_noise_multiplier, centre_share=centre_share, release_only=True)
         s0_off = float(off_noise["class_stats_noise_multiplier"])
         default_run = {"statistics_only": True, "class_stats_noise_multiplier": s0_off,
-                       "epsilon": epsilon_report(off_noise["prefix"], delta)["epsilon"], "reason": off}
+                       "epsilon": epsilon_report(off_noise["prefix"], delta)["epsilon"], "reason": off,
+                       "release_steps": [list(st) for st in off_noise["prefix"]]}
         if target_epsilon is not None and class_stats_noise_multiplier is None:
             alone = f" (by default train releases the statistics alone at σ₀ = {s0_off:.4g} for ε = {target_epsilon:g})"
         warnings.append(f"with these sizes `fedhype train` runs no DP-SGD round by default: {off}; this plan is that "
@@ -288,9 +289,10 @@ def budget_site(folder: Path, max_epsilon: float | None = None, delta: float | N
 
 
 def _with_sites(plan: dict[str, Any], folders: list[Path]) -> dict[str, Any]:
-    """``plan`` (from cards) with, per ``--site``, its ledger across runs composed with its share of the plan (the
-    release and its planned rounds) at the site's δ: what the site would have spent, and whether its cap holds
-    (what `train --site` and the site's SuperNode would refuse)."""
+    """``plan`` (from cards) with, per ``--site``, its ledger across runs composed with its share of the run `fedhype
+    train` makes with these cards (the release and its planned rounds; the release alone where the plan's
+    ``default_run`` says train runs no DP-SGD round) at the site's δ: what the site would have spent, and whether its
+    cap holds (what `train --site` and the site's SuperNode would refuse)."""
     from fedhype.data.sites import Site
     from fedhype.privacy.ledger import LedgerEvent
     from fedhype.privacy.site_ledger import cap_of, composed, load_site_ledger
@@ -302,8 +304,11 @@ def _with_sites(plan: dict[str, Any], folders: list[Path]) -> dict[str, Any]:
             raise ValidationError(f"--site {folder}: site {s.name!r} is not in this plan's cards ({', '.join(rows)})")
         led = load_site_ledger(s.folder, expected=s.ledger, site=s.name)
         r, delta = rows[s.name], (led.delta if led is not None else plan["delta"])
-        planned = [LedgerEvent(s.name, -1, "planned", float(sg), float(q), int(n), 1.0)
-                   for sg, q, n in [*plan["release_steps"], (plan["noise_multiplier"], r["sample_rate"], r["steps"])] if n]
+        # the run train makes: the statistics release alone where it runs no DP-SGD round (a probe's site check
+        # composed the stage's plan, ε 8.841, where train refused at 8.842 with the release alone's σ₀)
+        steps = (plan["default_run"]["release_steps"] if plan.get("default_run") else
+                 [*plan["release_steps"], (plan["noise_multiplier"], r["sample_rate"], r["steps"])])
+        planned = [LedgerEvent(s.name, -1, "planned", float(sg), float(q), int(n), 1.0) for sg, q, n in steps if n]
         before = composed(led.events, delta) if led is not None else 0.0
         after = composed([*(led.events if led is not None else ()), *planned], delta)
         cap = cap_of(led)
@@ -451,6 +456,9 @@ def budget(
                                             help="Plan: share of the target ε spent on the DP statistics (class sums, "
                                                  "counts, second moments) that `fedhype train` releases once before round 0 "
                                                  "(default: train's; 0 for methods without them: dp-cvae, no-class-stats)."),
+    class_stats_noise_multiplier: Optional[float] = typer.Option(
+        None, "--class-stats-noise-multiplier", help="Plan, with --noise-multiplier: σ₀ of the statistics release set "
+        "directly (as `fedhype train --class-stats-noise-multiplier`; default: calibrated from --class-stats-share)."),
     centre_share: float = typer.Option(..., "--centre-share", default_factory=config_default("train", "centre_share"),
                                        help="Plan: share of the release's budget spent on its DP centre (as "
                                             "`fedhype train --centre-share`; 0: the uncentred release)."),
@@ -495,7 +503,9 @@ def budget(
                                           ("--sample-rate", sample_rate), ("--steps", steps), ("--rounds", rounds),
                                           ("--local-epochs", local_epochs), ("--local-steps", local_steps),
                                           ("--batch-size", batch_size), ("--client-sizes", client_sizes),
-                                          ("--partition", partition), ("--card", card or None)) if v is not None]
+                                          ("--partition", partition), ("--card", card or None),
+                                          ("--class-stats-noise-multiplier", class_stats_noise_multiplier))
+                     if v is not None]
             plan_given = bool(given) and card is not None and sample_rate is None and steps is None
             if given and not plan_given:
                 raise ValidationError(f"--site reports a site's ledger across runs (and --max-epsilon sets its cap), or "
@@ -529,6 +539,13 @@ def budget(
             raise ValidationError("give exactly one of --noise-multiplier or --epsilon (a target)")
         if epsilon is not None:
             validate_target_epsilon(epsilon, "--epsilon")
+        if class_stats_noise_multiplier is not None and noise_multiplier is None:
+            raise ValidationError("--class-stats-noise-multiplier sets σ₀ beside a given --noise-multiplier (as in "
+                                  "`fedhype train`); with --epsilon both are calibrated: drop it, or give σ")
+        if class_stats_noise_multiplier is not None and not (math.isfinite(class_stats_noise_multiplier)
+                                                             and class_stats_noise_multiplier > 0):
+            raise ValidationError(f"--class-stats-noise-multiplier must be a finite number > 0 (as train's), got "
+                                  f"{class_stats_noise_multiplier:g}")
         plan_flags = (rounds, local_epochs, local_steps, batch_size, client_sizes, partition, card or None)
         if all(v is None for v in plan_flags):
             if sample_rate is None or steps is None:
@@ -536,6 +553,9 @@ def budget(
                 raise ValidationError("say what is accounted: a single mechanism's --sample-rate and --steps, or a "
                                       "federated plan's training-set sizes (--client-sizes 600,480, --partition "
                                       "FILE or --card per site; rounds and batch size default to train's)")
+            if class_stats_noise_multiplier is not None:
+                raise ValidationError("--class-stats-noise-multiplier is a federated plan's statistics release; a "
+                                      "single mechanism has none (give a plan: --client-sizes, --partition or --card)")
             if secure_aggregation or dropout_tolerance:
                 raise ValidationError("--secure-aggregation/--dropout-tolerance describe a federated plan's statistics "
                                       "release; a single mechanism has none (give a plan: --rounds …)")
@@ -560,7 +580,7 @@ def budget(
             epochs = config_default("train", "local_epochs")()
         return budget_plan(delta, n_rounds, batch, clients, epochs, local_steps, participation,
                            noise_multiplier, epsilon, class_stats_share=class_stats_share,
-                           secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
+                           class_stats_noise_multiplier=class_stats_noise_multiplier, secure_aggregation=secure_aggregation, dropout_tolerance=dropout_tolerance,
                            centre_share=centre_share, dp_sgd_min_records=dp_sgd_min_records)
 
     run_command(body, json_mode, render=_render)

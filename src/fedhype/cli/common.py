@@ -109,9 +109,16 @@ def run_command(
     without a traceback (set ``FEDHYPE_DEBUG=1`` to see one); locals are never printed. Ctrl-C or SIGTERM exits 130
     with ``interrupted`` (:data:`INTERRUPTED`, or :data:`INTERRUPTED_TRAINING` for a command that spends ε).
     """
+    _COMMIT.update(committed=False, late=[])
+    with _terminate_as_interrupt():
+        _run_body(body, json_mode, render, interrupted)
+    if _COMMIT["late"]:
+        console.print("note: the interrupt came after the output was written; it is complete", highlight=False)
+
+
+def _run_body(body, json_mode, render, interrupted) -> None:
     try:
-        with _terminate_as_interrupt():
-            result = body()
+        result = body()
     except FedhypeError as exc:
         _fail(_with_flags(str(exc)), exc.exit_code, json_mode, extra=_error_extra(exc))
     except KeyboardInterrupt:
@@ -127,6 +134,7 @@ def run_command(
                       "charged (`fedhype audit --run` shows it)" if interrupted is INTERRUPTED_TRAINING else ""),
                   1, json_mode)
     else:
+        output_committed()  # the body returned: its outputs are written; printing its result is not interrupted
         if json_mode:
             emit_json(result)
         elif render is not None:
@@ -153,23 +161,40 @@ def _other_error(exc: Exception, json_mode: bool) -> None:
     _fail(f"internal error: {type(exc).__name__}: {exc} (set FEDHYPE_DEBUG=1 for a traceback)", 1, json_mode)
 
 
+#: whether the running command's output is in place (:func:`output_committed`) and the signals that came after
+_COMMIT: dict[str, Any] = {"committed": False, "late": []}
+
+
+def output_committed() -> None:
+    """Mark the running command's output as in place (call it right after its last atomic rename): a Ctrl-C or
+    SIGTERM from here until its result is printed no longer interrupts it — the command finished, so it prints its
+    result and exits 0 (with a note), instead of exit 130 and "nothing was half-written" beside a complete file (a new
+    user's `synthesize` stopped 3.6 s in said so, and a script rerunning it met "--out already exists")."""
+    _COMMIT["committed"] = True
+
+
 @contextlib.contextmanager
 def _terminate_as_interrupt():
     """SIGTERM (``kill``, docker stop, systemd, Slurm) handled as Ctrl-C while a command body runs: the same
     clean stop (finally blocks, atomic writes, the run lock), exit 130 and, with ``--json``, the same error
-    object. Only the main thread can take signals; elsewhere nothing changes."""
+    object; after :func:`output_committed` both are noted and dropped. Only the main thread can take signals;
+    elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum, frame):  # noqa: ARG001
+        if _COMMIT["committed"]:
+            _COMMIT["late"].append(signum)
+            return
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 #: errors of a path itself (missing, not a folder, a folder, no permission, read-only): the user's to fix (exit 2)

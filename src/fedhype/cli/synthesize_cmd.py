@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 
 from fedhype.cli.common import (
-    JsonOpt, check_out_file, console, existing, kv_table, refuse_inside_release, run_command, seed_value, warn)
+    JsonOpt, check_out_file, console, existing, kv_table, output_committed, refuse_inside_release, run_command, seed_value,
+    warn)
 from fedhype.resources import available_memory, format_bytes
 from fedhype.pipeline.config import DEFAULTS
 from fedhype.synthesis.defaults import WARNING_NOTES
@@ -237,7 +238,9 @@ def _draw_and_write(src, out, release, code, k, total, weights, seed, temperatur
                        anchor=anchor)
     secs = time.perf_counter() - t0
     store.save(out)
-    if release is not None:
+    if release is None:
+        output_committed()
+    else:
         from fedhype.pipeline.release import write_release
 
         run_dir = src if src.is_dir() else src.parent
@@ -258,6 +261,7 @@ def _draw_and_write(src, out, release, code, k, total, weights, seed, temperatur
                  "the run with `fedhype train --resume` first for the full one)")
         try:
             write_release(run_dir, release, synthetic=out)
+            output_committed()
         except BaseException:
             # the release folder appears whole or not at all; without it the store is removed too, so that
             # the same command can be run again (a probe's interrupted run left --out and refused the rerun)
