@@ -218,6 +218,7 @@ def test_budget_zero_noise_is_infinite_epsilon():
     assert "no differential-privacy guarantee" in out["note"]
     human = _invoke(*base, "--noise-multiplier", 0)
     assert human.exit_code == 0 and "∞" in human.stdout and "inf" not in human.stdout
+    assert out["warnings"] == [] and "would not fit in memory" not in human.output  # σ = 0 is the reason, not PRV's grid
     finite = _one_json(_invoke(*base, "--noise-multiplier", 1, "--json"))
     assert finite["epsilon_infinite"] is False and finite["epsilon"] > 0 and "note" not in finite
     plan = _one_json(_invoke("budget", "--noise-multiplier", 0, "--delta", 1e-5, "--rounds", 2, "--local-steps", 1,

@@ -186,7 +186,7 @@ def test_interrupted_run_is_reported_as_interrupted_not_tampered(real_store, tmp
     # the spent ε (full ledger, 2 rounds charged) is above what the committed model claims (1 round)
     assert res["events"] == 4 and res["epsilon"] > load_model(tmp_path / "run")[2]["epsilon"] * 1.1
     assert res["recharged_events"] == 0 and res["target_epsilon"] is None and not res["above_target"]
-    assert "round(s) ≥ 2 (counted from 1 as train's progress counts them; ledger.json and metrics.json number them from 1)" in " ".join(res["warnings"])  # as train and the report count
+    assert "round(s) ≥ 2 (counted from 1 as train's progress counts them; in ledger.json and metrics.json, which count from 0, round 2 is 1)" in " ".join(res["warnings"])  # as train and the report count
     from fedhype.eval.audit_ledger import STABLE_KEYS
 
     assert set(STABLE_KEYS) <= set(res)  # the same keys in every state (a script met a KeyError)

@@ -98,3 +98,20 @@ def test_n_below_the_number_of_classes_is_refused_and_a_class_rounded_to_none_is
         "give a larger --n, or --per-class N for N of every class")
     assert empty_classes_note([1, 1, 1, 0], [1, 1, 1, 0], NAMES, 3) is None  # weight 0: left out as asked
     assert empty_classes_note([5, 5, 5, 5], None, NAMES, None) is None
+
+
+def test_label_weights_of_the_wrong_length_name_the_classes_and_what_was_given():
+    """A probe's `--label-weights 1,1` on a 4-class run got "needs 4 non-negative numbers", naming neither the
+    2 given nor the classes' order."""
+    import torch
+
+    from fedhype.errors import ValidationError
+    from fedhype.synthesis.sample import class_labels
+
+    with pytest.raises(ValidationError) as err:
+        class_labels(4, n=10, label_weights=[1, 1], generator=torch.Generator().manual_seed(0),
+                     class_names=["c0", "c1", "c2", "c3"])
+    assert "one per class (c0, c1, c2, c3, in that order); got 2: 1, 1" in str(err.value)
+    with pytest.raises(ValidationError, match=r"\(k0, k1, .*k19, …, in that order\); got 1: -1"):
+        class_labels(30, n=10, label_weights=[-1], generator=torch.Generator().manual_seed(0),
+                     class_names=[f"k{i}" for i in range(30)])

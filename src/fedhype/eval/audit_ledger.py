@@ -304,7 +304,8 @@ def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> 
             res["interrupted"] = True
             res["warnings"].append(
                 f"interrupted run: {len(pending)} ledger event(s) of round(s) ≥ {done + 1} (counted from 1 as train's "
-                f"progress counts them; ledger.json and metrics.json number them from {done}) were written ahead and are "
+                f"progress counts them; in ledger.json and metrics.json, which count from 0, round {done + 1} is {done}) were "
+                f"written ahead and are "
                 f"charged (ε spent {worst:.4g}), but the model, metrics and synthetic stores predate them "
                 f"(ε {ledger.worst()[1]:.4g}); resume the run to bring the claims up to date")
         rows += _plan_rows(spent, config, metrics, ids, done)

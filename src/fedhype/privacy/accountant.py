@@ -395,6 +395,7 @@ def epsilon_report(history: History, delta: float) -> dict:
     # PLD cross-checks PRV; where PRV failed (tiny σ) PLD's grid is huge (minutes), so it is skipped
     pld = epsilon(history, delta, "pld") if pld_available() and failed is None else None
     warnings_ = (cross_check(prv, rdp, pld, float(delta), prv_eps_error(history, delta)) if failed is None else
+                 [] if rdp == float("inf") else  # σ = 0: ε = ∞ is the answer, not an accountant's failure (a probe)
                  [f"the PRV accountant could not evaluate this history ({failed}); the RDP bound {rdp:.4g} is reported"])
     return {
         "epsilon": rdp if prv is None else min(prv, rdp),

@@ -28,8 +28,10 @@ from fedhype.synthesis.defaults import DEFAULT_ANCHOR
 
 
 def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None = None,
-                 label_weights: list[float] | None = None, generator: torch.Generator) -> torch.Tensor:
-    """Labels int64 [N]: ``per_class`` each, or ``n`` split by ``label_weights`` (uniform default).
+                 label_weights: list[float] | None = None, generator: torch.Generator,
+                 class_names: list[str] | None = None) -> torch.Tensor:
+    """Labels int64 [N]: ``per_class`` each, or ``n`` split by ``label_weights`` (uniform default; ``class_names``
+    only name the classes in its error).
 
     With ``n``, counts are the largest-remainder rounding of n·w (deterministic), so the class
     proportions are exact up to one sample; order is shuffled with ``generator``. An ``n`` below the number
@@ -47,7 +49,10 @@ def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None 
             raise ValidationError(f"--n must be ≥ 1, got {n}")
         w = torch.tensor(label_weights if label_weights is not None else [1.0] * n_classes, dtype=torch.float64)
         if w.numel() != n_classes or (w < 0).any() or w.sum() <= 0:
-            raise ValidationError(f"--label-weights needs {n_classes} non-negative numbers with a positive sum")
+            names = (f" ({', '.join(class_names[:20])}{', …' if len(class_names) > 20 else ''}, in that order)"
+                     if class_names else "")
+            raise ValidationError(f"--label-weights needs {n_classes} non-negative numbers with a positive sum, one per "
+                                  f"class{names}; got {w.numel()}: {', '.join(f'{x:g}' for x in w.tolist())}")
         drawn = int((w > 0).sum())
         if n < drawn:  # a probe's --n 3 with 4 classes left a class empty without a word
             which = f"{drawn} classes" + (" with a positive --label-weights" if label_weights is not None else "")
@@ -139,7 +144,8 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
         raise ValidationError(f"per_class must be \"auto\" or an integer ≥ 1, got {per_class!r}")
     seed_used = seed if seed is not None else entropy_seed(62)
     gen = noise_generator(seed_used)
-    labels = class_labels(cfg.n_classes, per_class=per_class, n=n, label_weights=label_weights, generator=gen)
+    labels = class_labels(cfg.n_classes, per_class=per_class, n=n, label_weights=label_weights, generator=gen,
+                          class_names=[str(c) for c in meta.get("class_names") or range(cfg.n_classes)])
     hnet = hnet.to(device).eval()
     out = torch.empty(labels.numel(), cfg.dim)
     domains = torch.zeros(labels.numel(), dtype=torch.int64)
