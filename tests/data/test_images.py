@@ -325,3 +325,21 @@ def test_class_folders_that_differ_in_case_spaces_or_punctuation_are_refused(tmp
         scan_image_folder(tmp_path / "t", layout="domain/class")
     (tmp_path / "t" / "b" / "tshirt").rename(tmp_path / "t" / "b" / "T-shirt ")
     assert scan_image_folder(tmp_path / "t", layout="domain/class").class_names == ["T-shirt ", "dress"]
+
+
+def test_sibling_class_folders_in_two_unicode_spellings_are_refused(tmp_path):
+    """Two folders of one site whose names differ only in Unicode form (NFD "über" holding c0 images beside NFC
+    "über" holding c1) were read as one class of 2× the images (a probe); across domains (macOS and Linux sites)
+    the two spellings are one class, as before."""
+    import unicodedata
+
+    nfc, nfd = unicodedata.normalize("NFC", "über"), unicodedata.normalize("NFD", "über")
+    for name, label in ((nfd, 0), (nfc, 1)):
+        (tmp_path / "one" / name).mkdir(parents=True)
+        Image.fromarray(digit(label), "L").save(tmp_path / "one" / name / "a.png")
+    with pytest.raises(ValidationError, match=r"have the same name in two Unicode spellings.*merge them, or rename one"):
+        scan_image_folder(tmp_path / "one", layout="class")
+    for dom, name in (("mac", nfd), ("linux", nfc)):
+        (tmp_path / "two" / dom / name).mkdir(parents=True)
+        Image.fromarray(digit(0), "L").save(tmp_path / "two" / dom / name / "a.png")
+    assert scan_image_folder(tmp_path / "two", layout="domain/class").class_names == [nfc]

@@ -258,6 +258,17 @@ def scan_image_folder(
     for f in plan.stray:
         skip(f, "not inside a class folder")
 
+    # two sibling folders whose names differ only in Unicode normalisation (NFD "über" beside NFC "über"): each is read
+    # in NFC, so they would become one class silently (a probe's c0 and c1 images merged); across sites it is meant
+    siblings: dict[tuple[Path, str], set[str]] = {}
+    for cf in plan.folders:
+        siblings.setdefault((cf.path.parent, unicodedata.normalize("NFC", cf.class_name)), set()).add(cf.path.name)
+    for (parent, _), raw in sorted(siblings.items()):
+        if len(raw) > 1:
+            forms = ", ".join(f"{n!r} ({'NFC' if unicodedata.is_normalized('NFC', n) else 'not NFC'})"
+                              for n in sorted(raw))
+            raise ValidationError(f"class folders {forms} under {parent} have the same name in two Unicode "
+                                  "spellings: they would be read as one class; merge them, or rename one")
     found: list[tuple[Path, str, str, str | None]] = []  # (file, domain name, class name, split)
     for cf in plan.folders:
         files = _files_under(cf.path)
