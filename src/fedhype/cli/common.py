@@ -110,7 +110,7 @@ def run_command(
     with ``interrupted`` (:data:`INTERRUPTED`, or :data:`INTERRUPTED_TRAINING` for a command that spends ε).
     """
     _COMMIT.update(committed=False, late=[])
-    with _terminate_as_interrupt():
+    with _terminate_as_interrupt(), _fedhype_warnings_as_lines():
         _run_body(body, json_mode, render, interrupted)
     if _COMMIT["late"]:
         console.print("note: the interrupt came after the output was written; it is complete", highlight=False)
@@ -171,6 +171,27 @@ def output_committed() -> None:
     result and exits 0 (with a note), instead of exit 130 and "nothing was half-written" beside a complete file (a new
     user's `synthesize` stopped 3.6 s in said so, and a script rerunning it met "--out already exists")."""
     _COMMIT["committed"] = True
+
+
+@contextlib.contextmanager
+def _fedhype_warnings_as_lines():
+    """fedhype's own warnings (:class:`fedhype.errors.FedhypeWarning`, raised below the CLI) printed as the command's
+    other warnings are (:func:`warn`: one line, no file name or line number); other warnings as Python prints them."""
+    import warnings
+
+    from fedhype.errors import FedhypeWarning
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, FedhypeWarning):
+                warn(str(message))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 @contextlib.contextmanager

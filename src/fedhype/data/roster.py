@@ -155,6 +155,17 @@ class Roster:
                     raise ValidationError(f"the sites embedded differently: {k} = {first.encoder.get(k)!r} at site "
                                           f"{first.name!r}, {c.encoder.get(k)!r} at site {c.name!r}; every site must "
                                           "embed with the same encoder weights and `fedhype embed` settings")
+        dtypes = {c.name: c.dtype for c in cards if getattr(c, "dtype", None)}
+        if len(set(dtypes.values())) > 1:  # sites on different CPUs pick different `--dtype auto` precisions
+            import warnings
+
+            from fedhype.errors import FedhypeWarning
+
+            warnings.warn(f"the sites embedded in different precisions ({', '.join(f'{n}: {d}' for n, d in dtypes.items())}):"
+                          " the same image's two embeddings differ slightly (minimum cosine 0.9996 in "
+                          "benchmarks/results/embed_dtype.md), so the classes mix sites' small offsets; for identical "
+                          "embeddings every site runs `fedhype embed --dtype` with one value", FedhypeWarning,
+                          stacklevel=2)
         union = sorted({k for c in cards for k in c.class_names})
         import unicodedata
 

@@ -8,7 +8,7 @@ own store and splits its own records locally (``fedhype site``). The site folder
   :class:`~fedhype.data.partition.Partition` of its store: record ids per split);
 * ``card.json`` — **public** (format :data:`CARD_FORMAT`, :class:`SiteCard`): the site name, the site
   key, the number of training records n_train (the accountant needs it: q = B/n_train), the
-  embedding dimension, the encoder and preprocessing, and the site's class names: the names of its
+  embedding dimension, the encoder, preprocessing and precision, and the site's class names: the names of its
   class folders, i.e. which classes it holds — or, with ``fedhype site --classes``, the consortium's
   agreed class list (a superset), so that the card does not say which classes the site holds.
 
@@ -76,6 +76,8 @@ class SiteCard:
         dim: embedding dimension D.
         encoder: :func:`encoder_of` its store.
         class_names: the names of the classes the site's store knows.
+        dtype: the precision its encoder ran in (``"float32"``, ``"bfloat16-autocast"``: the store's ``dtype``),
+            or None on a card written before cards stated it.
     """
 
     name: str
@@ -84,6 +86,7 @@ class SiteCard:
     dim: int
     encoder: dict[str, Any]
     class_names: list[str]
+    dtype: str | None = None
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the card atomically as JSON."""
@@ -110,7 +113,8 @@ class SiteCard:
                                     "with `fedhype site`")
         try:
             card = cls(str(raw["name"]), str(raw["key"]), int(raw["n_train"]), int(raw["dim"]), dict(raw["encoder"]),
-                       [str(k) for k in raw["class_names"]])
+                       [str(k) for k in raw["class_names"]],
+                       raw["dtype"] if isinstance(raw.get("dtype"), str) else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"site card {path}: missing or bad field ({exc!r}); write it again with `fedhype site`") from None
         if not _NAME.match(card.name) or not re.fullmatch(r"[0-9a-f]{32}", card.key) or card.n_train < 1:
@@ -164,6 +168,10 @@ class Site:
             raise ArtifactError(f"site {self.name!r}: {path} is missing; the coordinator is given that card: write the "
                                 f"site folder again with `fedhype site --overwrite` (a new split and key)")
         card = SiteCard.load(path)
+        if card.dtype is None:  # a card written before cards stated the precision
+            from dataclasses import replace
+
+            mine = replace(mine, dtype=None)
         if card != mine:
             diff = [k for k in ("name", "key", "n_train", "dim", "encoder", "class_names")
                     if getattr(card, k) != getattr(mine, k)]
@@ -180,8 +188,10 @@ class Site:
     def card(self, store: EmbeddingStore | None = None) -> SiteCard:
         """The site's public card."""
         store = self.store() if store is None else store
+        dtype = (store.meta or {}).get("dtype")
         return SiteCard(self.name, self.key, len(self.split.train), store.dim, encoder_of(store),
-                        list(self.classes) if self.classes is not None else list(self.partition.class_names))
+                        list(self.classes) if self.classes is not None else list(self.partition.class_names),
+                        dtype if isinstance(dtype, str) else None)
 
     def store(self) -> EmbeddingStore:
         """The site's store, checked against its split.
