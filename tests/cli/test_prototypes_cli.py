@@ -33,6 +33,8 @@ def test_train_on_real_partition_and_evaluate_per_client(files):
     out = files["root"] / "real-model"
     r = _run("train", "--data", files["real"], "--partition", files["part"], "--epochs", 6, "--out", out, "--json")
     assert r.exit_code == 0, r.output
+    # the old name works, said like every renamed option (a probe: --data alone gave no word)
+    assert "warning: --data is deprecated and will be removed in the next release; use --synthetic" in r.stderr
     res = json.loads(r.stdout)
     assert res["n_train"] == 480 and res["private"] is False and res["matching"] == "none"
     # trained on real records: no DP guarantee, so no ε (an ε of 0 had read as perfect privacy)

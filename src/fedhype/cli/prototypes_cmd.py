@@ -56,6 +56,8 @@ def _training_store(synthetic: Path | None, data: Path | None) -> Path:
     if synthetic is None and data is None:
         raise ValidationError("give the training store: --synthetic (from `fedhype synthesize`; a real store from "
                               "`fedhype embed` trains a non-private model)")
+    if data is not None:  # as renamed_option's old names say it (a probe: --data alone worked without a word)
+        typer.echo("warning: --data is deprecated and will be removed in the next release; use --synthetic", err=True)
     return synthetic if synthetic is not None else data
 
 
