@@ -104,7 +104,9 @@ def test_classes_stay_classes_and_each_site_evaluates_on_its_own_test_split(cons
 def test_the_card_is_public_and_the_site_file_says_it_is_private(consortium):
     root = consortium["root"]
     card = json.loads((root / "clinic_c" / "site" / "card.json").read_text())
-    assert set(card) == {"format", "public", "fedhype_version", "name", "key", "n_train", "dim", "encoder", "class_names"}
+    assert set(card) == {"format", "public", "fedhype_version", "name", "key", "n_train", "dim", "encoder", "class_names",
+                         "dtype"}
+    assert card["dtype"] == consortium["stores"]["clinic_c"].meta["dtype"]  # the precision it embedded in
     assert card["class_names"] == ["benign", "malignant"] and card["name"] == "clinic_c"
     assert card["encoder"]["encoder"].startswith("hf:<local>/")  # a local encoder folder: its name only, no path
     assert "nan" not in consortium["train_log"] and "round 2/2" in consortium["train_log"]

@@ -173,7 +173,7 @@ class Site:
 
             mine = replace(mine, dtype=None)
         if card != mine:
-            diff = [k for k in ("name", "key", "n_train", "dim", "encoder", "class_names")
+            diff = [k for k in ("name", "key", "n_train", "dim", "encoder", "class_names", "dtype")
                     if getattr(card, k) != getattr(mine, k)]
             raise ArtifactError(f"site {self.name!r}: {path} differs from its site.json and store in {diff}: the card "
                                 "was edited or belongs to another split; write the site folder again with "
