@@ -129,7 +129,7 @@ def dtype_ratio(args) -> dict:
     """bfloat16 autocast vs float32: forward throughput, agreement, and probe accuracy on the digits set."""
     from sklearn.model_selection import train_test_split
 
-    from fedhype.encoders.base import cpu_bf16_flags, cpu_supports_bf16, cpu_vendor
+    from fedhype.encoders.base import cpu_bf16_flags, cpu_supports_bf16, cpu_vendor, cpuinfo_field
     from fedhype.encoders.cache import cached_embed
     from fedhype.eval.utility import Probe
 
@@ -161,19 +161,11 @@ def dtype_ratio(args) -> dict:
             "cpu_kind": "cuda" if cuda else ("amx_bf16" if "amx_bf16" in cpu_bf16_flags() else
                                              (cpu_bf16_flags() or ["no bf16 instructions"])[0]),
             "auto_dtype": "bfloat16" if cuda or cpu_supports_bf16() else "float32",
-            "cpu_model": _cpu_model(), "cpu_vendor": cpu_vendor(), "torch_threads": torch.get_num_threads(),
+            "cpu_model": cpuinfo_field("model name"), "cpu_vendor": cpu_vendor(), "torch_threads": torch.get_num_threads(),
             "images_per_s": speed, "ratio_bf16_vs_fp32": speed["bfloat16"] / speed["float32"],
             "min_cosine": float(cos.min()), "probe_accuracy": probe,
             "probe_difference": abs(probe["bfloat16"] - probe["float32"]) if probe else None, "date": time.strftime("%Y-%m-%d"),
             "load_average": os.getloadavg(), "platform": platform.platform(), "torch": torch.__version__}
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "unknown")
-    except OSError:
-        return "unknown"
 
 
 #: the kind of a run recorded before the flags were (2026-12-02, cpu_bf16 = True: the issue's machine, described as

@@ -51,13 +51,18 @@ def cpu_bf16_flags() -> list[str]:
     return []
 
 
-def cpu_vendor() -> str:
-    """The ``vendor_id`` of ``/proc/cpuinfo`` (``"GenuineIntel"``, ``"AuthenticAMD"``); ``"unknown"`` where absent."""
+def cpuinfo_field(name: str) -> str:
+    """The first value of ``name`` in ``/proc/cpuinfo`` (Linux; e.g. ``"model name"``); ``"unknown"`` where absent."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("vendor_id")), "unknown")
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(name)), "unknown")
     except OSError:
         return "unknown"
+
+
+def cpu_vendor() -> str:
+    """The ``vendor_id`` of ``/proc/cpuinfo`` (``"GenuineIntel"``, ``"AuthenticAMD"``); ``"unknown"`` where absent."""
+    return cpuinfo_field("vendor_id")
 
 
 def cpu_supports_bf16() -> bool:
