@@ -107,7 +107,9 @@ def run_command(
     with ``--json``, ``{"error", "kind", "exit_code"}`` on stdout). An OSError of a path (missing, not a
     folder, no permission, read-only) exits 2 naming the path, any other OSError 1. Any other exception exits 1
     without a traceback (set ``FEDHYPE_DEBUG=1`` to see one); locals are never printed. Ctrl-C or SIGTERM exits 130
-    with ``interrupted`` (:data:`INTERRUPTED`, or :data:`INTERRUPTED_TRAINING` for a command that spends ε).
+    with ``interrupted`` (:data:`INTERRUPTED`, or :data:`INTERRUPTED_TRAINING` for a command that spends ε) — unless
+    it comes after the output is in place (:func:`output_committed`, or ``body`` returned): then the result is
+    printed, exit 0, with a note on stderr.
     """
     _COMMIT.update(committed=False, late=[])
     with _terminate_as_interrupt(), _fedhype_warnings_as_lines():
