@@ -483,7 +483,10 @@ def test_each_sites_ledger_across_runs_records_the_run_and_its_cap_refuses_the_n
                                     "--max-epsilon", f"{spent * 3}", "--json"]))
     assert got["max_epsilon"] == pytest.approx(spent * 3) and got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
     for args, msg in ((["budget", "--site", str(sites[0]), "--epsilon", "1"], "--epsilon describes no such plan"),
-                      (["budget", "--epsilon", "1", "--client-sizes", "100", "--max-epsilon", "3"], "with --site DIR")):
+                      (["budget", "--epsilon", "1", "--client-sizes", "100", "--max-epsilon", "3"], "with --site DIR"),
+                      # were ignored without a word (a probe): they describe a plan's release
+                      (["budget", "--site", str(sites[0]), "--secure-aggregation"], "give the plan's cards"),
+                      (["budget", "--site", str(sites[0]), "--dropout-tolerance", "1"], "give the plan's cards")):
         r = runner.invoke(app, args)
         assert r.exit_code == 2 and msg in r.output, r.output
 

@@ -507,6 +507,10 @@ def budget(
                                           ("--class-stats-noise-multiplier", class_stats_noise_multiplier))
                      if v is not None]
             plan_given = bool(given) and card is not None and sample_rate is None and steps is None
+            if not plan_given and (secure_aggregation or dropout_tolerance):  # were ignored without a word (a probe)
+                raise ValidationError("--secure-aggregation/--dropout-tolerance describe a plan's statistics release; "
+                                      "--site alone reports the site's ledger: give the plan's cards (--card, once "
+                                      "per site) with them, or drop them")
             if given and not plan_given:
                 raise ValidationError(f"--site reports a site's ledger across runs (and --max-epsilon sets its cap), or "
                                       f"composes it with a consortium's plan given by --card; {', '.join(given)} "
