@@ -154,3 +154,14 @@ def test_two_folders_giving_one_split_are_refused(tmp_path):
             (tmp_path / split / cls / "x.png").write_bytes(b"")
     with pytest.raises(ValidationError, match=r"'val' and 'validation' both give the 'val' split"):
         read_layout(tmp_path, "auto")
+
+
+def test_layout_messages_count_a_name_in_two_unicode_spellings_once():
+    """The ambiguous-layout message listed 'über' twice where a macOS (NFD) and a Linux (NFC) site both held it."""
+    import unicodedata
+    from pathlib import Path
+
+    from fedhype.data.layout import _names
+
+    nfc, nfd = unicodedata.normalize("NFC", "über"), unicodedata.normalize("NFD", "über")
+    assert _names([Path("mac") / nfd, Path("linux") / nfc, Path("linux") / "zebra"]) == f"zebra, {nfc}"

@@ -26,6 +26,7 @@ names are then ordinary class or domain names).
 from __future__ import annotations
 
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +116,8 @@ def _splits_of(folder: Path, strict_names: bool) -> list[Path] | None:
 
 
 def _names(paths: list[Path], k: int = 5) -> str:
-    names = sorted({p.name for p in paths})
+    # in NFC, as classes are read: a macOS (NFD) and a Linux (NFC) site's "über" is one name, counted once
+    names = sorted({unicodedata.normalize("NFC", p.name) for p in paths})
     return ", ".join(names[:k]) + (f", … ({len(names)} in all)" if len(names) > k else "")
 
 
