@@ -430,7 +430,11 @@ class FlowerTransport:
             others = len(problems) > len(refused)
             ledger = (f"(The write-ahead ledger keeps {step}'s events" + (" of the client(s) without a refusal" if refused
                                                                           else "")
-                      + (": seeded nodes replay them uncharged, unseeded nodes are charged again" if others else "")
+                      + (": seeded nodes replay them uncharged, unseeded nodes are charged again — so a site node's own "
+                         "ledger can pass the ε its federation file plans before the last round, and it then refuses "
+                         "that round (a probe's resume ran 7 rounds, then stopped): to finish, give every node a "
+                         "federation file whose train.max_epsilon covers the charge made again (`fedhype audit --run` "
+                         "shows what was charged) before resuming" if others else "")
                       + ("; the charge of each client that refused is voided in it: its node released nothing, and "
                          "the resume charges it afresh" if refused else "") + ".)")
             raise NodeFailure(f"{what}: no update from {len(problems)} client(s): " + "; ".join(problems) + f". {state} "
