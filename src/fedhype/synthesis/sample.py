@@ -144,8 +144,9 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
         raise ValidationError(f"per_class must be \"auto\" or an integer ≥ 1, got {per_class!r}")
     seed_used = seed if seed is not None else entropy_seed(62)
     gen = noise_generator(seed_used)
+    class_names = [str(c) for c in meta.get("class_names") or range(cfg.n_classes)]
     labels = class_labels(cfg.n_classes, per_class=per_class, n=n, label_weights=label_weights, generator=gen,
-                          class_names=[str(c) for c in meta.get("class_names") or range(cfg.n_classes)])
+                          class_names=class_names)
     hnet = hnet.to(device).eval()
     out = torch.empty(labels.numel(), cfg.dim)
     domains = torch.zeros(labels.numel(), dtype=torch.int64)
@@ -178,7 +179,6 @@ def synthesize(model: str | Path, code: str = "neutral", *, per_class: int | str
             out = _decode(theta, labels, cfg, gen, batch_size, temperature, _space(hnet, code_vec))
             domain_names = [spec.text]
     counts = torch.bincount(labels, minlength=cfg.n_classes).tolist()
-    class_names = [str(c) for c in meta.get("class_names") or range(cfg.n_classes)]
     run_dir = Path(model) if Path(model).is_dir() else Path(model).parent
     std = count_noise_std(run_dir, cfg) if meta.get("client_class_counts") is not None else None
     unclear = unclear_classes(meta["client_class_counts"], std, class_names) if std is not None else []
