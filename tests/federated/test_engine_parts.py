@@ -225,3 +225,63 @@ def test_a_statistics_only_method_names_the_settings_it_does_not_use():
         moved = plan_privacy(TrainConfig(method="no-dp-sgd", epsilon=1.0, **{k: other}), [400, 900])
         assert moved["class_stats_noise_multiplier"] == base["class_stats_noise_multiplier"], k
         assert moved["noise_multiplier"] is None and all(steps == 0 for _, steps in moved["plan"]), k
+
+
+class _SiteNodes(InProcessTransport):
+    """The in-process clients, each behind a node that refuses past its plan's ε (as a Flower site node does)."""
+
+    def enforces_plan_cap(self, index: int) -> bool:
+        return True
+
+
+def _over_site_nodes(real_store, part, cfg, out, **kw):
+    from fedhype.federated.engine import run_federation
+
+    return run_federation(part, cfg, out, store_info=describe_store(real_store), n_classes=real_store.n_classes,
+                          connect=lambda r: _SiteNodes(_build_clients(real_store, part, r, cfg, val=False)[0]), **kw)
+
+
+def test_over_site_nodes_a_resume_is_priced_against_their_plan_cap_before_the_first_round(real_store, part, tmp_path):
+    """A helper's Flower probe (secure aggregation, a node killed, unseeded nodes): the resume ran 7 rounds and the
+    other nodes refused round 8, their own ledgers past their federation file's plan (the interrupted step charged
+    again). Without train.max_epsilon the server priced nothing; it now prices the rounds left against the cap the
+    nodes enforce — the same function (planned_epsilon_caps) — and refuses before spending."""
+    from fedhype.errors import BudgetExceededError
+    from fedhype.federated.run_plan import planned_epsilon_caps
+
+    cfg = _cfg(rounds=3, seed=None)
+    _over_site_nodes(real_store, part, cfg, tmp_path / "run", stop_after=1)
+    run = RunDir(tmp_path / "run")
+    plan = resolve_plan(part, cfg, store_info=describe_store(real_store), n_classes=real_store.n_classes)
+    caps = planned_epsilon_caps(plan.cfg, list(plan.sizes))
+    assert caps is not None and 3.95 < max(caps) <= 4.0 + 1e-9  # each client's ε under the plan (the worst binds σ)
+    with run.writer_lock():  # round 2 charged (write-ahead), then the server stopped before committing it
+        state = open_run(run, plan, 1, lambda r: InProcessTransport(_build_clients(real_store, part, r, cfg)[0]))
+        charge_round(state, 1, sample_clients(state))
+    before = run.ledger.read_bytes()
+    with pytest.raises(BudgetExceededError, match=r"the 2 DP-SGD rounds still to run \(rounds 2–3\) would take "
+                                                  r"client\(s\) .* over the ε = [0-9.]+ that the plan of the "
+                                                  r"federation file gives them.*completed rounds: 1\).*train\.max_epsilon "
+                                                  r"to at least [0-9.]+") as info:
+        _over_site_nodes(real_store, part, cfg, tmp_path / "run", resume=True)
+    assert info.value.limit in caps and info.value.epsilon > info.value.limit
+    assert run.ledger.read_bytes() == before and run.committed_round() == 1  # nothing charged, nothing run
+    # in process (no node enforces a cap) the same resume runs on, reported at its higher ε
+    res = train(real_store, part, cfg, tmp_path / "run", diagnostics=False, resume=True)
+    assert res["complete"] and res["epsilon"] > max(caps)
+
+
+def test_over_site_nodes_an_honest_run_and_a_seeded_resume_stay_within_their_plan_cap(real_store, part, tmp_path):
+    from fedhype.federated.run_plan import planned_epsilon_caps
+
+    cfg = _cfg(rounds=3)  # seeded: a resume replays an interrupted round's noise, free
+    _over_site_nodes(real_store, part, cfg, tmp_path / "run", stop_after=1)
+    run = RunDir(tmp_path / "run")
+    plan = resolve_plan(part, cfg, store_info=describe_store(real_store), n_classes=real_store.n_classes)
+    with run.writer_lock():
+        state = open_run(run, plan, 1, lambda r: InProcessTransport(_build_clients(real_store, part, r, cfg)[0]))
+        charge_round(state, 1, sample_clients(state))
+    res = _over_site_nodes(real_store, part, cfg, tmp_path / "run", resume=True)
+    caps = planned_epsilon_caps(plan.cfg, list(plan.sizes))
+    assert res["complete"] and all(res["epsilon_per_client"][c] <= cap * (1 + 1e-9)
+                                   for c, cap in zip(res["epsilon_per_client"], caps))

@@ -70,6 +70,12 @@ def test_the_honest_plan_runs_and_reaches_the_planned_epsilon_and_nothing_more(r
     q, steps = priv["plan"][1]
     assert limit == pytest.approx(epsilon(list(priv["prefix"]) + [(priv["noise_multiplier"], q, steps)], 1e-4), rel=1e-12)
     assert delta == 1e-4 and 0 < limit < 50
+    # the one function the server prices a resume's rounds with (fedhype.federated.engine._limits): the same cap
+    from fedhype.federated.flower.federation import Federation
+    from fedhype.federated.run_plan import planned_epsilon_caps
+
+    fed = Federation.load(node.federation)
+    assert planned_epsilon_caps(fed.train, [c.n_train for c in fed.roster.clients])[1] == limit
     state = tmp_path / "state" / "run-000000000000" / "client-1"
     for k, ev in enumerate(reqs):
         charge_request(node, state, ev, f"{k:064x}")

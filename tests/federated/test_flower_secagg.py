@@ -166,6 +166,22 @@ def test_what_crosses_is_masked(fed, tmp_path):
         assert float(np.mean(y == share._ints.view(np.uint64))) < 1e-3
 
 
+def test_a_resumed_server_numbers_its_wire_dump_after_the_failed_attempt(fed, tmp_path):
+    """A helper's probe: a resume's dump restarted at 00001 beside its failed attempt's files (a file of the same
+    message number and name was overwritten). A new transport on the same folder continues after the largest."""
+    lay, plan = _plan(fed)
+    runs = []
+    for attempt in range(2):
+        tr, _ = _transport(fed, dump=tmp_path / "dump")
+        tr.secure.open("statistics")
+        tr.secure.release("statistics", plan, n_classes=fed["K"], weights=W, centring=None)
+        runs.append(sorted(p.name for p in (tmp_path / "dump").glob("*.npy")))
+    first, both = runs
+    assert first and len(both) == 2 * len(first) and set(first) < set(both)  # nothing overwritten
+    last = max(int(n[:5]) for n in first)
+    assert min(int(n[:5]) for n in set(both) - set(first)) > last  # the resume's messages follow the attempt's
+
+
 @pytest.mark.parametrize("stage", ["setup", "share_keys", "collect", "unmask"])
 def test_a_dropout_within_t_is_survived_at_every_stage(fed, stage):
     dead = 102

@@ -53,7 +53,7 @@ from fedhype.federated.config import TrainConfig
 from fedhype.federated.result import TrainResult, without_rounds
 from fedhype.federated.rundir import RELEASE_OUTPUTS, RELEASE_STATE, RunDir, backfill_release_means, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
-from fedhype.federated.run_plan import (RunPlan, _differences, check_client_sizes, check_plan, check_run_disk,  # noqa: F401
+from fedhype.federated.run_plan import (RunPlan, _differences, planned_epsilon_caps, check_client_sizes, check_plan, check_run_disk,  # noqa: F401
                                         check_resumed_settings, committed_rounds, plan_privacy, recorded_config, resolve_plan,
                                         resolve_stage)
 from fedhype.data.roster import as_roster
@@ -324,8 +324,72 @@ def release_statistics(state: RunState) -> None:
         run.commit(0, {"statistics_released": True})
 
 
+def _limits(state: RunState) -> dict[str, tuple[float, bool]]:
+    """Client id → ``(the ε its ledger may reach, whether its node sets it)`` for the clients that have a cap.
+
+    ``train.max_epsilon`` where it is set (a site node's cap is never below it); otherwise, over Flower, the cap a
+    site SuperNode enforces itself (:func:`fedhype.federated.run_plan.planned_epsilon_caps`: its plan's ε), which
+    the server must not find out round by round: a node stops a resume part-way once a release charged again (fresh
+    noise) and the rounds after it pass its plan (a probe's secure-aggregation resume ran 7 rounds, refused at 8).
+    """
+    cfg = state.plan.cfg
+    if cfg.no_dp:
+        return {}
+    if cfg.max_epsilon is not None:
+        return {c.id: (float(cfg.max_epsilon), False) for c in state.clients}
+    enforces = getattr(state.transport, "enforces_plan_cap", None)
+    capped = [i for i in range(len(state.clients)) if enforces is not None and enforces(i)]
+    if not capped:
+        return {}
+    caps = planned_epsilon_caps(cfg, list(state.plan.sizes)) or []
+    return {state.clients[i].id: (float(caps[i]), True) for i in capped if i < len(caps)}
+
+
+def _over(state: RunState, planned: list, limits: dict[str, tuple[float, bool]]) -> dict[str, tuple[float, float]]:
+    """Client id → ``(ε with planned, its limit)`` for the clients ``planned`` would take past their limit."""
+    out: dict[str, tuple[float, float]] = {}
+    for client, (limit, _) in limits.items():
+        mine = [e for e in planned if e.client == client]
+        if mine:
+            for c, eps in state.ledger.would_exceed(mine, limit * (1 + 1e-9)).items():
+                out[c] = (eps, limit)
+    return out
+
+
+def _refusal(what: str, over: dict[str, tuple[float, float]], limits: dict[str, tuple[float, bool]],
+             done: int) -> BudgetExceededError:
+    """The refusal of :func:`_release_budget` / :func:`_rounds_budget`: ``what`` would take ``over`` past their cap."""
+    worst = max(eps for eps, _ in over.values())
+    limit = min(lim for _, lim in over.values())
+    nodes = any(limits[c][1] for c in over)
+    if not nodes:
+        return BudgetExceededError(
+            f"{what.strip()} would take client(s) {sorted(over)} to ε = {worst:.4g} > --max-epsilon {limit:g} with what the "
+            f"ledger already holds; stopped before spending (nothing was charged by this call; completed rounds: "
+            f"{done})", epsilon=worst, limit=limit)
+    return BudgetExceededError(
+        f"{what.strip()} would take client(s) {sorted(over)} to ε = {worst:.4g} with what the ledger already holds, over the "
+        f"ε = {limit:.4g} that the plan of the federation file gives them: their SuperNodes would refuse part-way (a "
+        f"release or round run again with fresh noise after an interruption is charged again); stopped before "
+        f"spending (nothing was charged by this call; completed rounds: {done}). To finish the run, set "
+        f"train.max_epsilon to at least {worst:.4g} in the federation file (a resume accepts the changed file), give "
+        f"every node the new file, restart them and resume; or keep the last committed round, whose ε is within the "
+        f"plan (`fedhype audit --run`; docs/flower.md, \"When a node fails\")", epsilon=worst, limit=limit)
+
+
+def _future_rounds(state: RunState, start: int, stop: int) -> list:
+    """The DP-SGD events of rounds ``start`` … ``stop − 1`` at full participation (every client every round)."""
+    cfg = state.plan.cfg
+    every = [(c.id, cfg.sample_rate(c.n), cfg.steps_per_round(c.n)) for c in state.clients]
+    future: list = []
+    for r in range(start, stop):
+        future += dp_sgd_events(r, every, state.plan.noise_multiplier, cfg.clip_norm, mechanism=MECHANISM)
+    return future
+
+
 def _release_budget(state: RunState, pending: list) -> None:
-    """Refuse a release that would take a client past ``train.max_epsilon`` (nothing charged).
+    """Refuse a release that would take a client past its cap (:func:`_limits`: ``train.max_epsilon``, or over
+    Flower the plan's ε its site node enforces); nothing charged.
 
     The plan's check (:func:`fedhype.federated.run_plan.check_plan`) prices a run from scratch; a resume of a run
     interrupted during its release re-releases with fresh noise (unseeded) and is charged again on top of the
@@ -334,56 +398,51 @@ def _release_budget(state: RunState, pending: list) -> None:
     round still to run (with partial participation, which clients a round samples is not known: the release alone).
     """
     cfg = state.plan.cfg
-    if cfg.max_epsilon is None or not pending:
+    limits = _limits(state)
+    if not limits or not pending:
         return
     future: list = []
     if cfg.participation >= 1 and not cfg.statistics_only and state.plan.noise_multiplier:
-        every = [(c.id, cfg.sample_rate(c.n), cfg.steps_per_round(c.n)) for c in state.clients]
-        for r in range(state.done, cfg.rounds):
-            future += dp_sgd_events(r, every, state.plan.noise_multiplier, cfg.clip_norm, mechanism=MECHANISM)
-    over = state.ledger.would_exceed(list(pending) + future, cfg.max_epsilon)
+        future = _future_rounds(state, state.done, cfg.rounds)
+    over = _over(state, list(pending) + future, limits)
     if over:
-        worst = max(over.values())
         again = any(e.client == pending[0].client and e.mechanism == pending[0].mechanism
                     for e in state.ledger.events)
-        raise BudgetExceededError(
-            ("the statistics release (interrupted before, charged again with fresh noise on this resume) " if again else
-             "the statistics release ") + (f"and the {cfg.rounds - state.done} DP-SGD rounds after it " if future else "")
-            + f"would take client(s) {sorted(over)} to ε = {worst:.4g} > --max-epsilon {cfg.max_epsilon}; stopped before "
-            "spending (nothing was charged by this call)", epsilon=worst, limit=cfg.max_epsilon)
+        raise _refusal(("the statistics release (interrupted before, charged again with fresh noise on this resume) "
+                        if again else "the statistics release ")
+                       + (f"and the {cfg.rounds - state.done} DP-SGD rounds after it" if future else ""),
+                       over, limits, state.done)
 
 
 def _rounds_budget(state: RunState) -> None:
-    """Refuse, before the first round this call runs, DP-SGD rounds still to run that would take a client past
-    ``train.max_epsilon`` with what its ledger already holds (nothing charged).
+    """Refuse, before the first round this call runs, DP-SGD rounds still to run that would take a client past its
+    cap (:func:`_limits`) with what its ledger already holds (nothing charged).
 
     The plan's check prices a run from scratch and each round is checked as it is charged; a resume whose ledger
     holds rounds charged again after an interruption (fresh noise) can pass the first and fail the second many rounds
     later: a new user's probe resumed with ``--max-epsilon 2`` ran 12 rounds and stopped at round 20 of 20, the budget
-    spent and the model one round short. At full participation every client runs every round, so the rounds left are
-    priced with the ledger as they would be charged (a seeded replay of a charged round is free:
+    spent and the model one round short. Over Flower a site node stops such a resume itself, at its plan's ε, without
+    ``train.max_epsilon`` (a probe's secure-aggregation resume after a killed node ran 7 rounds and was refused at 8):
+    the server prices the rounds against that cap too. At full participation every client runs every round, so the
+    rounds left are priced with the ledger as they would be charged (a seeded replay of a charged round is free:
     :func:`fedhype.privacy.ledger.pending_charges`); with partial participation which clients a round samples is not
     known, and the per-round check alone applies.
     """
     cfg = state.plan.cfg
-    if cfg.max_epsilon is None or cfg.no_dp or cfg.statistics_only or cfg.participation < 1 \
-            or not state.plan.noise_multiplier or state.done >= cfg.rounds_run():
+    if cfg.no_dp or cfg.statistics_only or cfg.participation < 1 or not state.plan.noise_multiplier \
+            or state.done >= cfg.rounds_run():
+        return
+    limits = _limits(state)
+    if not limits:
         return
     index = {c.id: i for i, c in enumerate(state.clients)}
-    every = [(c.id, cfg.sample_rate(c.n), cfg.steps_per_round(c.n)) for c in state.clients]
-    future: list = []
-    for r in range(state.done, cfg.rounds_run()):
-        future += dp_sgd_events(r, every, state.plan.noise_multiplier, cfg.clip_norm, mechanism=MECHANISM)
+    future = _future_rounds(state, state.done, cfg.rounds_run())
     planned = pending_charges(state.ledger, future, replays=lambda e: state.transport.replays_noise(index[e.client]))
-    over = state.ledger.would_exceed(planned, cfg.max_epsilon)
+    over = _over(state, planned, limits)
     if over:
-        worst = max(over.values())
         left = cfg.rounds_run() - state.done
-        raise BudgetExceededError(
-            f"the {left} DP-SGD round{'s' if left != 1 else ''} still to run (rounds {state.done + 1}–"
-            f"{cfg.rounds_run()}) would take client(s) {sorted(over)} to ε = {worst:.4g} > --max-epsilon "
-            f"{cfg.max_epsilon} with what the ledger already holds; stopped before spending (nothing was charged by "
-            f"this call; completed rounds: {state.done})", epsilon=worst, limit=cfg.max_epsilon)
+        raise _refusal(f"the {left} DP-SGD round{'s' if left != 1 else ''} still to run (rounds {state.done + 1}–"
+                       f"{cfg.rounds_run()})", over, limits, state.done)
 
 
 # ------------------------------------------------------------------------------------------------ step 3: a round

@@ -52,6 +52,34 @@ def plan_privacy(cfg: TrainConfig, sizes: list[int]) -> dict[str, Any]:
             "class_stats_noise_multiplier": noise["class_stats_noise_multiplier"], "prefix": noise["prefix"]}
 
 
+def planned_epsilon_caps(cfg: TrainConfig, sizes: list[int]) -> list[float] | None:
+    """The ε each client's own ledger may reach under this plan: the cap a site SuperNode enforces
+    (:mod:`fedhype.federated.flower.node_budget`) and the server prices the rounds left against
+    (:func:`fedhype.federated.engine.run_federation`), one function so the two cannot differ.
+
+    Client i's cap is the reported accountant's ε (:func:`fedhype.privacy.accountant.epsilon`, at δ) of the
+    release before round 0 (:func:`plan_privacy`'s ``prefix``) followed by its planned DP-SGD steps
+    (:func:`fedhype.federated.secure_release.planned_tails`), raised to ``train.max_epsilon`` where that is
+    larger (it allows reruns up to it). Under secure aggregation the Skellam release's ε is at most the
+    Gaussian prefix's (:mod:`fedhype.federated.secure_release`), so an honest run stays within it.
+
+    Args:
+        cfg: the run's configuration, its stage resolved (:meth:`TrainConfig.for_clients`).
+        sizes: the clients' public n_i, in roster order.
+    Returns:
+        one ε per client (floats > 0), or None without DP.
+    Raises:
+        ValidationError: an invalid plan (as :func:`plan_privacy`).
+    """
+    from fedhype.federated.secure_release import planned_tails
+    from fedhype.privacy.accountant import epsilon
+
+    if cfg.no_dp:
+        return None
+    prefix = list(plan_privacy(cfg, list(sizes))["prefix"])
+    return [max(epsilon(prefix + tail, cfg.delta), cfg.max_epsilon or 0.0) for tail in planned_tails(cfg, sizes)]
+
+
 def check_client_sizes(partition: Partition | Roster, cfg: TrainConfig) -> None:
     """Refuse a client below ``cfg.min_records`` training records or with δ ≥ 1/n_i (public sizes).
 

@@ -116,6 +116,12 @@ class ClientTransport(Protocol):
         """True if a rerun of an interrupted round reproduces client ``index``'s noise exactly
         (seeded noise restored from its private state), so the rerun is not charged again."""
 
+    def enforces_plan_cap(self, index: int) -> bool:
+        """True if client ``index`` itself refuses requests past the ε of the published plan
+        (:func:`fedhype.federated.run_plan.planned_epsilon_caps`; a Flower site node). The engine then prices
+        the rounds still to run against that cap before the first, as it does against ``train.max_epsilon``.
+        Optional: a transport without it counts as False."""
+
     def diagnostics(self, server, rounds_done: int, model: ModelConfig) -> dict[str, float] | None:
         """Held-out diagnostics NOT covered by DP (``None``: not computed by this transport)."""
 
@@ -197,6 +203,9 @@ class InProcessTransport:
 
     def replays_noise(self, index: int) -> bool:
         return self.clients[index].seed is not None
+
+    def enforces_plan_cap(self, index: int) -> bool:
+        return False  # the clients are this process's objects: train.max_epsilon is the only cap
 
     def diagnostics(self, server, rounds_done: int, model: ModelConfig) -> dict[str, float] | None:
         if self.val is None:

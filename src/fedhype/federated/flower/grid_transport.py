@@ -156,6 +156,7 @@ class FlowerTransport:
         self.federation = str(federation)  # the digest of the server's federation file, sent with every task
         self.roster, self.dim = as_roster(partition), int(dim)
         self.nodes, self.seeded = nodes, seeded
+        self.capped: dict[int, bool] = {}  # client index → its node is a site node (its own ledger, capped at the plan)
         self.round_timeout, self.straggler_timeout, self.poll = float(round_timeout), float(straggler_timeout), poll
         self.wire_log, self.wire_dump = wire_log, wire_dump
         self.secure = None  # the SecAgg+ session under secure aggregation (enable_secure_aggregation)
@@ -242,6 +243,7 @@ class FlowerTransport:
                     raise NodeFailure(f"client {ident['client']} is held by two SuperNodes ({self.nodes[index]}, {node}); "
                                       "start exactly one SuperNode per client")
                 self.nodes[index], self.seeded[index] = node, ident["seeded"]
+                self.capped[index] = bool(ident["federation"])  # a site node: it refuses past its plan's ε
             if len(self.nodes) == len(ids):
                 log(INFO, "fedhype: %d SuperNodes connected (client → node: %s)", len(ids),
                     {partition.clients[i].id: n for i, n in sorted(self.nodes.items())})
@@ -278,6 +280,11 @@ class FlowerTransport:
     # ------------------------------------------------------------------ ClientTransport
     def replays_noise(self, index: int) -> bool:
         return bool(self.seeded.get(index, False))
+
+    def enforces_plan_cap(self, index: int) -> bool:
+        """True where client ``index``'s SuperNode is a site node: it holds the federation file and refuses any
+        request past the ε that file's plan gives it (:mod:`fedhype.federated.flower.node_budget`)."""
+        return bool(self.capped.get(index, False))
 
     def diagnostics(self, server, rounds_done: int, model) -> None:
         return None  # held-out diagnostics would read the clients' validation records: not on a deployment
@@ -431,8 +438,8 @@ class FlowerTransport:
             ledger = (f"(The write-ahead ledger keeps {step}'s events" + (" of the client(s) without a refusal" if refused
                                                                           else "")
                       + (": seeded nodes replay them uncharged, unseeded nodes are charged again — so a site node's own "
-                         "ledger can pass the ε its federation file plans before the last round, and it then refuses "
-                         "that round (a probe's resume ran 7 rounds, then stopped): to finish, give every node a "
+                         "ledger can pass the ε its federation file plans before the last round; the resume is then refused "
+                         "before its first step, naming the ε it would reach: to finish, give every node a "
                          "federation file whose train.max_epsilon covers the charge made again (`fedhype audit --run` "
                          "shows what was charged) before resuming" if others else "")
                       + ("; the charge of each client that refused is voided in it: its node released nothing, and "
@@ -443,6 +450,8 @@ class FlowerTransport:
     def _log(self, direction: str, kind: str, round_idx: int | None, client: str | None, content: Any) -> None:
         """Append the structure of a message (never values) to the wire log, and the arrays of a received one to
         the wire dump, if kept."""
+        if self._logged == 0 and self.wire_dump is not None:
+            self._logged = _last_dumped(self.wire_dump)  # a resume's files follow its failed attempt's, not over them
         self._logged += 1
         if self.wire_dump is not None and direction == "node→server":
             from flwr.app import ArrayRecord
@@ -459,3 +468,9 @@ class FlowerTransport:
                  "client": client, "records": wire.describe(content)}
         with open(self.wire_log, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry) + "\n")
+
+
+def _last_dumped(folder: Path) -> int:
+    """The largest message number of the ``NNNNN_….npy`` files already in a wire dump (0 for none or no folder)."""
+    numbers = [int(p.name[:5]) for p in Path(folder).glob("*.npy") if p.name[:5].isdigit() and p.name[5:6] == "_"]
+    return max(numbers, default=0)

@@ -16,7 +16,9 @@ The cap is the ε that the federation file's plan gives this site (:func:`site_c
 before round 0 (``privacy_plan.prefix``) and every planned round of DP-SGD steps
 (:func:`fedhype.federated.secure_release.planned_tails`), composed by the reported accountant
 (:func:`fedhype.privacy.accountant.epsilon`); ``train.max_epsilon``, where the federation sets one
-above it, allows reruns up to that. An honest run stays within the cap: the server charges the same
+above it, allows reruns up to that (:func:`fedhype.federated.run_plan.planned_epsilon_caps`, the function
+the server prices a run's remaining rounds with before its first, so a resume that a node would stop
+part-way is refused before anything is released). An honest run stays within the cap: the server charges the same
 events and its plan is calibrated to it (under secure aggregation the Skellam release's ε is at most
 the Gaussian prefix's, :mod:`fedhype.federated.secure_release`).
 
@@ -90,20 +92,13 @@ def request_digest(content: Any) -> str:
 @functools.lru_cache(maxsize=8)
 def _cap(federation_digest: str, federation: Path, client: str) -> tuple[float, float] | None:
     from fedhype.federated.flower.federation import Federation
-    from fedhype.federated.run_plan import plan_privacy
-    from fedhype.federated.secure_release import planned_tails
-    from fedhype.privacy.accountant import epsilon
+    from fedhype.federated.run_plan import planned_epsilon_caps
 
     fed = Federation.load(federation)
-    cfg = fed.train
-    if cfg.no_dp:
+    caps = planned_epsilon_caps(fed.train, [c.n_train for c in fed.roster.clients])
+    if caps is None:
         return None
-    sizes = [c.n_train for c in fed.roster.clients]
-    ids = [str(c.id) for c in fed.roster.clients]
-    i = ids.index(client)
-    prefix = plan_privacy(cfg, sizes)["prefix"]
-    planned = epsilon(list(prefix) + planned_tails(cfg, sizes)[i], cfg.delta)
-    return max(planned, cfg.max_epsilon or 0.0), float(cfg.delta)
+    return caps[[str(c.id) for c in fed.roster.clients].index(client)], float(fed.train.delta)
 
 
 def site_cap(node: NodeSettings, client: str) -> tuple[float, float] | None:
