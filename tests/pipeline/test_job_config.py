@@ -312,3 +312,23 @@ def test_a_target_epsilon_no_noise_can_meet_is_refused_before_the_embedding(tmp_
                               "share, 0.95 × ε = 9.5e+08, is met even by σ < 1e-4; lower train.epsilon (nothing was "
                               "done)")
     assert not (tmp_path / "absurd").exists()
+
+
+def test_a_config_file_of_another_kind_is_an_artifact_error_and_a_toml_typo_a_validation_error(real_store, tmp_path):
+    """A probe's `fedhype run --config emb.safetensors` exited 2 ("not valid TOML"), where the README's exit codes say
+    4 for a file of another kind than the option asks; a typo in a TOML file stays a usage error (2)."""
+    from fedhype.errors import ArtifactError
+
+    store = tmp_path / "emb.safetensors"
+    real_store.save(store)
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps({"name": "a", "n_train": 10}))
+    typo = tmp_path / "job.toml"
+    typo.write_text("[train]\nepsilon 2\n")
+    with pytest.raises(ArtifactError, match=r"emb\.safetensors: not a text file .*TOML") as binary:
+        resolve(str(store))
+    with pytest.raises(ArtifactError, match=r"card\.json: a JSON file, not TOML"):
+        resolve(str(card))
+    with pytest.raises(ValidationError, match=r"job\.toml: not valid TOML") as text:
+        resolve(str(typo))
+    assert (binary.value.exit_code, text.value.exit_code) == (4, 2)

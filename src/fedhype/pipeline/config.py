@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from fedhype.errors import ValidationError
+from fedhype.errors import ArtifactError, ValidationError
 from fedhype.federated.config import TRAIN_FLAGS, TrainConfig
 from fedhype.models.config import ModelConfig, field_defaults
 from fedhype.synthesis.defaults import DEFAULT_ANCHOR
@@ -122,10 +122,7 @@ def resolve(config_file: str | Path | None = None, overrides: list[str] | None =
         path = Path(config_file)
         if not path.is_file():
             raise ValidationError(f"--config {path}: file not found")
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValidationError(f"--config {path}: not valid TOML ({exc})") from None
+        data = _read_toml(path)
         for section, entries in data.items():
             if not isinstance(entries, dict):
                 raise ValidationError(f"--config {path}: top-level key {section!r} must be a section (a TOML table "
@@ -492,3 +489,34 @@ def to_toml(conf: dict) -> str:
     body = tomli_w.dumps({sec: {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items() if v is not None}
                           for sec, values in conf.items()})
     return (f"# not set (none): {', '.join(unset)}\n" if unset else "") + body
+
+
+def _read_toml(path: Path) -> dict:
+    """The TOML table of ``--config path``.
+
+    Raises:
+        ArtifactError: a file of another kind (binary — a store, a model — or JSON), exit 4 as for every option given
+            a file of another kind.
+        ValidationError: a text file that is not valid TOML (a typo in a config), exit 2.
+    """
+    import json
+
+
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ArtifactError(f"--config {path}: not a text file (a binary file, e.g. an embedding store or a model?); "
+                            "--config takes a TOML file such as configs/digits-domains.toml") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        if text.lstrip().startswith(("{", "[")):
+            try:
+                json.loads(text)
+            except ValueError:
+                pass
+            else:
+                raise ArtifactError(f"--config {path}: a JSON file, not TOML (a card, a release or a run's config.json?);"
+                                    " --config takes a TOML file such as configs/digits-domains.toml") from None
+        raise ValidationError(f"--config {path}: not valid TOML ({exc})") from None
