@@ -137,3 +137,18 @@ def test_evaluate_refuses_a_partition_other_than_the_synthetic_runs(files, real_
     make_partition(real_store, scheme="iid", n_clients=2, seed=0).save(files["root"] / "other.json")
     r = _run("evaluate", "--model", out, "--store", files["real"], "--partition", files["root"] / "other.json", "--json")
     assert r.exit_code == 4 and "is not among the run's data keys" in json.loads(r.stdout)["error"]
+
+
+def test_dp_linear_names_its_local_learning_rate_as_train_does(files):
+    """`prototypes dp-linear --lr` and `train --lr-local` are the same thing (the clients' step size) under two names;
+    dp-linear now takes --lr-local, and --lr still works for one release with the renamed-option warning."""
+    base = ["dp-linear", "--store", files["real"], "--partition", files["part"], "--epsilon", 4, "--rounds", 1,
+            "--seed", 0, "--json"]
+    new, old, slow = _run(*base, "--lr-local", 0.5), _run(*base, "--lr", 0.5), _run(*base, "--lr-local", 0.01)
+    assert new.exit_code == old.exit_code == slow.exit_code == 0, (new.output, old.output)
+    assert "warning: --lr is deprecated and will be removed in the next release; use --lr-local" in old.stderr
+    assert "deprecated" not in new.stderr
+    assert json.loads(new.stdout)["accuracy"] == json.loads(old.stdout)["accuracy"]  # the same run
+    assert json.loads(slow.stdout)["accuracy"] != json.loads(new.stdout)["accuracy"]  # the value is used
+    both = _run(*base, "--lr", 0.5, "--lr-local", 0.5)
+    assert both.exit_code == 2 and "--lr is the old name of --lr-local" in both.output

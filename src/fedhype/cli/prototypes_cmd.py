@@ -386,7 +386,8 @@ def dp_linear(
     rounds: int = typer.Option(10, "--rounds", help="FedAvg rounds."),
     local_epochs: float = typer.Option(1.0, "--local-epochs", help="Local epochs per round (K_i = ceil(E·n_i/B))."),
     batch_size: int = typer.Option(64, "--batch-size", help="Expected Poisson batch size B (q_i = B/n_i)."),
-    lr: float = typer.Option(1.0, "--lr", help="Local SGD learning rate."),
+    lr: float = renamed_option(1.0, "--lr-local", "--lr", help="Local SGD learning rate (the clients' step size, "
+                               "as `fedhype train --lr-local`)."),
     clip_norm: float = typer.Option(1.0, "--clip-norm", help="Per-example clipping norm C."),
     max_epsilon: Optional[float] = typer.Option(None, "--max-epsilon", help="Refuse (exit 3) a plan above this ε."),
     seed: Optional[int] = typer.Option(None, "--seed", callback=seed_value, help="Reproducible sampling and noise (not secure; with --site "
