@@ -271,10 +271,14 @@ def test_over_site_nodes_a_resume_is_priced_against_their_plan_cap_before_the_fi
     assert res["complete"] and res["epsilon"] > max(caps)
 
 
-def test_over_site_nodes_an_honest_run_and_a_seeded_resume_stay_within_their_plan_cap(real_store, part, tmp_path):
+@pytest.mark.parametrize("secure", [False, True], ids=["gaussian-release", "secure-aggregation"])
+def test_over_site_nodes_an_honest_run_and_a_seeded_resume_stay_within_their_plan_cap(real_store, part, tmp_path,
+                                                                                     secure):
+    """No false refusal: the plan's own run (its Skellam release under secure aggregation, whose ε is at most the
+    Gaussian prefix's) and a seeded resume stay within the cap the server now prices against."""
     from fedhype.federated.run_plan import planned_epsilon_caps
 
-    cfg = _cfg(rounds=3)  # seeded: a resume replays an interrupted round's noise, free
+    cfg = _cfg(rounds=3, secure_aggregation=secure, dropout_tolerance=1 if secure else 0)  # seeded: a resume replays
     _over_site_nodes(real_store, part, cfg, tmp_path / "run", stop_after=1)
     run = RunDir(tmp_path / "run")
     plan = resolve_plan(part, cfg, store_info=describe_store(real_store), n_classes=real_store.n_classes)
