@@ -95,6 +95,27 @@ def exclusive_lock(path: str | os.PathLike, busy: str):
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def lock_holder(path: str | os.PathLike) -> str | None:
+    """The pid recorded in the lock file ``path`` if a live process holds it (:func:`exclusive_lock`), else None.
+
+    Takes a shared ``flock`` for an instant: it fails exactly while a writer holds the exclusive one (the kernel drops
+    a dead process's lock, so a pid left in the file of a killed writer does not count). Nothing is created.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file + fsync + ``os.replace``).
 

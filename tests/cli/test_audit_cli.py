@@ -255,3 +255,98 @@ def test_wrong_files_are_named_with_what_to_give(audit_run, tmp_path):
     (tmp_path / "empty").mkdir()
     r = runner.invoke(full, ["budget", "--epsilon", "1", "--card", str(tmp_path / "empty")])
     assert r.exit_code == 2 and "without card.json" in r.output, r.output
+
+
+def test_a_run_still_training_is_refused_not_reported_as_tampered(audit_run, tmp_path):
+    """A helper's `fedhype audit --run job/run` while the job trained exited 4 ("6 reported figure(s) … disagree with
+    the ledger"): the ledger holds the next round's write-ahead charge before the model. `synthesize --run` drew from
+    it with a warning. Both now refuse while a process holds the run's (or the job's) lock, naming its pid."""
+    import os
+
+    from fedhype.cli.main import app as full
+    from fedhype.io import exclusive_lock
+
+    src, _ = audit_run
+    job = tmp_path / "job"
+    shutil.copytree(src, job / "run")
+    runner = CliRunner()
+    for lock in (job / "run" / ".lock", job / ".lock"):  # a training process, then a `fedhype run` job
+        with exclusive_lock(lock, "busy"):
+            for args in (["audit", "--run", str(job / "run")], ["audit", "--run", str(job)],
+                         ["synthesize", "--run", str(job / "run"), "--out", str(tmp_path / "s.safetensors")]):
+                r = runner.invoke(full, [*args, "--json"])
+                err = json.loads(r.stdout)["error"]
+                assert r.exit_code == 2 and f"(pid {os.getpid()}: a training run or a `fedhype run` job in progress)" \
+                    in err and "wait for it to finish" in err, (args, r.stdout)
+        assert not (tmp_path / "s.safetensors").exists()
+    # the locks released (the process that held them gone): the same commands read the run
+    assert runner.invoke(full, ["audit", "--run", str(job / "run"), "--json"]).exit_code == 0
+    r = runner.invoke(full, ["synthesize", "--run", str(job / "run"), "--out", str(tmp_path / "s.safetensors"),
+                             "--per-class", "2", "--json"])
+    assert r.exit_code == 0, r.stdout
+
+
+def test_mia_on_a_release_folder_says_to_give_the_run_folder(audit_run, real_store, tmp_path):
+    """A helper's `audit --run job/release --mia --store … --partition …` (the right store) exited 4: "the store … is
+    not the one run … trained on (digest None…)" — a release carries no store digest by design."""
+    from fedhype.cli.main import app as full
+
+    src, part = audit_run
+    store, pfile = real_store.save(tmp_path / "real.safetensors"), part.save(tmp_path / "part.json")
+    runner = CliRunner()
+    r = runner.invoke(full, ["synthesize", "--run", str(src), "--out", str(tmp_path / "s.safetensors"), "--per-class",
+                             "2", "--release", str(tmp_path / "rel"), "--json"])
+    assert r.exit_code == 0, r.stdout
+    r = runner.invoke(full, ["audit", "--run", str(tmp_path / "rel"), "--mia", "--store", str(store), "--partition",
+                             str(pfile), "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 2 and "a release folder names no store" in err and "the run folder it was released" in err, err
+
+
+def test_a_model_relabelled_by_hand_is_neither_drawn_nor_released_and_fails_the_audit(audit_run, tmp_path):
+    """A helper changed only the class names in model.safetensors' metadata (["0", "1", …] → ["a", "b", …]): synthesize
+    --release wrote a release whose synthetic classes were named wrongly, and both audits passed."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from fedhype.cli.main import app as full
+
+    src, _ = audit_run
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    recorded = json.loads((run / "config.json").read_text())["class_names"]
+    with safe_open(str(run / "model.safetensors"), "pt") as f:
+        meta = dict(f.metadata())
+    body = json.loads(meta["fedhype"])
+    assert body["class_names"] == recorded
+    body["class_names"] = list(reversed(recorded))  # a swap: label 0 named as the last class
+    save_file(load_file(str(run / "model.safetensors")), str(run / "model.safetensors"),
+              metadata={**meta, "fedhype": json.dumps(body)})
+    runner = CliRunner()
+    r = runner.invoke(full, ["synthesize", "--run", str(run), "--out", str(tmp_path / "s.safetensors"), "--per-class",
+                             "2", "--release", str(tmp_path / "rel"), "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 4 and "class_names vs config.json" in err and "otherwise than the run recorded" in err, err
+    assert not (tmp_path / "rel").exists() and not (tmp_path / "s.safetensors").exists()
+    r = runner.invoke(full, ["audit", "--run", str(run), "--json"])
+    res = json.loads(r.stdout)
+    assert r.exit_code == 4 and any("class_names" in m["name"] for m in res["mismatches"]), res["mismatches"]
+
+
+def test_a_synthetic_store_relabelled_by_hand_fails_the_audit(audit_run, tmp_path):
+    from fedhype.cli.main import app as full
+    from fedhype.data.store import EmbeddingStore
+
+    src, _ = audit_run
+    runner = CliRunner()
+    r = runner.invoke(full, ["synthesize", "--run", str(src), "--out", str(tmp_path / "s.safetensors"), "--per-class",
+                             "2", "--json"])
+    assert r.exit_code == 0, r.stdout
+    s = EmbeddingStore.load(tmp_path / "s.safetensors")
+    assert runner.invoke(full, ["audit", "--run", str(src), "--synthetic", str(tmp_path / "s.safetensors")]).exit_code == 0
+    EmbeddingStore(s.embeddings, s.labels, s.domains, s.sample_ids, list(reversed(s.class_names)), s.domain_names,
+                   s.meta).save(tmp_path / "t.safetensors")
+    r = runner.invoke(full, ["audit", "--run", str(src), "--synthetic", str(tmp_path / "t.safetensors"), "--json"])
+    res = json.loads(r.stdout)
+    bad = [m for m in res["mismatches"] if "class_names" in m["name"]]
+    assert r.exit_code == 4 and len(bad) == 1 and "t.safetensors" in bad[0]["name"], res["mismatches"]

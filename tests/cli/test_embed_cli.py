@@ -246,3 +246,36 @@ def test_the_python_api_and_the_job_warn_as_embed_does(tmp_path, tiny, tiny_dino
     lines = []
     embed_store({**d, "limit": 2}, progress=False, warn=lines.append)
     assert any("has no record in the store" in x and "(data.limit 2 keeps 2 image(s) of 3 classes" in x for x in lines)
+
+
+def test_more_than_five_skipped_files_are_counted_on_stderr(tmp_path, tiny):
+    """A helper's `embed --json` listed 14 skipped files in the JSON and 5 `skipped:` lines on stderr, with no word of
+    the other 9 (the README promises a count): a line now says how many more, and where they are listed."""
+    root = _tree(tmp_path / "imgs")
+    for i in range(8):
+        (root / "2" / f"notes-{i}.txt").write_text("not an image")
+    res = _embed("--images", str(root), *tiny, "--out", str(tmp_path / "s.safetensors"), "--json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert len(got["skipped"]) == 8
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped:")]
+    assert len(lines) == 6 and "… and 3 more file(s) (8 in all" in lines[-1], res.stderr
+
+
+def test_file_names_with_control_characters_print_on_one_line_without_escapes(tmp_path, tiny):
+    """A helper's file named "bad\\nskipped: nothing to see.png" printed as two skipped files, one with ESC[31m in its
+    name turned the terminal red, and a copied image named "dup\\ncopy.png" broke the duplicate warning across lines."""
+    import shutil
+
+    root = _tree(tmp_path / "imgs")
+    (root / "1" / "bad\nskipped: nothing to see.png").write_bytes(b"")
+    (root / "1" / "esc\x1b[31mRED.png").write_bytes(b"not a png")
+    shutil.copyfile(sorted((root / "0").iterdir())[0], root / "0" / "dup\ncopy.png")
+    for json_mode in ([], ["--json"]):
+        res = _embed("--images", str(root), *tiny, "--out", str(tmp_path / "s.safetensors"), "--overwrite", *json_mode)
+        assert res.exit_code == 0, res.output
+        text = res.stderr + ("" if json_mode else res.stdout)
+        assert "\x1b[31m" not in text and "\\x1b[31mRED.png" in text
+        assert "bad\\nskipped: nothing to see.png" in text
+        assert not any(ln.startswith("skipped: nothing to see") for ln in text.splitlines())
+        assert any("dup\\ncopy.png" in ln and "0000" in ln for ln in text.splitlines()), text

@@ -286,6 +286,10 @@ def register(app: typer.Typer) -> None:
                                                                         "ledger.json", "run")):
                 raise ValidationError(f"--run {run} is not a run directory (no model.safetensors, config.json or "
                                       "ledger.json, no run/ folder): give the --out of `fedhype train` or `fedhype run`")
+            if run is not None:  # a helper's audit of a run still training read it half-way and said "tampered"
+                from fedhype.federated.rundir import RunDir
+
+                RunDir(run).refuse_if_training("audit it")
             if not (math.isfinite(tolerance) and 0.0 <= tolerance <= MAX_TOLERANCE):
                 # `--tolerance 5` passed a privacy.json edited from ε 2.005 to 1.0 as consistent (a probe)
                 raise ValidationError(f"--tolerance must be a number in [0, {MAX_TOLERANCE:g}] (it absorbs the rounding of "
@@ -308,6 +312,13 @@ def register(app: typer.Typer) -> None:
                 sites = run_sites(run)
                 if sites:
                     raise site_run_refusal(run, sites)
+                from fedhype.pipeline.release import is_release
+
+                if is_release(run):  # a helper's --mia on a release "is not the one … trained on (digest None…)"
+                    raise ValidationError(f"--mia --run {run}: a release folder names no store (it carries no record "
+                                          "ids and no store digest, by design), so the attack cannot check that --store "
+                                          "and --partition are the run's; give --run the run folder it was released "
+                                          "from (the job folder or its run/), where the store is")
             if canaries not in (None, "white-box", "black-box"):
                 raise ValidationError(f"--canaries must be white-box or black-box, got {canaries!r}")
             if breakage is not None and canaries != "white-box":

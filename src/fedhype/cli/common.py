@@ -277,7 +277,7 @@ def _fail(message: str, code: int, json_mode: bool, extra: dict[str, Any] | None
     from rich.markup import escape
 
     # the message is text, not markup: "[partition]" or "[train]" in it would vanish as a style tag
-    console.print(f"[bold red]error[/]: {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+    console.print(f"[bold red]error[/]: {escape(one_line(message))}", highlight=False, markup=True, soft_wrap=True)
     if json_mode:
         emit_json(error_object(message, code, extra))
     raise typer.Exit(code)
@@ -690,20 +690,36 @@ def check_out_kind(out: Path, command: str, allowed: tuple[str, ...]) -> str:
 
 
 # ---------------------------------------------------------------------------- progress on stderr
+def one_line(text: str) -> str:
+    """``text`` with every control character (newlines, ESC, …; Unicode category Cc, and the line and paragraph
+    separators) written as its Python escape (``\\n``, ``\\x1b``): a file or class name that holds one prints as one
+    line and sends no terminal escape (a helper's file named "bad\\nskipped: nothing to see.png" printed as two
+    skipped files, and one with ESC[31m turned the terminal red)."""
+    import unicodedata
+
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(ch) == "Cc" or ch in "\u2028\u2029" else ch for ch in text)
+
+
 def warn(text: str, level: str = "warning") -> None:
     """One warning or note on stderr: ``level`` in yellow, then ``text`` as written.
 
-    The text is escaped (a path or class name with brackets prints as it is, never as rich markup) and never wrapped,
-    so a log file keeps one line per warning. Every command's warnings go through here.
+    The text is escaped (a path or class name with brackets prints as it is, never as rich markup; a control
+    character as its escape, :func:`one_line`) and never wrapped, so a log file keeps one line per warning. Every
+    command's warnings go through here.
     """
     from rich.markup import escape
 
-    console.print(f"[yellow]{level}[/]: {escape(str(text))}", highlight=False, soft_wrap=True)
+    console.print(f"[yellow]{level}[/]: {escape(one_line(text))}", highlight=False, soft_wrap=True)
 
 
 def log_line(text: str) -> None:
-    """One plain progress/log line on stderr (never wrapped, so log files keep one line per event)."""
-    console.print(text, highlight=False, markup=False, soft_wrap=True)
+    """One plain progress/log line on stderr (never wrapped, control characters escaped: :func:`one_line`; so log
+    files keep one line per event)."""
+    console.print(one_line(text), highlight=False, markup=False, soft_wrap=True)
 
 
 def seeded_note(sites: bool) -> str:

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import DTYPES, LAYOUTS, POOLINGS, choice
-from fedhype.cli.common import JsonOpt, check_out_file, console, existing, log_line, run_command, seed_value, warn
+from fedhype.cli.common import (JsonOpt, check_out_file, console, existing, log_line, one_line, run_command, seed_value,
+                                warn)
 from fedhype.errors import ValidationError
 
 
@@ -55,7 +56,7 @@ def _render(result: dict[str, Any]) -> None:
     table.add_row("from cache", str(result.get("from_cache", False)))
     out.print(table)
     for s in result["skipped"][:20]:
-        out.print(f"  skipped {s['file']}: {s['reason']}", highlight=False, markup=False)
+        out.print(one_line(f"  skipped {s['file']}: {s['reason']}"), highlight=False, markup=False)
     if len(result["skipped"]) > 20:
         out.print(f"  ... and {len(result['skipped']) - 20} more (see --json)")
 
@@ -123,6 +124,7 @@ def embed(
             if no_cache:
                 image_files_key(source)  # hashes the files: finds byte-identical copies (the cache lookup does it too)
             _warn_duplicates(source)
+            _warn_skipped(source)  # before a cache hit too (a helper's rerun listed them in the JSON only)
             if hit is not None:
                 if strict:  # files that failed to decode when the folder was embedded (a review: skipped silently)
                     check_strict_hit(hit)
@@ -143,8 +145,7 @@ def embed(
                 _warn_store(hit, out, limit, images=False)
                 return _summary(out, hit, enc, cached=True)
             source = load_builtin(dataset, limit=limit, seed=seed)
-        for s in source.skipped[:5]:
-            warn(f"{s['file']}: {s['reason']}", "skipped")
+            _warn_skipped(source)
         log_line(f"encoder {enc.id}: {enc.dim}-d, {enc.preprocess['crop']} px, {enc.device}, "
                  f"{enc.describe()['dtype']}; {len(source)} images")
         # a rich bar in a terminal, plain periodic lines in a pipe or log (embed_source decides)
@@ -160,6 +161,15 @@ def embed(
                         source=source if images is not None else None)
 
     run_command(body, json_mode, _render)
+
+
+def _warn_skipped(source) -> None:
+    """The files the folder scan skipped as ``skipped:`` lines: the first five, then how many more."""
+    for s in source.skipped[:5]:
+        warn(f"{s['file']}: {s['reason']}", "skipped")
+    if len(source.skipped) > 5:  # a helper counted 5 lines for 14 skipped files, with no word of the rest
+        warn(f"… and {len(source.skipped) - 5} more file(s) ({len(source.skipped)} in all; each is listed with its "
+             "reason under `skipped` in the result: the summary at the end, or the --json object)", "skipped")
 
 
 def _warn_duplicates(source) -> None:

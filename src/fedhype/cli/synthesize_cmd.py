@@ -210,8 +210,11 @@ def register(app: typer.Typer) -> None:
 
                 raise ValidationError(f"--run {run} holds no model.safetensors: not a `fedhype train` run directory, "
                                       "or its first round has not finished; give the run directory (or the model file)")
-            from fedhype.federated.rundir import load_model
+            from fedhype.federated.rundir import RunDir, check_model_belongs, load_model
 
+            RunDir(src if src.is_dir() else src.parent).refuse_if_training("synthesize from it")
+            if src.is_dir():  # another run's model, or one relabelled by hand, is not drawn under this run's ledger
+                check_model_belongs(src)
             hnet, _, meta = load_model(src / "model.safetensors" if src.is_dir() else src)
             if k == "auto":
                 from fedhype.synthesis import auto_per_class

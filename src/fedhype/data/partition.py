@@ -173,8 +173,9 @@ class Partition:
         """A partition from its JSON form (:meth:`save`'s content); raises as :meth:`load`."""
         path = where
         if isinstance(raw, dict) and str(raw.get("format", "")).startswith(("fedhype-site/", "fedhype-site-card/")):
-            # a usage mistake, not a damaged file: say what the file is and what takes it
-            raise ValidationError(f"{path} is a site's file (`fedhype site`), not a partition: give the site folder "
+            # a sound file given where it does not belong: say what it is and what takes it (exit 4, as for every file
+            # of another kind than the option asks: the README's exit codes)
+            raise ArtifactError(f"{path} is a site's file (`fedhype site`), not a partition: give the site folder "
                                   "as --site where the command takes one (train, evaluate, budget --card for its "
                                   "card); `audit --mia` needs the pooled partition a run trained on (membership "
                                   "inference on a site's own split is not built)")

@@ -124,8 +124,8 @@ class Roster:
             classes_flag: how errors name ``classes`` (the CLI's ``--classes``, or a Python argument).
 
         Raises:
-            ValidationError: no card, two sites with one name or one key, cards of different
-                embedding dimensions or encoders, or a site class missing from ``classes``.
+            ValidationError: no card, two sites with one name or one key, or a site class missing from ``classes``.
+            ArtifactError: cards of different embedding dimensions or encoders (mismatched artifacts, exit 4).
         """
         if not cards:
             raise ValidationError("a federation needs at least one site card (--site)")
@@ -142,7 +142,7 @@ class Roster:
             raise ValidationError("two site cards carry the same site key: the same site was given twice")
         dims = sorted({c.dim for c in cards})
         if len(dims) != 1:
-            raise ValidationError(f"the sites' embeddings differ in dimension ({', '.join(f'{c.name}: D={c.dim}' for c in cards)}); "
+            raise ArtifactError(f"the sites' embeddings differ in dimension ({', '.join(f'{c.name}: D={c.dim}' for c in cards)}); "
                                   "every site must embed with the same encoder")
         first = cards[0]
         for c in cards[1:]:
@@ -152,7 +152,7 @@ class Roster:
                 if k == "encoder" and same_weights:
                     continue  # the same weights under another local name (e.g. hf:/path/at/each/site)
                 if first.encoder.get(k) != c.encoder.get(k):
-                    raise ValidationError(f"the sites embedded differently: {k} = {first.encoder.get(k)!r} at site "
+                    raise ArtifactError(f"the sites embedded differently: {k} = {first.encoder.get(k)!r} at site "
                                           f"{first.name!r}, {c.encoder.get(k)!r} at site {c.name!r}; every site must "
                                           "embed with the same encoder weights and `fedhype embed` settings")
         dtypes = {c.name: c.dtype for c in cards if getattr(c, "dtype", None)}

@@ -220,6 +220,26 @@ def audit_run(run_dir: str | Path, synthetic: list[str | Path] = (), tol: float 
     return res
 
 
+def _class_names_row(name: str, claimed: Any, recorded: list[str]) -> dict[str, Any]:
+    row = _equal(name, claimed, recorded)
+    if not row["ok"]:
+        row["reason"] = ("the class names (label i is the i-th name) differ from those the run recorded in config.json "
+                         "when it trained: edited, or another run's; a relabelled release would name each synthetic "
+                         "class wrongly")
+    return row
+
+
+def _class_name_rows(config: dict, stores: list) -> list[dict[str, Any]]:
+    """Every synthetic store names the classes as the run's ``config.json`` does (a helper relabelled a model's
+    metadata by hand and its release and audit passed; the model's own names: :func:`model_run_mismatches`)."""
+    recorded = config.get("class_names")
+    if not isinstance(recorded, list):  # a run written before config.json recorded them
+        return []
+    recorded = [str(c) for c in recorded]
+    return [_class_names_row(f"synthetic {path}: class_names vs config.json", list(s.class_names), recorded)
+             for path, s in stores if s.kind == "synthetic"]
+
+
 def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> dict[str, Any]:
     """:func:`audit_run` of the run (or job) folder itself."""
     root, report_path, job_synthetic = locate(run_dir)
@@ -250,6 +270,7 @@ def _audit_run(run_dir: str | Path, synthetic: list[str | Path], tol: float) -> 
              for path, s in stores if s.kind != "synthetic"]
     no_dp = bool(config.get("train", {}).get("no_dp"))
     rows.append(_equal("config.json: train.no_dp vs model private flag", no_dp, not private))
+    rows += _class_name_rows(config, stores)
     if not private:
         rows.append(_no_claim("model.safetensors: epsilon", meta.get("epsilon")))
         for m in metrics:

@@ -82,6 +82,31 @@ class RunDir:
         atomic_write_json(self.run_key_file, {"key": key, "what": "this run's name in its sites' ledgers across runs"})
         return key
 
+    def refuse_if_training(self, reading: str) -> None:
+        """Refuse to read the run while a training process holds its lock (:meth:`writer_lock`), or, for a
+        ``fedhype run`` job folder, while a job runs in it.
+
+        A run in progress writes the next round's charge to ``ledger.json`` before its model (write-ahead): read
+        between the two, the ledger reports more ε than the model and metrics, which an audit takes for an edit.
+
+        Args:
+            reading: what the caller does, for the message (e.g. "audit it").
+        Raises:
+            ValidationError: a live process holds the lock (its pid named); exit 2.
+        """
+        from fedhype.io import lock_holder
+
+        locks = [self.root / ".lock", self.root / "run" / ".lock"]  # a run folder, or a job folder and its run
+        if self.root.name == "run":
+            locks.append(self.root.parent / ".lock")  # the run of a job folder: the job's lock too
+        for lock in locks:
+            pid = lock_holder(lock)
+            if pid is not None:
+                raise ValidationError(f"{self.root} is being written by another process (pid {pid}: a training run or "
+                                      "a `fedhype run` job in progress): while it trains, its ledger holds the next "
+                                      "round's charge before the model is committed (write-ahead), so what is read now "
+                                      f"is half-way; wait for it to finish (or stop it) and {reading} then")
+
     @contextlib.contextmanager
     def writer_lock(self):
         """Hold an exclusive lock on the run folder for the lifetime of a training process.
@@ -281,6 +306,13 @@ def model_run_mismatches(meta: dict, config: dict, rounds_done: int | None,
                         "recomputed": theirs,
                         "reason": f"the model was trained on other data than this run ({what} differ): another run's "
                                   "model, so this folder's ledger does not account for it"})
+    names, recorded = meta.get("class_names"), config.get("class_names")
+    if names is not None and isinstance(recorded, list) and [str(c) for c in names] != [str(c) for c in recorded]:
+        out.append({"name": "model.safetensors: class_names vs config.json", "claimed": list(names),
+                    "recomputed": recorded,  # a helper relabelled a model's metadata; its release and audit passed
+                    "reason": "the model names its classes (label i is the i-th name) otherwise than the run recorded "
+                              "when it trained: edited, or another run's model; a release would name each synthetic "
+                              "class wrongly"})
     train = config.get("train") if isinstance(config.get("train"), dict) else {}
     for key, what in (("method", "the method (the one the run resolved)"), ("seed", "the noise seed")):
         if key in meta and key in train and meta[key] != train[key]:  # a second probe: dp-gaussian's or a seeded

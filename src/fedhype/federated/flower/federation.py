@@ -148,8 +148,8 @@ def write_site_federation(folder: str | Path, cards: list, cfg: TrainConfig, cla
 
     Raises:
         ValidationError: as :func:`write_federation`, and as :meth:`~fedhype.data.roster.Roster.from_cards`
-            (two sites with one name, different encoders, a class outside ``classes``).
-        ArtifactError: an unreadable card.
+            (two sites with one name, a class outside ``classes``).
+        ArtifactError: an unreadable card, or cards of different encoders or dimensions.
     """
     from fedhype.data.sites import SiteCard
     from fedhype.federated.engine import describe_roster
