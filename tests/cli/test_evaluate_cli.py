@@ -125,6 +125,13 @@ def test_partition_gives_per_client_results(stores, tmp_path):
     assert out["n_real"] == sum(len(c.test) for c in part.clients)
     assert out["trtr_accuracy"] is not None
     assert set(out["interpolation"]["clients"]) == {c.name for c in part.clients}
+    assert not any("--split train" in w for w in out["warnings"])
+    # scored on the training records: said (a helper's --split train scored without a word)
+    r = _run("--store", stores["full"], "--synthetic", stores["syn"], "--partition", part_path, "--split", "train",
+             *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    said = [w for w in json.loads(r.stdout)["warnings"] if w.startswith("--split train: ")]
+    assert len(said) == 1 and "not held-out quality" in said[0] and said[0] in r.stderr.replace("\n", " ")
     # a partition made from another store is refused as a mismatched artifact
     r = _run("--store", stores["real"], "--synthetic", stores["syn"], "--partition", part_path, *FAST, "--json")
     assert r.exit_code == 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -191,6 +192,13 @@ def test_empty_class_folder(tmp_path):
     write_class_tree(tmp_path, labels=(0, 1))
     (tmp_path / "2").mkdir()
     with pytest.raises(ValidationError, match=r"class folder .*/2 is empty"):
+        scan_image_folder(tmp_path)
+    # only hidden entries (a helper's 2/.thumbs/t.png was refused as "empty"): said, with what is never read
+    (tmp_path / "2" / ".thumbs").mkdir()
+    shutil.copyfile(next((tmp_path / "1").iterdir()), tmp_path / "2" / ".thumbs" / "t.png")
+    (tmp_path / "2" / ".DS_Store").write_bytes(b"x")
+    with pytest.raises(ValidationError, match=r"class folder .*/2 holds only hidden entries \(\.DS_Store, \.thumbs: "
+                                              r"names starting with '\.' are never read\)"):
         scan_image_folder(tmp_path)
 
 

@@ -134,3 +134,18 @@ def test_a_node_for_no_client_of_a_large_federation_names_five_and_counts_the_re
         NodeSettings.client_index(node, clients)
     assert str(e.value).endswith("is not a client of part.json (its 100 clients by id (name): 0 (site-0), 1 (site-1), "
                                  "2 (site-2), 3 (site-3), 4 (site-4) and 95 more)")
+
+
+def test_the_engines_budget_refusal_names_the_federation_files_setting_on_flower():
+    """A helper set max_epsilon in federation.json as advised and was refused again, told "ε = 2.01 > --max-epsilon
+    2.01": a flag of `fedhype train`, not a setting of the deployment. On Flower it names train.max_epsilon."""
+    from fedhype.federated.flower.apps import flower_terms
+
+    text = flower_terms("the 5 DP-SGD rounds still to run (rounds 5–9) would take client(s) ['2'] to ε = 2.01028 > "
+                        "--max-epsilon 2.01 with what the ledger already holds (client 2: ε = 2.01028 > 2.01); stopped "
+                        "before spending (nothing was charged by this call; completed rounds: 4). To finish the run, "
+                        "raise --max-epsilon to at least 2.0103; or keep the last committed round (4), whose ε is "
+                        "within it")
+    assert "--max-epsilon" not in text and "> train.max_epsilon 2.01 with" in text
+    assert "set train.max_epsilon in the federation file (give every node the new file, restart them) to at least " \
+           "2.0103" in text

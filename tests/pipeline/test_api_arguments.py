@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fedhype
-from fedhype.errors import ValidationError
+from fedhype.errors import FedhypeWarning, ValidationError
 
 #: the one tiny training run of this file (a model to sample from, a run folder to refuse)
 TINY = dict(epsilon=4.0, rounds=1, train={"local_steps": 1, "batch_size": 16}, model={"hidden": 16, "latent": 4})
@@ -276,7 +276,8 @@ def test_a_temporary_run_is_kept_until_a_later_fit_succeeds(real_store, clients)
     assert g.run_dir_ == first and (first / "model.safetensors").is_file()
     assert (g.sample(per_class=2, seed=1).embeddings == before).all()
     assert set(first.parent.parent.glob("fedhype-run-*")) == made  # the failed fit's folder is gone
-    g.fit(real_store, clients)
+    with pytest.warns(FedhypeWarning, match=r"fit: this object was already fitted \(ε = .*the two fits' ε add up"):
+        g.fit(real_store, clients)  # a helper's refit released again, and nothing said the first fit's ε still counts
     assert g.run_dir_ != first and not first.parent.exists() and (g.run_dir_ / "model.safetensors").is_file()
     last = g.run_dir_.parent
     del g

@@ -362,3 +362,23 @@ def test_an_unseeded_stop_between_the_sites_charge_and_the_runs_save_is_charged_
         assert len(led) == len(mine) < before[i] + len(mine)  # the sites' orphan charge was not made again
         row = compare_site(tmp_path / "run1", s.folder)
         assert row["ok"] and row["claimed"] == pytest.approx(row["recomputed"], rel=1e-9), row
+
+
+def test_a_run_that_charged_a_site_more_than_it_recorded_is_ok_with_a_note_saying_why(sites, tmp_path):
+    """A helper's Flower run: a SuperNode killed before it charged the server's request left the run's write-ahead
+    charge without its site-ledger twin; `audit --run R --site S` said ok (the run reports no less) with no word."""
+    import dataclasses
+
+    from fedhype.eval.audit_sites import compare_site
+    from fedhype.federated.engine import train_sites
+    from fedhype.privacy.ledger import charge
+
+    cfg = TrainConfig(**{**CFG, "seed": None})
+    train_sites(sites, cfg, tmp_path / "run1")
+    row = compare_site(tmp_path / "run1", sites[0].folder)
+    assert row["ok"] and "note" not in row  # an honest run: the two agree, nothing to say
+    run = PrivacyLedger.load(tmp_path / "run1" / "ledger.json")
+    last = [e for e in run.events if e.client == "0" and e.mechanism == "dp-sgd"][-1]
+    charge(run, [dataclasses.replace(last, round=last.round + 1)], tmp_path / "run1" / "ledger.json")  # the server's
+    row = compare_site(tmp_path / "run1", sites[0].folder)  # write-ahead charge of a round the node never ran
+    assert row["ok"] and row["claimed"] > row["recomputed"] and "write-ahead" in row["note"], row

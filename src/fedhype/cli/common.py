@@ -83,8 +83,9 @@ def client_labels(ids: list[str], names: list[str] | None) -> str:
 
 #: what an interrupted command that spends ε says (``fedhype run``, ``train``): resume, and what a resume charges
 INTERRUPTED_TRAINING = (
-    "interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command (`fedhype train` with "
-    "--resume): it reuses what finished (`fedhype run`: the cached embeddings and partition) and, if training had "
+    "interrupted (Ctrl-C or SIGTERM); nothing was half-written. Rerun the same command (`fedhype run`: as it was; "
+    "`fedhype train`: with --resume): it reuses what finished (`fedhype run`: the cached embeddings and partition) "
+    "and, if training had "
     "started, continues from the last completed round — the ledger already holds what an interrupted release or "
     "round was charged; without a seed, its rerun draws fresh noise and is charged again (`fedhype audit --run` "
     "shows the ledger; --max-epsilon refuses a rerun that would exceed it)")

@@ -197,6 +197,10 @@ def evaluate(
             warnings.append(f"no --partition: all {len(real_store)} records of {real} are the real reference; if the "
                             "model was trained on some of them, TSTR and MMD² overstate what it does on unseen data "
                             "(give --partition with --split test, or a store of held-out records)")
+        if partition is not None and split == "train":  # a helper's --split train scored without a word
+            warnings.append(f"--split train: the real reference is the partition's training records, which a "
+                            "generator trained on this partition has seen; TSTR and MMD² then measure how closely it "
+                            "reproduces them, not held-out quality (use --split test, the default, for that)")
         one = one_class_warning(test_store)
         if one:
             warnings.append(one)

@@ -187,6 +187,15 @@ def _entries(folder: Path) -> list[os.DirEntry]:
         raise ValidationError(f"cannot read the folder {folder}: {exc.strerror or exc} (fix or remove it)") from None
 
 
+def _hidden_under(folder: Path, shown: int = 3) -> str:
+    """The hidden entries (names starting with '.') directly in ``folder``, up to ``shown`` of them and a count, or ""."""
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.name.startswith("."))
+    except OSError:
+        return ""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def _files_under(folder: Path, _seen: frozenset = frozenset()) -> list[Path]:
     """Non-hidden files below ``folder`` (recursively, hidden folders skipped), sorted; a folder link
     that leads back to a folder above it is refused (it would list the same images forever)."""
@@ -273,7 +282,10 @@ def scan_image_folder(
     for cf in plan.folders:
         files = _files_under(cf.path)
         if not files:
-            raise ValidationError(f"class folder {cf.path} is empty: add images to it or remove it")
+            hidden = _hidden_under(cf.path)
+            raise ValidationError(f"class folder {cf.path} " + (
+                f"holds only hidden entries ({hidden}: names starting with '.' are never read): move the images out "
+                "of them, or remove the folder" if hidden else "is empty: add images to it or remove it"))
         n_ok = 0
         for f in files:
             reason = check_image_file(f)

@@ -79,6 +79,13 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
                                         "the seed); compared at the accountant's figure, as the run reports it")
         elif any(e.mechanism == NO_DP for e in events) and _no_dp(run):
             note = "a run without DP: the site recorded ε = ∞ and the run claims no guarantee"
+    if note is None and not infinite and claimed > recomputed + max(tolerance, 1e-9):
+        # a helper's Flower run charged a killed node's requests write-ahead: the run reported more than the site held,
+        # "ok" without a word
+        note = (f"the run's ledger charges this client more (ε = {claimed:.6g}) than the site's own ledger holds for the "
+                f"run ({recomputed:.6g}): requests the server charged before asking (write-ahead) that the site never "
+                "ran or never recorded — a node stopped before it charged them, or a release it was not summed in. The "
+                "run's figure is the conservative one; the site's is what its records were used for")
     if note is None:
         ok = (not infinite) and claimed >= recomputed - tolerance
     elif math.isinf(recomputed):

@@ -53,7 +53,7 @@ from fedhype.federated.config import TrainConfig
 from fedhype.federated.result import TrainResult, without_rounds
 from fedhype.federated.rundir import RELEASE_OUTPUTS, RELEASE_STATE, RunDir, backfill_release_means, save_model
 # step 1 lives in fedhype.federated.run_plan; its public names are importable from here too
-from fedhype.federated.run_plan import (RunPlan, _differences, planned_epsilon_caps, check_client_sizes, check_plan, check_run_disk,  # noqa: F401
+from fedhype.federated.run_plan import (RunPlan, _differences, at_least, planned_epsilon_caps, check_client_sizes, check_plan, check_run_disk,  # noqa: F401
                                         check_resumed_settings, committed_rounds, plan_privacy, recorded_config, resolve_plan,
                                         resolve_stage)
 from fedhype.data.roster import as_roster
@@ -358,23 +358,30 @@ def _over(state: RunState, planned: list, limits: dict[str, tuple[float, bool]])
 
 def _refusal(what: str, over: dict[str, tuple[float, float]], limits: dict[str, tuple[float, bool]],
              done: int) -> BudgetExceededError:
-    """The refusal of :func:`_release_budget` / :func:`_rounds_budget`: ``what`` would take ``over`` past their cap."""
+    """The refusal of :func:`_release_budget` / :func:`_rounds_budget`: ``what`` would take ``over`` past their cap.
+
+    Each client is named with its own ε and its own cap, and the ``max_epsilon`` that would let the run finish is
+    rounded up (:func:`fedhype.federated.run_plan.at_least`), so that it works as printed."""
     worst = max(eps for eps, _ in over.values())
     limit = min(lim for _, lim in over.values())
+    each = "; ".join(f"client {c}: ε = {eps:.6g} > {lim:.6g}" for c, (eps, lim) in sorted(over.items()))
     nodes = any(limits[c][1] for c in over)
+    keep = (f"; or keep the last committed round ({done}), whose ε is within it" if done else
+            "; nothing was committed yet: there is no trained round to keep")
     if not nodes:
         return BudgetExceededError(
-            f"{what.strip()} would take client(s) {sorted(over)} to ε = {worst:.4g} > --max-epsilon {limit:g} with what the "
-            f"ledger already holds; stopped before spending (nothing was charged by this call; completed rounds: "
-            f"{done})", epsilon=worst, limit=limit)
+            f"{what.strip()} would take client(s) {sorted(over)} to ε = {worst:.6g} > --max-epsilon {limit:g} with what "
+            f"the ledger already holds ({each}); stopped before spending (nothing was charged by this call; completed "
+            f"rounds: {done}). To finish the run, raise --max-epsilon to at least {at_least(worst)}{keep}",
+            epsilon=worst, limit=limit)
     return BudgetExceededError(
-        f"{what.strip()} would take client(s) {sorted(over)} to ε = {worst:.4g} with what the ledger already holds, over the "
-        f"ε = {limit:.4g} that the plan of the federation file gives them: their SuperNodes would refuse part-way (a "
-        f"release or round run again with fresh noise after an interruption is charged again); stopped before "
-        f"spending (nothing was charged by this call; completed rounds: {done}). To finish the run, set "
-        f"train.max_epsilon to at least {worst:.4g} in the federation file (a resume accepts the changed file), give "
-        f"every node the new file, restart them and resume; or keep the last committed round, whose ε is within the "
-        f"plan (`fedhype audit --run`; docs/flower.md, \"When a node fails\")", epsilon=worst, limit=limit)
+        f"{what.strip()} would take client(s) {sorted(over)} past the ε that the plan of the federation file gives "
+        f"them, the cap their SuperNodes enforce, with what the server's ledger already holds ({each}; a release or "
+        f"round run again with fresh noise after an interruption is charged again); stopped before spending (nothing "
+        f"was charged by this call; completed rounds: {done}). To finish the run, set train.max_epsilon to at least "
+        f"{at_least(worst)} in the federation file (a resume accepts the changed file), give every node the new file, "
+        f"restart them and resume{keep} (`fedhype audit --run`; docs/flower.md, \"When a node fails\")",
+        epsilon=worst, limit=limit)
 
 
 def _future_rounds(state: RunState, start: int, stop: int) -> list:

@@ -80,6 +80,16 @@ def planned_epsilon_caps(cfg: TrainConfig, sizes: list[int]) -> list[float] | No
     return [max(epsilon(prefix + tail, cfg.delta), cfg.max_epsilon or 0.0) for tail in planned_tails(cfg, sizes)]
 
 
+def at_least(epsilon: float, decimals: int = 4) -> str:
+    """``epsilon`` rounded **up** at ``decimals`` decimals, as text: a ``train.max_epsilon`` advised in a refusal that
+    works when given as printed (a helper set the 2.01 that ``:.4g`` had made of 2.010277 and was refused again)."""
+    import math
+
+    scale = 10 ** decimals
+    # within the ledgers' relative slack of 1e-9 (PrivacyLedger.would_exceed callers) a figure is not rounded up
+    return f"{math.ceil(epsilon * scale * (1 - 1e-9)) / scale:.{decimals}f}"
+
+
 def check_client_sizes(partition: Partition | Roster, cfg: TrainConfig) -> None:
     """Refuse a client below ``cfg.min_records`` training records or with δ ≥ 1/n_i (public sizes).
 

@@ -411,6 +411,15 @@ class FedHypeVAE:
         if off:
             # what `fedhype train` prints (a probe: the API trained no-dp-sgd without a word)
             warnings.warn(f"fit: {off}", FedhypeWarning, stacklevel=2)
+        before = self.result_ or {}
+        if before.get("private") and not resume:
+            # a helper's second fit() on the same records released them again; privacy_spent() then showed that fit's ε
+            # alone, and nothing said the first one's still counts
+            warnings.warn(f"fit: this object was already fitted (ε = {before.get('epsilon'):.4g}, δ = "
+                          f"{before.get('delta'):g}); fitting again trains and releases anew, and on the same records "
+                          "the two fits' ε add up (sequential composition) — privacy_spent() reports this fit alone (a "
+                          "site folder's ledger, `fedhype site` and `fedhype train --site`, composes every run on its "
+                          "records)", FedhypeWarning, stacklevel=2)
         temporary = None if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-"))
         out = self.out if temporary is None else temporary / "run"
         try:

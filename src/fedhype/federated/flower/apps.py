@@ -109,6 +109,9 @@ _FLOWER_TERMS = (
     ("--resume:", "resume=true:"),
     ("--out ", "run-dir "),
     ("--resume", "resume=true"),
+    ("raise --max-epsilon to", "set train.max_epsilon in the federation file (give every node the new file, restart "
+                               "them) to"),
+    ("> --max-epsilon", "> train.max_epsilon"),
 )
 
 

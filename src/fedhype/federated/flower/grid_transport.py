@@ -438,7 +438,7 @@ class FlowerTransport:
             ledger = (f"(The write-ahead ledger keeps {step}'s events" + (" of the client(s) without a refusal" if refused
                                                                           else "")
                       + (": seeded nodes replay them uncharged, unseeded nodes are charged again — so a site node's own "
-                         "ledger can pass the ε its federation file plans before the last round; the resume is then refused "
+                         "ledger can pass the ε its federation file plans before the last round; the resume then stops "
                          "before its first step, naming the ε it would reach: to finish, give every node a "
                          "federation file whose train.max_epsilon covers the charge made again (`fedhype audit --run` "
                          "shows what was charged) before resuming" if others else "")

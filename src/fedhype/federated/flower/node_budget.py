@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fedhype.federated.flower.handshake import NodeRefusal, NodeSettings, own_federation
+from fedhype.federated.run_plan import at_least
 from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger, charge, pending_charges
 
 #: the node's own ledger, in the client's private state folder (never on the wire)
@@ -157,7 +158,7 @@ def charge_request(node: NodeSettings, state_dir: Path, events: Sequence[LedgerE
                           f"its federation file gives it (rounds, steps, q, σ and the release as published); nothing "
                           f"was run. " + ("A rerun of an unseeded release is a new release" if e.round < 0 else
                                           "A rerun of an unseeded round is a new release")
-                          + f": allow it with train.max_epsilon (at least {eps:.4f}) in the federation file — a resume "
+                          + f": allow it with train.max_epsilon (at least {at_least(eps)}) in the federation file — a resume "
                           "accepts the changed file — give every node the new file, restart them and resume; or keep "
                           "the last committed round, whose ε is within the plan (docs/flower.md)")
     # the site's ledger across runs, first; a charge it holds that this node's ledger lacks (a stop between the two
