@@ -99,8 +99,17 @@ def test_save_load_round_trip_and_corruption(fitted, split, tmp_path):
     with pytest.raises(ArtifactError, match="not found"):
         HyperPrototypeClassifier.load(tmp_path / "nothing")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    cfg["params"]["feature_dim"] = 64
-    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    # an edit by hand (a helper set meta.private and data_kind, and swapped class names: evaluate trusted them)
+    for key, value in (("meta", {**cfg["meta"], "private": True, "data_kind": "synthetic"}),
+                       ("classes", cfg["classes"][::-1])):
+        (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, key: value}))
+        with pytest.raises(ArtifactError, match=r"config\.json: edited after it was written"):
+            HyperPrototypeClassifier.load(tmp_path / "m")
+    old = {k: v for k, v in cfg.items() if k != "config_sha256"}  # a model saved before the digest: loads as before
+    (tmp_path / "m" / "config.json").write_text(json.dumps(old))
+    assert HyperPrototypeClassifier.load(tmp_path / "m").meta_ == cfg["meta"]
+    old["params"]["feature_dim"] = 64
+    (tmp_path / "m" / "config.json").write_text(json.dumps(old))
     with pytest.raises(ArtifactError, match="disagree"):
         HyperPrototypeClassifier.load(tmp_path / "m")
     raw = (tmp_path / "m" / "model.safetensors").read_bytes()

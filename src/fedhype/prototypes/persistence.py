@@ -6,8 +6,8 @@ A model directory holds
   all float32;
 * ``config.json`` — format tag ``"fedhype-hyperprototypes/1"``, the constructor parameters, the
   classes, D, the privacy summary, the training history, free-form ``meta`` (e.g. store names and
-  provenance) and the SHA-256 digest of the tensors; written last, so its presence marks a
-  complete model;
+  provenance), the SHA-256 digest of the tensors and ``config_sha256``, that of the rest of the file
+  (canonical JSON); written last, so its presence marks a complete model;
 * ``ledger.json`` — the privacy ledger of ``matching="dp"`` (:class:`~fedhype.privacy.ledger.PrivacyLedger`).
 """
 
@@ -49,8 +49,23 @@ def save_classifier(clf: Any, path: str | os.PathLike, meta: dict | None = None)
     config = {"format": FORMAT, "params": clf.get_params(), "classes": clf.classes_.tolist(),
               "n_features_in": int(clf.n_features_in_), "privacy": clf.privacy_, "history": clf.history_,
               "meta": dict(meta or getattr(clf, "meta_", {}) or {}), "digest": tensor_digest(tensors)}
+    config[CONFIG_DIGEST] = _config_digest(config)
     atomic_write_json(root / CONFIG, config)
     return root
+
+
+#: the key of config.json that holds the SHA-256 of the rest of it (canonical JSON)
+CONFIG_DIGEST = "config_sha256"
+
+
+def _config_digest(config: dict) -> str:
+    """SHA-256 of ``config`` without :data:`CONFIG_DIGEST`, as canonical JSON (sorted keys, no spaces, UTF-8)."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in config.items() if k != CONFIG_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                     default=str).encode("utf-8")).hexdigest()
 
 
 def load_classifier(path: str | os.PathLike) -> Any:
@@ -58,7 +73,8 @@ def load_classifier(path: str | os.PathLike) -> Any:
 
     Raises:
         ArtifactError: missing directory or file, wrong format tag, digest mismatch (modified or
-            truncated weights), or tensors whose shapes disagree with the config (exit code 4).
+            truncated weights, or a config.json edited after it was written: its ``config_sha256``), or tensors
+            whose shapes disagree with the config (exit code 4).
     """
     from fedhype.prototypes.classifier import HyperPrototypeClassifier
     from fedhype.prototypes.network import AdapterNet
@@ -71,6 +87,13 @@ def load_classifier(path: str | os.PathLike) -> Any:
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
         got = cfg.get("format") if isinstance(cfg, dict) else type(cfg).__name__
         raise ArtifactError(f"{root / CONFIG}: format {got!r}, expected {FORMAT!r}")
+    if CONFIG_DIGEST in cfg and cfg[CONFIG_DIGEST] != _config_digest(cfg):
+        # a helper set meta.private / data_kind / class names in config.json by hand: evaluate trusted them (a model
+        # trained on real records then scored without its "not held-out" warning). Models saved before the digest
+        # existed have none and load as before.
+        raise ArtifactError(f"{root / CONFIG}: edited after it was written (its {CONFIG_DIGEST} does not match its "
+                            "content: the classes, the privacy summary or the provenance a report relies on may have "
+                            "changed); retrain or restore the directory")
     tensors = load_tensors(root / WEIGHTS, "hyper-prototype model weights")
     if tensor_digest(tensors) != cfg.get("digest"):
         raise ArtifactError(f"{root / WEIGHTS}: tensor digest differs from {CONFIG} (file modified or from "
