@@ -60,6 +60,11 @@ def check_writable_folder(out: str | os.PathLike, done: str = "nothing was done"
     return above
 
 
+def _holder_pid(fd: int) -> str:
+    """The pid a lock file's holder wrote into it (:func:`exclusive_lock`), or "unknown"."""
+    return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+
+
 @contextlib.contextmanager
 def exclusive_lock(path: str | os.PathLike, busy: str):
     """Hold ``fcntl.flock`` on the file ``path`` (made if missing, not removed here: a caller removes it, if at all,
@@ -77,7 +82,7 @@ def exclusive_lock(path: str | os.PathLike, busy: str):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            holder = _holder_pid(fd)
             os.close(fd)
             raise ValidationError(busy.format(pid=holder)) from None
         try:
@@ -109,7 +114,7 @@ def lock_holder(path: str | os.PathLike) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            return _holder_pid(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -367,6 +372,19 @@ def load_tensors(path: str | os.PathLike, what: str = "tensor file") -> dict[str
         raise ArtifactError(f"{what} {path} was modified or corrupted after it was written (its content digest does not "
                             "match the one recorded in the file); restore it from a backup or rerun the step that wrote it")
     return tensors
+
+
+def json_digest(obj: Any) -> str:
+    """SHA-256 (hex) of ``obj`` as canonical JSON (sorted keys, no spaces, UTF-8, non-ASCII kept; paths and numpy or
+    torch scalars and arrays as :func:`atomic_write_json` writes them): the same digest whatever a file's whitespace
+    or key order, and the same for an object and the file written from it (federation files, a hyper-prototype
+    model's config).
+
+    Raises:
+        TypeError: ``obj`` holds a value JSON cannot write.
+    """
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                     default=_json_default).encode("utf-8")).hexdigest()
 
 
 #: safetensors metadata key of the content digest written by :func:`atomic_save_tensors`

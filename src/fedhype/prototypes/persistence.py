@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedhype.errors import ArtifactError
-from fedhype.io import atomic_save_tensors, atomic_write_json, load_tensors, read_json, tensor_digest
+from fedhype.io import atomic_save_tensors, atomic_write_json, json_digest, load_tensors, read_json, tensor_digest
 from fedhype.privacy.ledger import PrivacyLedger
 
 FORMAT = "fedhype-hyperprototypes/1"
@@ -60,12 +60,7 @@ CONFIG_DIGEST = "config_sha256"
 
 def _config_digest(config: dict) -> str:
     """SHA-256 of ``config`` without :data:`CONFIG_DIGEST`, as canonical JSON (sorted keys, no spaces, UTF-8)."""
-    import hashlib
-    import json
-
-    body = {k: v for k, v in config.items() if k != CONFIG_DIGEST}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                                     default=str).encode("utf-8")).hexdigest()
+    return json_digest({k: v for k, v in config.items() if k != CONFIG_DIGEST})
 
 
 def load_classifier(path: str | os.PathLike) -> Any:

@@ -51,7 +51,6 @@ SuperNode with ``python -m fedhype.federated.flower.check --node-config '...'`` 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -66,6 +65,7 @@ from flwr.common.logger import log
 
 from fedhype import __version__
 from fedhype.errors import ArtifactError, FedhypeError, ValidationError, listed
+from fedhype.io import json_digest
 
 QUERY_TYPE, QUERY, IDENTITY = "query", "query", "identity"
 #: the run key the server sends (grid_transport.run_key_of: the run folder's name, ≤ 60 characters, "-", 12 hex
@@ -308,8 +308,7 @@ def query_run(content: RecordDict | None) -> str:
 def federation_digest(raw: Mapping[str, Any]) -> str:
     """sha256 (hex) of a federation file's content as canonical JSON: the same plan whatever its whitespace or
     key order. The server sends it with every task and a site's node compares it with its own file's."""
-    return hashlib.sha256(json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-                          .encode("utf-8")).hexdigest()
+    return json_digest(raw)
 
 
 def own_federation(node: "NodeSettings") -> str:
