@@ -184,7 +184,7 @@ def test_wrong_kind_of_path_and_corrupt_files(files, tmp_path):
     syn.save(tmp_path / "syn.safetensors")
     r = _invoke("train", "--store", tmp_path / "syn.safetensors", "--partition", files / "part.json",
                 "--out", tmp_path / "run", "--json")
-    assert r.exit_code == 2 and "is a 'synthetic' store" in _one_json(r)["error"] and not (tmp_path / "run").exists()
+    assert r.exit_code == 4 and "is a 'synthetic' store" in _one_json(r)["error"] and not (tmp_path / "run").exists()
 
 
 # ----------------------------------------------------------------------------- 4: synthesize / budget values

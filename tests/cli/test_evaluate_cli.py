@@ -90,7 +90,7 @@ def test_the_real_train_store_must_be_real_and_embedded_as_the_run(stores, tmp_p
     """A probe: --real-train took a synthetic store (TRTR 0.967, labelled "train on real") and a mean-pooled store
     against a CLS run (TRTR 1.0) without a word."""
     r = _run("--store", stores["real"], "--synthetic", stores["syn"], "--real-train", stores["syn"], *FAST, "--json")
-    assert r.exit_code == 2 and json.loads(r.stdout)["error"].startswith(
+    assert r.exit_code == 4 and json.loads(r.stdout)["error"].startswith(
         f"--real-train {stores['syn']} is a 'synthetic' store; TRTR trains on real embeddings"), r.output
     syn = EmbeddingStore.load(stores["syn"])
     syn.meta["embedding"] = {"encoder": "dinov2-vits14", "pooling": "cls"}
@@ -137,7 +137,7 @@ def test_partition_gives_per_client_results(stores, tmp_path):
     assert r.exit_code == 4
     # a synthetic store as --store is named as such, not as a digest mismatch (a probe)
     r = _run("--store", stores["syn"], "--synthetic", stores["syn"], "--partition", part_path, *FAST, "--json")
-    assert r.exit_code == 2 and json.loads(r.stdout)["error"].startswith(
+    assert r.exit_code == 4 and json.loads(r.stdout)["error"].startswith(
         f"--store {stores['syn']} is a 'synthetic' store; with --partition it must be the real embeddings store")
 
 

@@ -118,7 +118,7 @@ def test_a_synthetic_store_is_refused(store_file, tmp_path):
     syn = EmbeddingStore(real.embeddings, real.labels, real.domains, real.sample_ids, real.class_names,
                          real.domain_names, {"kind": "synthetic"}).save(tmp_path / "syn.safetensors")
     res = invoke("--store", syn, "--scheme", "iid", "--clients", 2, "--out", tmp_path / "p.json", "--json")
-    assert res.exit_code == 2 and "'synthetic' store" in res.output and "fedhype embed" in res.output
+    assert res.exit_code == 4 and "'synthetic' store" in res.output and "fedhype embed" in res.output
     assert not (tmp_path / "p.json").exists()
 
 

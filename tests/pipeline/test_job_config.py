@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fedhype.errors import ValidationError
+from fedhype.errors import ArtifactError, ValidationError
 from fedhype.pipeline.config import resolve
 from fedhype.pipeline.job import run_job
 
@@ -50,7 +50,7 @@ def test_data_store_takes_an_existing_real_store_and_refuses_the_rest(real_store
     syn = EmbeddingStore(real_store.embeddings[:10], real_store.labels[:10], real_store.domains[:10],
                          real_store.sample_ids[:10], real_store.class_names, real_store.domain_names, {"kind": "synthetic"})
     syn.save(tmp_path / "syn.safetensors")
-    with pytest.raises(ValidationError, match="is a 'synthetic' store"):
+    with pytest.raises(ArtifactError, match="is a 'synthetic' store"):
         embed_store(resolve(None, [f"data.store='{tmp_path / 'syn.safetensors'}'"])["data"])
     with pytest.raises(ValidationError, match="data.store = .*: no such file"):
         embed_store(resolve(None, [f"data.store='{tmp_path / 'nope.safetensors'}'"])["data"])

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from fedhype.cli.choices import SPACES, SPLITS, choice
 from fedhype.cli.common import JsonOpt, console, existing, renamed_option, run_command, seed_value, warn
-from fedhype.errors import ValidationError
+from fedhype.errors import ArtifactError, ValidationError
 
 _FIDELITY = (("MMD²", "mmd2"), ("MMD² p-value", "mmd2_p_value"), ("MMD² multi-bandwidth", "mmd2_multi"),
              ("MMD² multi p-value", "mmd2_multi_p_value"), ("RBF bandwidth σ", "mmd2_bandwidth"),
@@ -174,9 +174,9 @@ def evaluate(
 
             part = Partition.load(partition)
             if real_store.kind != "real":  # a probe read a digest mismatch: a partition splits the real store only
-                raise ValidationError(f"--store {real} is a {real_store.kind!r} store; with --partition it must be the "
-                                      "real embeddings store the partition was made from (`fedhype embed`), and "
-                                      "the synthetic one goes to --synthetic")
+                raise ArtifactError(f"--store {real} is a {real_store.kind!r} store; with --partition it must be the "
+                                    "real embeddings store the partition was made from (`fedhype embed`), and "
+                                    "the synthetic one goes to --synthetic")
             part.check_store(real_store)
             check_provenance(real_store, syn_store, f"real store {real}", f"synthetic store {synthetic}",
                              partition=part)
@@ -299,16 +299,16 @@ def _real_train_store(path: Path, syn_store, synthetic: Path):
     (a mean-pooled store against a CLS run scored 1.0).
 
     Raises:
-        ValidationError: not a real store, or not comparable in shape. ArtifactError: another embedding (exit 4).
+        ValidationError: not comparable in shape. ArtifactError: not a real store, or another embedding (exit 4).
     """
     from fedhype.data.store import EmbeddingStore
     from fedhype.eval.inputs import check_compatible, check_provenance
 
     store = EmbeddingStore.load(path)
     if store.kind != "real":
-        raise ValidationError(f"--real-train {path} is a {store.kind!r} store; TRTR trains on real embeddings: give the "
-                              "real training records (`fedhype embed`, or leave --real-train out: with --partition "
-                              "or --site its train split is used)")
+        raise ArtifactError(f"--real-train {path} is a {store.kind!r} store; TRTR trains on real embeddings: give the "
+                            "real training records (`fedhype embed`, or leave --real-train out: with --partition "
+                            "or --site its train split is used)")
     check_compatible(store, syn_store, f"real train store {path}", f"synthetic store {synthetic}")
     check_provenance(store, syn_store, f"real train store {path}", f"synthetic store {synthetic}")
     return store

@@ -13,7 +13,7 @@ from rich.table import Table
 from fedhype.cli.choices import SCHEMES, choice
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, check_out_file, config_default, console, existing,
                                 renamed_option, run_command, seed_value)
-from fedhype.errors import FedhypeError, MinRecordsError, ValidationError
+from fedhype.errors import ArtifactError, FedhypeError, MinRecordsError, ValidationError
 from fedhype.pipeline.config import DEFAULTS
 
 #: Clients named in a "too few train records" refusal; the rest are counted.
@@ -153,9 +153,9 @@ def partition(
         splits = _parse_split(split)
         emb = EmbeddingStore.load(store)
         if emb.kind != "real":  # as `fedhype site` and `fedhype train`: a partition splits real records
-            raise ValidationError(f"--store {store} is a {emb.kind!r} store; `fedhype partition` splits the real "
-                                  "embeddings `fedhype embed` wrote (a synthetic store is drawn from a run, not a "
-                                  "client's data)")
+            raise ArtifactError(f"--store {store} is a {emb.kind!r} store; `fedhype partition` splits the real "
+                                "embeddings `fedhype embed` wrote (a synthetic store is drawn from a run, not a "
+                                "client's data)")
         valid = min(splits) >= 0 and splits[0] > 0 and abs(sum(splits) - 1) <= 1e-6  # else make_partition says why
         fraction = splits[0] / sum(splits) if valid else 1.0
         def attempt(k: int | None):

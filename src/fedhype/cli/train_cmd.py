@@ -20,7 +20,7 @@ from fedhype.privacy.centring import RELEASE_CENTRES
 from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, client_labels, check_out_dir, check_out_kind, config_default,
                                 config_option, console, existing, kv_table, log_line, print_above_target, round_printer,
                                 run_command, seeded_note, warn, INTERRUPTED_TRAINING)
-from fedhype.errors import MinRecordsError, ValidationError
+from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
 
 if TYPE_CHECKING:
     from fedhype.federated.config import TrainConfig
@@ -317,8 +317,8 @@ def register(app: typer.Typer) -> None:
             if sites is None:
                 s = EmbeddingStore.load(store)
                 if s.kind != "real":  # before the partition check, whose digest mismatch would hide the cause
-                    raise ValidationError(f"--store {store} is a {s.kind!r} store; `fedhype train` trains on real "
-                                          "embeddings (from `fedhype embed`)")
+                    raise ArtifactError(f"--store {store} is a {s.kind!r} store; `fedhype train` trains on real "
+                                        "embeddings (from `fedhype embed`)")
                 p = Partition.load(partition)
             sizes = ({s_.name: len(s_.split.train) for s_ in sites} if sites is not None
                      else {c.name: len(c.train) for c in p.clients})

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from fedhype.data.partition import Partition, make_partition
 from fedhype.data.store import EmbeddingStore
-from fedhype.errors import ValidationError, counted
+from fedhype.errors import ArtifactError, ValidationError, counted
 from fedhype.io import atomic_write_json, atomic_write_text, read_json
 from fedhype.pipeline.config import to_toml, train_config
 
@@ -168,8 +168,8 @@ def _embed_store(d: dict, *, progress: bool, warn=None, limit_name: str = "data.
             raise ValidationError(f"data.store = {str(path)!r}: no such file (make one with `fedhype embed --out ...`)")
         store = EmbeddingStore.load(path)
         if store.kind != "real":
-            raise ValidationError(f"data.store = {str(path)!r} is a {store.kind!r} store; the job trains on real "
-                                  "embeddings (from `fedhype embed`)")
+            raise ArtifactError(f"data.store = {str(path)!r} is a {store.kind!r} store; the job trains on real "
+                                "embeddings (from `fedhype embed`)")
         _check_store_settings(d, store, path)
         return store, ""
     if d["images"]:
