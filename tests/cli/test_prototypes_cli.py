@@ -89,7 +89,7 @@ def test_federated_train(files):
     assert res["federated"] is True and res["private"] is False and res["n_clients"] == 4 and res["n_train"] == 480
     assert res["privacy"]["model_private"] is False and len(res["privacy"]["clients"]) == 4
     r = _run("train", "--data", files["syn"], "--partition", files["part"], "--federated", "--out", out / "x", "--json")
-    assert r.exit_code == 2 and "synthetic store" in json.loads(r.stdout)["error"]
+    assert r.exit_code == 4 and "synthetic store" in json.loads(r.stdout)["error"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -152,3 +152,17 @@ def test_dp_linear_names_its_local_learning_rate_as_train_does(files):
     assert json.loads(slow.stdout)["accuracy"] != json.loads(new.stdout)["accuracy"]  # the value is used
     both = _run(*base, "--lr", 0.5, "--lr-local", 0.5)
     assert both.exit_code == 2 and "--lr is the old name of --lr-local" in both.output
+
+
+def test_a_synthetic_store_where_real_records_are_read_exits_4(files):
+    """A synthetic store where a command reads the clients' real records is a file of another kind (exit 4, as the
+    README's exit-code list says), named, with nothing written: the DP reference and --matching dp."""
+    out = files["root"] / "kind"
+    r = _run("dp-linear", "--store", files["syn"], "--partition", files["part"], "--rounds", 1, "--out", out, "--json")
+    assert r.exit_code == 4 and json.loads(r.stdout)["error"] == (
+        f"--store {files['syn']} is a synthetic store; this reference trains on real records"), r.output
+    r = _run("train", "--synthetic", files["syn"], "--store", files["syn"], "--partition", files["part"],
+             "--matching", "dp", "--epochs", 1, "--out", out, "--json")
+    assert r.exit_code == 4 and json.loads(r.stdout)["error"].startswith(
+        f"--store {files['syn']} is a synthetic store; --matching dp needs the clients' real store"), r.output
+    assert not out.exists()

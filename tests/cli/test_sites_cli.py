@@ -367,7 +367,7 @@ def test_what_the_fresh_user_broke_is_refused(consortium, tmp_path):
     r = runner.invoke(app, ["evaluate", *sites[:2], "--synthetic", syn, "--json"])
     assert r.exit_code == 2 and "one site per command" in r.output
     r = runner.invoke(app, ["site", "--store", syn, "--name", "s", "--out", str(tmp_path / "s"), "--json"])
-    assert r.exit_code == 2 and "kind='synthetic'" in r.output and not (tmp_path / "s").exists()
+    assert r.exit_code == 4 and "kind='synthetic'" in r.output and not (tmp_path / "s").exists()
     # too few records: the site's own advice, not a partition's
     r = runner.invoke(app, ["site", "--store", str(root / "clinic_c" / "embeddings.safetensors"), "--name", "c",
                             "--min-records", "500", "--out", str(tmp_path / "s"), "--json"])

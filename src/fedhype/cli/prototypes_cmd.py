@@ -14,7 +14,7 @@ from rich.table import Table
 from fedhype.cli.choices import HEADS, MATCHINGS, SPLITS, choice
 from fedhype.cli.common import (
     JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command, seed_value, seeded_note, warn)
-from fedhype.errors import ValidationError, counted
+from fedhype.errors import ArtifactError, ValidationError, counted
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
 
@@ -152,8 +152,8 @@ def train(
         classes = np.arange(store.n_classes)
         if federated:
             if store.kind == "synthetic":
-                raise ValidationError(f"--federated trains on the clients' real records; --synthetic {data} is a "
-                                      "synthetic store: give the real store (`fedhype embed`) and its --partition")
+                raise ArtifactError(f"--federated trains on the clients' real records; --synthetic {data} is a "
+                                    "synthetic store: give the real store (`fedhype embed`) and its --partition")
             part.check_store(store)
             clients = _clients(part, store, split)
             console.print(f"FedHPro: {counted(epochs, 'round')} over {counted(len(clients), 'client')} …", highlight=False)
@@ -169,7 +169,10 @@ def train(
             if matching == "dp":
                 real_store = EmbeddingStore.load(real) if real is not None else store
                 if real_store.kind == "synthetic":
-                    raise ValidationError("--matching dp needs the clients' real store: pass --store")
+                    if real is None:
+                        raise ValidationError("--matching dp needs the clients' real store: pass --store")
+                    raise ArtifactError(f"--store {real} is a synthetic store; --matching dp needs the clients' real "
+                                        "store (`fedhype embed`)")
                 part.check_store(real_store)
                 if real_store.dim != store.dim or real_store.class_names != store.class_names:
                     raise ValidationError(f"--store {real} and --synthetic {data} differ in dimension or class names")
@@ -319,8 +322,6 @@ def evaluate(
                 keys = (clf.meta_ or {}).get("data_keys") or []
                 why = part.key_mismatch(keys)  # as `fedhype evaluate` (a probe: it scored silently)
                 if why:
-                    from fedhype.errors import ArtifactError
-
                     raise ArtifactError(f"{why} (the run whose synthetic store trained --model {model}): its {split} "
                                         "split may hold that run's training records; pass the partition the run "
                                         "trained on")
@@ -428,7 +429,7 @@ def dp_linear(
         else:
             store = EmbeddingStore.load(real)
             if store.kind == "synthetic":
-                raise ValidationError(f"--store {real} is a synthetic store; this reference trains on real records")
+                raise ArtifactError(f"--store {real} is a synthetic store; this reference trains on real records")
             console.print(f"DP FedAvg linear classifier: planning {counted(rounds, 'round')} …", highlight=False)
             r = dp_linear_downstream(store, Partition.load(partition), cfg, out=out)
         r["seeded"] = seed is not None

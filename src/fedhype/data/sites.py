@@ -339,8 +339,8 @@ def make_site(store: EmbeddingStore, store_path: str | os.PathLike, name: str, *
             raise ValidationError(f"the store's class(es) {missing} are not in --classes {list(classes)}: the agreed "
                                   "list must hold every class of the site")
     if store.kind != "real":
-        raise ValidationError(f"a site splits its real records; this store is marked kind={store.kind!r} (a synthetic "
-                              "store is drawn from a run, it is not a site's data): give the store `fedhype embed` wrote")
+        raise ArtifactError(f"a site splits its real records; this store is marked kind={store.kind!r} (a synthetic "
+                            "store is drawn from a run, it is not a site's data): give the store `fedhype embed` wrote")
     try:
         part = make_partition(store, scheme="iid", n_clients=1, splits=splits, min_train_per_client=min_train,
                               seed=seed, use_given_splits=use_given_splits)
