@@ -382,3 +382,45 @@ def test_a_run_that_charged_a_site_more_than_it_recorded_is_ok_with_a_note_sayin
     charge(run, [dataclasses.replace(last, round=last.round + 1)], tmp_path / "run1" / "ledger.json")  # the server's
     row = compare_site(tmp_path / "run1", sites[0].folder)  # write-ahead charge of a round the node never ran
     assert row["ok"] and row["claimed"] > row["recomputed"] and "write-ahead" in row["note"], row
+
+
+def test_a_copy_of_a_run_folder_resumed_beside_the_original_is_charged_at_the_sites(sites, tmp_path):
+    """A helper: an interrupted run folder copied (a backup), then the original and the copy both resumed: the copy's
+    rounds ran on the sites' records, yet each site's ledger held one run's charges (every event the original charged
+    under the shared run key was taken for the copy's own unfinished charge), and `audit --site` said ok. Now only
+    a charge made by the folder's own last charge (its token) is reused: the copy's rounds are charged, a cap refuses
+    them, and the audit of the copy names what the sites hold beyond its ledger."""
+    import shutil
+
+    from fedhype.eval.audit_sites import compare_site
+    from fedhype.federated.engine import train_sites
+    from fedhype.privacy.site_ledger import charge_of, run_of
+
+    cfg = TrainConfig(**{**CFG, "seed": None, "rounds": 3})
+    train_sites(sites, cfg, tmp_path / "run", stop_after=1)
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    train_sites(sites, cfg, tmp_path / "run", resume=True)
+    one = [len(load_site_ledger(s.folder)) for s in sites]
+    train_sites(sites, cfg, tmp_path / "copy", resume=True)
+    run = PrivacyLedger.load(tmp_path / "run" / "ledger.json")
+    for i, s in enumerate(sites):
+        led = load_site_ledger(s.folder)
+        rounds = [e for e in run.events if e.client == str(i) and e.round >= 1]  # what the resumes ran: rounds 2, 3
+        assert len(rounds) == 2 and len(led) == one[i] + len(rounds), (len(led), one[i])
+        assert len({run_of(e) for e in led.events}) == 1 and all(charge_of(e) for e in led.events)
+        assert composed(led.events, led.delta) > run.epsilon(str(i)) * 1.01  # the site paid for both copies' rounds
+        row = compare_site(tmp_path / "run", s.folder)
+        assert not row["ok"] and "another copy of this run's folder" in row["reason"], row
+    # under a cap that one run fits, the copy's rounds are refused before they run
+    for s in sites:
+        ledger_path(s.folder).unlink()
+        set_site_ledger(s.folder, s.name, delta=DELTA)
+    shutil.rmtree(tmp_path / "run"), shutil.rmtree(tmp_path / "copy")
+    train_sites(sites, cfg, tmp_path / "run", stop_after=1)
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    train_sites(sites, cfg, tmp_path / "run", resume=True)
+    cap = max(spent(load_site_ledger(s.folder)) for s in sites) * 1.001
+    for s in sites:
+        set_site_ledger(s.folder, s.name, max_epsilon=cap)
+    with pytest.raises(BudgetExceededError, match="past the site's cap"):
+        train_sites(sites, cfg, tmp_path / "copy", resume=True)

@@ -101,7 +101,9 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
             **({} if ok else {"reason": (f"the run's ledger reports ε = {claimed:.6g} for the site's client, less than "
                                          f"the site's own ledger records for this run"
                                          + (f" ({shown:.6g})" if shown is not None else " (ε = ∞: seeded or without DP)")
-                                         + ": the run's ledger lacks charges the site recorded")})}
+                                         + ": the run's ledger lacks charges the site recorded — edited, or "
+                                           "another copy of this run's folder (the same run key, e.g. a backup "
+                                           "resumed beside it) also trained on the site's records")})}
 
 
 def _no_dp(run) -> bool:

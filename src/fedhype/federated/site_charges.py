@@ -95,10 +95,14 @@ def start_site_ledgers(sites: Sequence[Site], delta: float) -> None:
             mark_site_ledger(s)
 
 
-def _site_chargers(sites: Sequence[Site], key: str, cfg: TrainConfig) -> dict:
+#: per site, the token of the last charge a run folder made on the site's ledger (:attr:`SiteCharger.tokens`)
+SITE_CHARGES_FILE = "site-charges.json"
+
+
+def _site_chargers(sites: Sequence[Site], key: str, cfg: TrainConfig, tokens: Path | None = None) -> dict:
     from fedhype.privacy.site_ledger import SiteCharger
 
-    return {i: SiteCharger(Path(s.folder), s.name, key, float(cfg.delta), expected=s.ledger)
+    return {i: SiteCharger(Path(s.folder), s.name, key, float(cfg.delta), expected=s.ledger, tokens=tokens)
             for i, s in enumerate(sites) if s.folder is not None}
 
 
@@ -112,7 +116,8 @@ def attach_site_ledgers(state, sites: Sequence[Site], key: str) -> None:
             (:meth:`fedhype.federated.rundir.RunDir.run_key`), noted on each site's events.
     """
     start_site_ledgers(sites, state.plan.cfg.delta)
-    chargers = _site_chargers(sites, key, state.plan.cfg)
+    # the token of each site's last charge from this run folder (a resume reuses only its own unfinished charge)
+    chargers = _site_chargers(sites, key, state.plan.cfg, state.run.root / "ckpt" / SITE_CHARGES_FILE)
     if state.plan.cfg.no_dp:
         for ch in chargers.values():
             ch.charge_no_dp()

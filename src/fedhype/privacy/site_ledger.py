@@ -33,7 +33,10 @@ SuperNode charges its site folder's ledger before its per-run node ledger
 (:func:`fedhype.privacy.ledger.pending_charges`), and a seeded event the site already holds for the same
 run, round and mechanism is not recorded twice (a stop between the two ledgers' writes, then a seeded
 resume, replays the same noise): a seeded resume is recorded once (the run is ε = ∞ for the site anyway), an
-unseeded rerun is charged again. Before a run writes anything, ``train --site`` also checks that every site's
+unseeded rerun is charged again. A charge the site holds and the run's ledger lacks (a stop between the two writes:
+its mechanism never ran) is taken over by the resume only where the run's folder made it — each charge's token is
+written to the folder (:attr:`SiteCharger.tokens`) before the site's write — so a copy of a run folder resumed beside
+the original is charged for every round it runs. Before a run writes anything, ``train --site`` also checks that every site's
 ledger can be written (:func:`check_writable`), so a read-only ledger does not leave a half-started run folder.
 
 A site folder started by ``fedhype site`` says so in ``site.json`` (``"site_ledger"``): its ledger missing is
@@ -57,6 +60,9 @@ from fedhype.privacy.ledger import CHARGE_FIELDS, LEDGER_ADVICE, LedgerEvent, Pr
 
 _WHAT = "every charge against this site's records, across runs"
 _RUN = "run "
+#: the tag of one charge in a site event's note (``run <key>; charge <token>[; …]``): the token the charging folder
+#: keeps (:attr:`SiteCharger.tokens`), so that a later attempt from *that* folder can tell its own unfinished charge
+_CHARGE = "charge "
 #: the mechanism recorded for a run without DP on the site's records (σ = 0: ε = ∞)
 NO_DP = "no-dp-training"
 #: ``set_site_ledger``'s default: leave the cap as it is
@@ -138,6 +144,12 @@ def run_of(event: LedgerEvent) -> str:
     """The key of the run that charged ``event`` (from its note, ``run <key>[; …]``)."""
     head = event.note.split(";", 1)[0]
     return head[len(_RUN):] if head.startswith(_RUN) else "?"
+
+
+def charge_of(event: LedgerEvent) -> str | None:
+    """The token of the charge that recorded ``event`` (its note's ``charge <token>``), or None (older events)."""
+    parts = event.note.split("; ")
+    return parts[1][len(_CHARGE):] if len(parts) > 1 and parts[1].startswith(_CHARGE) else None
 
 
 def composed(events: Iterable[LedgerEvent], delta: float, accountant: str | None = None, *,
@@ -344,6 +356,12 @@ class SiteCharger:
         delta: δ of a ledger created by the first charge (a site folder of an earlier version; ``fedhype site``
             starts it at the site's own δ).
         expected: the site's ``site.json`` says its ledger was started (a missing one is an error).
+        tokens: a JSON file in the charging run's own folder (``ckpt/site-charges.json``, or a SuperNode's run state
+            folder) holding, per site, the token of the last charge made from that folder, written before the site is
+            charged. A charge at the site that the run's ledger lacks is reused by a resume only if it carries that
+            token (:meth:`_orphans`): a copy of the run folder (a backup restored and resumed beside the original)
+            shares the run key but not the original's later tokens, so what the original ran is not taken for its
+            own unfinished charge. None: no charge is reused (every charge is made).
     """
 
     folder: Path
@@ -351,7 +369,43 @@ class SiteCharger:
     run_key: str
     delta: float
     expected: bool = False
+    tokens: Path | None = None
     _memo: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def _last_token(self) -> str | None:
+        """The token of the last charge this run's folder made at this site (None: none recorded, or unreadable)."""
+        if self.tokens is None or not Path(self.tokens).is_file():
+            return None
+        import json
+
+        try:
+            raw = json.loads(Path(self.tokens).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        tok = raw.get("sites", {}).get(self.site) if isinstance(raw, dict) and isinstance(raw.get("sites"), dict) else None
+        return tok if isinstance(tok, str) and tok else None
+
+    def _new_token(self) -> str | None:
+        """Draw this charge's token and record it in :attr:`tokens` (atomic) before the site is charged."""
+        if self.tokens is None:
+            return None
+        import json
+        import secrets
+
+        from fedhype.io import atomic_write_json
+
+        path = Path(self.tokens)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except (OSError, ValueError):
+            raw = {}
+        sites = dict(raw.get("sites") or {}) if isinstance(raw, dict) and isinstance(raw.get("sites"), dict) else {}
+        sites[self.site] = tok = secrets.token_hex(6)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"what": "per site, the token of the last charge this folder made on its ledger "
+                                         "across runs (a resume reuses only its own unfinished charge)",
+                                 "sites": sites})
+        return tok
 
     def _open(self) -> PrivacyLedger:
         led = load_site_ledger(self.folder, expected=self.expected, site=self.site)
@@ -359,18 +413,23 @@ class SiteCharger:
             return PrivacyLedger(self.delta, {"site": self.site, "max_epsilon": None, "what": _WHAT})
         return led
 
-    def mirrored(self, events: Iterable[LedgerEvent]) -> list[LedgerEvent]:
-        """``events`` (one client's, from a run's ledger) as this site's: renamed, noted with the run key."""
-        note = f"{_RUN}{self.run_key}"
+    def mirrored(self, events: Iterable[LedgerEvent], token: str | None = None) -> list[LedgerEvent]:
+        """``events`` (one client's, from a run's ledger) as this site's: renamed, noted with the run key (and the
+        charge's ``token``)."""
+        note = f"{_RUN}{self.run_key}" + (f"; {_CHARGE}{token}" if token else "")
         return [dataclasses.replace(e, client=self.site, note=f"{note}; {e.note}" if e.note else note) for e in events]
 
-    def _orphans(self, led: PrivacyLedger, recorded: Sequence[LedgerEvent] | None) -> Counter:
+    def _orphans(self, led: PrivacyLedger, recorded: Sequence[LedgerEvent] | None, last: str | None) -> Counter:
         """This run's events in the site's ledger that the run's own ledger does not hold (``recorded``: the run
-        ledger's events of this site's client), by :func:`_signature`. The site is charged first and the run's
-        ledger next, and a mechanism runs only once both are written (:func:`fedhype.privacy.ledger.charge`), so
-        such an event is a charge whose mechanism never ran: a stop (Ctrl-C, SIGTERM, kill -9) between the two
-        writes. None of ``recorded``: not known (no orphans are reused)."""
-        if recorded is None:
+        ledger's events of this site's client), by :func:`_signature`, made by the last charge of this run's folder
+        (the token in :attr:`tokens`). The site is charged first and the run's ledger next, and a mechanism runs
+        only once both are written (:func:`fedhype.privacy.ledger.charge`), so such an event is a charge whose
+        mechanism never ran: a stop (Ctrl-C, SIGTERM, kill -9) between the two writes. Events of this run key with
+        another token were charged from another folder of the run — a copy resumed beside the original (a probe's
+        copied run folder trained 20 rounds on the sites uncharged, each taken for its own unfinished charge) — and
+        are never reused. ``last``: that token (:meth:`_last_token`). None of ``recorded``, or no token: not known
+        (no orphans are reused)."""
+        if recorded is None or last is None:
             return Counter()
         have = Counter(_signature(e) for e in recorded)
         out: Counter = Counter()
@@ -380,12 +439,13 @@ class SiteCharger:
             k = _signature(e)
             if have[k] > 0:
                 have[k] -= 1
-            else:
+            elif charge_of(e) == last:
                 out[k] += 1
         return out
 
     def _new(self, led: PrivacyLedger, events: Sequence[LedgerEvent],
-             recorded: Sequence[LedgerEvent] | None = None) -> list[LedgerEvent]:
+             recorded: Sequence[LedgerEvent] | None = None, token: str | None = None,
+             last: str | None = None) -> list[LedgerEvent]:
         """The mirrored events not already in the site's ledger: a seeded event of the same run, round and
         mechanism as a recorded seeded one replays it (a stop between the site's write and the run's); any other
         event equal to an orphan of this run (:meth:`_orphans`: charged at the site, never recorded by the run, so
@@ -393,9 +453,9 @@ class SiteCharger:
         site with a charge the run's resume made again, and ``audit --site`` failed the honest run)."""
         held = {(e.round, e.mechanism) for e in led.events if e.seeded and run_of(e) == self.run_key}
         held |= {(e.round, e.mechanism) for e in led.events if e.mechanism == NO_DP and run_of(e) == self.run_key}
-        orphans = self._orphans(led, recorded)
+        orphans = self._orphans(led, recorded, self._last_token() if last is None else last)
         out = []
-        for e in self.mirrored(events):
+        for e in self.mirrored(events, token):
             if (e.seeded or e.mechanism == NO_DP) and (e.round, e.mechanism) in held:
                 continue
             if orphans[k := _signature(e)] > 0:
@@ -476,8 +536,9 @@ class SiteCharger:
             if (err := self.refusal(events, recorded=recorded)) is not None:
                 raise err
             led = self._open()
-            mine = self._new(led, events, recorded)
-            if mine:
+            last = self._last_token()
+            if self._new(led, events, recorded, last=last):  # this charge's token, in the folder before the site's write
+                mine = self._new(led, events, recorded, self._new_token(), last=last)
                 charge(led, mine, ledger_path(self.folder))
 
     def charge_no_dp(self) -> None:

@@ -178,11 +178,13 @@ def charge_site(node: NodeSettings, state_dir: Path, delta: float, how) -> None:
         return
     from fedhype.data.sites import Site
     from fedhype.errors import BudgetExceededError
+    from fedhype.federated.site_charges import SITE_CHARGES_FILE
     from fedhype.privacy.site_ledger import SiteCharger
 
     site = Site.load(node.site)
     try:
-        how(SiteCharger(Path(site.folder), site.name, Path(state_dir).parent.name, float(delta), expected=site.ledger))
+        how(SiteCharger(Path(site.folder), site.name, Path(state_dir).parent.name, float(delta), expected=site.ledger,
+                        tokens=Path(state_dir) / SITE_CHARGES_FILE))
     except BudgetExceededError as err:  # the server gets the refusal, not the site's folder or its other runs' figures
         import logging
 
