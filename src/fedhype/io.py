@@ -264,12 +264,37 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", advice: str | No
     path = Path(path)
     require_file(path, what)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         if _looks_like_safetensors(path):
             raise ArtifactError(f"{what} {path} is a safetensors file (an embeddings store or a model?), not JSON; "
                                 f"give the {what}") from None
         raise ArtifactError(f"{what} {path} is not valid JSON ({exc}); {advice}") from None
+    if what in _SEALED and isinstance(obj, dict) and CONFIG_DIGEST in obj:
+        rest = {k: v for k, v in obj.items() if k != CONFIG_DIGEST}
+        if obj[CONFIG_DIGEST] != json_digest(rest):
+            # a helper raised train.rounds in a run's config.json by hand: the resume ran the extra rounds and blamed
+            # the ε above target on a recharged round (the audit alone caught it)
+            raise ArtifactError(f"{what} {path}: edited after it was written (its {CONFIG_DIGEST} does not match its "
+                                "content; the resume, the audit and synthesis take the run's settings from it): "
+                                f"{advice}. To train with other settings, start a new run")
+        return rest
+    return obj
+
+
+#: the key of a sealed JSON file (:func:`sealed`: a run's config.json, a hyper-prototype model's) holding the
+#: SHA-256 of the rest of it
+CONFIG_DIGEST = "config_sha256"
+#: the ``what`` of :func:`read_json` whose files are sealed when written: read back without the digest, and refused
+#: (ArtifactError) where it does not match (files written before the seal have none and read as before)
+_SEALED = ("run config",)
+
+
+def sealed(obj: dict) -> dict:
+    """``obj`` with :data:`CONFIG_DIGEST` set to the :func:`json_digest` of the rest of it, so that an edit by hand
+    shows when the file written from it is read (:func:`read_json`)."""
+    rest = {k: v for k, v in obj.items() if k != CONFIG_DIGEST}
+    return {**rest, CONFIG_DIGEST: json_digest(rest)}
 
 
 def _looks_like_safetensors(path: Path) -> bool:

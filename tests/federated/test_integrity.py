@@ -241,3 +241,32 @@ def test_a_partition_whose_class_names_were_edited_is_refused(real_store, part, 
     edited = dataclasses.replace(part, class_names=part.class_names[:2])
     with pytest.raises(ArtifactError, match="class names"):
         edited.check_store(real_store)
+
+
+def test_a_run_config_edited_by_hand_is_refused_by_the_resume_synthesis_and_the_audit(real_store, part, tmp_path):
+    """A helper raised train.rounds 30 → 40 in a run's config.json and resumed with --rounds 40: the resume ran 10
+    more rounds and blamed the ε above target on "round 11 charged again" (only the audit caught it). config.json is
+    sealed now (its config_sha256): an edit is refused (exit 4) before anything is charged; an older file without
+    the seal reads as before."""
+    import json
+
+    from fedhype.eval.audit_ledger import audit_run
+    from fedhype.io import CONFIG_DIGEST, read_json
+
+    cfg = TrainConfig(**{**CFG, "rounds": 2})
+    train(real_store, part, cfg, tmp_path / "run", stop_after=1)
+    path = RunDir(tmp_path / "run").config
+    raw = json.loads(path.read_text())
+    assert len(raw[CONFIG_DIGEST]) == 64 and CONFIG_DIGEST not in read_json(path, "run config")
+    edited = {**raw, "train": {**raw["train"], "rounds": 3}}
+    path.write_text(json.dumps(edited))
+    charged = len(PrivacyLedger.load(tmp_path / "run" / "ledger.json"))
+    for attempt in (lambda: train(real_store, part, TrainConfig(**{**CFG, "rounds": 3}), tmp_path / "run", resume=True),
+                    lambda: audit_run(tmp_path / "run")):
+        with pytest.raises(ArtifactError, match="config.json: edited after it was written"):
+            attempt()
+    assert len(PrivacyLedger.load(tmp_path / "run" / "ledger.json")) == charged  # nothing charged
+    # a config.json from before the seal reads as before, and the resume finishes the run
+    path.write_text(json.dumps({k: v for k, v in raw.items() if k != CONFIG_DIGEST}))
+    train(real_store, part, cfg, tmp_path / "run", resume=True)
+    assert load_model(tmp_path / "run")[2] is not None

@@ -60,7 +60,7 @@ from fedhype.data.roster import as_roster
 from fedhype.federated.server import ServerStrategy
 from fedhype.federated.transport import (ClientHandle, ClientTransport, InProcessTransport, RoundTask, SupportsPreflight,
                                          void_refused)
-from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors
+from fedhype.io import atomic_write_json, load_tensors, read_json, atomic_save_tensors, sealed
 from fedhype.privacy.dp_step import DPConfig
 from fedhype.privacy.events import DP_SGD as MECHANISM
 from fedhype.privacy.events import dp_sgd_events
@@ -260,7 +260,7 @@ def open_run(run: RunDir, plan: RunPlan, done: int, connect: Callable[[RunDir], 
         ArtifactError: a missing or corrupt ledger, metrics file or server checkpoint.
     """
     cfg = plan.cfg
-    atomic_write_json(run.config, plan.resolved)
+    atomic_write_json(run.config, sealed(plan.resolved))  # an edit by hand is refused when read (read_json)
     transport = connect(run)
     gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else 0)
     server = make_server(plan.model, len(transport.clients), gen, cfg.method,  # local-cvae: one server per client

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhype.errors import ArtifactError, ValidationError
-from fedhype.io import atomic_write_json, read_json
+from fedhype.io import atomic_write_json, read_json, sealed
 
 #: files copied from the run directory (model first: a folder without it is no release)
 RUN_FILES = ("model.safetensors", "ledger.json", "config.json", "checkpoint.json")
@@ -396,7 +396,7 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
                     summary["model_epsilon_note"] = note
                 files.append(name)
             elif name == "config.json" and (src / name).is_file():
-                atomic_write_json(tmp / name, public_config(read_json(src / name, "run config")))
+                atomic_write_json(tmp / name, sealed(public_config(read_json(src / name, "run config"))))
                 files.append(name)
             elif (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from fedhype.errors import ArtifactError
-from fedhype.io import atomic_save_tensors, atomic_write_json, json_digest, load_tensors, read_json, tensor_digest
+from fedhype.io import (CONFIG_DIGEST, atomic_save_tensors, atomic_write_json, load_tensors, read_json, sealed,
+                        tensor_digest)
 from fedhype.privacy.ledger import PrivacyLedger
 
 FORMAT = "fedhype-hyperprototypes/1"
@@ -54,13 +55,9 @@ def save_classifier(clf: Any, path: str | os.PathLike, meta: dict | None = None)
     return root
 
 
-#: the key of config.json that holds the SHA-256 of the rest of it (canonical JSON)
-CONFIG_DIGEST = "config_sha256"
-
-
 def _config_digest(config: dict) -> str:
-    """SHA-256 of ``config`` without :data:`CONFIG_DIGEST`, as canonical JSON (sorted keys, no spaces, UTF-8)."""
-    return json_digest({k: v for k, v in config.items() if k != CONFIG_DIGEST})
+    """SHA-256 of ``config`` without :data:`CONFIG_DIGEST`, as canonical JSON (:func:`fedhype.io.sealed`)."""
+    return sealed(config)[CONFIG_DIGEST]
 
 
 def load_classifier(path: str | os.PathLike) -> Any:
