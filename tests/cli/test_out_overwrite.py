@@ -212,6 +212,27 @@ def test_embed_overwrite_rule(files, copy, tmp_path, tiny_dinov2_dir, monkeypatc
     r, obj = _invoke(*args, "--out", syn, "--overwrite", "--json")
     assert r.exit_code == 2 and f"--out {syn} is a synthetic embeddings store" in obj["error"]
     assert syn.read_bytes() == before
+    # a second `embed` into an --out another one is writing is refused, naming its pid (a helper's two embeds into one
+    # path both said they wrote it, the first store silently replaced); the lock file goes away with the writer
+    import subprocess
+    import sys
+
+    hold = ("import sys, time; from fedhype.io import exclusive_lock\n"
+            "with exclusive_lock(sys.argv[1], 'busy {pid}'):\n    print('locked', flush=True); time.sleep(600)")
+    busy = tmp_path / "busy.safetensors"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / ".busy.safetensors.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"  # waits on the condition, not on a timer
+        for extra in ([], ["--overwrite"]):
+            r, obj = _invoke(*args, "--out", busy, *extra, "--json")
+            assert r.exit_code == 2 and f"{busy} is being written by another `fedhype embed` (pid {holder.pid})" in \
+                obj["error"] and not busy.exists(), r.output
+    finally:
+        holder.kill()
+        holder.wait()
+    r, obj = _invoke(*args, "--out", busy, "--json")
+    assert r.exit_code == 0 and busy.exists() and not (tmp_path / ".busy.safetensors.lock").exists(), r.output
 
 
 # ----------------------------------------------------------------------------- train / run: --out is a folder

@@ -552,6 +552,32 @@ def describe_artifact(fmt: str | None) -> str:
     return ARTIFACT_NAMES.get(fmt, f"a {fmt} file")
 
 
+@contextlib.contextmanager
+def out_lock(target: Path, command: str, overwrite: bool | None = None):
+    """Hold a lock on the output ``target`` while ``fedhype <command>`` writes it (``.<name>.lock`` beside it, removed
+    on the way out; :func:`fedhype.io.exclusive_lock`): two commands writing the same path both said they wrote it,
+    one output silently replacing the other (new users' probes: `synthesize`, then `embed`). ``overwrite``: False
+    checks again, under the lock, that ``target`` was not written meanwhile (None: the caller checks).
+
+    Raises:
+        ValidationError: another process writes ``target`` (its pid named), or it appeared meanwhile.
+    """
+    from fedhype.errors import ValidationError
+    from fedhype.io import exclusive_lock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.parent / f".{target.name}.lock"
+    with exclusive_lock(lock, f"{target} is being written by another `fedhype {command}` (pid {{pid}}); wait for it "
+                              "to finish, or give another path"):
+        try:
+            if overwrite is False and target.exists():
+                raise ValidationError(f"--out {target} was written meanwhile by another process; give another --out, "
+                                      "or --overwrite")
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # inside the lock
+
+
 def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> None:
     """The one overwrite rule for a command's ``--out`` file (checked before any work is done).
 

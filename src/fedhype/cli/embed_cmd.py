@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhype.cli.choices import DTYPES, LAYOUTS, POOLINGS, choice
-from fedhype.cli.common import (JsonOpt, check_out_file, console, existing, log_line, one_line, run_command, seed_value,
-                                warn)
+from fedhype.cli.common import (JsonOpt, check_out_file, console, existing, log_line, one_line, out_lock, run_command,
+                                seed_value, warn)
 from fedhype.errors import ValidationError
 
 
@@ -97,9 +97,6 @@ def embed(
     """Embed images with a frozen pretrained encoder and write an embeddings store."""
 
     def body() -> dict[str, Any]:
-        from fedhype.encoders import create_encoder
-        from fedhype.encoders.embed import embed_source
-
         if (images is None) == (dataset is None):
             raise ValidationError("give exactly one of --images DIR or --dataset NAME")
         if dataset is not None and layout != "auto":
@@ -108,6 +105,15 @@ def embed(
 
         check_out_file(out, overwrite, writes=f"{FORMAT} (real)", command="embed")
         _check_options(dataset, dtype, device, batch_size, workers, limit)
+        # one writer of --out at a time (a helper's two embeds into one path both said they wrote it)
+        with out_lock(out, "embed", overwrite):
+            return written()
+
+    def written() -> dict[str, Any]:
+        """Embed (or reuse the cache) and write --out, under its lock."""
+        from fedhype.encoders import create_encoder
+        from fedhype.encoders.embed import embed_source
+
         # create_encoder checks --encoder, --pooling and --image-size before it loads weights
         enc = create_encoder(encoder, device=device, dtype=dtype, pooling=pooling, image_size=image_size,
                              weights=str(weights) if weights else None)

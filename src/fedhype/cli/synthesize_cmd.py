@@ -303,17 +303,13 @@ def _writing(out: Path, release: Path | None, overwrite: bool):
         ValidationError: another `synthesize` writes the same --out or --release (its pid named), or it appeared
             meanwhile (an existing --out without --overwrite, an existing --release).
     """
+    from fedhype.cli.common import out_lock
     from fedhype.errors import ValidationError
-    from fedhype.io import exclusive_lock
 
     targets = [out] + ([release] if release is not None else [])
     with contextlib.ExitStack() as stack:
         for target in targets:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            lock = target.parent / f".{target.name}.lock"
-            stack.enter_context(exclusive_lock(lock, f"{target} is being written by another `fedhype synthesize` (pid "
-                                                     "{pid}); wait for it to finish, or give another path"))
-            stack.callback(lock.unlink, missing_ok=True)  # inside the lock (callbacks unwind before the lock's exit)
+            stack.enter_context(out_lock(target, "synthesize"))
         if out.exists() and not overwrite:
             raise ValidationError(f"--out {out} was written meanwhile by another process; give another --out, or "
                                   "--overwrite")
