@@ -247,3 +247,20 @@ def test_a_refused_rerun_is_listed_as_refused_not_interrupted():
     assert _stopped({"interrupted": "train_s", "stopped_by": "Ctrl-C or SIGTERM"}) == \
         " (interrupted in train: Ctrl-C or SIGTERM)"
     assert _stopped({"stages": {}}) == ""
+
+
+def test_a_job_whose_disk_cannot_hold_its_run_is_refused_before_it_writes_or_says_it_trains(tmp_path, monkeypatch,
+                                                                                             real_store):
+    """A helper's `fedhype run` on an 8 MB file system embedded, wrote its store and partition, printed "train: 3
+    clients release their DP class statistics" and only then was refused for the disk. The job checks the run's disk
+    (run_plan.check_run_disk) once its plan is known, before it writes anything into --out or says what it trains."""
+    import fedhype.resources
+    from fedhype.errors import ValidationError
+
+    monkeypatch.setattr(fedhype.resources, "free_disk", lambda path: 1_000_000)
+    lines: list[str] = []
+    with pytest.raises(ValidationError, match="its disk has 976.56 KiB free: free space there or give an --out on another "
+                                              "disk; nothing was written or charged"):
+        run_job(resolve(None, [*SMALL, "train.epsilon=4"]), tmp_path / "job", log=lines.append)
+    assert not any("release" in x for x in lines), lines
+    assert not (tmp_path / "job").exists() or not any((tmp_path / "job").iterdir())

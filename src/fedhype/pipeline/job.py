@@ -668,7 +668,7 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     from fedhype.federated.baselines import training_partition
     from fedhype.federated.config import STATISTICS_ONLY
     from fedhype.federated.engine import check_plan
-    from fedhype.federated.run_plan import recorded_config, resolve_stage
+    from fedhype.federated.run_plan import check_run_disk, recorded_config, resolve_stage
     from fedhype.federated.rundir import RunDir
 
     # every refusal that needs the data's public sizes (δ ≥ 1/n, min_records, secure aggregation's t < m,
@@ -694,6 +694,10 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     # a resumed run keeps the "auto" sizes it was built with (checked for memory as such)
     mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes,
                       recorded_config(RunDir(out / "run"), True))[0]
+    # the disk, before the job writes its configuration, store and partition and before a word of what it trains (a
+    # helper's full disk was refused only after "train: 3 clients release their DP class statistics")
+    check_run_disk(out / "run", mcfg, tcfg.method, len(training_partition(part, tcfg.method).clients),
+                   mcfg.linear_path)
     out.mkdir(parents=True, exist_ok=True)
     if later:  # said once every setting was checked (a probe was told "run again" before a refusal)
         # the DP linear reference switched on: its own DP model, trained now at its own ε (a separate release)
