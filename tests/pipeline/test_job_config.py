@@ -332,3 +332,34 @@ def test_a_config_file_of_another_kind_is_an_artifact_error_and_a_toml_typo_a_va
     with pytest.raises(ValidationError, match=r"job\.toml: not valid TOML") as text:
         resolve(str(typo))
     assert (binary.value.exit_code, text.value.exit_code) == (4, 2)
+
+
+def test_a_job_resumed_from_another_folder_or_with_another_spelling_of_its_paths_is_the_same_job(tmp_path, monkeypatch,
+                                                                                                 real_store):
+    """A helper's rerun from `/` with the absolute path of the folder it gave as `data` was refused as "a different
+    configuration (data.images: 'data' → '/tmp/…/data')". The job records data.images / data.store as absolute paths
+    and compares them resolved; a real difference is still named, and a store file that now holds other records than
+    the job's copy of it is refused (it was used silently)."""
+    from fedhype.pipeline.job import absolute_paths
+
+    real_store.save(tmp_path / "s.safetensors")
+    monkeypatch.chdir(tmp_path)
+    conf = absolute_paths(resolve(None, ["data.store='s.safetensors'", "train.epsilon=1"]))
+    assert conf["data"]["store"] == str(tmp_path / "s.safetensors")
+    out = tmp_path / "job"
+    (out / "run").mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(conf))  # as the job writes it now (a relative path before)
+    (out / "run" / "config.json").write_text("{}")  # training had started: only the same settings may resume
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for spelled in (str(tmp_path / "s.safetensors"), "../s.safetensors"):
+        with pytest.raises(ValidationError, match=r"train\.epsilon: 1 → 4") as err:  # the real difference, alone
+            run_job(resolve(None, [f"data.store='{spelled}'", "train.epsilon=4"]), out, log=lambda s: None)
+        assert "data.store" not in str(err.value), str(err.value)
+    # the job's copy of its store, and the store file now holding other records
+    from fedhype.pipeline import job as job_mod
+
+    real_store.save(out / "embeddings.safetensors")
+    real_store.subset(list(range(100))).save(tmp_path / "s.safetensors")
+    with pytest.raises(ValidationError, match=r"now holds other records than the job embedded from it"):
+        job_mod._embed(conf, out, lambda s: None, reuse=True)

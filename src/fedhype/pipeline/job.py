@@ -93,6 +93,8 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
         store = EmbeddingStore.load(path)
         if d["images"]:
             _check_same_images(d, store, path, started=(out / "run" / "config.json").exists())
+        elif d.get("store"):
+            _check_same_store(d, store, path)
         log(f"embed: reusing {path} ({len(store)} × {store.dim})")
         return store
     store, note = _embed_store(d, progress=True, warn=lambda text: log(f"embed: warning: {text}"))
@@ -104,6 +106,23 @@ def _embed(conf: dict, out: Path, log: Log, reuse: bool) -> EmbeddingStore:
                                                                             else "")
             + (f"; its split folders give {src.get('split_counts')}" if src.get("splits") else ""))
     return store
+
+
+def _check_same_store(d: dict, store: EmbeddingStore, path: Path) -> None:
+    """Refuse to go on with a job whose ``data.store`` file now holds other records than the copy the job made of it
+    (a helper replaced the store and reran: the job used its old copy without a word, while a changed image folder
+    is refused). A store that is gone is not an error: the job's copy is what it trained on.
+
+    Raises:
+        ValidationError: naming both files — the job's training and ε belong to the old records: use another --out.
+    """
+    given = Path(d["store"])
+    if not given.is_file():
+        return
+    if EmbeddingStore.load(given).digest() != store.digest():
+        raise ValidationError(f"data.store = {str(given)!r} now holds other records than the job embedded from it "
+                              f"({path}, its copy): the job's partition, training and ε belong to those; use another "
+                              "--out for the new store, or put the old one back to go on")
 
 
 def _check_same_images(d: dict, store: EmbeddingStore, path: Path, *, started: bool) -> None:
@@ -547,6 +566,22 @@ def check_out_writable(out: Path) -> None:
     check_writable_folder(out)
 
 
+#: the [data] keys that name a file or folder: a job records them as absolute paths
+PATH_KEYS = ("images", "store")
+
+
+def absolute_paths(conf: dict) -> dict:
+    """``conf``'s ``data.images`` and ``data.store`` made absolute (``~`` expanded, symlinks resolved), in place: a
+    helper's rerun of a job from another folder, or with ``../data`` for ``data``, was refused as "a different
+    configuration (data.images: 'data' → '/tmp/…/data')" — the same folder. Returns ``conf``."""
+    d = conf.get("data")
+    if isinstance(d, dict):
+        for key in PATH_KEYS:
+            if isinstance(d.get(key), str) and d[key].strip():
+                d[key] = str(Path(d[key]).expanduser().resolve())
+    return conf
+
+
 def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None]) -> dict[str, Any]:
     from fedhype.pipeline.config import check_data, check_partition, upgrade_keys, with_defaults_spelled_out
 
@@ -555,6 +590,7 @@ def _run_job(conf: dict, out: str | Path, log, on_round: Callable[[dict], None])
     check_data(conf)  # and the [data] section: encoder name, folder, pooling, device, dtype
     check_partition(conf)  # and [partition], which was refused only after the embedding (a new user's probe)
     _check_synthesis_code(conf)
+    absolute_paths(conf)
     out = Path(out)
     check_out_writable(out)  # a read-only --out failed at train, after the embedding and the partition (a probe)
     with _job_lock(out):  # a second `fedhype run` into a live job's folder marked the first one killed (a review)
@@ -603,6 +639,7 @@ def _locked_job(conf: dict, out: Path, log, on_round: Callable[[dict], None], tc
         old_conf["data"].setdefault("layout", "auto")  # jobs written before data.layout existed read folders as auto
     if isinstance(old_conf, dict):
         upgrade_keys(old_conf)  # a job folder written before partition.split / min_train were renamed resumes
+        absolute_paths(old_conf)  # a job written with a relative path: as seen from here
     # a key left out and the same key given at its default are the same setting (a job begun without
     # --set train.min_records=… resumes with it given at its default, and the other way round)
     # train.max_epsilon aside (FREE_SETTINGS: a probe's resume with the cap the README suggests was refused)
