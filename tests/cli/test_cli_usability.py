@@ -905,3 +905,16 @@ def test_a_job_refuses_a_bad_data_or_partition_seed_before_it_embeds(tmp_path):
         assert r.exit_code == 2, r.output
         assert json.loads(r.stdout)["error"].startswith(f"{key} must be a whole number ≥ 0 and below 2^63, got -1")
         assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("classes", ["", "a,,b", "a,b,a", " , "])
+def test_an_empty_or_repeated_classes_list_is_refused_not_taken_as_not_given(files, tmp_path, classes):
+    """A helper's `--classes ""` was taken as the default (no agreed list) without a word."""
+    r = _invoke("site", "--store", files / "digits.safetensors", "--name", "a", "--classes", classes,
+                "--out", tmp_path / "s", "--json")
+    assert r.exit_code == 2 and _one_json(r)["error"] == (
+        f"--classes {classes!r}: give distinct, non-empty class names, comma-separated"), r.output
+    assert not (tmp_path / "s").exists()
+    r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--classes",
+                classes, "--out", tmp_path / "run", "--json")
+    assert r.exit_code == 2 and "use it with --site" in _one_json(r)["error"], r.output

@@ -351,3 +351,19 @@ def test_sibling_class_folders_in_two_unicode_spellings_are_refused(tmp_path):
         (tmp_path / "two" / dom / name).mkdir(parents=True)
         Image.fromarray(digit(0), "L").save(tmp_path / "two" / dom / name / "a.png")
     assert scan_image_folder(tmp_path / "two", layout="domain/class").class_names == [nfc]
+
+
+def test_a_link_to_a_device_is_named_as_such_not_as_an_empty_file(tmp_path):
+    """A helper's symbolic link to /dev/zero was skipped as "an empty file (0 bytes): an interrupted copy or
+    download?"; it is not a regular file, and the reason says so (an empty regular file keeps its reason)."""
+    import os
+
+    from fedhype.data.images import EMPTY_FILE, check_image_file
+
+    os.symlink("/dev/zero", tmp_path / "zero.png")
+    assert check_image_file(tmp_path / "zero.png") == ("not a regular file (a device, pipe or socket, through a "
+                                                        "symbolic link)")
+    os.mkfifo(tmp_path / "pipe.png")
+    assert check_image_file(tmp_path / "pipe.png") == "not a regular file (a device, pipe or socket)"
+    (tmp_path / "empty.png").write_bytes(b"")
+    assert check_image_file(tmp_path / "empty.png") == EMPTY_FILE

@@ -578,6 +578,22 @@ def out_lock(target: Path, command: str, overwrite: bool | None = None):
             lock.unlink(missing_ok=True)  # inside the lock
 
 
+def class_list(classes: str | None) -> list[str] | None:
+    """``--classes a,b,c`` as ``["a", "b", "c"]`` (None where not given).
+
+    Raises:
+        ValidationError: an empty or repeated name (a helper's ``--classes ""`` was taken as not given).
+    """
+    from fedhype.errors import ValidationError
+
+    if classes is None:
+        return None
+    names = [k.strip() for k in classes.split(",")]
+    if any(not k for k in names) or len(set(names)) != len(names):
+        raise ValidationError(f"--classes {classes!r}: give distinct, non-empty class names, comma-separated")
+    return names
+
+
 def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> None:
     """The one overwrite rule for a command's ``--out`` file (checked before any work is done).
 

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from fedhype.cli.choices import HEADS, MATCHINGS, SPLITS, choice
 from fedhype.cli.common import (
-    JsonOpt, check_out_kind, console, existing, kv_table, renamed_option, run_command, seed_value, seeded_note, warn)
+    JsonOpt, check_out_kind, class_list, console, existing, kv_table, renamed_option, run_command, seed_value, seeded_note, warn)
 from fedhype.errors import ArtifactError, ValidationError, counted
 
 sub = typer.Typer(help="Hyper-prototype (FedHPro) classifiers on embeddings: train, evaluate.", no_args_is_help=True)
@@ -421,7 +421,7 @@ def dp_linear(
         if sites is not None:
             from fedhype.prototypes.dp_linear_sites import dp_linear_sites
 
-            vocab = [k.strip() for k in classes.split(",")] if classes else None
+            vocab = class_list(classes)
             # said once every site accepted the plan (a refused plan prints only its refusal)
             r = dp_linear_sites(sites, cfg, out=out, classes=vocab, on_accepted=lambda: console.print(
                 f"DP FedAvg linear classifier: {counted(rounds, 'round')} over {len(sites)} site{'s' if len(sites) != 1 else ''} "

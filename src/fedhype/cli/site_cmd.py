@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from fedhype.cli.common import (
-    JobDefaultsCommand, JsonOpt, config_default, console, existing, kv_table, run_command, seed_value, warn)
+    JobDefaultsCommand, JsonOpt, class_list, config_default, console, existing, kv_table, run_command, seed_value, warn)
 from fedhype.errors import ValidationError
 
 
@@ -92,7 +92,7 @@ def site(
                                       "or give another folder")
         splits = _parse_split(fractions)
         emb = EmbeddingStore.load(store)
-        vocab = [k.strip() for k in classes.split(",")] if classes is not None else None
+        vocab = class_list(classes)
         s = make_site(emb, store, name, splits=splits, seed=seed, min_train=min_train, use_given_splits=not draw_splits,
                       classes=vocab)
         given = s.partition.params.get("given_splits")

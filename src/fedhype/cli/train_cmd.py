@@ -17,7 +17,7 @@ from rich.console import Console
 from fedhype.cli.choices import choice
 from fedhype.federated.config import METHOD_REGISTRY, METHODS
 from fedhype.privacy.centring import RELEASE_CENTRES
-from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, client_labels, check_out_dir, check_out_kind, config_default,
+from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, class_list, client_labels, check_out_dir, check_out_kind, config_default,
                                 config_option, console, existing, kv_table, log_line, print_above_target, round_printer,
                                 run_command, seeded_note, warn, INTERRUPTED_TRAINING)
 from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
@@ -184,7 +184,7 @@ def _sites(store: Optional[Path], partition: Optional[Path], site: Optional[list
                 raise ValidationError(f"--site {d}: no site.json there; write it with `fedhype site --store ... "
                                       f"--name ... --out {d}`")
         return [Site.load(d) for d in site]
-    if classes:
+    if classes is not None:
         raise ValidationError("--classes names the classes of a federation of sites; use it with --site")
     if store is None or partition is None:
         raise ValidationError("give --store and --partition (a pooled store and its partition), or --site once per "
@@ -379,7 +379,7 @@ def register(app: typer.Typer) -> None:
                 log_line(f"train: warning: {advice}")
             try:
                 if sites is not None:
-                    vocab = [k.strip() for k in classes.split(",")] if classes else None
+                    vocab = class_list(classes)
                     res = dict(train_sites(sites, cfg, out, classes=vocab, resume=resume,
                                            progress=round_printer(cfg.rounds)))
                 else:

@@ -90,6 +90,12 @@ def check_image_file(path: str | os.PathLike) -> str | None:
     if os.path.islink(path) and not os.path.exists(path):
         return f"a symbolic link to a missing file ({os.readlink(path)})"
     try:
+        import stat
+
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # a link to /dev/zero was "an empty file (0 bytes)" (a helper), a FIFO would block
+            return "not a regular file (a device, pipe or socket" + (", through a symbolic link)" if os.path.islink(path)
+                                                                     else ")")
         if os.path.getsize(path) == 0:  # was "not an image (PIL cannot identify the format)" (a probe)
             return EMPTY_FILE
     except OSError as exc:
