@@ -80,7 +80,7 @@ def test_every_code_says_which_classes_the_release_cannot_tell_from_absent(site_
     assert (f"warning: class(es) the release cannot tell from absent: zebra (pooled DP count {pooled:.1f} ± "
             f"{std * math.sqrt(2):.1f})") in err
     assert "their 20 samples may be the model's noise rather than data" in err
-    assert "drop them with --n 60 --label-weights 1,1,1,0" in err
+    assert "drop them with `fedhype synthesize --n 60 --label-weights 1,1,1,0`" in err and "store.subset(" in err
     syn = EmbeddingStore.load(out)
     assert syn.meta["absent_classes"] == [{"class": "zebra", "dp_count": round(pooled, 3),
                                            "noise_std": round(std * math.sqrt(2), 3)}]

@@ -36,7 +36,8 @@ def test_the_warning_counts_the_samples_and_gives_the_flags_that_drop_them():
     assert text == ("class(es) the release cannot tell from absent: zebra (pooled DP count 10.2 ± 7.1), within 3 noise "
                     "std of 0: the clients may hold none of them (or only a few records), and their 300 samples may be the "
                     "model's noise rather than data; drop "
-                    "them with --n 900 --label-weights 1,1,1,0 (the same numbers of the other classes)")
+                    "them with `fedhype synthesize --n 900 --label-weights 1,1,1,0` (the same numbers of the other "
+                    "classes), or in Python keep the other classes of the returned store (`store.subset(...)`)")
     # --n with weights: the other classes keep theirs
     text = absent_note(u, [50, 25, 25, 100], label_weights=[2, 1, 1, 4], n_clients=2)
     assert "their 100 samples" in text and "--n 100 --label-weights 2,1,1,0" in text

@@ -139,7 +139,9 @@ def absent_note(unclear: list[UnclearClass], drawn: list[int], *, label_weights:
     left = sum(d for j, d in enumerate(drawn) if weights[j] > 0)
     if left > 0 and any(w > 0 for w in weights):
         text = ",".join(f"{w:g}" for w in weights)
-        advice = f"drop them with --n {left} --label-weights {text} (the same numbers of the other classes)"
+        # in both interfaces' terms: the Python API's warning named only the CLI's flags (a helper)
+        advice = (f"drop them with `fedhype synthesize --n {left} --label-weights {text}` (the same numbers of the "
+                  "other classes), or in Python keep the other classes of the returned store (`store.subset(...)`)")
     else:
         advice = "no other class was drawn"
     pooled = "pooled DP count" if n_clients > 1 else "DP count"
