@@ -15,7 +15,8 @@ class Evaluation:
             only (TSTR, Esteban et al. 2017; higher is better, in [0, 1]).
         trtr_accuracy: the same probe trained on the real training set (the real-data reference;
             None without ``real_train``).
-        chance: 1 / K, the accuracy of a constant guess over the K classes.
+        chance: the accuracy of the best constant guess: the share of the real test set's most frequent class
+            (1 / K where the K classes are balanced), as the job's report gives it.
         mmd2: unbiased MMD² to the real test set (Gretton et al. 2012, eq. 3; Gaussian kernel,
             median-heuristic bandwidth; lower is better, ≈ 0 when the sets match).
         mmd2_p_value: permutation-test p-value of MMD² = 0 (None with 0 permutations).
@@ -43,12 +44,13 @@ class Evaluation:
     metrics: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_metrics(cls, metrics: dict[str, Any], n_classes: int) -> "Evaluation":
-        """Wrap the dict of :func:`fedhype.eval.evaluate` (``n_classes``: K of the stores)."""
+    def from_metrics(cls, metrics: dict[str, Any], n_classes: int, chance: float | None = None) -> "Evaluation":
+        """Wrap the dict of :func:`fedhype.eval.evaluate` (``n_classes``: K of the stores; ``chance``: the real test
+        set's majority-class share, 1 / K where not given)."""
         m = dict(metrics)
         return cls(tstr_accuracy=float(m["tstr_accuracy"]),
                    trtr_accuracy=None if m.get("trtr_accuracy") is None else float(m["trtr_accuracy"]),
-                   chance=1.0 / int(n_classes), mmd2=float(m["mmd2"]),
+                   chance=float(chance) if chance is not None else 1.0 / int(n_classes), mmd2=float(m["mmd2"]),
                    mmd2_p_value=None if m.get("mmd2_p_value") is None else float(m["mmd2_p_value"]),
                    fd=float(m["fd"]), precision=float(m["precision"]), recall=float(m["recall"]),
                    density=float(m["density"]), coverage=float(m["coverage"]), n_real=int(m["n_real"]),
