@@ -363,3 +363,23 @@ def test_a_job_resumed_from_another_folder_or_with_another_spelling_of_its_paths
     real_store.subset(list(range(100))).save(tmp_path / "s.safetensors")
     with pytest.raises(ValidationError, match=r"now holds other records than the job embedded from it"):
         job_mod._embed(conf, out, lambda s: None, reuse=True)
+
+
+def test_a_config_toml_edited_by_hand_is_kept_aside_and_said_so(tmp_path):
+    """A helper edited train.epsilon in a job folder's config.toml and reran: the edit was ignored, then overwritten
+    without a word. The edited file is kept as config.edited.toml, with a warning saying how to run it; the file as
+    the job wrote it says nothing."""
+    from fedhype.pipeline.config import to_toml
+    from fedhype.pipeline.job import _keep_edited_toml, absolute_paths
+
+    conf = absolute_paths(resolve(None, ["train.epsilon=1"]))
+    (tmp_path / "config.toml").write_text(to_toml(conf))
+    said: list[str] = []
+    _keep_edited_toml(tmp_path, json.loads(json.dumps(conf)), said.append)
+    assert said == [] and not (tmp_path / "config.edited.toml").exists()
+    text = to_toml(conf).replace("epsilon = 1", "epsilon = 8")
+    assert text != to_toml(conf)
+    (tmp_path / "config.toml").write_text(text)
+    _keep_edited_toml(tmp_path, json.loads(json.dumps(conf)), said.append)
+    assert len(said) == 1 and "was edited by hand" in said[0] and "fedhype run --config" in said[0]
+    assert (tmp_path / "config.edited.toml").read_text() == text

@@ -630,6 +630,36 @@ def _job_lock(out: Path):
                     p.rmdir()
 
 
+def _keep_edited_toml(out: Path, old_conf: dict, log) -> None:
+    """A job folder's ``config.toml`` edited by hand is kept as ``config.edited.toml`` (and said so) before the run
+    writes its settings there again: a job's settings come from ``--config`` and ``--set`` (its ``config.json`` holds
+    them), and a helper's edit of train.epsilon there was ignored and then overwritten without a word."""
+    import tomllib
+
+    from fedhype.pipeline.config import upgrade_keys, with_defaults_spelled_out
+
+    path = out / "config.toml"
+    if not path.is_file():
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+        edited = absolute_paths(upgrade_keys(tomllib.loads(text)))
+        # TOML holds no null: a key the job set to None is left out of the file, so it is left out of both here
+        written = {k: ({kk: vv for kk, vv in v.items() if vv is not None} if isinstance(v, dict) else v)
+                   for k, v in old_conf.items() if v is not None}
+        same = with_defaults_spelled_out(edited) == with_defaults_spelled_out(written)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):  # unreadable, or not a job's settings
+        same, text = False, path.read_bytes().decode("utf-8", errors="replace")
+    if same:
+        return
+    kept = out / "config.edited.toml"
+    atomic_write_text(kept, text)
+    log(f"run: warning: {path} was edited by hand; a job's settings come from --config and --set (its config.json "
+        f"holds them), so the edit is not used here and the file is written again; the edited copy is kept as {kept} "
+        "(run it as a new job: `fedhype run --config "
+        f"{kept} --out NEW`)")
+
+
 def _locked_job(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg) -> dict[str, Any]:
     from fedhype.pipeline.config import upgrade_keys, with_defaults_spelled_out
 
@@ -640,6 +670,7 @@ def _locked_job(conf: dict, out: Path, log, on_round: Callable[[dict], None], tc
     if isinstance(old_conf, dict):
         upgrade_keys(old_conf)  # a job folder written before partition.split / min_train were renamed resumes
         absolute_paths(old_conf)  # a job written with a relative path: as seen from here
+        _keep_edited_toml(out, old_conf, log)
     # a key left out and the same key given at its default are the same setting (a job begun without
     # --set train.min_records=… resumes with it given at its default, and the other way round)
     # train.max_epsilon aside (FREE_SETTINGS: a probe's resume with the cap the README suggests was refused)
