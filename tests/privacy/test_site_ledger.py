@@ -422,5 +422,9 @@ def test_a_copy_of_a_run_folder_resumed_beside_the_original_is_charged_at_the_si
     cap = max(spent(load_site_ledger(s.folder)) for s in sites) * 1.001
     for s in sites:
         set_site_ledger(s.folder, s.name, max_epsilon=cap)
-    with pytest.raises(BudgetExceededError, match="past the site's cap"):
+    held = [len(load_site_ledger(s.folder)) for s in sites]
+    with pytest.raises(BudgetExceededError, match="this run's plan .* past the site's cap"):  # before its first step
         train_sites(sites, cfg, tmp_path / "copy", resume=True)
+    assert [len(load_site_ledger(s.folder)) for s in sites] == held  # nothing charged
+    # while the original's own resume is priced with what it charged as its own (a finished run: nothing left)
+    train_sites(sites, cfg, tmp_path / "run", resume=True)

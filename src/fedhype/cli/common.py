@@ -589,8 +589,13 @@ def class_list(classes: str | None) -> list[str] | None:
     if classes is None:
         return None
     names = [k.strip() for k in classes.split(",")]
-    if any(not k for k in names) or len(set(names)) != len(names):
-        raise ValidationError(f"--classes {classes!r}: give distinct, non-empty class names, comma-separated")
+    if any(not k for k in names):
+        raise ValidationError(f"--classes {classes!r} includes an empty name (a stray comma?): give the class names, "
+                              "distinct and comma-separated")
+    if len(set(names)) != len(names):
+        twice = sorted({k for k in names if names.count(k) > 1})
+        raise ValidationError(f"--classes {classes!r} names {', '.join(map(repr, twice))} more than once: give the "
+                              "class names, distinct and comma-separated")
     return names
 
 

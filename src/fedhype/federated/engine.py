@@ -175,7 +175,7 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
     return run_federation(roster, cfg, out, store_info=describe_roster(roster), n_classes=len(roster.class_names),
                           connect=connect, resume=resume, progress=progress, stop_after=stop_after,
                           on_plan=lambda run, plan: refuse_site_plans(plan.cfg, [c.n_train for c in roster.clients],
-                                                                      sites, run.run_key()),
+                                                                      sites, run.run_key(), run.root),
                           on_open=lambda state: attach_site_ledgers(state, sites, state.run.run_key(create=True)))
 
 

@@ -15,14 +15,16 @@ from fedhype.data.sites import Site
 from fedhype.federated.config import TrainConfig
 
 
-def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Site], key: str | None = None) -> None:
+def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Site], key: str | None = None,
+                      run_root: Path | None = None) -> None:
     """Refuse a fresh run whose whole plan — the statistics release and every planned round — would take a
     site past the cap of its ledger across runs (client i is site i; a site made in memory, without a folder,
     has no ledger); a run without DP, and a seeded run (``cfg.seed``: its noise can be regenerated from the seed,
     ε = ∞ for the site, :data:`fedhype.privacy.site_ledger.SEEDED_NOTE`), is refused on any site with a cap. A site
     whose ledger cannot be written (read-only) is refused too. Nothing is written or charged. ``key``: the run's key
     where it exists (a resume: what the run charged before its stop is part of its plan, composed with the site's
-    other runs only).
+    other runs only). ``run_root``: the run's folder (its ledger and its charges' tokens: a copy of the folder
+    resumed beside the original is priced with the original's charges as another run's).
 
     Raises:
         BudgetExceededError: naming the site, what it already spent, the plan's ε and the cap.
@@ -32,13 +34,20 @@ def refuse_site_plans(cfg: TrainConfig, sizes: Sequence[int], sites: Sequence[Si
     from fedhype.federated.secure_release import planned_tails
     from fedhype.privacy.site_ledger import refuse_plan
 
-    chargers = _site_chargers(sites, key or "planned", cfg)
+    tokens = None if run_root is None else Path(run_root) / "ckpt" / SITE_CHARGES_FILE
+    chargers = _site_chargers(sites, key or "planned", cfg, tokens)
     refuse_unbounded(chargers.values(), no_dp=cfg.no_dp, seeded=cfg.seed is not None)
     if cfg.no_dp:
         return
+    recorded: dict[int, list] = {}
+    if key is not None and run_root is not None and (Path(run_root) / "ledger.json").is_file():
+        from fedhype.privacy.ledger import PrivacyLedger
+
+        events = PrivacyLedger.load(Path(run_root) / "ledger.json").events
+        recorded = {i: [e for e in events if e.client in (str(i), s.name)] for i, s in enumerate(sites)}
     prefix, tails = list(plan_privacy(cfg, list(sizes))["prefix"]), planned_tails(cfg, list(sizes))
     for i, ch in chargers.items():
-        refuse_plan(ch, prefix + tails[i])
+        refuse_plan(ch, prefix + tails[i], recorded=recorded.get(i))
 
 
 def site_stores(sites: Sequence[Site]) -> list:

@@ -443,6 +443,28 @@ class SiteCharger:
                 out[k] += 1
         return out
 
+    def others(self, led: PrivacyLedger, recorded: Sequence[LedgerEvent] | None = None) -> list[LedgerEvent]:
+        """The site's events that are not this run folder's: other runs', and — with ``recorded`` (the run ledger's
+        events of this site's client) — this run key's events that its ledger does not hold and that are not its
+        own unfinished charge (:meth:`_orphans`): another copy of the run folder charged them. Without ``recorded``
+        every event of the run key counts as this run's."""
+        if recorded is None:
+            return [e for e in led.events if run_of(e) != self.run_key]
+        have = Counter(_signature(e) for e in recorded)
+        orphans = self._orphans(led, recorded, self._last_token())
+        out = []
+        for e in led.events:
+            if run_of(e) == self.run_key:
+                k = _signature(e)
+                if have[k] > 0:
+                    have[k] -= 1
+                    continue
+                if orphans[k] > 0:
+                    orphans[k] -= 1
+                    continue
+            out.append(e)
+        return out
+
     def _new(self, led: PrivacyLedger, events: Sequence[LedgerEvent],
              recorded: Sequence[LedgerEvent] | None = None, token: str | None = None,
              last: str | None = None) -> list[LedgerEvent]:
@@ -469,17 +491,17 @@ class SiteCharger:
         """The error a charge of ``events`` would raise, or None where it fits under the site's cap.
 
         ``instead_of_own``: ``events`` are this run's whole plan, composed with the other runs' events only (what
-        this run already charged, before a stop, is part of its plan). ``recorded``: as for :meth:`charge`.
+        this run already charged, before a stop, is part of its plan; with ``recorded``, only what this folder
+        charged: :meth:`others`). ``recorded``: as for :meth:`charge`.
         """
         led = self._open()
         cap = cap_of(led)
         if instead_of_own:
             others = PrivacyLedger(led.delta, led.meta)
-            for e in led.events:
-                if run_of(e) != self.run_key:
-                    others.record(e)
-            led = others
-        mine = self._new(led, events, None if instead_of_own else recorded)
+            for e in self.others(led, recorded):
+                others.record(e)
+            led, recorded = others, None
+        mine = self._new(led, events, recorded)
         if cap is None or not mine:
             return None
         key = (len(led), led.state_dict()["checksum"] if len(led) else "", tuple(e.to_dict().__repr__() for e in mine), cap)
@@ -550,20 +572,23 @@ class SiteCharger:
         self.charge([LedgerEvent(self.site, -1, NO_DP, 0.0, 1.0, 1, 0.0, note="trained without differential privacy")])
 
 
-def refuse_plan(charger: SiteCharger, planned: Sequence[tuple[float, float, int]], clip_norm: float = 1.0) -> None:
+def refuse_plan(charger: SiteCharger, planned: Sequence[tuple[float, float, int]], clip_norm: float = 1.0,
+                recorded: Sequence[LedgerEvent] | None = None) -> None:
     """Refuse (exit 3) a fresh run whose whole plan — ``(σ, q, steps)`` terms, the release and every planned
-    round — would take the site past its cap; nothing is charged either way.
+    round — would take the site past its cap; nothing is charged either way. ``recorded``: a resumed run's ledger
+    events of this site's client (what it charged is part of its plan; a copy of its folder's charges are not:
+    :meth:`SiteCharger.others`).
 
     Raises:
         BudgetExceededError: naming the site, its spend, the plan's and the cap.
     """
     events = [LedgerEvent(charger.site, -1, "planned", float(s), float(q), int(n), clip_norm) for s, q, n in planned if n]
-    err = charger.refusal(events, instead_of_own=True)
+    err = charger.refusal(events, instead_of_own=True, recorded=recorded)
     if err is not None:
         if math.isinf(err.epsilon):  # a seeded run (ε = ∞): no lower ε nor larger finite cap helps; err says why
             raise err
         led = charger._open()
-        led_others = [e for e in led.events if run_of(e) != charger.run_key]
+        led_others = charger.others(led, recorded)
         raise BudgetExceededError(
             f"site {charger.site!r}: this run's plan (ε = {composed(events, led.delta):.4f} alone) would take its "
             f"records to ε = {eps_text(err.epsilon)} at δ = {led.delta:g} over all its runs, past the site's cap of "
