@@ -292,9 +292,10 @@ _SEALED = ("run config",)
 
 def sealed(obj: dict) -> dict:
     """``obj`` with :data:`CONFIG_DIGEST` set to the :func:`json_digest` of the rest of it, so that an edit by hand
-    shows when the file written from it is read (:func:`read_json`)."""
+    shows when the file written from it is read (:func:`read_json`). The digest is taken of the object as the file
+    will hold it (JSON round trip: integer keys become strings and sort as strings), so writing and reading agree."""
     rest = {k: v for k, v in obj.items() if k != CONFIG_DIGEST}
-    return {**rest, CONFIG_DIGEST: json_digest(rest)}
+    return {**rest, CONFIG_DIGEST: json_digest(json.loads(json.dumps(rest, default=_json_default)))}
 
 
 def _looks_like_safetensors(path: Path) -> bool:

@@ -181,6 +181,7 @@ def test_a_run_begun_before_the_rule_resumes_with_its_stage(real_store, part, tm
     path = tmp_path / "run" / "config.json"
     conf = json.loads(path.read_text())
     del conf["train"]["dp_sgd_min_records"]
+    del conf["config_sha256"]  # a run from before the rule predates the file's seal too
     path.write_text(json.dumps(conf))
     res = train(real_store, part, TrainConfig(epsilon=4.0, seed=0, model=SMALL, rounds=2, dp_sgd_min_records=10_000),
                 tmp_path / "run", resume=True, diagnostics=False)
@@ -209,6 +210,7 @@ def test_a_run_begun_before_the_rule_resumes_with_its_stage(real_store, part, tm
     path = tmp_path / "nodp" / "config.json"
     conf = json.loads(path.read_text())
     conf["train"]["dp_sgd_min_records"] = SHIPPED_DP_SGD_MIN_RECORDS  # as the shipped default recorded it before
+    del conf["config_sha256"]  # (before the file's seal too)
     path.write_text(json.dumps(conf))
     res = train(real_store, part, TrainConfig(**shipped), tmp_path / "nodp", resume=True, diagnostics=False)
     assert res.rounds == 2 and res.complete and res.method == "fedhypevae"

@@ -119,7 +119,7 @@ def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, t
         conf = json.loads((bad / "config.json").read_text())
         conf["train"]["seed"] = None
         (bad / "config.json").write_text(json.dumps(conf))
-        want = "privacy.json: files[config.json] sha256"
+        want = "config.json: edited after it was written"  # its seal (config_sha256), before any other check
     elif edit == "README.md warning":
         text = (bad / "README.md").read_text()
         (bad / "README.md").write_text("\n".join(x for x in text.splitlines() if "must not be shared" not in x))
@@ -149,6 +149,12 @@ def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, t
         (bad / "privacy.json").write_text(json.dumps(priv))
         want = f"privacy.json: {'epsilon_note' if key == 'extra' else key}"
     code, res = _audit_cli(bad)
+    if edit == "config.json":  # refused where the file is read (exit 4, naming it)
+        assert code == 4 and res["exit_code"] == 4 and want in res["error"], res
+        conf.pop("config_sha256")  # a release written before the seal: the file digests privacy.json lists
+        (bad / "config.json").write_text(json.dumps(conf))
+        code, res = _audit_cli(bad)
+        want = "privacy.json: files[config.json] sha256"
     assert code == 4 and not res["consistent"] and res["exit_code"] == 4
     assert want in {m["name"] for m in res["mismatches"]}, res["mismatches"]
     assert want in res["error"]
