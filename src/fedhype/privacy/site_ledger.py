@@ -372,34 +372,33 @@ class SiteCharger:
     tokens: Path | None = None
     _memo: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
 
-    def _last_token(self) -> str | None:
-        """The token of the last charge this run's folder made at this site (None: none recorded, or unreadable)."""
+    def _tokens_held(self) -> dict:
+        """``{site: token}`` of :attr:`tokens` (empty where there is none, or it is unreadable)."""
         if self.tokens is None or not Path(self.tokens).is_file():
-            return None
+            return {}
         import json
 
         try:
             raw = json.loads(Path(self.tokens).read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return None
-        tok = raw.get("sites", {}).get(self.site) if isinstance(raw, dict) and isinstance(raw.get("sites"), dict) else None
+            return {}
+        return dict(raw["sites"]) if isinstance(raw, dict) and isinstance(raw.get("sites"), dict) else {}
+
+    def _last_token(self) -> str | None:
+        """The token of the last charge this run's folder made at this site (None: none recorded, or unreadable)."""
+        tok = self._tokens_held().get(self.site)
         return tok if isinstance(tok, str) and tok else None
 
     def _new_token(self) -> str | None:
         """Draw this charge's token and record it in :attr:`tokens` (atomic) before the site is charged."""
         if self.tokens is None:
             return None
-        import json
         import secrets
 
         from fedhype.io import atomic_write_json
 
         path = Path(self.tokens)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        except (OSError, ValueError):
-            raw = {}
-        sites = dict(raw.get("sites") or {}) if isinstance(raw, dict) and isinstance(raw.get("sites"), dict) else {}
+        sites = self._tokens_held()
         sites[self.site] = tok = secrets.token_hex(6)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {"what": "per site, the token of the last charge this folder made on its ledger "
