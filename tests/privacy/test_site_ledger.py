@@ -428,3 +428,66 @@ def test_a_copy_of_a_run_folder_resumed_beside_the_original_is_charged_at_the_si
     assert [len(load_site_ledger(s.folder)) for s in sites] == held  # nothing charged
     # while the original's own resume is priced with what it charged as its own (a finished run: nothing left)
     train_sites(sites, cfg, tmp_path / "run", resume=True)
+
+
+@pytest.mark.parametrize("first", ["run1", "copy"])
+def test_two_copies_of_a_folder_made_at_a_stop_between_the_two_writes_take_its_unfinished_charge_over_once(
+        sites, tmp_path, monkeypatch, first):
+    """Stop 65's hole: a stop right after the sites' charge (the run's ledger never recorded it), then the folder
+    copied: both copies held that charge's token, and both resumes took the one charge over as their own unfinished
+    one — one step charged, two run. The first resume now records at the site that it took the charge over
+    (``site-claims.json``, under the site's lock); the second charges its step afresh, and the audit of either copy
+    names the other's charges."""
+    import shutil
+
+    from fedhype.eval.audit_sites import compare_site
+    from fedhype.federated.engine import train_sites
+    from fedhype.privacy.site_ledger import CLAIMS_FILE
+
+    cfg = TrainConfig(**{**CFG, "seed": None})
+    real_save = PrivacyLedger.save
+
+    def stop(self, path):  # the run's first save never reaches disk: the sites hold the release's charge alone
+        if str(path).endswith("run1/ledger.json"):
+            raise KeyboardInterrupt
+        return real_save(self, path)
+
+    monkeypatch.setattr(PrivacyLedger, "save", stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_sites(sites, cfg, tmp_path / "run1")
+    monkeypatch.setattr(PrivacyLedger, "save", real_save)
+    shutil.copytree(tmp_path / "run1", tmp_path / "copy")
+    orphan = [len(load_site_ledger(s.folder)) for s in sites]
+    second = "copy" if first == "run1" else "run1"
+    train_sites(sites, cfg, tmp_path / first, resume=True)
+    one = [len(load_site_ledger(s.folder)) for s in sites]
+    run = PrivacyLedger.load(tmp_path / first / "ledger.json")
+    for i, s in enumerate(sites):  # the first resume took the orphan over: its run's charges, each once
+        assert one[i] == len([e for e in run.events if e.client == str(i)]) > orphan[i]
+        assert len(json.loads((s.folder / CLAIMS_FILE).read_text())["taken"]) == 1
+        assert compare_site(tmp_path / first, s.folder)["ok"]
+    train_sites(sites, cfg, tmp_path / second, resume=True)
+    for i, s in enumerate(sites):  # the second charged its whole run, the release included
+        led = load_site_ledger(s.folder)
+        assert len(led) == 2 * one[i], (len(led), one[i])
+        for folder in (first, second):
+            row = compare_site(tmp_path / folder, s.folder)
+            assert not row["ok"] and "another copy of this run's folder" in row["reason"], row
+
+
+def test_an_unreadable_claims_file_reuses_no_charge(tmp_path):
+    """Where ``site-claims.json`` cannot be read, no unfinished charge is taken over (at worst a step is charged
+    twice); a charge the folder's token names is reused while the file reads."""
+    tokens = tmp_path / "run" / "site-charges.json"
+    ch = SiteCharger(tmp_path / "site", "s", "run-1", DELTA, tokens=tokens)
+    (tmp_path / "site").mkdir()
+    ch.charge(_events("0", 1))  # charged at the site; the run's ledger never recorded it (recorded=[] below)
+    assert len(ch._new(ch._open(), _events("0", 1), recorded=[])) == 0  # its own unfinished charge: reused
+    (tmp_path / "site" / "site-claims.json").write_text("{not json")
+    assert len(ch._new(ch._open(), _events("0", 1), recorded=[])) == 1  # unreadable: charged again
+    (tmp_path / "site" / "site-claims.json").unlink()
+    ch.charge(_events("0", 1), recorded=[])  # the resume takes it over and says so
+    assert len(load_site_ledger(tmp_path / "site")) == 1
+    again = SiteCharger(tmp_path / "site", "s", "run-1", DELTA, tokens=tokens)  # a copy with the same token
+    again.charge(_events("0", 1), recorded=[])
+    assert len(load_site_ledger(tmp_path / "site")) == 2

@@ -63,6 +63,9 @@ _RUN = "run "
 #: the tag of one charge in a site event's note (``run <key>; charge <token>[; …]``): the token the charging folder
 #: keeps (:attr:`SiteCharger.tokens`), so that a later attempt from *that* folder can tell its own unfinished charge
 _CHARGE = "charge "
+#: beside a site's ledger: the charge tokens a resume has taken over as its own unfinished charge (each is reused at
+#: most once: two copies of a run folder made at a stop between the site's write and the run's both held that token)
+CLAIMS_FILE = "site-claims.json"
 #: the mechanism recorded for a run without DP on the site's records (σ = 0: ε = ∞)
 NO_DP = "no-dp-training"
 #: ``set_site_ledger``'s default: leave the cap as it is
@@ -406,6 +409,40 @@ class SiteCharger:
                                  "sites": sites})
         return tok
 
+    def _claims(self) -> Path:
+        """``site-claims.json`` beside the site's ledger (:data:`CLAIMS_FILE`)."""
+        return ledger_path(self.folder).with_name(CLAIMS_FILE)
+
+    def _taken(self, token: str) -> bool:
+        """Whether a resume already took over the site's charge ``token`` as its own unfinished charge. An unreadable
+        claims file counts every token as taken: no charge is reused, so at worst a step is charged twice."""
+        path = self._claims()
+        if not path.exists():
+            return False
+        import json
+
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            return token in raw["taken"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return True
+
+    def _claim(self, token: str) -> None:
+        """Record (atomically, under the site's lock) that this resume took over the site's charge ``token``."""
+        import json
+
+        from fedhype.io import atomic_write_json
+
+        path = self._claims()
+        try:
+            taken = list(json.loads(path.read_text(encoding="utf-8"))["taken"]) if path.exists() else []
+        except (OSError, ValueError, KeyError, TypeError):
+            taken = []  # unreadable: every token counted as taken (_taken) until this rewrite; it keeps this one
+        atomic_write_json(path, {"what": "the charge tokens of this site's ledger that a resumed run took over as its "
+                                         "own unfinished charge (a stop between the site's write and the run's); each "
+                                         "is reused once. Keep it beside site-ledger.json",
+                                 "taken": sorted({*map(str, taken), token})})
+
     def _open(self) -> PrivacyLedger:
         led = load_site_ledger(self.folder, expected=self.expected, site=self.site)
         if led is None:
@@ -426,9 +463,11 @@ class SiteCharger:
         mechanism never ran: a stop (Ctrl-C, SIGTERM, kill -9) between the two writes. Events of this run key with
         another token were charged from another folder of the run — a copy resumed beside the original (a probe's
         copied run folder trained 20 rounds on the sites uncharged, each taken for its own unfinished charge) — and
-        are never reused. ``last``: that token (:meth:`_last_token`). None of ``recorded``, or no token: not known
-        (no orphans are reused)."""
-        if recorded is None or last is None:
+        are never reused. A token a resume already took over (:meth:`_taken`, recorded under the site's lock when
+        it reused that charge) is not reused again: two copies of the folder made at that stop both hold the token, and
+        the second to resume charges its step afresh. ``last``: that token (:meth:`_last_token`). None of
+        ``recorded``, or no token: not known (no orphans are reused)."""
+        if recorded is None or last is None or self._taken(last):
             return Counter()
         have = Counter(_signature(e) for e in recorded)
         out: Counter = Counter()
@@ -466,7 +505,7 @@ class SiteCharger:
 
     def _new(self, led: PrivacyLedger, events: Sequence[LedgerEvent],
              recorded: Sequence[LedgerEvent] | None = None, token: str | None = None,
-             last: str | None = None) -> list[LedgerEvent]:
+             last: str | None = None, reused: list | None = None) -> list[LedgerEvent]:
         """The mirrored events not already in the site's ledger: a seeded event of the same run, round and
         mechanism as a recorded seeded one replays it (a stop between the site's write and the run's); any other
         event equal to an orphan of this run (:meth:`_orphans`: charged at the site, never recorded by the run, so
@@ -481,6 +520,8 @@ class SiteCharger:
                 continue
             if orphans[k := _signature(e)] > 0:
                 orphans[k] -= 1
+                if reused is not None:
+                    reused.append(e)
                 continue
             out.append(e)
         return out
@@ -557,9 +598,13 @@ class SiteCharger:
             if (err := self.refusal(events, recorded=recorded)) is not None:
                 raise err
             led = self._open()
-            last = self._last_token()
-            if self._new(led, events, recorded, last=last):  # this charge's token, in the folder before the site's write
+            last, reused = self._last_token(), []
+            mine = self._new(led, events, recorded, last=last, reused=reused)
+            if mine:  # this charge's token, in the folder before the site's write
                 mine = self._new(led, events, recorded, self._new_token(), last=last)
+            if reused:  # this folder's own unfinished charge, taken over once: a copy of the folder can't take it too
+                self._claim(last)
+            if mine:
                 charge(led, mine, ledger_path(self.folder))
 
     def charge_no_dp(self) -> None:
