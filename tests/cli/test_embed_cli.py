@@ -69,6 +69,13 @@ def test_folder_with_bad_files_is_embedded_and_they_are_listed(tmp_path, tiny):
     store = EmbeddingStore.load(out)
     assert len(store) == 11 and store.meta["kind"] == "real" and store.meta["weights_hash"] == got["weights_hash"]
     assert store.meta["skipped"] == got["skipped"] and store.meta["source"]["root"] == str(root)
+    for k in range(5):  # seven skipped files: the first five named on stderr, the other two in the summary, once each
+        (root / "2" / f"notes{k}.txt").write_text("not an image")
+    res = _embed("--images", str(root), *tiny, "--out", str(out), "--overwrite")
+    assert res.exit_code == 0, res.output
+    for name in ["1/" + victim.name, "2/notes.txt", *(f"2/notes{k}.txt" for k in range(5))]:
+        assert (res.stdout + res.stderr).count(name + ":") == 1, (name, res.stdout, res.stderr)
+    assert "│ 7 (the first 5 named on stderr" in res.stdout
 
 
 def test_strict_refuses_a_truncated_file(tmp_path, tiny):

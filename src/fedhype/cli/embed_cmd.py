@@ -52,13 +52,18 @@ def _render(result: dict[str, Any]) -> None:
         table.add_row("layout", str(result["layout"]))
     if result.get("splits"):
         table.add_row("given splits", ", ".join(f"{k}: {v}" for k, v in result["splits"].items()))
-    table.add_row("skipped", str(len(result["skipped"] or [])))
+    skipped = result["skipped"] or []
+    # the first SHOWN were named on stderr as the scan found them (`skipped:` lines); the summary names the next ones
+    # (a helper read each skipped file twice, once per stream)
+    where = ("" if not skipped else " (each named on stderr, and in --json)" if len(skipped) <= SHOWN else
+             f" (the first {SHOWN} named on stderr, the next ones below; every one in --json)")
+    table.add_row("skipped", f"{len(skipped)}{where}")
     table.add_row("from cache", str(result.get("from_cache", False)))
     out.print(table)
-    for s in result["skipped"][:20]:
+    for s in skipped[SHOWN:SHOWN + 20]:
         out.print(one_line(f"  skipped {s['file']}: {s['reason']}"), highlight=False, markup=False)
-    if len(result["skipped"]) > 20:
-        out.print(f"  ... and {len(result['skipped']) - 20} more (see --json)")
+    if len(skipped) > SHOWN + 20:
+        out.print(f"  ... and {len(skipped) - SHOWN - 20} more (see --json)")
 
 
 def embed(
@@ -169,12 +174,16 @@ def embed(
     run_command(body, json_mode, _render)
 
 
+#: how many skipped files ``embed`` names on stderr as it finds them (the summary names the next ones)
+SHOWN = 5
+
+
 def _warn_skipped(source) -> None:
-    """The files the folder scan skipped as ``skipped:`` lines: the first five, then how many more."""
-    for s in source.skipped[:5]:
+    """The files the folder scan skipped as ``skipped:`` lines: the first :data:`SHOWN`, then how many more."""
+    for s in source.skipped[:SHOWN]:
         warn(f"{s['file']}: {s['reason']}", "skipped")
-    if len(source.skipped) > 5:  # a helper counted 5 lines for 14 skipped files, with no word of the rest
-        warn(f"… and {len(source.skipped) - 5} more file(s) ({len(source.skipped)} in all; each is listed with its "
+    if len(source.skipped) > SHOWN:  # a helper counted 5 lines for 14 skipped files, with no word of the rest
+        warn(f"… and {len(source.skipped) - SHOWN} more file(s) ({len(source.skipped)} in all; each is listed with its "
              "reason under `skipped` in the result: the summary at the end, or the --json object)", "skipped")
 
 
