@@ -32,6 +32,9 @@ def test_config_toml_round_trips_any_string_and_lists_what_is_unset(tmp_path):
     assert text.startswith("# not set (none): ") and "train.noise_multiplier" in text.splitlines()[0]
     (tmp_path / "job.toml").write_text(text)
     assert resolve(tmp_path / "job.toml") == conf  # the written file reproduces the job
+    # the bundled dataset's name is not written beside an image folder (a helper read it as the job's data)
+    assert "dataset" not in back["data"] and "# data.dataset is not used: data.images names the real data" in text
+    assert tomllib.loads(to_toml(resolve(None)))["data"]["dataset"] == "digits-domains"
 
 
 def test_data_store_takes_an_existing_real_store_and_refuses_the_rest(real_store, tmp_path):

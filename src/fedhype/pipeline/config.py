@@ -481,14 +481,20 @@ def to_toml(conf: dict) -> str:
     """Render a resolved configuration as TOML (written by ``tomli-w``, so any string round-trips).
 
     TOML has no null: keys whose value is None are left out and listed in a comment at the top
-    (reading the file back with :func:`resolve` gives them their default, None).
+    (reading the file back with :func:`resolve` gives them their default, None). ``data.dataset`` is left out where
+    ``data.images`` or ``data.store`` names the real data (it is not read then; a helper's job folder read as if it
+    trained on the bundled digits), and said so in a comment.
     """
     import tomli_w
 
+    data = conf.get("data") or {}
+    own = "images" if data.get("images") else "store" if data.get("store") else None
     unset = [f"{sec}.{k}" for sec, values in conf.items() for k, v in values.items() if v is None]
-    body = tomli_w.dumps({sec: {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items() if v is not None}
+    body = tomli_w.dumps({sec: {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items()
+                                if v is not None and not (own and sec == "data" and k == "dataset")}
                           for sec, values in conf.items()})
-    return (f"# not set (none): {', '.join(unset)}\n" if unset else "") + body
+    return ((f"# not set (none): {', '.join(unset)}\n" if unset else "")
+            + (f"# data.dataset is not used: data.{own} names the real data\n" if own else "") + body)
 
 
 def _read_toml(path: Path) -> dict:
