@@ -325,6 +325,26 @@ def test_a_stop_between_the_sites_charge_and_the_runs_first_save_is_charged_once
         assert row["recomputed"] == pytest.approx(row["claimed"], rel=1e-9)
 
 
+def _stopped_at_save(sites, cfg, run, monkeypatch, stop_at: int = 1) -> None:
+    """``train_sites`` into ``run``, stopped (as by a SIGKILL) at the ``stop_at``-th save of the run's ledger: that
+    save never reaches disk, the sites' charge before it did."""
+    from fedhype.federated.engine import train_sites
+
+    real_save, calls = PrivacyLedger.save, {"n": 0}
+
+    def stop(self, path):
+        if str(path) == str(run / "ledger.json"):
+            calls["n"] += 1
+            if calls["n"] == stop_at:
+                raise KeyboardInterrupt
+        return real_save(self, path)
+
+    monkeypatch.setattr(PrivacyLedger, "save", stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_sites(sites, cfg, run)
+    monkeypatch.setattr(PrivacyLedger, "save", real_save)
+
+
 @pytest.mark.parametrize("stop_at", [1, 2])  # the first and the second save of the run's ledger
 def test_an_unseeded_stop_between_the_sites_charge_and_the_runs_save_is_charged_once_on_resume(sites, tmp_path,
                                                                                               monkeypatch, stop_at):
@@ -336,19 +356,7 @@ def test_an_unseeded_stop_between_the_sites_charge_and_the_runs_save_is_charged_
     from fedhype.federated.engine import train_sites
 
     cfg = TrainConfig(**{**CFG, "seed": None})
-    real_save, calls = PrivacyLedger.save, {"n": 0}
-
-    def stop(self, path):  # the stop_at-th save of the run's ledger never reaches disk (the sites' charge did)
-        if str(path).endswith("run1/ledger.json"):
-            calls["n"] += 1
-            if calls["n"] == stop_at:
-                raise KeyboardInterrupt
-        return real_save(self, path)
-
-    monkeypatch.setattr(PrivacyLedger, "save", stop)
-    with pytest.raises(KeyboardInterrupt):
-        train_sites(sites, cfg, tmp_path / "run1")
-    monkeypatch.setattr(PrivacyLedger, "save", real_save)
+    _stopped_at_save(sites, cfg, tmp_path / "run1", monkeypatch, stop_at)
     before = [len(load_site_ledger(s.folder)) for s in sites]
     if stop_at == 1:  # nothing ran and the run claims nothing: the comparison says so instead of failing
         row = compare_site(tmp_path / "run1", sites[0].folder)
@@ -445,17 +453,7 @@ def test_two_copies_of_a_folder_made_at_a_stop_between_the_two_writes_take_its_u
     from fedhype.privacy.site_ledger import CLAIMS_FILE
 
     cfg = TrainConfig(**{**CFG, "seed": None})
-    real_save = PrivacyLedger.save
-
-    def stop(self, path):  # the run's first save never reaches disk: the sites hold the release's charge alone
-        if str(path).endswith("run1/ledger.json"):
-            raise KeyboardInterrupt
-        return real_save(self, path)
-
-    monkeypatch.setattr(PrivacyLedger, "save", stop)
-    with pytest.raises(KeyboardInterrupt):
-        train_sites(sites, cfg, tmp_path / "run1")
-    monkeypatch.setattr(PrivacyLedger, "save", real_save)
+    _stopped_at_save(sites, cfg, tmp_path / "run1", monkeypatch)  # the sites hold the release's charge alone
     shutil.copytree(tmp_path / "run1", tmp_path / "copy")
     orphan = [len(load_site_ledger(s.folder)) for s in sites]
     second = "copy" if first == "run1" else "run1"
