@@ -566,8 +566,14 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
                                     [centre_note, stats_note] if centred else [stats_note])
         pending = pending_charges(ledger, events, replays=lambda e: seeded)
         if budget_check is not None:
-            budget_check(pending)
-        charge(ledger, pending, ledger_path)
+            budget_check(pending)  # the release's whole plan, before either step is charged
+    # each step is charged (write-ahead) just before it runs, as on the secure integer path: a stop during the centre
+    # step leaves the statistics step uncharged (a helper's kill -9 of a node there charged both, and the resume both
+    # again: the statistics step twice, though no client had run it)
+    centre_part = [e for e in pending if e.mechanism == centring_mod.MECHANISM]
+    stats_part = [e for e in pending if e.mechanism != centring_mod.MECHANISM]
+    if centre_part:
+        charge(ledger, centre_part, ledger_path)
     rank_cap, residual, share = server.cfg.latent, server.cfg.residual, server.cfg.located_share
     rescaled = bool(getattr(server.cfg, "clip_rescale", False))
     parts = getattr(server, "servers", None)
@@ -581,6 +587,8 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
                 save_secure_outputs(outputs, cen_sum, None)
         cen = centring_mod.centring_from(cen_sum, radius) if centred else None
         if agg is None:
+            if stats_part:
+                charge(ledger, stats_part, ledger_path)
             agg = secure_sum([c.release_class_stats(n_classes, dp, weights, distributed=distributed, centring=cen)
                               for c in clients], distributed)
             if outputs is not None and dp.enabled:  # saved before the post-processing: a resume reuses them
@@ -595,10 +603,10 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     else:
         try:
             centres = [c.release_centre(sigma_a) for c in clients] if centred else []
-        except FedhypeError as exc:  # a node that refused its centre ran neither step: both its charges are voided
+        except FedhypeError as exc:  # a node that refused its centre ran it not: that charge is voided
             from fedhype.federated.transport import void_refused
 
-            void_refused(ledger, pending, exc, ledger_path)
+            void_refused(ledger, centre_part, exc, ledger_path)
             raise
         updates = None
         if centred and outputs is not None:  # saved the moment they arrive: a resume after them releases the rest only
@@ -613,13 +621,15 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     else:
         cens = [None] * len(clients)
     if updates is None or missing is not None:  # saved before the (slower) post-processing: a resume reuses them
+        if stats_part:
+            charge(ledger, stats_part, ledger_path)
         try:
             updates = _release_missing(clients, n_classes, dp, weights, cens, updates,
                                        outputs if dp.enabled else None, centres)
         except FedhypeError as exc:  # a node that refused the statistics step did not run it: that charge is voided
             from fedhype.federated.transport import void_refused
 
-            void_refused(ledger, [e for e in pending if e.mechanism == MECHANISM], exc, ledger_path)
+            void_refused(ledger, stats_part, exc, ledger_path)
             raise
     counts = [[max(0.0, float(v)) for v in u.tensors["class_counts"]] for u in updates]
     if parts is not None:
