@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import json
 import os
 import re
 import subprocess
@@ -120,6 +121,29 @@ def test_save_refuses_an_existing_folder_and_leaves_nothing_half_written(audit_r
         g.privacy_spent().epsilon)
 
 
+def test_privacy_spent_does_not_take_a_cheaper_ledger_put_beside_the_model(audit_run, tmp_path):
+    """A helper copied another run's ledger.json (ε = 2) into a release of an ε = 8 model: privacy_spent() said
+    ε = 2 without a word, while sample() warned. A valid ledger that records less than the model's metadata now
+    gives the model's figure, with a warning naming both."""
+    from fedhype.errors import FedhypeWarning
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    run, _ = audit_run
+    g = fedhype.FedHypeVAE.load(run)
+    full = g.privacy_spent().epsilon
+    rel = g.save(tmp_path / "rel")
+    led = PrivacyLedger.load(rel / "ledger.json")
+    cheap = PrivacyLedger(led.delta, led.meta)
+    for e in led.events[: len(led.events) // 2]:  # a shorter, valid chain: another (cheaper) run's record
+        cheap.record(e)
+    (rel / "ledger.json").unlink()
+    cheap.save(rel / "ledger.json")
+    assert max(cheap.epsilons().values()) < full * 0.9
+    with pytest.warns(FedhypeWarning, match="the model's metadata says ε = .* more than its run's ledger.json"):
+        spent = fedhype.FedHypeVAE.load(rel).privacy_spent()
+    assert spent.epsilon == pytest.approx(full, rel=1e-6)
+
+
 def test_evaluation_is_typed_and_keeps_every_metric(real_store):
     part = fedhype.partition(real_store, scheme="iid", clients=2)
     test, train = part.split_store(real_store, "test"), part.split_store(real_store, "train")
@@ -215,3 +239,24 @@ def test_the_api_warns_of_round_settings_a_statistics_only_method_ignores(real_s
     said = [str(x.message) for x in w if issubclass(x.category, FedhypeWarning)]
     assert [s for s in said if "train.rounds has no effect" in s] and g.privacy_spent().epsilon <= 4.0
     assert not [s for s in said if "is at least the training-set size" in s]  # q = 1 does not apply without rounds
+
+
+def test_a_loaded_run_keeps_its_model_settings_and_resumes(real_store, tmp_path):
+    """A helper: FedHypeVAE.load(run) of an interrupted run with model={"latent": 32} lost the [model] settings, so
+    fit(..., resume=True) — what the refusal of a plain fit advises — was refused as another configuration."""
+    part = fedhype.partition(real_store, scheme="iid", clients=2)
+    kw = dict(epsilon=4.0, rounds=2, out=str(tmp_path / "run"), train={"local_steps": 1, "batch_size": 16,
+                                                                       "dp_sgd_min_records": 0},
+              model={"hidden": 16, "latent": 4})
+
+    def stop(m):  # interrupted once the first round is committed
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fedhype.FedHypeVAE(**kw).fit(real_store, part, progress=stop)
+    g = fedhype.FedHypeVAE.load(tmp_path / "run")
+    assert g.config["model"]["latent"] == 4 and g.config["model"]["hidden"] == 16
+    with pytest.raises(ValidationError, match="resume=True"):
+        g.fit(real_store, part)
+    g.fit(real_store, part, resume=True)
+    assert g.result_["complete"] and json.loads((tmp_path / "run" / "checkpoint.json").read_text())["rounds_done"] == 2

@@ -32,7 +32,7 @@ from fedhype.data.partition import Partition, make_partition
 from fedhype.data.store import EmbeddingStore
 from fedhype.errors import ArtifactError, FedhypeWarning, ValidationError, counted
 from fedhype.eval.result import Evaluation
-from fedhype.pipeline.config import DEFAULTS, resolve, train_config
+from fedhype.pipeline.config import _TRAIN_KEYS, DEFAULTS, resolve, train_config
 from fedhype.pipeline.arguments import (MAX_SEED, check_store, check_whole, evaluate_store, in_api_words, is_number,
                                         is_whole, parse_fractions, same_value, shown)
 
@@ -559,6 +559,11 @@ class FedHypeVAE:
     def privacy_spent(self) -> PrivacySpent:
         """ε per client and worst, recomputed from the ledger's events (never read from a claim).
 
+        Where the model's metadata says more was spent than the ledger beside it records (another run's ledger
+        copied into the folder, or an older or edited one), the worst ε is the model's figure and a
+        :class:`FedhypeWarning` says so — as ``fedhype synthesize`` stamps a store
+        (:func:`fedhype.synthesis.spent.checked_epsilon`); ``fedhype audit --run`` tells which.
+
         Raises:
             ValidationError: no model yet. ArtifactError: a missing or tampered ledger.
         """
@@ -577,7 +582,15 @@ class FedHypeVAE:
         eps = ledger.epsilons()
         mechanisms = tuple(dict.fromkeys(e.mechanism for e in ledger.events))
         seeded = meta.get("seed") is not None or any(e.seeded for e in ledger.events)
-        return PrivacySpent(max(eps.values()) if eps else 0.0, ledger.delta, eps, REPORTED, mechanisms, True, seeded)
+        worst = max(eps.values()) if eps else 0.0
+        claimed = meta.get("epsilon")
+        if claimed is not None and float(claimed) > worst * (1 + 1e-6) + 1e-12:
+            # a helper copied another run's ledger.json into a release: ε ≈ 2 reported for an ε ≈ 8 model, silently
+            from fedhype.synthesis.spent import checked_epsilon
+
+            worst, _, note = checked_epsilon(root, meta)
+            warnings.warn(f"privacy_spent: {note}", FedhypeWarning, stacklevel=2)
+        return PrivacySpent(worst, ledger.delta, eps, REPORTED, mechanisms, True, seeded)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike) -> Path:
@@ -599,7 +612,9 @@ class FedHypeVAE:
     def load(cls, path: str | os.PathLike) -> "FedHypeVAE":
         """A model saved by :meth:`save` (or a run directory), ready to :meth:`sample`.
 
-        Its configuration is the one it was trained with (``config.json``); ``fit`` on it trains anew.
+        Its configuration is the one it was trained with (``config.json``: the ``train`` and ``model`` settings).
+        ``fit(store, partition, resume=True)`` on a run directory continues the run there (an interrupted one);
+        a plain ``fit`` is refused there (the folder holds a run), and on a release folder, which has no client state.
 
         Raises:
             ArtifactError: no fedhype model in ``path``.
@@ -613,7 +628,11 @@ class FedHypeVAE:
         conf_path = root / "config.json"
         saved = (read_json(conf_path, "run config") if conf_path.is_file() else {}).get("train") or {}
         self.config = copy.deepcopy(DEFAULTS)
-        self.config["train"].update({k: v for k, v in saved.items() if k in DEFAULTS["train"]})
+        # every train key a job lists, and the [model] settings (a helper's load of an interrupted run lost
+        # model.latent = 32 and train.local_steps, and the resume that the refusal of a plain fit advised was then
+        # refused as "a different configuration")
+        self.config["train"].update({k: v for k, v in saved.items() if k in _TRAIN_KEYS})
+        self.config["model"].update(saved.get("model") or {})
         self.train_config = None  # what it was trained with is in config.json; fit() validates anew
         self.out, self.run_dir_, self.result_ = root, root, None
         return self
