@@ -121,6 +121,41 @@ def lock_holder(path: str | os.PathLike) -> str | None:
         os.close(fd)
 
 
+#: the format tag of a release folder's ``privacy.json`` (:mod:`fedhype.pipeline.release`)
+RELEASE_FORMAT = "fedhype-release/1"
+
+
+def enclosing_release(path: str | os.PathLike) -> Path | None:
+    """The release folder (one holding a ``privacy.json`` of :data:`RELEASE_FORMAT`) that ``path`` — a file or folder
+    to be written, existing or not — would lie inside, or None.
+
+    A release holds only what its ``privacy.json`` lists, so nothing is written into it or any folder below it (a
+    probe's ``synthesize --release`` and ``prototypes train --out`` wrote sub-folders into a received release, whose
+    audit then failed; a helper's ``fedhype site --out`` and ``Partition.save`` wrote private record ids there)."""
+    for folder in Path(os.path.abspath(path)).parents:
+        manifest = folder / "privacy.json"
+        if not manifest.is_file():
+            continue
+        try:
+            claimed = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(claimed, dict) and claimed.get("format") == RELEASE_FORMAT:
+            return folder
+    return None
+
+
+def refuse_inside_release(path: str | os.PathLike, what: str) -> None:
+    """Refuse (``ValidationError``, exit 2) to write ``path`` inside a release folder (:func:`enclosing_release`).
+
+    ``what`` names it for the message (an option such as ``--out``, or ``Partition.save``)."""
+    release = enclosing_release(path)
+    if release is not None:
+        raise ValidationError(f"{what} {path} is inside the release folder {release}, which holds only what its "
+                              "privacy.json lists (a file added to it fails its audit, and what may not leave the "
+                              "site would leave with it): write elsewhere")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file + fsync + ``os.replace``).
 

@@ -121,9 +121,26 @@ def test_synthesize_into_a_release_folder_is_refused_even_with_overwrite(files, 
                   "--per-class", 2],
                  ["prototypes", "train", "--synthetic", rel / "synthetic.safetensors", "--out", rel / "proto"],
                  ["train", "--store", files["dir"] / "real.safetensors", "--partition", files["dir"] / "part.json",
-                  "--out", rel / "deeper" / "run"]):
+                  "--out", rel / "deeper" / "run"],
+                 # a helper's site.json (private record ids) and a DP linear model (its own ε) went into a release
+                 ["site", "--store", files["dir"] / "real.safetensors", "--name", "zz", "--out", rel / "site"],
+                 ["prototypes", "dp-linear", "--store", files["dir"] / "real.safetensors", "--partition",
+                  files["dir"] / "part.json", "--epsilon", 1, "--out", rel / "dplin"]):
         r, obj = _invoke(*args, "--json")
         assert r.exit_code == 2 and f"is inside the release folder {rel}" in obj["error"], (args, r.output)
+    # and from Python: a partition (record ids), a store, a run folder (client state), a saved model
+    import fedhype
+    from fedhype.data.partition import Partition
+    from fedhype.data.store import EmbeddingStore
+    from fedhype.errors import ValidationError
+
+    for write in (lambda: Partition.load(files["dir"] / "part.json").save(rel / "p.json"),
+                  lambda: EmbeddingStore.load(files["dir"] / "syn.safetensors").save(rel / "x" / "s.safetensors"),
+                  lambda: fedhype.FedHypeVAE(epsilon=1.0, out=rel / "apirun").fit(
+                      EmbeddingStore.load(files["dir"] / "real.safetensors"), Partition.load(files["dir"] / "part.json")),
+                  lambda: fedhype.FedHypeVAE.load(files["run"]).save(rel / "saved")):
+        with pytest.raises(ValidationError, match=f"inside the release folder {rel}"):
+            write()
     assert sorted(p.name for p in rel.iterdir()) == sorted(["README.md", "checkpoint.json", "config.json",
                                                              "ledger.json", "model.safetensors", "privacy.json",
                                                              "synthetic.safetensors"])

@@ -98,13 +98,14 @@ def test_every_wrong_path_is_named_at_once(sites, tmp_path, monkeypatch):
             "sent; state-dir= — a file, not a folder; give a folder for the node's private state. The paths are in "
             "that SuperNode's log") in text
     assert "fixes site=, federation=, state-dir= and restarts" in text and str(tmp_path) not in text
-    # a federation file that is not JSON; a state-dir that this user cannot write (os.access: root writes anywhere)
+    # a federation file that is not JSON; a state-dir that this user cannot write (root writes anywhere the
+    # permission bits forbid: the write is tried, and stopped here for the test)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     locked = tmp_path / "locked"
     locked.mkdir()
-    real_access = handshake.os.access
-    monkeypatch.setattr(handshake.os, "access", lambda p, mode: False if str(p) == str(locked) else real_access(p, mode))
+    real_can = handshake._can_write
+    monkeypatch.setattr(handshake, "_can_write", lambda p: False if str(p) == str(locked) else real_can(p))
     nc = {"site": str(site0), "federation": str(bad), "state-dir": str(locked / "state")}
     with pytest.raises(NodeConfigError) as refused:
         handshake.node_identity(nc)
@@ -169,6 +170,13 @@ def test_the_check_module_names_key_and_path_before_the_supernode_starts(sites, 
     assert not (tmp_path / "st").exists()  # a check writes nothing
     assert check.main(["--node-config", f'site="{site0}" federation="{fed_path}"']) == 2  # a missing key
     assert "lacks ['state-dir']" in capsys.readouterr().err
+    # unquoted paths (a helper: a traceback, exit 1) and a state-dir no one can create (/proc: root's permission bits
+    # said writable)
+    assert check.main(["--node-config", f"site={site0} federation={fed_path} state-dir={tmp_path / 'st'}"]) == 2
+    err = capsys.readouterr().err
+    assert "a path is a string and goes in double quotes" in err and "Traceback" not in err
+    assert check.main(["--node-config", f'site="{site0}" federation="{fed_path}" state-dir="/proc/fedhype-x"']) == 2
+    assert 'state-dir="/proc/fedhype-x": missing, and it cannot be created' in capsys.readouterr().err
 
 
 def _fresh_sites(sites, tmp_path, **over):

@@ -132,7 +132,8 @@ def test_fedhype_audit_refuses_a_release_whose_own_files_were_edited(released, t
         # (unsigned) privacy.json: a real store carries no ε, its checks had nothing to compare, and the audit passed
         import hashlib
 
-        real_store.save(bad / "synthetic.safetensors")
+        real_store.save(tmp_path / "real.safetensors")  # (store.save refuses a release folder: copied in by hand)
+        (tmp_path / "real.safetensors").replace(bad / "synthetic.safetensors")
         priv["files"]["synthetic.safetensors"] = hashlib.sha256((bad / "synthetic.safetensors").read_bytes()).hexdigest()
         (bad / "privacy.json").write_text(json.dumps(priv))
         want = f"synthetic {bad / 'synthetic.safetensors'}: kind"

@@ -489,3 +489,16 @@ def test_an_unreadable_claims_file_reuses_no_charge(tmp_path):
     again = SiteCharger(tmp_path / "site", "s", "run-1", DELTA, tokens=tokens)  # a copy with the same token
     again.charge(_events("0", 1), recorded=[])
     assert len(load_site_ledger(tmp_path / "site")) == 2
+
+
+def test_train_sites_takes_site_folders_and_names_what_it_cannot_take(sites, tmp_path):
+    """A helper's ``train_sites(["/data/site-a"], …)``, as the README words it (site folders), failed with
+    "'str' object has no attribute 'store'"."""
+    from fedhype.federated.engine import train_sites
+
+    res = train_sites([str(s.folder) for s in sites], TrainConfig(**{**CFG, "rounds": 1}), tmp_path / "run")
+    assert res["complete"] and len(PrivacyLedger.load(tmp_path / "run" / "ledger.json").clients()) == 2
+    with pytest.raises(ValidationError, match="sites is one path"):
+        train_sites(str(sites[0].folder), TrainConfig(**CFG), tmp_path / "run2")
+    with pytest.raises(ValidationError, match=r"got \['int'\]"):
+        train_sites([3], TrainConfig(**CFG), tmp_path / "run3")

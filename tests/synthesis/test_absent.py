@@ -98,6 +98,9 @@ def test_n_below_the_number_of_classes_is_refused_and_a_class_rounded_to_none_is
         "class(es) sneaker, tshirt, zebra got no sample: --n 10 split by --label-weights rounds their share below one; "
         "give a larger --n, or --per-class N for N of every class")
     assert empty_classes_note([1, 1, 1, 0], [1, 1, 1, 0], NAMES, 3) is None  # weight 0: left out as asked
+    for bad in ([1, 1, 1, float("nan")], [1, 1, 1, float("inf")], [1e308, 1e308, 1, 1]):  # a helper: internal errors
+        with pytest.raises(ValidationError, match="--label-weights needs 4 finite non-negative numbers"):
+            class_labels(4, n=10, label_weights=bad, generator=gen)
     assert empty_classes_note([5, 5, 5, 5], None, NAMES, None) is None
 
 

@@ -656,14 +656,10 @@ def check_out_file(out: Path, overwrite: bool, *, writes: str, command: str) -> 
 
 def refuse_inside_release(path: Path, option: str) -> None:
     """Refuse a file or folder to be written inside a release folder (exit 2): a release holds only what its
-    ``privacy.json`` lists (:func:`fedhype.pipeline.release.enclosing_release`)."""
-    from fedhype.errors import ValidationError
-    from fedhype.pipeline.release import enclosing_release
+    ``privacy.json`` lists (:func:`fedhype.io.enclosing_release`)."""
+    from fedhype.io import refuse_inside_release as refuse
 
-    release = enclosing_release(path)
-    if release is not None:
-        raise ValidationError(f"{option} {path} is inside the release folder {release}, which holds only what its "
-                              "privacy.json lists (a file added to it fails its audit): write elsewhere")
+    refuse(path, option)
 
 
 def check_out_dir(out: Path, command: str, hint: str) -> None:

@@ -415,6 +415,10 @@ def dp_linear(
         if sites is not None and out is not None:  # the sites are charged before the model is written: check now
             check_out_kind(out, "prototypes dp-linear", ())
             _check_writable_parent(out)
+        elif out is not None:  # a helper's model (its own ε, not in the release's privacy.json) went into a release
+            from fedhype.cli.common import refuse_inside_release
+
+            refuse_inside_release(out, "--out")
         cfg = DPLinearConfig(rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, clip_norm=clip_norm,
                              epsilon=None if (noise_multiplier is not None or no_dp) else epsilon, delta=delta,
                              noise_multiplier=noise_multiplier, no_dp=no_dp, max_epsilon=max_epsilon, seed=seed)

@@ -72,8 +72,11 @@ def site(
         from fedhype.data.sites import CARD_FILE, SITE_FILE, make_site, site_splits
         from fedhype.data.store import EmbeddingStore
 
+        from fedhype.cli.common import refuse_inside_release
+
         if out.exists() and not out.is_dir():
             raise ValidationError(f"--out {out} is a file; give a folder for the site")
+        refuse_inside_release(out, "--out")  # a helper's site.json (record ids) was written into a release
         if out.is_dir() and any(out.iterdir()):
             if not (out / SITE_FILE).exists():
                 from fedhype.data.sites import SITE_LEDGER_FILE

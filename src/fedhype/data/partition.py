@@ -155,7 +155,14 @@ class Partition:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the partition atomically as JSON (format ``"fedhype-partition/1"``), with a header saying
-        it is private to the data holder (it lists every record's opaque id per client and split)."""
+        it is private to the data holder (it lists every record's opaque id per client and split).
+
+        Raises:
+            ValidationError: ``path`` is inside a release folder (:func:`fedhype.io.enclosing_release`).
+        """
+        from fedhype.io import refuse_inside_release
+
+        refuse_inside_release(path, "the partition (private: it lists record ids)")
         return atomic_write_json(path, {"private": PRIVATE_NOTE, **self.to_dict()})
 
     @classmethod

@@ -238,8 +238,15 @@ class Site:
         return relabel(sub, class_names) if class_names is not None else sub
 
     def save(self, folder: str | os.PathLike) -> Path:
-        """Write ``site.json`` (private) and ``card.json`` (public) into ``folder``; returns the folder."""
+        """Write ``site.json`` (private) and ``card.json`` (public) into ``folder``; returns the folder.
+
+        Raises:
+            ValidationError: ``folder`` is inside a release folder (:func:`fedhype.io.enclosing_release`).
+        """
+        from fedhype.io import refuse_inside_release
+
         folder = Path(folder)
+        refuse_inside_release(folder / SITE_FILE, "the site folder's site.json (private: it lists record ids)")
         folder.mkdir(parents=True, exist_ok=True)
         card = self.card()
         atomic_write_json(folder / SITE_FILE, {

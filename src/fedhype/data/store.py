@@ -207,9 +207,13 @@ class EmbeddingStore:
         """Write the store atomically to ``path`` (a ``.safetensors`` file).
 
         Raises:
-            ValidationError: ``path`` is a folder, or the header (sample ids, names, metadata) would
-                exceed safetensors' :data:`MAX_HEADER_BYTES` (too many rows for one store).
+            ValidationError: ``path`` is a folder, or inside a release folder (:func:`fedhype.io.enclosing_release`),
+                or the header (sample ids, names, metadata) would exceed safetensors' :data:`MAX_HEADER_BYTES` (too many
+                rows for one store).
         """
+        from fedhype.io import refuse_inside_release
+
+        refuse_inside_release(path, "the store")
         header = {
             "format": FORMAT,
             "n": len(self),

@@ -35,6 +35,7 @@ which partition: :mod:`fedhype.federated.baselines`) and whether it trains any r
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,8 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
     site's records (``clients/`` holds each client's private optimiser state, as with :func:`train`).
 
     Args:
-        sites: the sites (:class:`~fedhype.data.sites.Site`, from ``fedhype site``); client i is site i.
+        sites: the sites (:class:`~fedhype.data.sites.Site`, from ``fedhype site``), or their folders (read with
+            :meth:`Site.load <fedhype.data.sites.Site.load>`); client i is site i.
         classes: the federation's class names (default: the sorted union of the sites' classes).
         diagnostics: the per-round held-out diagnostics of :func:`train` (off by default here: they are
             statistics of the sites' validation records outside the DP path, written to the run).
@@ -158,6 +160,13 @@ def train_sites(sites: Sequence[Site], cfg: TrainConfig, out: str | Path, *, cla
     if federation(cfg.method) == "pooled":
         raise ValidationError(f"method {cfg.method!r} pools every record on one machine; sites keep their records "
                               "(use a pooled store and `fedhype partition` to simulate it)")
+    if isinstance(sites, (str, os.PathLike)):
+        raise ValidationError(f"train_sites: sites is one path ({sites!r}); give a list of site folders or Site objects")
+    # a helper's train_sites(["/data/site-a"], …) failed with "'str' object has no attribute 'store'"
+    sites = [Site.load(s) if isinstance(s, (str, os.PathLike)) else s for s in sites]
+    if not sites or not all(isinstance(s, Site) for s in sites):
+        raise ValidationError("train_sites: sites must be a non-empty list of site folders (from `fedhype site`) or "
+                              f"fedhype.data.sites.Site objects, got {[type(s).__name__ for s in sites]}")
     stores = site_stores(sites)  # one client per set of records (two sites of one store are refused)
     roster = Roster.from_cards([s.public_card(st) for s, st in zip(sites, stores)], classes)
 

@@ -470,6 +470,9 @@ class FedHypeVAE:
             raise ValidationError(f"fit: out= {str(root)!r} is a release folder (it holds privacy.json): a release is "
                                   "shared as written and never trained into, so nothing was written to it; give "
                                   "FedHypeVAE a new out= folder, or resume the run folder it was released from")
+        from fedhype.io import refuse_inside_release
+
+        refuse_inside_release(root, "fit: out=")  # a helper's run folder (client state) was written into a release
         has_run = (root / "config.json").exists()
         if has_run and not resume:
             raise ValidationError(f"fit: the out= folder {str(root)!r} already holds a run; continue it with "
@@ -602,10 +605,12 @@ class FedHypeVAE:
         complete or not at all (written beside it, then renamed).
 
         Raises:
-            ValidationError: no model yet, or ``path`` exists.
+            ValidationError: no model yet, ``path`` exists, or it is inside a release folder.
         """
+        from fedhype.io import refuse_inside_release
         from fedhype.pipeline.release import write_release
 
+        refuse_inside_release(path, "save:")
         return write_release(self._model_dir(), path)
 
     @classmethod

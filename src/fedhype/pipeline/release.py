@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from fedhype.errors import ArtifactError, ValidationError
-from fedhype.io import atomic_write_json, read_json, sealed
+from fedhype.io import RELEASE_FORMAT, atomic_write_json, enclosing_release, read_json, sealed
 
 #: files copied from the run directory (model first: a folder without it is no release)
 RUN_FILES = ("model.safetensors", "ledger.json", "config.json", "checkpoint.json")
-FORMAT = "fedhype-release/1"
+FORMAT = RELEASE_FORMAT
 #: the keys of privacy.json that :func:`check_release` compares with :func:`privacy_summary` recomputed as they are
 #: (ε and ε per client are compared within a tolerance; ``files`` are digests; ``model_epsilon_note`` is the model's)
 RECOMPUTED_KEYS = ("format", "private", "delta", "noise_seeded", "warning", "accountant", "mechanisms", "method",
@@ -155,19 +155,6 @@ def _manifest(folder: str | os.PathLike) -> dict[str, Any] | None:
 def is_release(folder: str | os.PathLike) -> bool:
     """Whether ``folder`` holds a release's ``privacy.json`` (this module's format)."""
     return _manifest(folder) is not None
-
-
-def enclosing_release(path: str | os.PathLike) -> Path | None:
-    """The release folder that ``path`` (a file or folder to be written, existing or not) would lie inside, or None.
-
-    A release holds only what its ``privacy.json`` lists, so nothing is written into it or any folder below it (a
-    probe's ``synthesize --release`` and ``prototypes train --out`` wrote sub-folders into a received release, whose
-    audit then failed)."""
-    here = Path(os.path.abspath(path))
-    for folder in here.parents:
-        if _manifest(folder) is not None:
-            return folder
-    return None
 
 
 def release_holding(path: str | os.PathLike) -> Path | None:

@@ -48,10 +48,12 @@ def class_labels(n_classes: int, *, per_class: int | None = None, n: int | None 
         if n < 1:
             raise ValidationError(f"--n must be ≥ 1, got {n}")
         w = torch.tensor(label_weights if label_weights is not None else [1.0] * n_classes, dtype=torch.float64)
-        if w.numel() != n_classes or (w < 0).any() or w.sum() <= 0:
+        # nan, inf or 1e400 (inf once parsed) reached torch as an internal error (a helper's --label-weights 1,1,1,inf)
+        if (w.numel() != n_classes or not bool(torch.isfinite(w).all()) or (w < 0).any() or w.sum() <= 0
+                or not bool(torch.isfinite(w.sum()))):
             names = (f" ({', '.join(class_names[:20])}{', …' if len(class_names) > 20 else ''}, in that order)"
                      if class_names else "")
-            raise ValidationError(f"--label-weights needs {n_classes} non-negative numbers with a positive sum, one per "
+            raise ValidationError(f"--label-weights needs {n_classes} finite non-negative numbers with a positive sum, one per "
                                   f"class{names}; got {w.numel()}: {', '.join(f'{x:g}' for x in w.tolist())}")
         drawn = int((w > 0).sum())
         if n < drawn:  # a probe's --n 3 with 4 classes left a class empty without a word

@@ -146,8 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         nc = parse_config_args([args.node_config])
-    except ValueError as exc:
-        print(f"--node-config is not key=value pairs: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - flwr raises ValueError, or click's exception over a TOML error
+        # (a helper's unquoted paths printed a traceback); the values are TOML: strings go in double quotes
+        text = getattr(exc, "message", None) or str(exc)
+        print(f"--node-config is not key=value pairs with TOML values ({' '.join(text.split())}); a path is a string "
+              "and goes in double quotes: --node-config 'site=\"/data/site\" federation=\"/data/fed/federation.json\" "
+              "state-dir=\"/data/fedhype-state\"'", file=sys.stderr)
         return 2
     try:
         client, done = check_report(nc)

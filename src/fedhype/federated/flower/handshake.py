@@ -52,7 +52,6 @@ SuperNode with ``python -m fedhype.federated.flower.check --node-config '...'`` 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -416,12 +415,12 @@ def check_node_paths(node: NodeSettings) -> None:
     state = Path(node.state_dir)
     if state.exists() and not state.is_dir():
         problems.append(("state-dir", str(state), "a file, not a folder; give a folder for the node's private state"))
-    elif state.is_dir() and not os.access(state, os.W_OK | os.X_OK):
+    elif state.is_dir() and not _can_write(state):
         problems.append(("state-dir", str(state), "a folder this SuperNode's user cannot write; give it write access "
                                                   "or name another folder"))
     elif not state.exists():
         parent = next((p for p in state.absolute().parents if p.exists()), None)
-        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        if parent is None or not parent.is_dir() or not _can_write(parent):
             problems.append(("state-dir", str(state), f"missing, and it cannot be created ({parent} is not a writable "
                                                       "folder); create it or name another folder"))
     if problems:
@@ -523,3 +522,15 @@ def decode_identity(content: RecordDict, where: str) -> dict[str, Any]:
     c = dict(content[IDENTITY])
     check_version(c, where)
     return {"client": str(c["client"]), "seeded": bool(c["seeded"]), "federation": str(c["federation"])}
+
+
+def _can_write(folder: Path) -> bool:
+    """Whether a file can be created in ``folder``: tried (created and removed), since permission bits do not stop
+    root while a read-only mount or /proc does (a helper's ``state-dir="/proc/x"`` was reported writable)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".fedhype-write-check-"):
+            return True
+    except OSError:
+        return False
