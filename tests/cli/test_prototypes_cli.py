@@ -109,6 +109,18 @@ def test_artifact_errors_exit_4_and_mismatch_exit_2(files):
     assert r.exit_code == 2 and "no such folder" in json.loads(r.stdout)["error"]  # a missing input is a usage error
     out = files["root"] / "small"
     assert _run("train", "--data", files["real"], "--epochs", 1, "--out", out, "--json").exit_code == 0
+    # a hyper-prototype model given where a generator is read, and a generator's run folder where a hyper-prototype
+    # model is (a helper read "format None"): each names what was given
+    r = CliRunner().invoke(app, ["synthesize", "--run", str(out), "--n", "10", "--out", str(files["root"] / "q.st"),
+                                 "--json"])
+    assert r.exit_code == 4 and "a hyper-prototype classifier (`fedhype prototypes train`), not a generator model" in \
+        json.loads(r.stdout)["error"], r.output
+    gen = files["root"] / "gen"
+    (gen).mkdir()
+    (gen / "config.json").write_text(json.dumps({"train": {"epsilon": 1.0}}))
+    (gen / "model.safetensors").write_bytes(b"")
+    r = _run("evaluate", "--model", gen, "--store", files["real"], "--json")
+    assert r.exit_code == 4 and "a generator's run or release folder" in json.loads(r.stdout)["error"], r.output
     r = _run("evaluate", "--model", out, "--store", files["narrow"], "--json")
     assert r.exit_code == 2 and "D=32" in json.loads(r.stdout)["error"]
     raw = (out / "model.safetensors").read_bytes()

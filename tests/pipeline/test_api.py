@@ -156,6 +156,9 @@ def test_evaluation_is_typed_and_keeps_every_metric(real_store):
 
     assert ev.chance == pytest.approx(float(torch.bincount(test.labels.long()).max()) / len(test))
     assert ev.tstr_accuracy == ev.trtr_accuracy > 0.6
+    # the test split given as the training one too (a helper read TRTR 1.0 without a word)
+    with pytest.warns(fedhype.errors.FedhypeWarning, match=f"share {len(test)} of the test's {len(test)} records"):
+        fedhype.evaluate(test, train, real_train=test, permutations=0)
     keep = [i for i, y in enumerate(test.labels.tolist()) if y == 0 or i % 2 == 0]  # class 0 whole, the others halved
     uneven = test.subset(keep)
     with pytest.warns(fedhype.errors.FedhypeWarning):

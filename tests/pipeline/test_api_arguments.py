@@ -179,8 +179,9 @@ def test_evaluate_refuses_real_data_embedded_otherwise_and_warns_as_the_cli(real
     mean_pooled = dataclasses.replace(test, meta={**test.meta, "pooling": "mean", "preprocess": {**pre, "pooling": "mean"}})
     for bad in ({"real_test": mean_pooled}, {"real_test": test, "real_train": mean_pooled}):
         which = "real_train" if "real_train" in bad else "real_test"
-        with pytest.raises(ArtifactError, match=rf"evaluate: {which}= was embedded with pooling = 'mean', the data of "
-                                                 r"synthetic='s run with pooling = 'cls': the two are not comparable"):
+        with pytest.raises(ArtifactError, match=rf"evaluate: {which}= was embedded with pooling = 'mean', and the data of "
+                                                 r"the run that made synthetic= with pooling = 'cls': the two are not "
+                                                 r"comparable"):
             fedhype.evaluate(bad.pop("real_test"), syn, permutations=0, **bad)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -204,6 +204,10 @@ def evaluate(
         one = one_class_warning(test_store)
         if one:
             warnings.append(one)
+        from fedhype.eval.inputs import shared_records_warning
+
+        if shared := shared_records_warning(test_store, train_store):
+            warnings.append(shared)
         for w in warnings:
             warn(w)
         kind_warning = _kind_warning(synthetic, syn_store)

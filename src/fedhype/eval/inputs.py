@@ -147,6 +147,20 @@ def whole_store_warning(store: EmbeddingStore, name: str) -> str | None:
             "partition.split_store(store, 'test'))")
 
 
+def shared_records_warning(real_test: EmbeddingStore, real_train: EmbeddingStore | None) -> str | None:
+    """The warning for a TRTR reference trained on records of the real test set (shared sample ids), or None: TRTR
+    then scores the classifier on records it was trained on (a helper's ``evaluate(test, syn, real_train=test)``
+    read TRTR 1.0 without a word)."""
+    if real_train is None:
+        return None
+    shared = len(set(real_test.sample_ids) & set(real_train.sample_ids))
+    if not shared:
+        return None
+    return (f"the real training and test embeddings share {shared} of the test's {len(real_test)} records: TRTR is "
+            "then scored on records its classifier was trained on, and overstates held-out accuracy; give the "
+            "training split as the training embeddings (e.g. partition.split_store(store, 'train'))")
+
+
 #: embedding provenance fields compared between a real store and a synthetic one (fedhype.data.sites.encoder_of)
 PROVENANCE_KEYS = ("encoder", "weights_hash", "pooling", "preprocess")
 
@@ -179,8 +193,8 @@ def check_provenance(real: EmbeddingStore, synthetic: EmbeddingStore, real_name:
             if k == "encoder" and same_weights:
                 continue  # the same weights under another local name
             if a is not None and b is not None and a != b:
-                raise ArtifactError(f"{real_name} was embedded with {k} = {a!r}, the data of {syn_name}'s run with "
-                                      f"{k} = {b!r}: the two are not comparable; embed the real data with the run's "
+                raise ArtifactError(f"{real_name} was embedded with {k} = {a!r}, and the data of the run that made "
+                                      f"{syn_name} with {k} = {b!r}: the two are not comparable; embed the real data with the run's "
                                       "encoder and preprocessing (`fedhype embed` with the same --encoder and size)")
     keys = synthetic.meta.get("data_keys")
     if not keys:

@@ -259,7 +259,13 @@ def load_model(path: str | Path) -> tuple[HyperNetwork, torch.Tensor, dict]:
     except json.JSONDecodeError:
         raise ArtifactError(f"model {path}: metadata is not valid JSON") from None
     if meta.get("format") != MODEL_FORMAT:
-        raise ArtifactError(f"model {path}: not a fedhype model (format {meta.get('format')!r})")
+        # a helper's `synthesize --run PROTO` read "not a fedhype model (format None)": name what the file is
+        other = meta.get("format") or tensor_metadata(path).get("format")
+        kind = {"fedhype-hyperprototypes/1": "a hyper-prototype classifier (`fedhype prototypes train`)",
+                "fedhype-dp-linear/1": "a DP linear classifier (`fedhype prototypes dp-linear`)",
+                "fedhype-embeddings/1": "an embeddings store"}.get(other, f"not a fedhype generator (format {other!r})")
+        raise ArtifactError(f"model {path}: {kind}, not a generator model; give the folder of a run (`fedhype train`, "
+                            "`fedhype run`'s run/) or of a release, or its model.safetensors")
     # models written before the DP class statistics (fedhype 0.1.0) have no class bias and the
     # fixed √D·x/‖x‖ space (the buffers' defaults)
     cfg = ModelConfig(**{"class_bias": False, **meta["model"], "mmd_bandwidths": tuple(meta["model"]["mmd_bandwidths"])})

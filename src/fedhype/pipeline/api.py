@@ -216,7 +216,7 @@ def evaluate(real_test: EmbeddingStore | str | os.PathLike, synthetic: Embedding
     permutations = check_whole("evaluate", "permutations", permutations, 0, what=" (0: no MMD² permutation test)")
     max_samples = check_whole("evaluate", "max_samples", max_samples, 2)
     k = check_whole("evaluate", "k", k, 1, what=" (the neighbours of PRDC)")
-    from fedhype.eval.inputs import check_provenance, one_class_warning, whole_store_warning
+    from fedhype.eval.inputs import check_provenance, one_class_warning, shared_records_warning, whole_store_warning
 
     # as `fedhype evaluate`: real data embedded otherwise than the run's is refused (a probe scored mean-pooled
     # records against a CLS run without a word), and what makes the figures say little is warned about
@@ -227,7 +227,8 @@ def evaluate(real_test: EmbeddingStore | str | os.PathLike, synthetic: Embedding
     real_as_synthetic = (f"synthetic= is marked kind={synthetic.kind!r}, not 'synthetic': its figures score real records "
                          "as if they were synthetic (a real-vs-real reference, not a synthetic store's quality)"
                          if synthetic.kind != "synthetic" else None)
-    for note in (whole_store_warning(real_test, "real_test="), one_class_warning(real_test), real_as_synthetic):
+    for note in (whole_store_warning(real_test, "real_test="), one_class_warning(real_test), real_as_synthetic,
+                 shared_records_warning(real_test, real_train)):
         if note:
             warnings.warn(f"evaluate: {note}", FedhypeWarning, stacklevel=2)
     metrics = _evaluate(real_test, synthetic, real_train=real_train, n_permutations=permutations,

@@ -78,7 +78,10 @@ def load_classifier(path: str | os.PathLike) -> Any:
     cfg = read_json(root / CONFIG, "hyper-prototype model config")
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
         got = cfg.get("format") if isinstance(cfg, dict) else type(cfg).__name__
-        raise ArtifactError(f"{root / CONFIG}: format {got!r}, expected {FORMAT!r}")
+        what = (" — a generator's run or release folder (`fedhype train` / `fedhype run`), not a hyper-prototype model"
+                if (root / "model.safetensors").is_file() and isinstance(cfg, dict) and "train" in cfg else "")
+        raise ArtifactError(f"{root / CONFIG}: format {got!r}, expected {FORMAT!r}{what}; give the --out of "
+                            "`fedhype prototypes train`")
     if CONFIG_DIGEST in cfg and cfg[CONFIG_DIGEST] != _config_digest(cfg):
         # a helper set meta.private / data_kind / class names in config.json by hand: evaluate trusted them (a model
         # trained on real records then scored without its "not held-out" warning). Models saved before the digest
