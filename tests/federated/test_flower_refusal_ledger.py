@@ -207,8 +207,9 @@ def test_a_node_without_a_reply_in_time_keeps_its_charge(sites, tmp_path):
 
 @pytest.mark.parametrize("floor, refused", [(8.0, "centre"), (2.0, "statistics")])
 def test_a_node_that_refuses_a_step_of_the_release_has_that_step_voided(sites, tmp_path, floor, refused):
-    """The release's two steps (centre at σ_A, statistics at σ_B < σ_A) are charged together before either runs: a
-    node refusing its centre ran neither (both voided), one refusing the statistics step ran its centre (that stays)."""
+    """The release's two steps (centre at σ_A, statistics at σ_B < σ_A) are each charged just before they run: a
+    node refusing its centre has that charge voided and no client's statistics step is charged (it never ran); one
+    refusing the statistics step ran its centre (that stays)."""
     from fedhype.eval.audit_ledger import audit_run
     from fedhype.privacy.centring import MECHANISM as CENTRE
     from fedhype.privacy.events import RELEASE
@@ -227,11 +228,13 @@ def test_a_node_that_refuses_a_step_of_the_release_has_that_step_voided(sites, t
     ledger = PrivacyLedger.load(run / "ledger.json")
     voided = [(c.client, c.mechanism) for c, _ in ledger.voided()]
     if refused == "centre":
-        assert voided == [("1", CENTRE), ("1", RELEASE)] and "1" not in ledger.epsilons()
+        assert voided == [("1", CENTRE)] and "1" not in ledger.epsilons()
+        # client 0 answered its centre; the statistics step was asked of no one, and is charged to no one
+        assert abs(ledger.epsilon("0") - epsilon(prefix[:1], delta)) <= 1e-9
+        assert not [e for e in ledger.events if e.mechanism == RELEASE]
     else:
         assert voided == [("1", RELEASE)] and abs(ledger.epsilon("1") - epsilon(prefix[:1], delta)) <= 1e-9
-    # client 0 answered what it was asked; the write-ahead charge of a step never asked stays (no refusal)
-    assert abs(ledger.epsilon("0") - epsilon(prefix, delta)) <= 1e-9
+        assert abs(ledger.epsilon("0") - epsilon(prefix, delta)) <= 1e-9  # client 0 answered both steps
     res = audit_run(run)
     assert res["voided_charges"] == len(voided)
     assert res["epsilon_per_client"] == pytest.approx(ledger.epsilons(), abs=1e-12)
