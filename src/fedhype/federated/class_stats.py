@@ -603,7 +603,7 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     else:
         try:
             centres = [c.release_centre(sigma_a) for c in clients] if centred else []
-        except FedhypeError as exc:  # a node that refused its centre ran it not: that charge is voided
+        except FedhypeError as exc:  # a node that refused its centre did not run it: that charge is voided
             from fedhype.federated.transport import void_refused
 
             void_refused(ledger, centre_part, exc, ledger_path)
