@@ -413,35 +413,33 @@ class SiteCharger:
         """``site-claims.json`` beside the site's ledger (:data:`CLAIMS_FILE`)."""
         return ledger_path(self.folder).with_name(CLAIMS_FILE)
 
+    def _taken_tokens(self) -> set[str] | None:
+        """The tokens in the site's claims file (empty where there is none; None where it cannot be read)."""
+        path = self._claims()
+        if not path.exists():
+            return set()
+        import json
+
+        try:
+            return set(map(str, json.loads(path.read_text(encoding="utf-8"))["taken"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def _taken(self, token: str) -> bool:
         """Whether a resume already took over the site's charge ``token`` as its own unfinished charge. An unreadable
         claims file counts every token as taken: no charge is reused, so at worst a step is charged twice."""
-        path = self._claims()
-        if not path.exists():
-            return False
-        import json
-
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            return token in raw["taken"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return True
+        taken = self._taken_tokens()
+        return taken is None or token in taken
 
     def _claim(self, token: str) -> None:
         """Record (atomically, under the site's lock) that this resume took over the site's charge ``token``."""
-        import json
-
         from fedhype.io import atomic_write_json
 
-        path = self._claims()
-        try:
-            taken = list(json.loads(path.read_text(encoding="utf-8"))["taken"]) if path.exists() else []
-        except (OSError, ValueError, KeyError, TypeError):
-            taken = []  # unreadable: every token counted as taken (_taken) until this rewrite; it keeps this one
-        atomic_write_json(path, {"what": "the charge tokens of this site's ledger that a resumed run took over as its "
-                                         "own unfinished charge (a stop between the site's write and the run's); each "
-                                         "is reused once. Keep it beside site-ledger.json",
-                                 "taken": sorted({*map(str, taken), token})})
+        taken = self._taken_tokens() or set()  # unreadable: every token counted as taken until this rewrite
+        atomic_write_json(self._claims(), {"what": "the charge tokens of this site's ledger that a resumed run took "
+                                                   "over as its own unfinished charge (a stop between the site's write "
+                                                   "and the run's); each is reused once. Keep it beside site-ledger.json",
+                                           "taken": sorted(taken | {token})})
 
     def _open(self) -> PrivacyLedger:
         led = load_site_ledger(self.folder, expected=self.expected, site=self.site)
