@@ -109,3 +109,45 @@ def test_a_subset_release_reports_the_arrived_updates_by_position_and_is_asked_o
 
     with pytest.raises(RuntimeError, match="already released around other centres"):
         t.class_stats(K, DP, LEGACY_WEIGHTS, [Centring(torch.zeros(D), 0.5)], indices=[0])
+
+
+def _centre(client: str) -> PrivatizedUpdate:
+    t = {"sum": torch.full((D,), float(client) + 1.0), "count": torch.tensor([float(client) + 5.0])}
+    return PrivatizedUpdate.from_wire(client=client, tensors=t, like=t, steps=1, noise_multiplier=SIGMA,
+                                      clip_norm=float(RELEASE_SENSITIVITY), sample_rate=1.0, private=True)
+
+
+class CentreGrid(StatsGrid):
+    """Nodes that answer the centre step (stage ``centre``), except the ``dead`` ones."""
+
+    def answer(self, m):
+        req, _ = wire.decode_stats_request(m.content)
+        self.asked.append(req["client"])
+        if m.metadata.dst_node_id in self.dead:
+            raise NodeError("<class 'RuntimeError'>:<'node lost'>")
+        return wire.encode_update(_centre(self.nodes[m.metadata.dst_node_id]), -1)
+
+
+def test_a_centre_step_that_fails_for_one_node_carries_the_others_centres(real_store, tmp_path):
+    """The centre step as the statistics step: a node lost during it no longer loses the centres that arrived (the
+    release saves them; a resume asks — and charges — only the lost node's client)."""
+    from fedhype.federated.class_stats import release_all_centres
+
+    part = make_partition(real_store, scheme="iid", n_clients=3, seed=0)
+    ids = [str(c.id) for c in part.clients]
+    grid = CentreGrid({10: ids[0], 11: ids[1], 12: ids[2]}, dead={12})
+    t = _transport(part, grid, tmp_path)
+    with pytest.raises(NodeFailure) as failed:
+        release_all_centres(t.clients, SIGMA)
+    text = str(failed.value)
+    assert text.startswith("the release's centre: no update from 1 client(s): client 2 (")
+    assert "The other clients' centres (public DP outputs) are kept in the run folder" in text
+    arrived = getattr(failed.value, RELEASED)
+    assert sorted(arrived) == [0, 1] and [arrived[i].client for i in (0, 1)] == ids[:2]
+    assert torch.equal(arrived[1].tensors["sum"], _centre(ids[1]).tensors["sum"])
+    assert sorted(grid.asked) == sorted(ids)  # one message to every node
+
+    grid = CentreGrid({10: ids[0], 11: ids[1], 12: ids[2]}, dead=set())  # the resume: a new transport
+    t = _transport(part, grid, tmp_path)
+    got = release_all_centres([t.clients[2]], SIGMA)
+    assert grid.asked == [ids[2]] and [u.client for u in got] == [ids[2]]

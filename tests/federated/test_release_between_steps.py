@@ -126,11 +126,17 @@ def test_a_release_killed_during_its_centre_step_charges_no_statistics_step(real
     the statistics step — which no client had run — was charged, and the resume charged both again (ε 0.85 above
     what any site spent; the consortium had to raise its cap to finish). Each step is now charged just before it
     runs: the stop leaves the centre step charged alone, and the resume charges the centre again (it ran again, with
-    fresh noise; a seeded one replays it) and the statistics step once."""
+    fresh noise; a seeded one replays it) and the statistics step once.
+
+    Per client, the centres that did arrive are saved (a partial file): the other clients are still asked, and the
+    resume asks — and charges, unless seeded — the lost client's centre alone (before, every client's centre was
+    released and charged again; the clients after the lost one had been charged without being asked). Under secure
+    aggregation the server holds only the sum, which did not arrive: every centre runs again."""
     run_fn, extra = PATHS[path]
     cfg = _cfg(seed, **extra)
     run = tmp_path / "run"
     m = len(part.clients)
+    per_client = not extra
 
     def killed(*a, **k):
         raise Killed("node lost during the centre step")
@@ -151,5 +157,17 @@ def test_a_release_killed_during_its_centre_step_charges_no_statistics_step(real
         with pytest.raises(Killed):
             run_fn(real_store, part, cfg, run, stop_after=0)
     assert _charges(run) == (m, 0)  # the statistics step was never asked, and is not charged
+    if per_client:
+        assert calls == [str(c.id) for c in part.clients]  # every client was asked, though the second one failed
+        assert RunDir(run).release_stage() == "centre partly saved"
+        assert "the centre step runs again for the missing clients only" in release_resume_note(
+            "centre partly saved", seed is not None)
+    asked = []
+    real_again = Client.release_centre
+    monkeypatch.setattr(Client, "release_centre",
+                        lambda self, *a, **k: (asked.append(str(self.id)), real_again(self, *a, **k))[1])
     res = run_fn(real_store, part, cfg, run, resume=True)
-    assert res["complete"] and _charges(run) == (m if seed is not None else 2 * m, m)
+    again = 1 if per_client else m  # the centres released again: the lost client's alone, or every one (a sum)
+    assert res["complete"] and _charges(run) == (m if seed is not None else m + again, m)
+    if per_client:
+        assert asked == [str(part.clients[1].id)]

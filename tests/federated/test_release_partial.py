@@ -181,3 +181,39 @@ def test_a_partial_file_of_other_clients_is_not_reused(tmp_path):
     assert load_release_outputs(path, [SimpleNamespace(id=i) for i in "xbc"]) is None  # another client at index 0
     save_release_outputs(path, [], [up("a"), up("b"), up("c")])  # complete: no partial mark, read as before
     assert [u.client for u in load_release_outputs(path, mine)[1]] == ["a", "b", "c"]
+
+
+def test_a_partial_centre_step_is_saved_and_read_back_with_its_holes(tmp_path):
+    """A centre step that failed for some clients: the centres that arrived, each at its client's index; the file says
+    so (the run folder's release stage), another federation's is not reused, and statistics never sit beside a partial
+    centre step (they need every centre)."""
+    from types import SimpleNamespace
+
+    from fedhype.federated.release_outputs import saved_steps, save_release_outputs
+    from fedhype.privacy.dp_step import PrivatizedUpdate
+
+    def centre(c):
+        t = {"sum": torch.full((3,), 2.0), "count": torch.ones(1)}
+        return PrivatizedUpdate.from_wire(client=c, tensors=t, like=t, steps=1, noise_multiplier=1.0, clip_norm=1.0,
+                                          sample_rate=1.0, private=True)
+
+    def stats(c):
+        t = {"class_sums": torch.ones(2, 3), "class_counts": torch.ones(2)}
+        return PrivatizedUpdate.from_wire(client=c, tensors=t, like=t, steps=1, noise_multiplier=1.0, clip_norm=1.0,
+                                          sample_rate=1.0, private=True)
+
+    path = tmp_path / "outputs.safetensors"
+    mine = [SimpleNamespace(id=i) for i in "abc"]
+    save_release_outputs(path, [None, centre("b"), centre("c")], [])
+    assert saved_steps(path) == "partial centre"
+    centres, updates = load_release_outputs(path, mine)
+    assert updates is None and [u and u.client for u in centres] == [None, "b", "c"]
+    assert torch.equal(centres[1].tensors["sum"], torch.full((3,), 2.0))
+    assert load_release_outputs(path, [SimpleNamespace(id=i) for i in "abcd"]) is None  # four clients, not three
+    assert load_release_outputs(path, [SimpleNamespace(id=i) for i in "axc"]) is None  # another client at index 1
+    save_release_outputs(path, [None, None, None], [])  # nothing arrived: nothing to reuse
+    assert load_release_outputs(path, mine) is None
+    save_release_outputs(path, [None, centre("b"), centre("c")], [stats("a"), stats("b"), stats("c")])
+    assert load_release_outputs(path, mine) is None  # not a file the release writes: released again
+    save_release_outputs(path, [centre("a"), centre("b"), centre("c")], [])  # complete: read as before
+    assert saved_steps(path) == "centre" and [u.client for u in load_release_outputs(path, mine)[0]] == ["a", "b", "c"]

@@ -482,14 +482,15 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     With ``centre_share`` s > 0 (and DP) the release is centred (:mod:`fedhype.privacy.centring`):
     each client first releases its sum and count at σ_A = σ₀/√s, the server pools them into the public
     centre c and radius R (``radius`` κ × the DP spread), and the class statistics of the clipped
-    deviations follow at σ_B = σ₀/√(1 − s) — together the cost of one release at σ₀. Both are
-    charged write-ahead before either runs; the centres are saved the moment they arrive, so a run
+    deviations follow at σ_B = σ₀/√(1 − s) — together the cost of one release at σ₀. Each step is
+    charged write-ahead just before it runs; the centres are saved the moment they arrive, so a run
     interrupted between the steps (a Flower node killed during the statistics step) reuses them on its resume
-    and releases — and is charged for — the statistics step alone (again, unless seeded). A statistics step that fails
+    and releases — and is charged for — the statistics step alone (again, unless seeded). A step that fails
     for some clients after others' updates arrived (a Flower node killed during it, an in-process client's release
-    raising) saves the updates that arrived — public DP outputs — as a partial file before the error is re-raised;
-    its resume releases, and is charged for, the statistics step of the missing clients alone (pending charges under
-    the same rerun rule; ``budget_check`` sees only those events), merges the updates in client order and goes on
+    raising; the other clients are still asked) saves the updates that arrived — public DP outputs — as a partial
+    file before the error is re-raised; its resume releases, and is charged for, that step of the missing clients
+    alone (pending charges under the same rerun rule; ``budget_check`` sees only those events; after a partial
+    centre step, every client's statistics step follows), merges the updates in client order and goes on
     as a normal run (per-client releases only: under secure aggregation the server holds a sum, nothing per client).
     A client whose node refuses a step explicitly, before touching its records (a Flower node's refusal:
     :data:`fedhype.federated.transport.REFUSED`), has what this call charged it for that step voided in the ledger
@@ -550,13 +551,22 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
     # the statistics step is released — and charged — again (a Flower node killed during the statistics step);
     # interrupted during the statistics step after some clients' updates arrived: only the missing clients' again
     missing = [i for i, u in enumerate(kept[1]) if u is None] if kept is not None and is_partial(kept[1]) else None
-    only_stats = kept is not None and (kept[1] is None or missing is not None)
+    # interrupted during the centre step after some clients' centres arrived: only the missing clients' centres again
+    # (then every client's statistics step)
+    no_centre = ([i for i, u in enumerate(kept[0]) if u is None]
+                 if kept is not None and distributed is None and is_partial(kept[0]) else None)
+    only_stats = kept is not None and no_centre is None and (kept[1] is None or missing is not None)
     pending: list = []  # what this call charges (write-ahead): a client that refuses its step has its part voided
-    if dp.enabled and (kept is None or only_stats):
+    if dp.enabled and (kept is None or only_stats or no_centre is not None):
         stats_note = (f"{what}; weights (a, b, c) = {[round(w, 6) for w in weights.as_list()]}"
                       + (f"; centred, clip radius {radius:g} × the DP spread" if centred else "") + split)
         centre_note = f"sum and count of the unit records (the release's centre){split}"
-        if only_stats:
+        if no_centre is not None:  # the missing clients' centres, then every client's statistics
+            events = (release_events([clients[i].id for i in no_centre], steps[:1], [centring_mod.MECHANISM],
+                                     RELEASE_SENSITIVITY, [centre_note])
+                      + release_events([c.id for c in clients], steps[-1:], [MECHANISM], RELEASE_SENSITIVITY,
+                                       [stats_note]))
+        elif only_stats:
             who = clients if missing is None else [clients[i] for i in missing]
             stats_step = steps[-1:] if centred else [(float(dp.noise_multiplier), 1.0, 1)]
             events = release_events([c.id for c in who], stats_step, [MECHANISM], RELEASE_SENSITIVITY, [stats_note])
@@ -598,19 +608,19 @@ def run_class_stats_stage(clients, server, n_classes: int, dp, ledger, ledger_pa
         apply_class_stats(server.hnet, stats)
         server.release_notes = release_notes(stats)
         return None
-    if kept is not None:  # a resume: the updates the clients released before the interruption (charged then)
+    if kept is not None and no_centre is None:  # a resume: the updates released before the interruption (charged then)
         centres, updates = kept
     else:
-        try:
-            centres = [c.release_centre(sigma_a) for c in clients] if centred else []
-        except FedhypeError as exc:  # a node that refused its centre did not run it: that charge is voided
-            from fedhype.federated.transport import void_refused
+        centres, updates = (list(kept[0]) if kept is not None else [None] * len(clients) if centred else []), None
+        if centred:  # saved the moment they arrive (those that did, if some fail): a resume releases the rest only
+            save = (lambda have: save_release_outputs(outputs, have, [])) if outputs is not None else None
+            try:
+                centres = _fill(centres, lambda ask: release_all_centres([clients[i] for i in ask], sigma_a), save)
+            except FedhypeError as exc:  # a node that refused its centre did not run it: that charge is voided
+                from fedhype.federated.transport import void_refused
 
-            void_refused(ledger, centre_part, exc, ledger_path)
-            raise
-        updates = None
-        if centred and outputs is not None:  # saved the moment they arrive: a resume after them releases the rest only
-            save_release_outputs(outputs, centres, [])
+                void_refused(ledger, centre_part, exc, ledger_path)
+                raise
     if centred:
         if parts is not None:
             cens = [centring_mod.centring_from([u], radius) for u in centres]
@@ -664,21 +674,42 @@ def _release_missing(clients, n_classes: int, dp, weights, cens, have, outputs, 
     to ``outputs`` (None: not saved). If some clients fail after others' updates arrived, those are saved as a
     partial file (:func:`fedhype.federated.release_outputs.save_release_outputs`) and the error is re-raised."""
     have = [None] * len(clients) if have is None else list(have)
+    save = (lambda got: save_release_outputs(outputs, centres, got)) if outputs is not None else None
+    return _fill(have, lambda ask: release_all_class_stats([clients[i] for i in ask], n_classes, dp, weights,
+                                                           [cens[i] for i in ask]), save)
+
+
+def _fill(have: list, release: "Callable[[list[int]], list[PrivatizedUpdate]]",
+          save: "Callable[[list], None] | None") -> list[PrivatizedUpdate]:
+    """``have`` (one entry per client, None where a client's update is missing) with the holes filled by
+    ``release(positions)`` and saved by ``save`` (None: not saved). If some clients fail after others' updates
+    arrived (the error's :data:`RELEASED`), those are merged and saved — a partial file: a resume asks only the
+    missing clients — and the error is re-raised."""
     ask = [i for i, u in enumerate(have) if u is None]
     try:
-        got = release_all_class_stats([clients[i] for i in ask], n_classes, dp, weights, [cens[i] for i in ask])
+        got = release(ask)
     except BaseException as exc:
         arrived = getattr(exc, RELEASED, None) or {}
         for j, u in arrived.items():
             have[ask[j]] = u
-        if arrived and outputs is not None:  # public DP outputs, charged: a resume asks only the missing clients
-            save_release_outputs(outputs, centres, have)
+        if arrived and save is not None:  # public DP outputs, charged
+            save(have)
         raise
     for i, u in zip(ask, got):
         have[i] = u
-    if outputs is not None:
-        save_release_outputs(outputs, centres, have)
+    if save is not None:
+        save(have)
     return have
+
+
+def release_all_centres(clients, noise_multiplier: float) -> list[PrivatizedUpdate]:
+    """Every client's DP centre release (:mod:`fedhype.privacy.centring`), each client asked once: through
+    ``release_centre_all`` where the clients' type offers it (the Flower grid clients: one message to every node),
+    else one by one, as :func:`release_all_class_stats` (the same errors, carrying the centres that arrived)."""
+    batch = getattr(type(clients[0]), "release_centre_all", None) if clients else None
+    if batch is not None:
+        return batch(clients, noise_multiplier)
+    return _ask_each(clients, lambda j, c: c.release_centre(noise_multiplier))
 
 
 def release_all_class_stats(clients, n_classes: int, dp, weights, centrings) -> list[PrivatizedUpdate]:
@@ -693,11 +724,17 @@ def release_all_class_stats(clients, n_classes: int, dp, weights, centrings) -> 
     batch = getattr(type(clients[0]), "release_class_stats_all", None) if clients else None
     if batch is not None:
         return batch(clients, n_classes, dp, weights, list(centrings))
+    centrings = list(centrings)
+    return _ask_each(clients, lambda j, c: c.release_class_stats(n_classes, dp, weights, centring=centrings[j]))
+
+
+def _ask_each(clients, ask: "Callable[[int, object], PrivatizedUpdate]") -> list[PrivatizedUpdate]:
+    """``ask(j, clients[j])`` for every client in turn; on failures see :func:`release_all_class_stats`."""
     out: dict[int, PrivatizedUpdate] = {}
     failed: BaseException | None = None
-    for j, (c, cen) in enumerate(zip(clients, centrings)):
+    for j, c in enumerate(clients):
         try:
-            out[j] = c.release_class_stats(n_classes, dp, weights, centring=cen)
+            out[j] = ask(j, c)
         except Exception as exc:  # noqa: BLE001 — re-raised below, after the others were asked
             failed = failed or exc
         except BaseException as exc:  # an interrupt: what arrived is kept, nothing more is asked

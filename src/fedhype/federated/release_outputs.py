@@ -3,9 +3,10 @@
 interrupted after them resumes from them instead of releasing — and being charged — again
 (:func:`fedhype.federated.class_stats.run_class_stats_stage`). Public DP outputs, atomic safetensors.
 
-A statistics step that failed for some clients after others' updates arrived (a Flower node killed during it, or one
+A step that failed for some clients after others' updates arrived (a Flower node killed during it, or one
 in-process client's release raising) is saved *partial*: the updates that arrived, each under its client's index and
 marked ``partial``, with the number of clients; a resume releases — and is charged for — only the missing clients'.
+That holds for the centre step as for the statistics step (a centre step partly saved has no statistics yet).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from fedhype.privacy.dp_step import PrivatizedUpdate
 def saved_steps(path: Path) -> str:
     """What a saved release-outputs file holds, read from its public metadata alone: ``"complete"`` (the statistics
     step of every client, or its secure sum), ``"partial"`` (some clients' statistics: the step failed for the
-    others) or ``"centre"`` (the centre step only); an unreadable file counts as complete (its loader then says what
-    is wrong, naming the file)."""
+    others), ``"centre"`` (the centre step only) or ``"partial centre"`` (some clients' centres: the centre step
+    failed for the others); an unreadable file counts as complete (its loader then says what is wrong, naming the
+    file)."""
     import json
 
     from fedhype.io import tensor_metadata
@@ -31,35 +33,39 @@ def saved_steps(path: Path) -> str:
     stats = [m for m in meta if m.get("kind") == "stats" or m.get("part") == "stats"]
     if any(m.get("partial") for m in stats):
         return "partial"
-    return "complete" if stats else "centre"
+    if stats:
+        return "complete"
+    return "partial centre" if any(m.get("partial") for m in meta if m.get("kind") == "centre") else "centre"
 
 
 def is_partial(saved) -> bool:
-    """Whether loaded statistics (the ``updates`` of :func:`load_release_outputs`) miss some client's (a hole); a
-    secure-aggregation sum (:func:`load_secure_outputs`) never does."""
+    """Whether loaded statistics or centres (the ``updates`` or ``centres`` of :func:`load_release_outputs`) miss
+    some client's (a hole); a secure-aggregation sum (:func:`load_secure_outputs`) never does."""
     return isinstance(saved, list) and any(u is None for u in saved)
 
 
 def _has_centre(saved) -> bool:
-    """Whether saved release outputs hold a centre: a non-empty list of centre updates, or a centre's sum."""
-    return saved is not None and (not isinstance(saved, list) or len(saved) > 0)
+    """Whether saved release outputs hold a centre: a list with some client's centre update, or a centre's sum."""
+    return saved is not None and (not isinstance(saved, list) or any(u is not None for u in saved))
 
 
-def save_release_outputs(path: Path, centres: list[PrivatizedUpdate],
+def save_release_outputs(path: Path, centres: "list[PrivatizedUpdate | None]",
                          updates: "list[PrivatizedUpdate | None]") -> None:
     """Write the clients' released updates (their tensors and public metadata; atomic safetensors).
 
-    ``updates``: one per client in client order; None where a client's statistics did not arrive (a statistics step
-    that failed for some clients): the file is then *partial* — each saved update keeps its client's index and is
-    marked ``"partial": true`` with the number of clients, and :func:`load_release_outputs` gives None in the holes.
+    ``updates``: one per client in client order ([] before the statistics step); None where a client's statistics
+    did not arrive (a statistics step that failed for some clients): the file is then *partial* — each saved update
+    keeps its client's index and is marked ``"partial": true`` with the number of clients, and
+    :func:`load_release_outputs` gives None in the holes. ``centres`` likewise ([] for an uncentred release; None
+    where a client's centre did not arrive: a centre step that failed for some clients, saved before any statistics).
     """
     import json
 
     from fedhype.io import atomic_save_tensors
 
-    partial = any(u is None for u in updates)
     tensors, meta = {}, []
     for kind, us in (("centre", centres), ("stats", updates)):
+        partial = any(u is None for u in us)
         for i, u in enumerate(us):
             if u is None:
                 continue
@@ -67,7 +73,7 @@ def save_release_outputs(path: Path, centres: list[PrivatizedUpdate],
             meta.append({"kind": kind, "index": i, "client": u.client, "steps": u.steps,
                          "noise_multiplier": u.noise_multiplier, "clip_norm": u.clip_norm,
                          "sample_rate": u.sample_rate, "private": u.private,
-                         **({"partial": True, "n_clients": len(updates)} if partial and kind == "stats" else {})})
+                         **({"partial": True, "n_clients": len(us)} if partial else {})})
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_save_tensors(path, tensors, {"fedhype_release_outputs": json.dumps(meta)})
 
@@ -75,7 +81,8 @@ def save_release_outputs(path: Path, centres: list[PrivatizedUpdate],
 def load_release_outputs(path: Path, clients) -> "tuple[list[PrivatizedUpdate], list[PrivatizedUpdate | None] | None] | None":
     """The ``(centres, updates)`` :func:`save_release_outputs` wrote, or None when there is no such file or it is
     not these clients' (then the release runs again). ``updates`` is None when only the centres were saved, and holds
-    None for each client whose statistics are missing from a partial file (one entry per client, in client order).
+    None for each client whose statistics are missing from a partial file (one entry per client, in client order);
+    ``centres`` holds None for each client whose centre is missing from a partial centre step.
     Each update is re-typed with
     :meth:`~fedhype.privacy.dp_step.PrivatizedUpdate.from_wire` (names, shapes, finiteness and metadata checked).
 
@@ -94,26 +101,29 @@ def load_release_outputs(path: Path, clients) -> "tuple[list[PrivatizedUpdate], 
     if any(m.get("kind") not in out for m in meta):  # a secure-aggregation sum (save_secure_outputs), not updates
         return None
     ids = [str(c.id) for c in clients]
-    partial = any(m.get("partial") for m in meta if m["kind"] == "stats")
-    if partial:  # the statistics of a subset of the clients, each at its client's index
+    partial = {kind for kind in out if any(m.get("partial") for m in meta if m["kind"] == kind)}
+    for kind in partial:  # the updates of a subset of the clients, each at its client's index
         if any(m.get("n_clients") != len(ids) or not 0 <= int(m["index"]) < len(ids) for m in meta
-               if m["kind"] == "stats"):
+               if m["kind"] == kind):
             return None
-        out["stats"] = [None] * len(ids)
+        out[kind] = [None] * len(ids)
+    if "centre" in partial and any(m["kind"] == "stats" for m in meta):  # statistics need every centre
+        return None
     for m in sorted(meta, key=lambda m: (m["kind"], m["index"])):
         p = f"{m['kind']}.{m['index']}."
         tensors = {k[len(p):]: v for k, v in t.items() if k.startswith(p)}
         u = PrivatizedUpdate.from_wire(
             client=m["client"], tensors=tensors, like=tensors, steps=m["steps"], noise_multiplier=m["noise_multiplier"],
             clip_norm=m["clip_norm"], sample_rate=m["sample_rate"], private=m["private"])
-        if partial and m["kind"] == "stats":
-            out["stats"][int(m["index"])] = u
+        if m["kind"] in partial:
+            out[m["kind"]][int(m["index"])] = u
         else:
             out[m["kind"]].append(u)
-    if out["centre"] and [u.client for u in out["centre"]] != ids:
+    if out["centre"] and [None if u is None else u.client for u in out["centre"]] != [
+            None if u is None else i for u, i in zip(out["centre"], ids)]:
         return None
     if not any(u is not None for u in out["stats"]):  # saved between the steps: the centres alone (None if nothing)
-        return (out["centre"], None) if out["centre"] else None
+        return (out["centre"], None) if _has_centre(out["centre"]) else None
     if [None if u is None else u.client for u in out["stats"]] != [None if u is None else i
                                                                    for u, i in zip(out["stats"], ids)]:
         return None

@@ -165,7 +165,9 @@ class RunDir:
         commit came after it), ``"saved"`` (it ran and its outputs — the model it set, or the clients' updates — were saved: a resume
         reuses them, no charge),
         ``"centre saved"`` (interrupted between a centred release's two steps: the centre's outputs are reused, the
-        statistics step runs again), ``"statistics partly saved"`` (the statistics step failed for some clients after
+        statistics step runs again), ``"centre partly saved"`` (the centre step failed for some clients after others'
+        centres arrived: those are reused, the centre step runs again for the missing clients only, then the
+        statistics step), ``"statistics partly saved"`` (the statistics step failed for some clients after
         others' updates arrived: those — and a centred release's centres — are reused, the statistics step runs again
         for the missing clients only), ``"interrupted"`` (charged write-ahead in the ledger, its outputs never saved: a
         resume releases again) or ``"not started"``."""
@@ -177,7 +179,8 @@ class RunDir:
         if outputs.exists():
             from fedhype.federated.release_outputs import saved_steps
 
-            return {"complete": "saved", "partial": "statistics partly saved", "centre": "centre saved"}[saved_steps(outputs)]
+            return {"complete": "saved", "partial": "statistics partly saved", "centre": "centre saved",
+                    "partial centre": "centre partly saved"}[saved_steps(outputs)]
         if self.ledger.exists() and read_json(self.ledger, "privacy ledger", LEDGER_ADVICE).get("events"):
             return "interrupted"
         return "not started"

@@ -411,6 +411,10 @@ def release_resume_note(stage: str, seeded: bool) -> str:
     elif stage == "centre saved":  # a Flower node killed during the statistics step
         note = ("the statistics release was interrupted between its centre and its statistics step: the released "
                 "centre is reused (not charged again) and the statistics step runs again")
+    elif stage == "centre partly saved":  # a Flower node killed during the centre step, the others answered
+        note = ("the statistics release was interrupted during its centre step after some clients' centres arrived: "
+                "those are reused (not charged again), the centre step runs again for the missing clients only, then "
+                "the statistics step")
     elif stage == "statistics partly saved":  # a Flower node killed during the statistics step, the others answered
         note = ("the statistics release was interrupted during its statistics step after some clients' updates "
                 "arrived: those (and a centred release's centre) are reused (not charged again) and the statistics step "

@@ -106,6 +106,29 @@ class RemoteClient:
         return self._transport.class_stats(n_classes, dp, weights, [centring] * len(self._transport.clients))[self.index]
 
     @staticmethod
+    def release_centre_all(clients: "list[RemoteClient]", noise_multiplier: float | None) -> list[PrivatizedUpdate]:
+        """The DP centre releases of ``clients`` (every client, or the ones a resume still misses), in one message to
+        each of their nodes (:func:`fedhype.federated.class_stats.release_all_centres`).
+
+        Raises:
+            NodeFailure: some nodes gave no centre; it carries the centres that arrived as
+                :data:`fedhype.federated.class_stats.RELEASED` (by position in ``clients``), which the release saves.
+        """
+        return RemoteClient._batch(clients, lambda t, idx: t.centres(noise_multiplier, indices=idx))
+
+    @staticmethod
+    def _batch(clients: "list[RemoteClient]", ask) -> list[PrivatizedUpdate]:
+        from fedhype.federated.class_stats import RELEASED
+
+        if not clients:
+            return []
+        try:
+            return ask(clients[0]._transport, [c.index for c in clients])
+        except NodeFailure as exc:
+            setattr(exc, RELEASED, {j: exc.received[c.index] for j, c in enumerate(clients) if c.index in exc.received})
+            raise
+
+    @staticmethod
     def release_class_stats_all(clients: "list[RemoteClient]", n_classes: int, dp: DPConfig, weights,
                                 centrings: list) -> list[PrivatizedUpdate]:
         """The DP class statistics of ``clients`` (every client, or the ones a resume still misses), client i around
@@ -115,16 +138,7 @@ class RemoteClient:
             NodeFailure: some nodes gave no update; it carries the updates that arrived as
                 :data:`fedhype.federated.class_stats.RELEASED` (by position in ``clients``), which the release saves.
         """
-        from fedhype.federated.class_stats import RELEASED
-
-        if not clients:
-            return []
-        try:
-            return clients[0]._transport.class_stats(n_classes, dp, weights, centrings,
-                                                     indices=[c.index for c in clients])
-        except NodeFailure as exc:
-            setattr(exc, RELEASED, {j: exc.received[c.index] for j, c in enumerate(clients) if c.index in exc.received})
-            raise
+        return RemoteClient._batch(clients, lambda t, idx: t.class_stats(n_classes, dp, weights, centrings, indices=idx))
 
     def secure_session(self):
         """The run's SecAgg+ session (:class:`~fedhype.federated.flower.secagg.FlowerSecureSession`): under secure
@@ -311,15 +325,24 @@ class FlowerTransport:
                                    wire.Expected.of_task(t, min(1.0, t.batch_size / self.clients[t.index].n)))
                 for t in tasks]
 
-    def centres(self, noise_multiplier: float | None) -> list[PrivatizedUpdate]:
-        """Every client's DP centre release (``train.class_stats`` with stage ``centre``, asked once)."""
+    def centres(self, noise_multiplier: float | None, indices: "list[int] | None" = None) -> list[PrivatizedUpdate]:
+        """The DP centre releases of the clients ``indices`` (default every client; ``train.class_stats`` with stage
+        ``centre``, each client asked once), in that order.
+
+        Raises:
+            NodeFailure: some nodes gave no centre; its ``received`` holds the others' by client index (the release
+                saves them: a resume asks only the missing).
+        """
         from fedhype.privacy.dp_step import LEGACY_WEIGHTS
 
         dp = DPConfig(noise_multiplier, RELEASE_SENSITIVITY, enabled=bool(noise_multiplier))
         return self._release(("centre", dp), "the release's centre", lambda i: wire.encode_stats_request(
             self.clients[i].id, 0, dp, LEGACY_WEIGHTS, run_key=self._key(), n_train=self.clients[i].n,
             data_key=self.roster.clients[i].key, stage="centre", federation=self.federation),
-            lambda i: wire.Expected.of_centre(self.clients[i].id, self.dim, dp))
+            lambda i: wire.Expected.of_centre(self.clients[i].id, self.dim, dp),
+            None if indices is None else [int(i) for i in indices],
+            kept=("The other clients' centres (public DP outputs) are kept in the run folder: a resume asks only the "
+                  "client(s) above for theirs."))
 
     def class_stats(self, n_classes: int, dp: DPConfig, weights=None, centrings=None,
                     indices: "list[int] | None" = None) -> list[PrivatizedUpdate]:
