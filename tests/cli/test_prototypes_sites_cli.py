@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from fedhype.cli.main import app
 from fedhype.data.sites import Site
 from fedhype.data.store import EmbeddingStore
-from fedhype.privacy.ledger import PrivacyLedger
+from fedhype.privacy.ledger import LedgerEvent, PrivacyLedger
 from fedhype.privacy.site_ledger import composed, load_site_ledger
 
 runner = CliRunner()
@@ -158,6 +158,32 @@ def test_dp_linear_site_charges_each_site_ledger_the_runs_epsilon(files, tmp_pat
         assert led.delta == res["delta"] and eps == pytest.approx(res["epsilon_per_client"][name], rel=1e-6)
         assert res["site_ledgers"][name]["epsilon"] == pytest.approx(eps, rel=1e-9)
         assert not res["site_ledgers"][name]["epsilon_infinite"]
+    # the audit compares the model's ledger with each site's own (a folder without ckpt/run-key.json: its ledger's
+    # meta names the run; `audit --run DPLIN --site S` said "not the folder of a run trained over sites")
+    audited = _run("audit", "--run", out, "--site", north, "--site", south, "--json")
+    assert audited.exit_code == 0, audited.output
+    rep = json.loads(audited.stdout)
+    assert rep["consistent"] and [r["site"] for r in rep["sites"]] == ["north", "south"]
+    for row in rep["sites"]:
+        assert row["ok"] and row["run_key"] == res["run_key"] and row["events"] == 3
+        assert row["claimed"] == pytest.approx(res["epsilon_per_client"][row["site"]], rel=1e-6)
+        assert row["recomputed"] == pytest.approx(row["claimed"], abs=1e-6)
+    # the model's ledger rebuilt without north's release event (its chain recomputed): the site's own ledger says so
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    for f in out.iterdir():
+        (forged / f.name).write_bytes(f.read_bytes())
+    state = json.loads((out / "ledger.json").read_text())
+    led = PrivacyLedger(state["delta"], state["meta"])
+    for e in state["events"]:
+        if not (e["client"] == "north" and e["round"] == -1):
+            led.record(LedgerEvent.from_dict(e))
+    led.save(forged / "ledger.json")
+    bad = _run("audit", "--run", forged, "--site", north, "--json")
+    assert bad.exit_code == 4, bad.output
+    rep = json.loads(bad.stdout)
+    assert not rep["consistent"] and rep["sites"][0]["claimed"] < rep["sites"][0]["recomputed"]
+    assert any("lacks charges the site recorded" in (m.get("reason") or "") for m in rep["mismatches"])
     # a second run on the same records composes with the first in each site's ledger
     again = _json(_run("prototypes", "dp-linear", "--site", north, "--site", south, "--epsilon", 8, "--rounds", 2,
                        "--json"))

@@ -324,6 +324,15 @@ def test_a_stop_between_the_sites_charge_and_the_runs_first_save_is_charged_once
         row = compare_site(tmp_path / "run1", s.folder)  # a probe: exit 4 with no reason for an honest seeded run
         assert row["ok"] and "seeded" in row["note"] and row["infinite"]
         assert row["recomputed"] == pytest.approx(row["claimed"], rel=1e-9)
+        # the table shows the note below it, on one line (in a column it wrapped a word per line: a probe)
+        from typer.testing import CliRunner
+
+        from fedhype.cli.main import app
+
+        shown = CliRunner().invoke(app, ["audit", "--run", str(tmp_path / "run1"), "--site", str(s.folder)])
+        assert shown.exit_code == 0, shown.output
+        assert any(line.startswith(f"[1] {s.name}: a seeded run: the site counts it as ε = ∞") and line.endswith(
+            "as the run reports it") for line in shown.stdout.splitlines()), shown.stdout
 
 
 def _stopped_at_save(sites, cfg, run, monkeypatch, stop_at: int = 1) -> None:

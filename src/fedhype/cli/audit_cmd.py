@@ -79,11 +79,16 @@ def _render(r: dict[str, Any]) -> None:
             t = Table(title="the run's ledger against each site's own")
             for col in ("site", "run key", "events", "ε (run)", "ε (site)", "ok", "note"):
                 t.add_column(col)
+            notes: list[str] = []  # below the table: a sentence in a column wrapped it a word per line (a probe)
             for row in r["sites"]:
                 site_eps = "∞" if row.get("infinite") and row.get("recomputed") is None else _fmt(row.get("recomputed"))
+                if row.get("note"):
+                    notes.append(f"[{len(notes) + 1}] {row['site']}: {row['note']}")
                 t.add_row(str(row["site"]), str(row["run_key"]), str(row["events"]), _fmt(row["claimed"]), site_eps,
-                          "yes" if row["ok"] else "NO", row.get("note") or "")
+                          "yes" if row["ok"] else "NO", f"[{len(notes)}]" if row.get("note") else "")
             out.print(t)
+            for n in notes:
+                out.print(n, highlight=False, soft_wrap=True, markup=False)
         for w in r.get("warnings", []):
             warn(w)
     for mia in r.get("mia") or []:

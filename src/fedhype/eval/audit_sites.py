@@ -22,7 +22,9 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     """The run's ε for a site's client against the site's own ledger's events for the run.
 
     Args:
-        run_dir: a run directory (its ``ckpt/run-key.json`` names the run in the sites' ledgers; ``ledger.json``).
+        run_dir: a run directory (its ``ckpt/run-key.json`` names the run in the sites' ledgers; ``ledger.json``), or
+            the folder of a DP linear reference over sites (``prototypes dp-linear --site --out``: its ``ledger.json``
+            names the run's key and sites).
         site_dir: the site folder (``fedhype site``) whose ``site-ledger.json`` is read.
         tolerance: allowed ε difference (rounding only).
 
@@ -43,11 +45,11 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     from fedhype.privacy.site_ledger import NO_DP, composed, load_site_ledger, run_of
 
     run = RunDir(Path(run_dir))
-    key = run.run_key()
-    sites = run_sites(run_dir)
+    key, sites = _identity(run, run_dir)
     if key is None or not sites:
-        raise ValidationError(f"--site: {run_dir} is not the folder of a run trained over sites (`train --site`, or a "
-                              "Flower run): it has no run key (ckpt/run-key.json) naming it in the sites' ledgers")
+        raise ValidationError(f"--site: {run_dir} is not the folder of a run trained over sites (`train --site`, a "
+                              "Flower run, or `prototypes dp-linear --site --out`): it has no run key "
+                              "(ckpt/run-key.json, or its ledger.json's meta) naming it in the sites' ledgers")
     site = Site.load(site_dir)
     if site.name not in sites:
         raise ValidationError(f"--site {site_dir}: site {site.name!r} is not one of the run's sites {sites}")
@@ -104,6 +106,23 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
                                          + ": the run's ledger lacks charges the site recorded — edited, or "
                                            "another copy of this run's folder (the same run key, e.g. a backup "
                                            "resumed beside it) also trained on the site's records")})}
+
+
+def _identity(run, run_dir) -> tuple[str | None, list[str] | None]:
+    """The run's key and sites: a generator's run folder names them in ``ckpt/run-key.json`` and ``config.json``; a
+    DP linear reference over sites (``prototypes dp-linear --site --out``) in its ``ledger.json``'s meta
+    (:mod:`fedhype.prototypes.dp_linear_sites`). (None, None) when neither does."""
+    from fedhype.eval.audit_mia import run_sites
+    from fedhype.io import read_json
+    from fedhype.privacy.events import DP_LINEAR
+
+    key, sites = run.run_key(), run_sites(run_dir)
+    if key is None and run.ledger.is_file() and not run.config.exists():
+        meta = read_json(run.ledger, "privacy ledger").get("meta") or {}
+        if (isinstance(meta, dict) and meta.get("mechanism") == DP_LINEAR and isinstance(meta.get("run_key"), str)
+                and isinstance(meta.get("sites"), list) and meta["sites"]):
+            key, sites = meta["run_key"], [str(x) for x in meta["sites"]]
+    return key, sites
 
 
 def _no_dp(run) -> bool:
