@@ -48,12 +48,16 @@ class StatsGrid(InboxGrid):
         super().__init__()
         self.nodes, self.dead, self.asked = nodes, dead, []
 
+    @staticmethod
+    def reply(client: str) -> PrivatizedUpdate:
+        return _update(client)
+
     def answer(self, m):
         req, _ = wire.decode_stats_request(m.content)
         self.asked.append(req["client"])
         if m.metadata.dst_node_id in self.dead:
             raise NodeError("<class 'RuntimeError'>:<'node lost'>")
-        return wire.encode_update(_update(self.nodes[m.metadata.dst_node_id]), -1)
+        return wire.encode_update(self.reply(self.nodes[m.metadata.dst_node_id]), -1)
 
 
 def _transport(part, grid, tmp_path) -> FlowerTransport:
@@ -120,12 +124,9 @@ def _centre(client: str) -> PrivatizedUpdate:
 class CentreGrid(StatsGrid):
     """Nodes that answer the centre step (stage ``centre``), except the ``dead`` ones."""
 
-    def answer(self, m):
-        req, _ = wire.decode_stats_request(m.content)
-        self.asked.append(req["client"])
-        if m.metadata.dst_node_id in self.dead:
-            raise NodeError("<class 'RuntimeError'>:<'node lost'>")
-        return wire.encode_update(_centre(self.nodes[m.metadata.dst_node_id]), -1)
+    @staticmethod
+    def reply(client: str) -> PrivatizedUpdate:
+        return _centre(client)
 
 
 def test_a_centre_step_that_fails_for_one_node_carries_the_others_centres(real_store, tmp_path):
