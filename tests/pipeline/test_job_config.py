@@ -386,3 +386,13 @@ def test_a_config_toml_edited_by_hand_is_kept_aside_and_said_so(tmp_path):
     _keep_edited_toml(tmp_path, json.loads(json.dumps(conf)), said.append)
     assert len(said) == 1 and "was edited by hand" in said[0] and "fedhype run --config" in said[0]
     assert (tmp_path / "config.edited.toml").read_text() == text
+    # a job on the user's own images or store: the file leaves out data.dataset, which config.json keeps (a helper's
+    # every rerun of such a job was told its untouched file was edited)
+    for own in (f"data.images={tmp_path}", f"data.store={tmp_path / 's.safetensors'}"):
+        (tmp_path / "config.edited.toml").unlink(missing_ok=True)
+        conf = absolute_paths(resolve(None, [own]))
+        assert conf["data"]["dataset"] and "dataset" not in to_toml(conf).split("[data]")[1].split("[")[0]
+        (tmp_path / "config.toml").write_text(to_toml(conf))
+        said = []
+        _keep_edited_toml(tmp_path, json.loads(json.dumps(conf)), said.append)
+        assert said == [] and not (tmp_path / "config.edited.toml").exists(), said

@@ -640,18 +640,21 @@ def _keep_edited_toml(out: Path, old_conf: dict, log) -> None:
     them), and a helper's edit of train.epsilon there was ignored and then overwritten without a word."""
     import tomllib
 
-    from fedhype.pipeline.config import upgrade_keys, with_defaults_spelled_out
+    from fedhype.pipeline.config import to_toml, upgrade_keys, with_defaults_spelled_out
 
     path = out / "config.toml"
     if not path.is_file():
         return
     try:
         text = path.read_text(encoding="utf-8")
-        edited = absolute_paths(upgrade_keys(tomllib.loads(text)))
-        # TOML holds no null: a key the job set to None is left out of the file, so it is left out of both here
+        edited = with_defaults_spelled_out(absolute_paths(upgrade_keys(tomllib.loads(text))))
+        # the file as this version writes it (:func:`to_toml`: no null, no data.dataset beside data.images/store — a
+        # helper's every rerun of a job on its own images was told the file was edited), or as an older one did
+        # (every key but the nulls)
         written = {k: ({kk: vv for kk, vv in v.items() if vv is not None} if isinstance(v, dict) else v)
                    for k, v in old_conf.items() if v is not None}
-        same = with_defaults_spelled_out(edited) == with_defaults_spelled_out(written)
+        same = any(edited == with_defaults_spelled_out(absolute_paths(upgrade_keys(c)))
+                   for c in (tomllib.loads(to_toml(old_conf)), written))
     except (OSError, ValueError, TypeError, AttributeError, KeyError):  # unreadable, or not a job's settings
         same, text = False, path.read_bytes().decode("utf-8", errors="replace")
     if same:
