@@ -101,6 +101,49 @@ def test_rerun_reuses_the_saved_release(real_store, part, eps8):
     assert capped["reused"] and (out / "ledger.json").read_bytes() == before
 
 
+@pytest.mark.parametrize("seed", [None, 0])
+def test_an_attempt_killed_during_training_stays_charged(real_store, part, tmp_path, monkeypatch, seed):
+    """A helper killed a job during the reference: no ledger was on disk, and the rerun reported the second attempt's
+    ε alone. The ledger is now written ahead of every charge; the rerun composes its charges with the interrupted
+    attempt's (fresh noise: charged again, as a rerun; the same seeded noise: not twice)."""
+    from fedhype.privacy.dp_step import LocalDPSession
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    cfg = DPLinearConfig(epsilon=2.0, rounds=3, seed=seed)
+    clean = dp_linear_downstream(real_store, part, cfg, out=tmp_path / "clean")
+    out = tmp_path / "killed"
+    real_step, steps = LocalDPSession.step, []
+
+    def killed_in_round_2(self, *a, **k):
+        steps.append(1)
+        if len(steps) > sum(cfg.steps_per_round(len(c.train)) for c in part.clients):  # round 1 done
+            raise KeyboardInterrupt
+        return real_step(self, *a, **k)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(LocalDPSession, "step", killed_in_round_2)
+        with pytest.raises(KeyboardInterrupt):
+            dp_linear_downstream(real_store, part, cfg, out=out)
+    assert not (out / "model.safetensors").exists()
+    spent = PrivacyLedger.load(out / "ledger.json")  # on disk: the release, round 1, round 2's first client
+    m = len(part.clients)
+    assert [e.round for e in spent.events] == [-1] * m + [0] * m + [1]
+    res = dp_linear_downstream(real_store, part, cfg, out=out)
+    led = PrivacyLedger.load(out / "ledger.json")
+    assert led.events[:len(spent.events)] == spent.events  # the interrupted attempt's charges stay
+    assert res["epsilon"] == pytest.approx(max(led.epsilons().values()), rel=1e-9)
+    if seed is None:  # every charge of the first attempt made again: more ε than a clean run
+        assert len(led.events) == len(spent.events) + len(_events(tmp_path / "clean"))
+        assert res["epsilon"] > clean["epsilon"] * 1.2
+    else:  # the same noise replayed: charged once, the clean run's figure
+        assert len(led.events) == len(_events(tmp_path / "clean"))
+        assert res["epsilon"] == pytest.approx(clean["epsilon"], rel=1e-9)
+    # a ledger at another δ is named, not appended to
+    with pytest.raises(ValidationError, match="interrupted attempt at δ = 0.0001"):
+        (out / "model.safetensors").unlink()
+        dp_linear_downstream(real_store, part, DPLinearConfig(epsilon=2.0, rounds=3, seed=seed, delta=1e-5), out=out)
+
+
 def test_refusals(real_store, part, tmp_path):
     with pytest.raises(BudgetExceededError):
         dp_linear_downstream(real_store, part, DPLinearConfig(noise_multiplier=0.5, epsilon=None, max_epsilon=1.0),

@@ -42,7 +42,6 @@ separate release from the generator's: a client that takes part in both spends b
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -61,7 +60,7 @@ from fedhype.privacy.dp_step import (CLASS_STATS_SENSITIVITY, DPConfig, LocalDPS
 from fedhype.privacy.events import DP_LINEAR as MECHANISM
 from fedhype.privacy.events import DP_LINEAR_RELEASE as STATS_MECHANISM
 from fedhype.privacy.events import dp_sgd_events, release_events
-from fedhype.privacy.ledger import PrivacyLedger, charge
+from fedhype.privacy.ledger import PrivacyLedger, charge, pending_charges
 from fedhype.privacy.plan import check_max_epsilon, plan_noise
 from fedhype.privacy.randomness import noise_generator
 from fedhype.prototypes.dp_linear_model import DPLinearModel, features as _features
@@ -157,7 +156,7 @@ def _client_generator(seed: int | None, i: int) -> torch.Generator:
 
 
 def fit_dp_fedavg_linear(clients: Mapping[str, tuple[Any, Any]], n_classes: int, cfg: DPLinearConfig | None = None,
-                         *, ledger: PrivacyLedger | None = None,
+                         *, ledger: PrivacyLedger | None = None, ledger_path: str | Path | None = None,
                          on_plan: Callable[[dict[str, list[tuple[float, float, int]]]], None] | None = None,
                          ) -> tuple[DPLinearModel, PrivacyLedger]:
     """Train the DP-SGD FedAvg linear classifier (module docstring) on the clients' records.
@@ -168,7 +167,11 @@ def fit_dp_fedavg_linear(clients: Mapping[str, tuple[Any, Any]], n_classes: int,
         cfg: settings (default :class:`DPLinearConfig`).
         ledger: ledger to append to (its δ must equal ``cfg.delta``); default a new one. Its
             :attr:`~fedhype.privacy.ledger.PrivacyLedger.mirrors` (a site's ledger across runs per client) are
-            charged first, write-ahead, by every charge.
+            charged first, write-ahead, by every charge. A ledger an interrupted attempt wrote keeps its charges: this
+            attempt's are added by the one rerun rule (:func:`fedhype.privacy.ledger.pending_charges`: charged again,
+            unless both attempts drew the same seeded noise).
+        ledger_path: where the ledger is saved at every charge, before the mechanism touches the records (write-ahead:
+            a run killed half-way has its charges on disk); None keeps it in memory (the caller saves it).
         on_plan: called once the plan is settled — σ₀ and σ calibrated, δ < 1/n_i and ``cfg.max_epsilon``
             checked — and before anything is charged or any record touched, with client id → the accountant
             terms of its whole plan ``[(σ, q, steps), …]`` (the statistics release first; ``[]`` for every
@@ -189,10 +192,10 @@ def fit_dp_fedavg_linear(clients: Mapping[str, tuple[Any, Any]], n_classes: int,
     # one intra-op thread: the ops are tiny and threads only synchronise (bundled job, ε = 1, loaded
     # 2-core machine: 0.8–2.5 s with one thread, 11.5 s with two; identical results)
     with torch_threads(1):
-        return _fit(clients, n_classes, cfg or DPLinearConfig(), ledger, on_plan)
+        return _fit(clients, n_classes, cfg or DPLinearConfig(), ledger, on_plan, ledger_path)
 
 
-def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | None, on_plan=None):
+def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | None, on_plan=None, ledger_path=None):
     if not clients:
         raise ValidationError("the DP linear classifier needs at least one client")
     raw, dim = {}, None
@@ -225,10 +228,12 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
         raise ValidationError(f"the ledger's δ = {ledger.delta:g} differs from dp_linear.delta = {cfg.delta:g}")
     if on_plan is not None:
         on_plan({c: ([*prefix, (sigma, q, k)] if private else []) for c, (q, k) in plan.items()})
+    if ledger_path is not None and private:  # the plan is accepted: the write-ahead ledger's folder
+        Path(ledger_path).parent.mkdir(parents=True, exist_ok=True)
     gens = {c: _client_generator(cfg.seed, i) for i, c in enumerate(raw)}
     center, theta = torch.zeros(dim), {"weight": torch.zeros(n_classes, dim), "bias": torch.zeros(n_classes)}
     if stats:
-        center, theta = _class_stats_start(raw, n_classes, cfg, sigma0, ledger, gens)
+        center, theta = _class_stats_start(raw, n_classes, cfg, sigma0, ledger, gens, ledger_path)
     data = {c: (_features(x, cfg.feature_scale, center), y) for c, (x, y) in raw.items()}
     dp = DPConfig(sigma, cfg.clip_norm, enabled=private)  # book-keeping per-example clipping (same clipped sums)
     total = float(sum(sizes.values()))
@@ -238,9 +243,9 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
         for c, (x, y) in data.items():
             n, q, k = sizes[c], cfg.sample_rate(sizes[c]), cfg.steps_per_round(sizes[c])
             if private:  # write-ahead: recorded before the client's records are touched
-                charge(ledger, _seeded(dp_sgd_events(r, [(c, q, k)], sigma, cfg.clip_norm, mechanism=MECHANISM,
-                                                     note="DP-SGD FedAvg linear classifier (downstream reference)"),
-                                       cfg))
+                charge(ledger, _pending(ledger, dp_sgd_events(r, [(c, q, k)], sigma, cfg.clip_norm, mechanism=MECHANISM,
+                                                              note="DP-SGD FedAvg linear classifier (downstream reference)"),
+                                        cfg), ledger_path)
             session = LocalDPSession(c, theta, {}, dp, sample_rate=q, expected_batch_size=q * n, generator=gens[c],
                                      make_optimizer=_sgd(cfg.lr))
             for _ in range(k):
@@ -264,7 +269,7 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
 
 
 def _class_stats_start(raw, n_classes: int, cfg: DPLinearConfig, sigma0: float | None, ledger: PrivacyLedger,
-                       gens: dict[str, torch.Generator]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                       gens: dict[str, torch.Generator], ledger_path=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Stage 0 (module docstring): the DP mean m and the nearest-class-mean start (W, b)."""
     from fedhype.federated.class_stats import aggregate_class_stats
 
@@ -272,9 +277,9 @@ def _class_stats_start(raw, n_classes: int, cfg: DPLinearConfig, sigma0: float |
     updates = []
     for c, (x, y) in raw.items():
         if dp0.enabled:  # write-ahead
-            charge(ledger, _seeded(release_events([c], [(sigma0, 1.0, 1)], [STATS_MECHANISM], CLASS_STATS_SENSITIVITY,
-                                                  ["class sums and counts (DP linear classifier's centring and start)"]),
-                                   cfg))
+            charge(ledger, _pending(ledger, release_events(
+                [c], [(sigma0, 1.0, 1)], [STATS_MECHANISM], CLASS_STATS_SENSITIVITY,
+                ["class sums and counts (DP linear classifier's centring and start)"]), cfg), ledger_path)
         updates.append(privatize_class_sums(c, x, y, n_classes, dp0, gens[c]))
     std = sigma0 * CLASS_STATS_SENSITIVITY if dp0.enabled else 0.0
     pooled = aggregate_class_stats(updates, std)  # type-checks the PrivatizedUpdates
@@ -283,9 +288,11 @@ def _class_stats_start(raw, n_classes: int, cfg: DPLinearConfig, sigma0: float |
     return center, {"weight": w, "bias": -0.5 * (w ** 2).sum(1)}
 
 
-def _seeded(events: list, cfg: DPLinearConfig) -> list:
-    """``events`` marked ``seeded`` where the noise comes from ``cfg.seed`` (reproducible, not secret)."""
-    return [dataclasses.replace(e, seeded=True) for e in events] if cfg.seed is not None else events
+def _pending(ledger: PrivacyLedger, events: list, cfg: DPLinearConfig) -> list:
+    """What ``events`` charge to ``ledger`` (:func:`fedhype.privacy.ledger.pending_charges`), marked ``seeded`` where
+    the noise comes from ``cfg.seed`` (reproducible, not secret): the same seeded noise an interrupted attempt charged
+    is not charged again; anything else an earlier attempt charged is (fresh noise, marked as a rerun)."""
+    return pending_charges(ledger, events, replays=lambda e: cfg.seed is not None)
 
 
 def _payload(update: PrivatizedUpdate) -> Mapping[str, torch.Tensor]:
@@ -293,6 +300,32 @@ def _payload(update: PrivatizedUpdate) -> Mapping[str, torch.Tensor]:
     if type(update) is not PrivatizedUpdate:
         raise TypeError(f"FedAvg accepts only PrivatizedUpdate, got {type(update).__name__}")
     return update.tensors
+
+
+def _resumed_ledger(out: str | Path | None, cfg: DPLinearConfig) -> tuple[PrivacyLedger | None, Path | None]:
+    """The ledger a model written to ``out`` is charged to write-ahead, and its path: ``out/ledger.json`` — the one an
+    interrupted attempt left there (its charges stay: a helper killed a job during the reference and the rerun
+    reported the second attempt's ε alone), else a new one. ``(None, None)`` without ``out`` or without DP.
+
+    Raises:
+        ValidationError: ``out/ledger.json`` is another mechanism's, or at another δ (named, with what to do).
+        ArtifactError: it is unreadable or was edited.
+    """
+    if out is None or cfg.no_dp:
+        return None, None
+    path = Path(out) / "ledger.json"
+    if not path.exists():  # (its folder is made once the plan is accepted: a refused plan leaves nothing)
+        return None, path
+    ledger = PrivacyLedger.load(path)
+    if ledger.meta.get("mechanism") != MECHANISM:
+        raise ValidationError(f"{path} is not a DP linear reference's ledger (mechanism {ledger.meta.get('mechanism')!r}); "
+                              "choose another output folder")
+    if ledger.delta != cfg.delta:
+        raise ValidationError(f"{path} holds the charges of an interrupted attempt at δ = {ledger.delta:g}, and this one "
+                              f"is at δ = {cfg.delta:g}: run it again at δ = {ledger.delta:g} (its charges are then "
+                              "composed with this run's), or choose another output folder — the records it used stay "
+                              "spent either way")
+    return ledger, path
 
 
 def dp_linear_downstream(store, partition, cfg: DPLinearConfig | None = None, *, out: str | Path | None = None,
@@ -303,9 +336,10 @@ def dp_linear_downstream(store, partition, cfg: DPLinearConfig | None = None, *,
         store: the real :class:`~fedhype.data.store.EmbeddingStore` of ``partition``.
         partition: clients (:class:`~fedhype.data.partition.Partition`); client id ``str(c.id)``.
         cfg: settings.
-        out: if given, the model and its ledger are saved there; a model already there with the
-            same settings and client sizes is evaluated again instead of retrained (a rerun of a
-            job spends nothing twice).
+        out: if given, the model and its ledger are saved there, the ledger write-ahead at every charge; a model
+            already there with the same settings and client sizes is evaluated again instead of retrained (a rerun of a
+            job spends nothing twice), and the charges of an attempt interrupted before its model was written are kept
+            (this attempt's are added, charged again unless both drew the same seeded noise).
 
     Returns:
         ``{"accuracy", "balanced_accuracy", "macro_f1", "per_domain": {name: {"n", metrics}},
@@ -338,7 +372,8 @@ def dp_linear_downstream(store, partition, cfg: DPLinearConfig | None = None, *,
             raise ValidationError(f"{out} holds a DP linear classifier trained with other settings or clients; "
                                   "remove it or choose another output folder")
     else:
-        model, ledger = fit_dp_fedavg_linear(clients, store.n_classes, cfg)
+        ledger, ledger_path = _resumed_ledger(out, cfg)
+        model, ledger = fit_dp_fedavg_linear(clients, store.n_classes, cfg, ledger=ledger, ledger_path=ledger_path)
     test = partition.split_store(store, test_split)
     y, pred = test.labels.numpy(), model.predict(test.embeddings)
 
