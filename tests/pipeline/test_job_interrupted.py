@@ -219,6 +219,14 @@ def test_an_interrupted_job_resumes_under_a_spending_cap_given_only_now(tmp_path
     rep = run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.max_epsilon=2.1"]), out, log=lambda s: None)
     assert rep["private"] and rep["epsilon"] <= 2.1
     assert json.loads((out / "config.json").read_text())["train"]["max_epsilon"] == 2.1  # the cap it ran under
+    # the finished job again under a cap below its ε: nothing is left to spend, so the cap stops nothing (a helper's
+    # such rerun was refused, quoting the plan's ε instead of the ledger's; `train --resume` already went on)
+    ledger, said = (out / "run" / "ledger.json").read_bytes(), []
+    again = run_job(resolve(None, [*SMALL, "train.epsilon=2", "train.max_epsilon=0.5"]), out, log=said.append)
+    assert again["epsilon"] == rep["epsilon"] and (out / "run" / "ledger.json").read_bytes() == ledger
+    assert any(line.startswith(f"train: the job's run is finished (ε = {rep['epsilon']:.4g}): nothing more is spent, "
+                               "so train.max_epsilon = 0.5 has nothing to stop (the run's ε is above it already")
+               for line in said), said
 
 
 def test_a_job_refused_before_it_wrote_anything_leaves_an_older_jobs_timings_as_they_were(tmp_path):

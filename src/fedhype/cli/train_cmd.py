@@ -142,35 +142,6 @@ MEANINGLESS_EPSILON = 50.0
 
 
 
-def finished_run(out: Path, cfg: "TrainConfig | None" = None) -> dict | None:
-    """``{"rounds", "planned", "epsilon", "delta"}`` of a finished run in ``out`` — every round its recorded
-    configuration plans committed (for a statistics-only method, its release), its model written — else None
-    (no run there, one to resume, files that the resume itself will report on, or, with ``cfg``, other train
-    settings than the recorded ones, ``max_epsilon`` aside: the resume refuses those, naming them)."""
-    from fedhype.errors import FedhypeError
-    from fedhype.federated.config import TrainConfig
-    from fedhype.federated.rundir import RunDir, load_model
-    from fedhype.io import read_json
-
-    run = RunDir(out)
-    if not (run.config.is_file() and run.model.is_file()):
-        return None
-    try:
-        recorded = read_json(run.config, "run config")["train"]
-        if cfg is not None:  # the resume's own comparison (max_epsilon aside); a difference is a FedhypeError
-            from fedhype.federated.run_plan import check_resumed_settings
-
-            check_resumed_settings(run, cfg, {"train": recorded})
-        cfg = TrainConfig(**recorded)
-        planned, done = cfg.rounds_run(), run.committed_round()
-        if done < planned or (planned == 0 and not run.statistics_released()):
-            return None
-        meta = load_model(run.model)[2]
-    except (FedhypeError, KeyError, TypeError, ValueError):
-        return None
-    return {"rounds": done, "planned": planned, "epsilon": meta.get("epsilon"), "delta": cfg.delta}
-
-
 def _sites(store: Optional[Path], partition: Optional[Path], site: Optional[list[Path]], classes: Optional[str]):
     """The sites of ``--site`` (None with --store/--partition); refuses a mix or a half of either (exit 2)."""
     if site:
@@ -343,6 +314,8 @@ def register(app: typer.Typer) -> None:
                 recorded = recorded_config(RunDir(out), True)
                 check_resumed_sites(RunDir(out), recorded, [s_.name for s_ in sites] if sites is not None else None)
                 check_resumed_settings(RunDir(out), cfg, recorded)
+            from fedhype.federated.run_plan import finished_run
+
             finished = finished_run(out, cfg) if resume else None
             if finished is not None:
                 # a probe's --resume --max-epsilon 0.1 of a finished run was refused for the ε of the whole plan: nothing

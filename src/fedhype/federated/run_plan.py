@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from fedhype.data.partition import Partition
@@ -569,3 +570,28 @@ def resolve_stage(cfg: TrainConfig, sizes, recorded: dict | None = None) -> Trai
         if cfg.no_dp and train.get("method") == _config.STAGE_METHOD:  # a run without DP begun before decision 25
             return cfg  # resumes with its training stage
     return cfg.for_clients(sizes)
+
+
+def finished_run(out: "str | Path", cfg: "TrainConfig | None" = None) -> dict | None:
+    """``{"rounds", "planned", "epsilon", "delta"}`` of a finished run in ``out`` — every round its recorded
+    configuration plans committed (for a statistics-only method, its release), its model written — else None
+    (no run there, one to resume, files that the resume itself will report on, or, with ``cfg``, other train
+    settings than the recorded ones, ``max_epsilon`` aside: the resume refuses those, naming them)."""
+    from fedhype.errors import FedhypeError
+    from fedhype.federated.rundir import load_model
+
+    run = RunDir(out)
+    if not (run.config.is_file() and run.model.is_file()):
+        return None
+    try:
+        recorded = read_json(run.config, "run config")["train"]
+        if cfg is not None:  # the resume's own comparison (max_epsilon aside); a difference is a FedhypeError
+            check_resumed_settings(run, cfg, {"train": recorded})
+        cfg = TrainConfig(**recorded)
+        planned, done = cfg.rounds_run(), run.committed_round()
+        if done < planned or (planned == 0 and not run.statistics_released()):
+            return None
+        meta = load_model(run.model)[2]
+    except (FedhypeError, KeyError, TypeError, ValueError):
+        return None
+    return {"rounds": done, "planned": planned, "epsilon": meta.get("epsilon"), "delta": cfg.delta}

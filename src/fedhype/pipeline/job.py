@@ -28,6 +28,7 @@ from the cache, the partition is reused, training resumes from its last committe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -766,6 +767,18 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     log.stage("train", "train: checking the privacy plan (" + (
         "σ calibrated for the target ε" if tcfg.noise_multiplier is None else "σ = train.noise_multiplier")
         + ")" if private else "train: checking the training plan (NON-PRIVATE: no clipping, no noise)")
+    # a finished run spends nothing more: train.max_epsilon has nothing to stop (a helper's rerun of a finished job
+    # with a cap below its ε was refused quoting the plan's ε, not the ledger's; `train --resume` says so and goes on)
+    from fedhype.federated.run_plan import finished_run
+
+    finished = finished_run(out / "run", tcfg) if tcfg.max_epsilon is not None else None
+    if finished is not None:
+        eps = finished["epsilon"]
+        log(f"train: the job's run is finished ({'ε = ' + format(eps, '.4g') if eps is not None else 'not private'}): "
+            f"nothing more is spent, so train.max_epsilon = {tcfg.max_epsilon:g} has nothing to stop"
+            + (" (the run's ε is above it already: spent before, when it was not capped)"
+               if eps is not None and eps > tcfg.max_epsilon else ""))
+        tcfg = dataclasses.replace(tcfg, max_epsilon=None)
     # a resumed run keeps the "auto" sizes it was built with (checked for memory as such)
     mcfg = check_plan(training_partition(part, tcfg.method), tcfg, store.dim, store.n_classes,
                       recorded_config(RunDir(out / "run"), True))[0]
