@@ -206,6 +206,17 @@ def test_an_interrupted_job_resumes_under_a_spending_cap_given_only_now(tmp_path
     with pytest.raises(KeyboardInterrupt):
         run_job(conf, out, log=lambda s: None, on_round=ctrl_c)
     ledger = (out / "run" / "ledger.json").read_bytes()
+    # a release of the interrupted job's model says how a job resumes (a helper was pointed at `train --resume`)
+    from typer.testing import CliRunner
+
+    from fedhype.cli.main import app
+
+    rel = CliRunner().invoke(app, ["synthesize", "--run", str(out), "--out", str(tmp_path / "syn.safetensors"),
+                                   "--release", str(tmp_path / "rel")])
+    assert rel.exit_code == 0, rel.output
+    words = " ".join(rel.output.split())
+    assert f"run the job again — `fedhype run` with its --config/--set and --out {out} — first" in words, words
+    assert "train --resume" not in words
     # a resumed job's rounds were trained: a refusal says this run trained nothing, not "nothing was trained"
     with pytest.raises(ValidationError, match="synthesis.temperature must be .*; this run trained nothing$"):
         run_job(resolve(None, [*SMALL, "train.epsilon=2", "synthesis.temperature=0"]), out, log=lambda s: None)
@@ -227,6 +238,19 @@ def test_an_interrupted_job_resumes_under_a_spending_cap_given_only_now(tmp_path
     assert any(line.startswith(f"train: the job's run is finished (ε = {rep['epsilon']:.4g}): nothing more is spent, "
                                "so train.max_epsilon = 0.5 has nothing to stop (the run's ε is above it already")
                for line in said), said
+
+
+def test_a_job_at_a_meaningless_epsilon_says_so(tmp_path):
+    """A helper's job at train.epsilon = 1e6 finished as "private" without a word; `fedhype train` warned already."""
+    said: list[str] = []
+    rep = run_job(resolve(None, [*SMALL, "train.epsilon=1e6", "evaluate.dp_linear=false"]), tmp_path / "weak",
+                  log=said.append)
+    assert rep["private"] and rep["epsilon"] > 50
+    assert any(line.startswith(f"train: warning: ε = {rep['epsilon']:.4g}: a guarantee this weak protects no record")
+               for line in said), said
+    said.clear()
+    run_job(resolve(None, [*SMALL, "train.epsilon=1", "evaluate.dp_linear=false"]), tmp_path / "usual", log=said.append)
+    assert not any("protects no record" in line for line in said)
 
 
 def test_a_job_refused_before_it_wrote_anything_leaves_an_older_jobs_timings_as_they_were(tmp_path):

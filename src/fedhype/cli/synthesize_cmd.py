@@ -260,8 +260,14 @@ def _draw_and_write(src, out, release, code, k, total, weights, seed, temperatur
                 planned = None
         done = store.meta.get("rounds_done") or _rounds_done(src)
         if planned is not None and done is not None and done < planned:
-            warn(f"the run has {done} of its {planned} rounds: this release holds a partly trained model (resume "
-                 "the run with `fedhype train --resume` first for the full one)")
+            from fedhype.eval.audit_ledger import is_job_dir
+
+            # a job's run resumes by running the job again (a helper was pointed at `train --resume`)
+            how = (f"run the job again — `fedhype run` with its --config/--set and --out {run_dir.parent} — first"
+                   if run_dir.name == "run" and is_job_dir(run_dir.parent)
+                   else "resume the run with `fedhype train --resume` first")
+            warn(f"the run has {done} of its {planned} rounds: this release holds a partly trained model ({how} for "
+                 "the full one)")
         try:
             write_release(run_dir, release, synthetic=out)
             output_committed()

@@ -21,6 +21,7 @@ from fedhype.cli.common import (JobDefaultsCommand, JsonOpt, auto_or_count, clas
                                 config_option, console, existing, kv_table, log_line, print_above_target, round_printer,
                                 run_command, seeded_note, warn, INTERRUPTED_TRAINING)
 from fedhype.errors import ArtifactError, MinRecordsError, ValidationError
+from fedhype.privacy.plan import MEANINGLESS_EPSILON
 
 if TYPE_CHECKING:
     from fedhype.federated.config import TrainConfig
@@ -137,8 +138,6 @@ def _render(res: dict) -> None:
         print_above_target(res)
 
 
-#: the ε above which train's summary says the run protects no record in practice
-MEANINGLESS_EPSILON = 50.0
 
 
 

@@ -771,9 +771,9 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
     # with a cap below its ε was refused quoting the plan's ε, not the ledger's; `train --resume` says so and goes on)
     from fedhype.federated.run_plan import finished_run
 
-    finished = finished_run(out / "run", tcfg) if tcfg.max_epsilon is not None else None
-    if finished is not None:
-        eps = finished["epsilon"]
+    ended = finished_run(out / "run", tcfg) if tcfg.max_epsilon is not None else None
+    if ended is not None:
+        eps = ended["epsilon"]
         log(f"train: the job's run is finished ({'ε = ' + format(eps, '.4g') if eps is not None else 'not private'}): "
             f"nothing more is spent, so train.max_epsilon = {tcfg.max_epsilon:g} has nothing to stop"
             + (" (the run's ε is above it already: spent before, when it was not capped)"
@@ -844,6 +844,11 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
         log("train: " + (", then ".join(left) or "nothing left to train") + f" (latent size L = {mcfg.latent})")
     trained = train(store, part, tcfg, run_dir, resume=resume, progress=on_round)
     timings.end()
+    from fedhype.privacy.plan import MEANINGLESS_EPSILON
+
+    if private and (trained.get("epsilon") or 0.0) > MEANINGLESS_EPSILON:  # a helper's train.epsilon = 1e6: no word
+        log(f"train: warning: ε = {trained['epsilon']:.4g}: a guarantee this weak protects no record in practice (ε "
+            "above 10 is rarely defended); its release is still marked private, as the accountant's figure says")
 
     from fedhype.synthesis import synthesize
 

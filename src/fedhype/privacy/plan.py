@@ -155,6 +155,10 @@ def worst_epsilon(plan: Plan, delta: float, noise_multiplier: float | None, pref
     return max(epsilon(prefix + [(float(noise_multiplier), q, s)], delta) for q, s in plan)
 
 
+#: the ε above which fedhype says a run protects no record in practice (`fedhype train`'s summary, `fedhype run`'s log)
+MEANINGLESS_EPSILON = 50.0
+
+
 def check_max_epsilon(plan: Plan, delta: float, noise_multiplier: float | None, max_epsilon: float | None, *,
                       prefix: History = (), what: str = "the planned run", flag: str = "--max-epsilon",
                       after: str = "nothing was trained", show_delta: bool = True) -> float | None:
