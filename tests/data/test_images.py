@@ -280,6 +280,31 @@ def test_a_dangling_link_is_listed_as_skipped(tmp_path):
     assert src.skipped == [{"file": "a/dangling.png", "reason": f"a symbolic link to a missing file ({tmp_path / 'gone.png'})"}]
 
 
+def test_images_linked_from_outside_the_folder_are_read_and_said(tmp_path):
+    """A helper's symlinked folder in a class pulled another site's 150 images into it without a word. They are still
+    read (as torchvision's ImageFolder does), and the warning every embed path prints names them; a link that stays
+    inside the folder says nothing."""
+    import os
+
+    from fedhype.encoders.checks import duplicate_warnings
+
+    root, other = tmp_path / "site", tmp_path / "other_site"
+    write_class_tree(root, labels=(0, 1), k=2)
+    write_class_tree(other, labels=(0,), k=3)
+    os.symlink(other / "0", root / "0" / "more")  # a folder link out of the tree
+    os.symlink(root / "1", root / "0" / "inside")  # a folder link within it
+    src = scan_image_folder(root, layout="class")
+    assert sorted(src.linked_outside) == sorted(f"0/more/{p.name}" for p in (other / "0").iterdir())
+    assert len(src.linked_outside) == 3 and not any(i.startswith("0/inside/") for i in src.linked_outside)
+    said = duplicate_warnings(src)
+    assert said[0].startswith(f"3 image file(s) lie outside {root}, reached through a symbolic link (e.g. 0/more/")
+    sub = scan_image_folder(root, layout="class", limit=4)  # a subset names the linked files it kept
+    assert len(sub) == 4 and set(sub.linked_outside) == {r.sample_id for r in sub.records} & set(src.linked_outside)
+    (root / "0" / "more").unlink()
+    assert scan_image_folder(root, layout="class").linked_outside == []
+    assert not any("symbolic link" in w for w in duplicate_warnings(scan_image_folder(root, layout="class")))
+
+
 def test_class_folder_names_are_read_in_nfc_and_look_alike_site_classes_are_refused(tmp_path):
     """The same class name from a macOS site (NFD folder names) and a Linux one (NFC) became two classes
     (a new user's probe); folder names are now read in NFC, and a roster of older stores that still

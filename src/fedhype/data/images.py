@@ -180,8 +180,10 @@ def subset_source(source: ImageSource, limit: int | None, seed: int) -> ImageSou
     if "split_counts" in meta:  # the counts of the subset kept, not of the whole folder
         meta["split_counts"] = {s: sum(r.split == s for r in records) for s in ("train", "val", "test")
                                 if any(r.split == s for r in records)}
+    kept = {r.sample_id for r in records}
     return ImageSource(records=records, class_names=source.class_names, domain_names=source.domain_names,
-                       source=meta, skipped=source.skipped)
+                       source=meta, skipped=source.skipped,
+                       linked_outside=[i for i in source.linked_outside if i in kept])
 
 
 # ---------------------------------------------------------------------------- folder scanning
@@ -339,6 +341,8 @@ def scan_image_folder(
         source["splits"] = {"component": plan.split_component, "folders": dict(sorted(plan.split_folders.items()))}
         source["split_counts"] = {s: sum(r.split == s for r in records) for s in ("train", "val", "test")
                                   if any(r.split == s for r in records)}
+    top = Path(os.path.realpath(root))
+    outside = [r.sample_id for r, (f, *_) in zip(records, found) if not Path(os.path.realpath(f)).is_relative_to(top)]
     src = ImageSource(records=records, class_names=class_names, domain_names=domain_names, source=source,
-                      skipped=skipped)
+                      skipped=skipped, linked_outside=outside)
     return subset_source(src, limit, seed)

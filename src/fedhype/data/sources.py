@@ -44,6 +44,8 @@ class ImageSource:
         skipped: ``[{"file": ..., "reason": ...}]`` for inputs that were not usable.
         duplicates: groups of record ids whose files are byte-identical (filled when the files are
             hashed, :func:`fedhype.encoders.cache.image_files_key`): each copy is a separate record.
+        linked_outside: record ids whose file lies outside the scanned folder, reached through a symbolic link
+            (followed, as torchvision's ImageFolder does; said, since it may pull in another site's images).
     """
 
     records: list[ImageRecord]
@@ -52,6 +54,7 @@ class ImageSource:
     source: dict[str, Any] = field(default_factory=dict)
     skipped: list[dict[str, str]] = field(default_factory=list)
     duplicates: list[list[str]] = field(default_factory=list)
+    linked_outside: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.records)

@@ -2,6 +2,7 @@
 ``fedhype embed`` (printed as ``warning:`` lines), :func:`fedhype.embed` (raised as
 :class:`~fedhype.errors.FedhypeWarning`) and ``fedhype run`` (logged by its embed stage).
 
+- image files reached through a symbolic link from outside the folder (read as its records);
 - byte-identical image files: each copy is its own record, so one image stored k times is protected only as a
   group of k (ε grows about k-fold: group privacy, Dwork & Roth 2014, Th. 2.2);
 - copies under different classes, whose labels conflict (:func:`label_conflicts`);
@@ -35,13 +36,18 @@ def empty_classes(store) -> list[str]:
 def duplicate_warnings(source, *, listed: bool = False) -> list[str]:
     """The warnings about ``source.duplicates`` (byte-identical files; :func:`fedhype.encoders.cache.image_files_key`
     finds them): their count, and the copies that lie under different classes. ``listed``: add where
-    ``fedhype embed --json`` lists them."""
+    ``fedhype embed --json`` lists them. First, the files reached through a symbolic link from outside the folder
+    (``source.linked_outside``: a helper's link pulled another site's images into a class without a word)."""
+    outside = getattr(source, "linked_outside", None) or []
+    root = (getattr(source, "source", None) or {}).get("root", "the folder")
+    links = [f"{len(outside)} image file(s) lie outside {root}, reached through a symbolic link (e.g. {outside[0]}); "
+             "they are read as this folder's records: check that they belong to this site"] if outside else []
     dups = getattr(source, "duplicates", None) or []
     if not dups:
-        return []
+        return links
     extra = sum(len(g) - 1 for g in dups)
     ex = dups[0]
-    out = [f"{extra} image file(s) are byte-identical copies of others (e.g. {ex[0]} = {ex[1]}): each copy is a "
+    out = links + [f"{extra} image file(s) are byte-identical copies of others (e.g. {ex[0]} = {ex[1]}): each copy is a "
            "separate record, so an image stored k times is protected only as a group of k; remove the copies before "
            "embedding" + (" (--json lists them)" if listed else "")]
     conflicts = label_conflicts(source)
