@@ -128,7 +128,15 @@ def test_an_attempt_killed_during_training_stays_charged(real_store, part, tmp_p
     spent = PrivacyLedger.load(out / "ledger.json")  # on disk: the release, round 1, round 2's first client
     m = len(part.clients)
     assert [e.round for e in spent.events] == [-1] * m + [0] * m + [1]
-    res = dp_linear_downstream(real_store, part, cfg, out=out)
+    # a spending cap sees the interrupted attempt's charges too: a cap the plan alone fits refuses an unseeded rerun
+    import dataclasses
+
+    capped = dataclasses.replace(cfg, max_epsilon=clean["epsilon"] * 1.05)
+    if seed is None:
+        with pytest.raises(BudgetExceededError, match="with the charges an interrupted attempt left in its ledger"):
+            dp_linear_downstream(real_store, part, capped, out=out)
+        assert PrivacyLedger.load(out / "ledger.json").events == spent.events  # refused before spending
+    res = dp_linear_downstream(real_store, part, cfg if seed is None else capped, out=out)  # seeded: a free replay
     led = PrivacyLedger.load(out / "ledger.json")
     assert led.events[:len(spent.events)] == spent.events  # the interrupted attempt's charges stay
     assert res["epsilon"] == pytest.approx(max(led.epsilons().values()), rel=1e-9)

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedhype.errors import ValidationError
+from fedhype.errors import BudgetExceededError, ValidationError
 from fedhype.privacy.accountant import check_delta
 from fedhype.privacy.dp_step import (CLASS_STATS_SENSITIVITY, DPConfig, LocalDPSession, PrivatizedUpdate,
                                      poisson_batch, privatize_class_sums)
@@ -187,7 +187,8 @@ def fit_dp_fedavg_linear(clients: Mapping[str, tuple[Any, Any]], n_classes: int,
 
     Raises:
         ValidationError: no clients, bad inputs, δ ≥ 1/n_i, or a ledger with another δ.
-        BudgetExceededError: the plan's ε would exceed ``cfg.max_epsilon`` (nothing is trained).
+        BudgetExceededError: the plan's ε — composed with the charges ``ledger`` already holds, where it holds some (an
+            interrupted attempt's) — would exceed ``cfg.max_epsilon`` (nothing is trained or charged).
     """
     # one intra-op thread: the ops are tiny and threads only synchronise (bundled job, ε = 1, loaded
     # 2-core machine: 0.8–2.5 s with one thread, 11.5 s with two; identical results)
@@ -226,6 +227,8 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
     ledger = ledger if ledger is not None else PrivacyLedger(cfg.delta, meta={"mechanism": MECHANISM})
     if ledger.delta != cfg.delta:
         raise ValidationError(f"the ledger's δ = {ledger.delta:g} differs from dp_linear.delta = {cfg.delta:g}")
+    if private and cfg.max_epsilon is not None and ledger.events:  # a rerun over an interrupted attempt's charges
+        _check_composed_cap(ledger, raw, sizes, cfg, sigma, sigma0, stats)
     if on_plan is not None:
         on_plan({c: ([*prefix, (sigma, q, k)] if private else []) for c, (q, k) in plan.items()})
     if ledger_path is not None and private:  # the plan is accepted: the write-ahead ledger's folder
@@ -266,6 +269,29 @@ def _fit(clients, n_classes: int, cfg: DPLinearConfig, ledger: PrivacyLedger | N
                "noise_seeded": cfg.seed is not None}
     model = DPLinearModel(theta["weight"], theta["bias"], center, cfg.feature_scale, privacy, asdict(cfg), history)
     return model, ledger
+
+
+def _check_composed_cap(ledger: PrivacyLedger, raw, sizes: dict[str, int], cfg: DPLinearConfig, sigma: float,
+                        sigma0: float | None, stats: bool) -> None:
+    """Refuse (before anything is charged) a run whose charges, composed with those ``ledger`` already holds (an
+    interrupted attempt's), would take a client past ``cfg.max_epsilon``: the plan's own check sees the plan alone.
+
+    Raises:
+        BudgetExceededError: naming the clients' composed ε (exit 3).
+    """
+    planned = []
+    if stats and sigma0 is not None:
+        planned += release_events(list(raw), [(sigma0, 1.0, 1)], [STATS_MECHANISM], CLASS_STATS_SENSITIVITY)
+    for r in range(cfg.rounds):
+        planned += dp_sgd_events(r, [(c, cfg.sample_rate(n), cfg.steps_per_round(n)) for c, n in sizes.items()],
+                                 sigma, cfg.clip_norm, mechanism=MECHANISM)
+    over = ledger.would_exceed(_pending(ledger, planned, cfg), cfg.max_epsilon)
+    if over:
+        worst = max(over.values())
+        raise BudgetExceededError(
+            f"the DP linear classifier's run, with the charges an interrupted attempt left in its ledger, would take "
+            f"client(s) {sorted(over)} to ε = {worst:.4g} > max_epsilon {cfg.max_epsilon}; stopped before spending "
+            "(nothing was charged by this call)", epsilon=worst, limit=cfg.max_epsilon)
 
 
 def _class_stats_start(raw, n_classes: int, cfg: DPLinearConfig, sigma0: float | None, ledger: PrivacyLedger,
