@@ -1,5 +1,6 @@
 """The DP-SGD FedAvg linear classifier on real embeddings: accuracy, exact accounting, privacy boundary."""
 
+import dataclasses
 import json
 
 import pytest
@@ -264,3 +265,22 @@ def test_a_job_folders_audit_names_its_dp_linear_reference_and_the_composed_epsi
         d = audit_folder(job)
         assert not d["consistent"] and len(d["mismatches"]) == 1, d["mismatches"]
         assert d["mismatches"][0]["name"].startswith(f"{job / 'report'}"), d["mismatches"]
+
+
+def test_a_reference_an_older_version_trained_at_the_jobs_sigma_is_reused_as_it_is(real_store, part, tmp_path):
+    """Before the reference followed the generator's ε, a job with ``train.noise_multiplier`` trained it at that σ:
+    a rerun of such a job (new synthesis settings) reuses it rather than refusing it or training and charging a
+    second one."""
+    from fedhype.pipeline.config import resolve
+    from fedhype.pipeline.job import dp_linear_config
+
+    conf = resolve(None, ["train.noise_multiplier=2.0", "train.seed=0"])
+    old = dataclasses.replace(dp_linear_config(conf), rounds=2)
+    folder = tmp_path / "dp_linear"
+    first = dp_linear_downstream(real_store, part, old, out=folder)
+    kept = dp_linear_config(conf, 3.0, folder)
+    assert (kept.noise_multiplier, kept.epsilon) == (2.0, None)
+    again = dp_linear_downstream(real_store, part, dataclasses.replace(kept, rounds=2), out=folder)
+    assert again["reused"] and again["epsilon"] == first["epsilon"]
+    fresh = dp_linear_config(conf, 3.0, tmp_path / "none")  # a new job: calibrated to the generator's ε
+    assert (fresh.noise_multiplier, fresh.epsilon) == (None, 3.0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -396,13 +397,32 @@ def _check_synthesis_code(conf: dict) -> None:
                               "\"mixture:<client>=<w>,...\"")
 
 
-def dp_linear_config(conf: dict):
-    """The DP linear reference's settings: the job's ``[train]`` privacy settings and seed, module defaults otherwise."""
+def dp_linear_config(conf: dict, generator_epsilon: float | None = None, folder: Path | None = None):
+    """The DP linear reference's settings: the job's ``[train]`` privacy settings and seed, module defaults otherwise.
+
+    The reference is compared with the generator at the same ε. A job that targets ``train.epsilon`` gives it that
+    target. A job that sets ``train.noise_multiplier`` instead has no target: its generator's ε is what the accountant
+    composes for the steps it ran, and the same σ over the reference's own plan gave a quite different ε (a helper's
+    σ = 1: 3.8 for the generator, 11.5 for the reference). There the reference is calibrated to
+    ``generator_epsilon`` (the generator's ledger ε, 4 significant digits) when it is given and finite. A reference
+    an older version already trained in ``folder`` at the job's σ keeps that setting (it is reused, not trained and
+    charged again).
+    """
     from fedhype.prototypes.dp_linear import DPLinearConfig
 
     t = conf["train"]
-    return DPLinearConfig(epsilon=t["epsilon"], delta=t["delta"], noise_multiplier=t["noise_multiplier"],
-                          no_dp=bool(t["no_dp"]), max_epsilon=t["max_epsilon"], seed=t["seed"])
+    cfg = DPLinearConfig(epsilon=t["epsilon"], delta=t["delta"], noise_multiplier=t["noise_multiplier"],
+                         no_dp=bool(t["no_dp"]), max_epsilon=t["max_epsilon"], seed=t["seed"])
+    if cfg.no_dp or cfg.noise_multiplier is None or generator_epsilon is None \
+            or not math.isfinite(generator_epsilon) or generator_epsilon <= 0:
+        return cfg
+    if folder is not None and (Path(folder) / "model.safetensors").exists():
+        from fedhype.prototypes.dp_linear_model import DPLinearModel
+
+        kept = {k: v for k, v in DPLinearModel.load(folder).config.items() if k != "max_epsilon"}
+        if kept.get("noise_multiplier") == cfg.noise_multiplier and kept.get("epsilon") is None:
+            return cfg  # trained at the job's σ by an older version: reused as it is
+    return dataclasses.replace(cfg, epsilon=float(f"{generator_epsilon:.4g}"), noise_multiplier=None)
 
 
 def release_resume_note(stage: str, seeded: bool) -> str:
@@ -911,7 +931,8 @@ def _stages(conf: dict, out: Path, log, on_round: Callable[[dict], None], tcfg, 
         log.stage("dp linear", "dp linear: DP-SGD FedAvg linear classifier on the clients' real embeddings (the reference, "
                   "its own ε)" if private else "dp linear: FedAvg linear classifier on the clients' real embeddings (the "
                   "reference; NON-PRIVATE, as the job: no clipping, no noise)")
-        ev["dp_linear"] = dp_linear_downstream(store, part, dp_linear_config(conf), out=out / "dp_linear")
+        ev["dp_linear"] = dp_linear_downstream(store, part, dp_linear_config(conf, trained.get("epsilon"), out / "dp_linear"),
+                                               out=out / "dp_linear")
         timings.end()
         log(f"dp linear: accuracy {ev['dp_linear']['accuracy']:.3f} on real test embeddings "
             + (f"(its own ε = {ev['dp_linear']['epsilon']:.4g})" if ev['dp_linear']['epsilon'] is not None
