@@ -688,6 +688,16 @@ def test_audit_compares_the_run_s_ledger_with_each_site_s_own(consortium, tmp_pa
     assert text.exit_code == 0 and "against each site's own" in text.stdout  # a passing comparison is shown too
     assert all(name in text.stdout for name in SITES), text.stdout
 
+    # what a site receives is the release, never the run folder: a helper's `audit --run release --site` was refused
+    # ("not the folder of a run trained over sites"); the release names the run's key, so each site checks it
+    from fedhype.pipeline.release import write_release
+
+    release = write_release(root / "run", tmp_path / "release")
+    assert json.loads((release / "config.json").read_text())["run_key"] == ok["sites"][0]["run_key"]
+    shared = _json(runner.invoke(app, ["audit", "--run", str(release), *[f"--site={s}" for s in sites], "--json"]))
+    assert shared["consistent"] and [r["claimed"] for r in shared["sites"]] == [r["claimed"] for r in ok["sites"]]
+    assert [r["recomputed"] for r in shared["sites"]] == [r["recomputed"] for r in ok["sites"]]
+
     # the coordinator's ledger rebuilt without its first client's statistics-release events (chain recomputed)
     forged = tmp_path / "run"
     shutil.copytree(root / "run", forged)

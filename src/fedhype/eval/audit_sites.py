@@ -22,8 +22,8 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     """The run's ε for a site's client against the site's own ledger's events for the run.
 
     Args:
-        run_dir: a run directory (its ``ckpt/run-key.json`` names the run in the sites' ledgers; ``ledger.json``), or
-            the folder of a DP linear reference over sites (``prototypes dp-linear --site --out``: its ``ledger.json``
+        run_dir: a run directory (its ``ckpt/run-key.json`` names the run in the sites' ledgers; ``ledger.json``), its
+            release folder (``config.json``'s ``run_key``: what a site receives), or the folder of a DP linear reference over sites (``prototypes dp-linear --site --out``: its ``ledger.json``
             names the run's key and sites).
         site_dir: the site folder (``fedhype site``) whose ``site-ledger.json`` is read.
         tolerance: allowed ε difference (rounding only).
@@ -35,7 +35,7 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
         ``events`` (the site's events for the run).
 
     Raises:
-        ValidationError: the run has no key (not a ``--site`` run, or a release folder), the site is not one of the
+        ValidationError: the run has no key (not a ``--site`` run, or a release written before releases kept it), the site is not one of the
             run's sites, or its ledger holds no event of this run. ArtifactError: an unreadable or edited ledger.
     """
     from fedhype.data.sites import Site
@@ -49,7 +49,9 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     if key is None or not sites:
         raise ValidationError(f"--site: {run_dir} is not the folder of a run trained over sites (`train --site`, a "
                               "Flower run, or `prototypes dp-linear --site --out`): it has no run key "
-                              "(ckpt/run-key.json, or its ledger.json's meta) naming it in the sites' ledgers")
+                              "(ckpt/run-key.json, a release's config.json run_key — releases written before "
+                              "2026-12-08 lack it: audit the run folder, or write the release again —, or its "
+                              "ledger.json's meta) naming it in the sites' ledgers")
     site = Site.load(site_dir)
     if site.name not in sites:
         raise ValidationError(f"--site {site_dir}: site {site.name!r} is not one of the run's sites {sites}")
@@ -109,7 +111,8 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
 
 
 def _identity(run, run_dir) -> tuple[str | None, list[str] | None]:
-    """The run's key and sites: a generator's run folder names them in ``ckpt/run-key.json`` and ``config.json``; a
+    """The run's key and sites: a generator's run folder names them in ``ckpt/run-key.json`` and ``config.json``, its
+    release folder (``release/``, ``synthesize --release``) in its ``config.json`` (``run_key``, ``store.sites``); a
     DP linear reference over sites (``prototypes dp-linear --site --out``) in its ``ledger.json``'s meta
     (:mod:`fedhype.prototypes.dp_linear_sites`). (None, None) when neither does."""
     from fedhype.eval.audit_mia import run_sites
@@ -117,6 +120,9 @@ def _identity(run, run_dir) -> tuple[str | None, list[str] | None]:
     from fedhype.privacy.events import DP_LINEAR
 
     key, sites = run.run_key(), run_sites(run_dir)
+    if key is None and run.config.is_file() and (run.root / "privacy.json").is_file():  # a release folder
+        named = read_json(run.config, "release config").get("run_key")
+        key = named if isinstance(named, str) and named else None
     if key is None and run.ledger.is_file() and not run.config.exists():
         meta = read_json(run.ledger, "privacy ledger").get("meta") or {}
         if (isinstance(meta, dict) and meta.get("mechanism") == DP_LINEAR and isinstance(meta.get("run_key"), str)

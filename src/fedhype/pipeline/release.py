@@ -7,7 +7,8 @@ Layout::
                               generator is not private: its README then says the folder must not leave the site)
       ledger.json             every mechanism event, hash-chained: ε is recomputed from it
       config.json             the run's public settings (hyperparameters, privacy plan, public sizes; the
-                              store digest left out: it is a function of the real embeddings)
+                              store digest left out: it is a function of the real embeddings; a run over
+                              sites keeps its run key, the name its sites' ledgers give it)
       checkpoint.json         how many rounds the model holds (the audit truncates the ledger there)
       synthetic.safetensors   synthetic embeddings (post-processing of the model; a job's release only)
       privacy.json            ε per client and worst, δ, accountant, mechanisms (recomputed here)
@@ -263,12 +264,19 @@ def check_release(folder: str | os.PathLike, tol: float = 1e-6) -> list[dict[str
     return rows
 
 
-def public_config(conf: dict[str, Any]) -> dict[str, Any]:
+def public_config(conf: dict[str, Any], run_key: str | None = None) -> dict[str, Any]:
     """The run's configuration as a release holds it: without the store digest (a deterministic function of
     the real embeddings, outside the DP path) and without the store's size ``n`` (every record it holds,
     validation and test records included, which no mechanism touched); settings, the privacy plan with the
-    clients' training-set sizes (public: they set each client's q) and provenance stay."""
+    clients' training-set sizes (public: they set each client's q) and provenance stay.
+
+    ``run_key``: a run over sites (``train --site``, Flower) names itself in the sites' own ledgers by this key
+    (:meth:`fedhype.federated.rundir.RunDir.run_key`: the run folder's name and a random token, nothing of the
+    records); the release keeps it as ``run_key`` so that each site, which receives the release and never the
+    coordinator's run folder, can check it against its own ledger (``fedhype audit --run RELEASE --site DIR``)."""
     conf = dict(conf)
+    if run_key is not None:
+        conf["run_key"] = run_key
     if isinstance(conf.get("store"), dict) and ({"digest", "n"} & set(conf["store"])):
         conf["store"] = {k: v for k, v in conf["store"].items() if k not in ("digest", "n")}
         conf["store"]["digest_note"] = ("left out of the release: a digest of the real embeddings and the store's "
@@ -362,6 +370,9 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
     from fedhype.federated.rundir import check_model_belongs
 
     check_model_belongs(src)  # another run's model copied in would be released under this ledger (a probe)
+    from fedhype.federated.rundir import RunDir
+
+    run_key = RunDir(src).run_key()  # a run over sites: its name in their ledgers, so each site can audit the release
     summary = privacy_summary(src)
     if synthetic is not None:
         from fedhype.data.store import EmbeddingStore
@@ -383,7 +394,7 @@ def write_release(run_dir: str | os.PathLike, dest: str | os.PathLike, *, synthe
                     summary["model_epsilon_note"] = note
                 files.append(name)
             elif name == "config.json" and (src / name).is_file():
-                atomic_write_json(tmp / name, sealed(public_config(read_json(src / name, "run config"))))
+                atomic_write_json(tmp / name, sealed(public_config(read_json(src / name, "run config"), run_key)))
                 files.append(name)
             elif (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
