@@ -580,7 +580,16 @@ def test_renamed_options_still_work_under_their_old_names_and_warn(files, tmp_pa
     assert "--min-train is deprecated" in old.stderr and "use --min-records" in old.stderr
     drop_key = lambda p: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("key", "seal")}  # noqa: E731 (random)
     assert drop_key(tmp_path / "new.json") == drop_key(tmp_path / "old.json")  # same meaning
-    r = _invoke("evaluate", "--real", files / "digits.safetensors", "--synthetic", files / "digits.safetensors",
+    # the records of the split scored against, given as --synthetic: refused (a helper's TSTR 1.000 under a warning)
+    same = _invoke("evaluate", "--store", files / "digits.safetensors", "--synthetic", files / "digits.safetensors",
+                   "--partition", files / "part.json", "--json")
+    assert same.exit_code == 2 and "holds" in same.output and "(its test split)" in same.output, same.output
+    assert "trained on the test records themselves" in same.output
+    from fedhype.data.partition import Partition
+
+    Partition.load(files / "part.json").split_store(EmbeddingStore.load(files / "digits.safetensors"), "train").save(
+        tmp_path / "train.safetensors")  # real records disjoint from the split: a real-vs-real reference, allowed
+    r = _invoke("evaluate", "--real", files / "digits.safetensors", "--synthetic", tmp_path / "train.safetensors",
                 "--partition", files / "part.json", "--real-split", "val", "--permutations", 0, "--json")
     assert r.exit_code == 0, r.output
     assert "--real is deprecated" in r.stderr and "--real-split is deprecated" in r.stderr

@@ -156,6 +156,9 @@ def test_evaluation_is_typed_and_keeps_every_metric(real_store):
 
     assert ev.chance == pytest.approx(float(torch.bincount(test.labels.long()).max()) / len(test))
     assert ev.tstr_accuracy == ev.trtr_accuracy > 0.6
+    # the whole store, test records included, as the synthetic side: refused (a helper read TSTR 1.000 under a warning)
+    with pytest.raises(fedhype.errors.ValidationError, match=f"holds {len(test)} of the {len(test)} records of real_test="):
+        fedhype.evaluate(test, real_store, permutations=0)
     # the test split given as the training one too (a helper read TRTR 1.0 without a word)
     with pytest.warns(fedhype.errors.FedhypeWarning, match=f"share {len(test)} of the test's {len(test)} records"):
         fedhype.evaluate(test, train, real_train=test, permutations=0)

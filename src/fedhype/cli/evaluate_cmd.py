@@ -188,6 +188,11 @@ def evaluate(
                                       "share (`fedhype partition --fractions`)")
             if train_store is None and split != "train":
                 train_store = _by_client(part, real_store, "train")
+        from fedhype.eval.inputs import check_not_test_records
+
+        check_not_test_records(test_store if partition is not None else real_store, syn_store,
+                               f"{real}" + (f" (its {split} split)" if partition is not None else ""),
+                               f"--synthetic {synthetic}")
         warnings: list[str] = []
         if real_store.kind != "real":  # the reference must be real records; a synthetic one scores model against model
             warnings.append(f"--store {real} is marked kind={real_store.kind!r}: the reference is not real data, so the "
@@ -272,6 +277,9 @@ def _evaluate_site(site_dir: Path, synthetic: Path, real_train: Path | None, spl
         check_compatible(train_store, syn_store, f"real train store of {where}", f"synthetic store {synthetic}")
     else:
         train_store = _real_train_store(real_train, syn_store, synthetic)
+    from fedhype.eval.inputs import check_not_test_records
+
+    check_not_test_records(test_store, syn_store, f"{where} (its {split} split)", f"--synthetic {synthetic}")
     kind_warning = _kind_warning(synthetic, syn_store)
     one = one_class_warning(test_store)
     if one:

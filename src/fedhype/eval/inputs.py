@@ -161,6 +161,28 @@ def shared_records_warning(real_test: EmbeddingStore, real_train: EmbeddingStore
             "training split as the training embeddings (e.g. partition.split_store(store, 'train'))")
 
 
+def check_not_test_records(real_test: EmbeddingStore, synthetic: EmbeddingStore, real_name: str, syn_name: str) -> None:
+    """Refuse a store not marked synthetic that holds records of the real test set (shared sample ids) as the
+    synthetic side: TSTR then trains its classifier on the test records themselves and scores 1.000, which measures
+    nothing (a helper's ``evaluate(split_store(s, "test"), s)`` printed TSTR 1.000 under a mild kind warning). A real
+    store disjoint from the test records stays allowed: a real-vs-real reference.
+
+    Raises:
+        ValidationError: naming both sides, how many records they share and what to give instead.
+    """
+    if synthetic.kind == "synthetic":
+        return
+    shared = len(set(real_test.sample_ids) & set(synthetic.sample_ids))
+    if shared:
+        from fedhype.errors import ValidationError
+
+        raise ValidationError(
+            f"{syn_name} (marked kind={synthetic.kind!r}, not 'synthetic') holds {shared} of the {len(real_test)} "
+            f"records of {real_name} (the same sample ids): its classifier would be trained on the test records "
+            "themselves, so TSTR, MMD² and PRDC would measure nothing; give a synthetic store, or, for a real-vs-real "
+            "reference, real records disjoint from the test split (the partition's train split)")
+
+
 #: embedding provenance fields compared between a real store and a synthetic one (fedhype.data.sites.encoder_of)
 PROVENANCE_KEYS = ("encoder", "weights_hash", "pooling", "preprocess")
 

@@ -216,11 +216,13 @@ def evaluate(real_test: EmbeddingStore | str | os.PathLike, synthetic: Embedding
     permutations = check_whole("evaluate", "permutations", permutations, 0, what=" (0: no MMD² permutation test)")
     max_samples = check_whole("evaluate", "max_samples", max_samples, 2)
     k = check_whole("evaluate", "k", k, 1, what=" (the neighbours of PRDC)")
-    from fedhype.eval.inputs import check_provenance, one_class_warning, shared_records_warning, whole_store_warning
+    from fedhype.eval.inputs import (check_not_test_records, check_provenance, one_class_warning,
+                                     shared_records_warning, whole_store_warning)
 
     # as `fedhype evaluate`: real data embedded otherwise than the run's is refused (a probe scored mean-pooled
     # records against a CLS run without a word), and what makes the figures say little is warned about
     check_provenance(real_test, synthetic, "evaluate: real_test=", "synthetic=")
+    check_not_test_records(real_test, synthetic, "real_test=", "evaluate: synthetic=")
     if real_train is not None:
         check_provenance(real_train, synthetic, "evaluate: real_train=", "synthetic=")
     # as `fedhype evaluate` warns (a probe's evaluate(test, store) printed TSTR 0.996, above TRTR, without a word)
