@@ -146,8 +146,9 @@ def test_evaluate_takes_stores_or_store_files(real_store, clients, tmp_path):
         fedhype.evaluate(test, test, k="5")
     # a saved store's path is read with EmbeddingStore.load
     path = test.save(tmp_path / "test.safetensors")
-    ev = fedhype.evaluate(str(path), test, permutations=0)
-    assert ev.tstr_accuracy == fedhype.evaluate(test, test, permutations=0).tstr_accuracy
+    train = clients.split_store(real_store, "train")  # a real-vs-real reference (the test records themselves: refused)
+    ev = fedhype.evaluate(str(path), train, permutations=0)
+    assert ev.tstr_accuracy == fedhype.evaluate(test, train, permutations=0).tstr_accuracy
 
 
 def test_evaluate_refuses_a_synthetic_store_as_the_real_one(real_store, clients):
@@ -267,6 +268,10 @@ def test_a_temporary_run_is_kept_until_a_later_fit_succeeds(real_store, clients)
     g = fedhype.FedHypeVAE(**TINY).fit(real_store, clients)
     first = g.run_dir_
     before = g.sample(per_class=2, seed=1).embeddings
+    from fedhype.privacy.ledger import PrivacyLedger
+
+    first_ledger = PrivacyLedger.load(first / "ledger.json")
+    first_events = {c: [e for e in first_ledger.events if e.client == c] for c in first_ledger.clients()}
 
     def stop(_metrics):
         raise KeyboardInterrupt
@@ -277,9 +282,23 @@ def test_a_temporary_run_is_kept_until_a_later_fit_succeeds(real_store, clients)
     assert g.run_dir_ == first and (first / "model.safetensors").is_file()
     assert (g.sample(per_class=2, seed=1).embeddings == before).all()
     assert set(first.parent.parent.glob("fedhype-run-*")) == made  # the failed fit's folder is gone
-    with pytest.warns(FedhypeWarning, match=r"fit: this object was already fitted \(ε = .*the two fits' ε add up"):
+    with pytest.warns(FedhypeWarning, match=r"fit: this object was already fitted once \(ε = .*the fits compose"):
         g.fit(real_store, clients)  # a helper's refit released again, and nothing said the first fit's ε still counts
     assert g.run_dir_ != first and not first.parent.exists() and (g.run_dir_ / "model.safetensors").is_file()
+    # a third fit: the earlier two composed (a helper's third fit was told of one fit at ε 3.998 while 7.8 was spent)
+    from fedhype.privacy.ledger import PrivacyLedger
+    from fedhype.privacy.site_ledger import composed
+
+    second = PrivacyLedger.load(g.run_dir_ / "ledger.json")
+    eps = max(second.epsilons().values())
+    both = max(composed([*first_events[c], *[e for e in second.events if e.client == c]], second.delta,
+                        seeded_infinite=False) for c in second.clients())
+    assert eps < both < 2 * eps
+    with pytest.warns(FedhypeWarning) as said:
+        g.fit(real_store, clients)
+    note = next(str(w.message) for w in said if "already fitted" in str(w.message))
+    assert f"already fitted 2 times (ε = {eps:.4g}, {eps:.4g}" in note, note
+    assert f"have spent ε = {both:.4g} at δ = {second.delta:g}" in note, note
     last = g.run_dir_.parent
     del g
     gc.collect()

@@ -363,6 +363,9 @@ class FedHypeVAE:
         self.out = None if out is None else Path(out)
         self.run_dir_: Path | None = None
         self.result_: dict[str, Any] | None = None
+        #: every finished private fit of this object: (partition key, δ, ε, {client: its ledger events}, run folder), kept in
+        #: memory because a later fit removes a temporary run folder with its ledger (:meth:`_earlier_fits_note`)
+        self._fits: list[tuple[str, float, float, dict[str, list], str]] = []
 
     def __repr__(self) -> str:
         t = self.config["train"]
@@ -418,15 +421,10 @@ class FedHypeVAE:
         if off:
             # what `fedhype train` prints (a probe: the API trained no-dp-sgd without a word)
             warnings.warn(f"fit: {off}", FedhypeWarning, stacklevel=2)
-        before = self.result_ or {}
-        if before.get("private") and not resume:
+        if self._fits and not resume:
             # a helper's second fit() on the same records released them again; privacy_spent() then showed that fit's ε
-            # alone, and nothing said the first one's still counts
-            warnings.warn(f"fit: this object was already fitted (ε = {before.get('epsilon'):.4g}, δ = "
-                          f"{before.get('delta'):g}); fitting again trains and releases anew, and on the same records "
-                          "the two fits' ε add up (sequential composition) — privacy_spent() reports this fit alone (a "
-                          "site folder's ledger, `fedhype site` and `fedhype train --site`, composes every run on its "
-                          "records)", FedhypeWarning, stacklevel=2)
+            # alone, and nothing said the first one's still counts; its third fit was still told of one fit at 3.998
+            warnings.warn(self._earlier_fits_note(partition), FedhypeWarning, stacklevel=2)
         temporary = None if self.out is not None else Path(tempfile.mkdtemp(prefix="fedhype-run-"))
         out = self.out if temporary is None else temporary / "run"
         try:
@@ -439,6 +437,7 @@ class FedHypeVAE:
                 raise  # the engine's words are the CLI's (--resume)
             raise ValidationError("fit(resume=True): " + text[len("--resume: "):]) from None
         self.result_, self.run_dir_ = result, Path(out)
+        self._remember_fit(partition, Path(out))
         above = _above_target_note(result, cfg)
         if above:
             warnings.warn(above, FedhypeWarning, stacklevel=2)
@@ -448,6 +447,52 @@ class FedHypeVAE:
             (out / "metrics.json").unlink(missing_ok=True)
             self._own_temporary(temporary)
         return self
+
+    def _remember_fit(self, partition: Partition, run: Path) -> None:
+        """Keep a finished private fit's ledger events per client (a resumed fit replaces the fit it continued)."""
+        from fedhype.privacy.ledger import PrivacyLedger
+
+        if not (self.result_ or {}).get("private") or not (run / "ledger.json").is_file():
+            return
+        ledger = PrivacyLedger.load(run / "ledger.json")
+        by_client = {c: [e for e in ledger.events if e.client == c] for c in ledger.clients()}
+        eps = max(ledger.epsilons().values(), default=0.0)
+        entry = (partition.key or "", float(ledger.delta), float(eps), by_client, str(run))
+        if self._fits and self._fits[-1][4] == str(run):  # fit(resume=True) of the same run folder
+            self._fits[-1] = entry
+        else:
+            self._fits.append(entry)
+
+    def _earlier_fits_note(self, partition: Partition) -> str:
+        """What the earlier fits of this object spent, composed as they would be on the same records.
+
+        Fits on the same partition (its key): per client, every fit's ledger events composed by the accountant
+        (:func:`fedhype.privacy.site_ledger.composed`, PRV and RDP, at the largest δ of the fits), the worst client
+        named. Fits on different partitions: a record's client in each is not known here, so the bound is basic
+        composition (Dwork & Roth 2014, Theorem 3.16): the sum of the fits' ε at the sum of their δ.
+        """
+        from fedhype.privacy.site_ledger import composed
+
+        fits = self._fits
+        listed = ", ".join(f"{eps:.4g}" for _, _, eps, _, _ in fits)
+        head = (f"fit: this object was already fitted {'once' if len(fits) == 1 else f'{len(fits)} times'} "
+                f"(ε = {listed}; δ = {fits[-1][1]:g}); fitting again trains and releases anew, and on the same records "
+                "the fits compose (sequential composition): ")
+        keys = {key for key, *_ in fits}
+        if len(fits) == 1:
+            total = ""
+        elif len(keys) == 1 and "" not in keys:
+            delta = max(d for _, d, *_ in fits)
+            clients = set().union(*(set(c) for *_, c, _ in fits))
+            worst = max(composed([e for *_, c, _ in fits for e in c.get(k, [])], delta, seeded_infinite=False)
+                        for k in clients)
+            total = f"the records of these {len(fits)} fits (one partition) have spent ε = {worst:.4g} at δ = {delta:g} " \
+                    "(their ledgers composed per client, worst client); "
+        else:
+            total = (f"on records shared by these {len(fits)} fits (different partitions) at most ε = "
+                     f"{sum(e for _, _, e, _, _ in fits):.4g} at δ = {sum(d for _, d, *_ in fits):g} (basic composition); ")
+        return (head + total + "this fit adds its own — privacy_spent() reports this fit alone (a site folder's ledger, "
+                "`fedhype site` and `fedhype train --site`, composes every run on its records)")
 
     def _own_temporary(self, root: Path) -> None:
         """Make ``root`` (the temporary folder of a ``fit`` without ``out=`` that succeeded) this object's: removed when
@@ -643,4 +688,5 @@ class FedHypeVAE:
         self.config["model"].update(saved.get("model") or {})
         self.train_config = None  # what it was trained with is in config.json; fit() validates anew
         self.out, self.run_dir_, self.result_ = root, root, None
+        self._fits = []  # a loaded model's own run is not composed with this object's later fits (its partition is unknown)
         return self
