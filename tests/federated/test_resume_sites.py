@@ -44,3 +44,23 @@ def test_a_site_runs_key_difference_does_not_get_the_pooled_partitions_advice(tm
     with pytest.raises(ValidationError) as e:
         _refuse_differences(run, POOLED, {**POOLED, "partition": {**POOLED["partition"], "keys": ["2"]}})
     assert "drawn again" in str(e.value)
+
+
+def test_a_site_runs_roster_digest_is_named_as_the_sites_keys_digest(tmp_path):
+    """A helper read ``store.digest: 'fb59…' → '8b17…'`` in a site run's refused resume as a digest of the sites'
+    records, which the coordinator never holds; a site run's ``store.digest`` is the digest of the sites' keys."""
+    import json
+
+    from fedhype.federated.run_plan import _refuse_differences
+
+    run = RunDir(tmp_path)
+    old = {**SITES, "store": {"digest": "fb59", "sites": ["hospital_a", "hospital_b", "hospital_c"]}}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    with pytest.raises(ValidationError) as e:
+        _refuse_differences(run, old, {**old, "store": {**old["store"], "digest": "8b17"},
+                                       "partition": {**SITES["partition"], "keys": ["1", "2", "4"]}})
+    assert "store.digest (of the sites' keys, not of any records): 'fb59' → '8b17'" in str(e.value)
+    pooled = {**POOLED, "store": {"digest": "aa"}}
+    with pytest.raises(ValidationError) as e:  # a pooled store's digest is one of its records: named as it is
+        _refuse_differences(run, pooled, {**pooled, "store": {"digest": "bb"}})
+    assert "store.digest: 'aa' → 'bb'" in str(e.value)

@@ -414,6 +414,10 @@ def _refuse_differences(run: RunDir, old: dict, new: dict) -> None:
         diff = _differences(_comparable(old), _comparable(new))
         # the settings a user gives first (train.*: --method, --epsilon, …) before the model fields they imply
         diff.sort(key=lambda d: not d.startswith("train."))
+        if isinstance(old.get("store"), dict) and old["store"].get("sites"):  # a run over sites holds no store: its
+            # "store.digest" is the digest of the sites' keys (describe_roster; a helper read it as a digest of records)
+            diff = [("store.digest (of the sites' keys, not of any records)" + d[len("store.digest"):])
+                    if d.startswith("store.digest:") else d for d in diff]
         hint = ("; the partition's random keys differ: it was drawn again (each `fedhype partition` / "
                 "`fedhype.partition(...)` call draws new keys) — resume with the partition the run started with "
                 "(`--partition part.json`; in Python `clients.save('part.json')` before fit, then "
