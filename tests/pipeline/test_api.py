@@ -159,6 +159,13 @@ def test_evaluation_is_typed_and_keeps_every_metric(real_store):
     # the whole store, test records included, as the synthetic side: refused (a helper read TSTR 1.000 under a warning)
     with pytest.raises(fedhype.errors.ValidationError, match=f"holds {len(test)} of the {len(test)} records of real_test="):
         fedhype.evaluate(test, real_store, permutations=0)
+    # ... and the same records under other names, as a re-embedded renamed copy is (a helper's TSTR 1.000)
+    import dataclasses
+
+    renamed = dataclasses.replace(test, sample_ids=[f"copy/{i}" for i in test.sample_ids],
+                                  embeddings=test.embeddings * (1 + 1e-7))
+    with pytest.raises(fedhype.errors.ValidationError, match="the same images embedded again"):
+        fedhype.evaluate(test, renamed, permutations=0)
     # the test split given as the training one too (a helper read TRTR 1.0 without a word)
     with pytest.warns(fedhype.errors.FedhypeWarning, match=f"share {len(test)} of the test's {len(test)} records"):
         fedhype.evaluate(test, train, real_train=test, permutations=0)
