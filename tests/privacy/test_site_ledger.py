@@ -512,3 +512,24 @@ def test_train_sites_takes_site_folders_and_names_what_it_cannot_take(sites, tmp
         train_sites(str(sites[0].folder), TrainConfig(**CFG), tmp_path / "run2")
     with pytest.raises(ValidationError, match=r"got \['int'\]"):
         train_sites([3], TrainConfig(**CFG), tmp_path / "run3")
+
+
+def test_a_site_that_recorded_nothing_of_the_run_gets_a_row_not_a_usage_error(sites, tmp_path):
+    """A helper's Flower node killed before its first charge: `audit --run R --site S` stopped with a usage error
+    (exit 2) where the site simply spent nothing on the run. It is a row now: the site's ε 0, the run's write-ahead
+    figure the conservative one, a note naming `budget --site` (a release naming another run's key reads the same)."""
+    from fedhype.eval.audit_sites import compare_site
+    from fedhype.federated.engine import train_sites
+    from fedhype.privacy.site_ledger import load_site_ledger, run_of
+
+    train_sites(sites, TrainConfig(**{**CFG, "seed": None}), tmp_path / "run1")
+    key = compare_site(tmp_path / "run1", sites[0].folder)["run_key"]
+    own = load_site_ledger(sites[0].folder, site=sites[0].name)
+    kept = PrivacyLedger(own.delta, own.meta)  # the site's ledger as if its node never ran this run
+    for e in own.events:
+        if run_of(e) != key:
+            kept.record(e)
+    kept.save(sites[0].folder / "site-ledger.json")
+    row = compare_site(tmp_path / "run1", sites[0].folder)
+    assert row["ok"] and row["events"] == 0 and row["recomputed"] == 0.0 and row["claimed"] > 0, row
+    assert "holds no event of run" in row["note"] and "fedhype budget --site" in row["note"]

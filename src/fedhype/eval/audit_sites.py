@@ -35,8 +35,9 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
         ``events`` (the site's events for the run).
 
     Raises:
-        ValidationError: the run has no key (not a ``--site`` run, or a release written before releases kept it), the site is not one of the
-            run's sites, or its ledger holds no event of this run. ArtifactError: an unreadable or edited ledger.
+        ValidationError: the run has no key (not a ``--site`` run, or a release written before releases kept it), or
+            the site is not one of the run's sites (a site whose ledger holds no event of the run gets a row, ok, with
+            a note). ArtifactError: an unreadable or edited ledger.
     """
     from fedhype.data.sites import Site
     from fedhype.eval.audit_mia import run_sites
@@ -59,10 +60,20 @@ def compare_site(run_dir: str | Path, site_dir: str | Path, tolerance: float = 1
     own = load_site_ledger(site.folder, expected=True, site=site.name)
     run_ledger = (PrivacyLedger(own.delta if own is not None else 1e-5) if unstarted else PrivacyLedger.load(run.ledger))
     events = [e for e in (own.events if own is not None else ()) if run_of(e) == key]
-    if not events:
-        raise ValidationError(f"--site {site_dir}: the site's ledger holds no event of run {key} (a site ledger started "
-                              "after the run, or another run's folder)")
     client = site.name if site.name in run_ledger.clients() else str(sites.index(site.name))
+    if not events and not unstarted:
+        # a helper's Flower node killed before its first charge: the site spent nothing on the run, and the audit
+        # stopped with a usage error (exit 2) instead of a row; the same holds for a release naming a run key the site
+        # never saw, which no comparison by key can tell apart, so the note points to the site's whole record
+        claimed = run_ledger.epsilon(client)
+        return {"name": f"ledger.json: client {client}'s ε vs site {site.name!r}'s own ledger for run {key}",
+                "claimed": claimed, "recomputed": 0.0, "infinite": False, "difference": claimed, "ok": True,
+                "site": site.name, "run_key": key, "events": 0,
+                "note": (f"the site's ledger holds no event of run {key}: as far as the site recorded, this run used "
+                         "none of its records (its node stopped before its first charge, or the site ledger was "
+                         "started after the run), so the run's figure is the conservative one. A release that names "
+                         "another run's key would read the same: `fedhype budget --site` lists every run the site's "
+                         "records took part in, with its ε")}
     claimed = run_ledger.epsilon(client)
     recomputed = composed(events, run_ledger.delta)
     infinite = math.isinf(recomputed)
