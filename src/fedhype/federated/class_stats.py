@@ -341,7 +341,7 @@ def apply_client_stats(hnet, codes: torch.Tensor, updates: list[PrivatizedUpdate
         # client centres (each client clipped around its own): the "client" test discounts the clip shift
         distinct = len({id(cen) for cen in cens}) > 1 and all(cen is not None for cen in cens)
         shifts = ClipShift(pooled, cens, [u.tensors["class_counts"] for u in updates], rescale) \
-            if shrink in ("client", "client-cov") and distinct and pooled["cov"] is not None and dp.enabled and dp.noise_multiplier else None
+            if shrink in ("client", "client-cov", "subspace") and distinct and pooled["cov"] is not None and dp.enabled and dp.noise_multiplier else None
         share = resolve_located_share(cfg.located_share, pooled, max_rank)  # the pool's, once for every client
         c = codes.detach().to(torch.float64)  # [m, code_dim]
         pinv = torch.linalg.pinv(c)  # [code_dim, m]
@@ -417,7 +417,7 @@ def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_ran
                     located_share: float = 0.0, rescale: float = 1.0) -> dict[str, torch.Tensor]:
     """Client ``update``'s own DP class-conditional Gaussian, unit-sphere units (float64).
 
-    ``clip_shift`` (``"client"`` shrinkage only): :meth:`ClipShift.relative` of the client's centring,
+    ``clip_shift`` (``"client"``, ``"client-cov"`` and ``"subspace"`` shrinkage): :meth:`ClipShift.relative` of the client's centring,
     [K, D] float64, removed from its class means before they are compared with the pool's.
 
     ``pooled``: :func:`release_moments` of every client's release. ``shrink`` (``model.client_shrinkage``):
@@ -436,7 +436,8 @@ def client_gaussian(update: PrivatizedUpdate, pooled: dict, dp, weights, max_ran
         raise ValidationError(f"model.client_shrinkage must be one of {sorted(SHRINKAGE)} (or true/false), got {shrink!r}")
     shrink = SHRINKAGE[mode] is not None
     if shrink:
-        mo = SHRINKAGE[mode](mo, pooled, clip_shift) if mode in ("client", "client-cov") else SHRINKAGE[mode](mo, pooled)
+        mo = (SHRINKAGE[mode](mo, pooled, clip_shift) if mode in ("client", "client-cov", "subspace")
+              else SHRINKAGE[mode](mo, pooled))
     # "auto" takes the pool's share (each client's Gaussian as the pooled one)
     factor, resid, _ = _gaussian(mo, max_rank, residual, resolve_located_share(located_share, pooled, max_rank))
     out = {"class_means": mo["class_means"].to(torch.float64), "cov_factor": factor, "residual_var": resid}

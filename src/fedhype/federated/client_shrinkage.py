@@ -157,6 +157,35 @@ def paule_mandel(q: torch.Tensor, tau2: torch.Tensor, iters: int = 100) -> float
     return 0.5 * (lo + hi)
 
 
+def _deviations(client: dict, pooled: dict, clip_shift: "torch.Tensor | None") -> tuple:
+    """What the heterogeneity tests of :func:`shrink_client` read (DP moments with noise): ``d`` [K, D] float64, the
+    client's class means less the pool's; ``dt``, the same less the clip shift (the test's); ``tau2`` [K], the noise
+    variance per coordinate of d_ik (DP and sampling); ``resolved`` [K] bool, the classes whose noisy count is above
+    the floor; the client's and the pool's counts [K] float64."""
+    cm, pm = client["class_means"].to(torch.float64), pooled["class_means"].to(torch.float64)
+    d = cm - pm  # [K, D]
+    # the test discounts the part of the deviation that the client's clipping explains under the pool
+    # (ClipShift.relative); the shrunk means keep the client's own deviation d
+    dt = d if clip_shift is None else d - clip_shift
+    dim = d.shape[1]
+    n_i = client["counts"].to(torch.float64)
+    n_pool = pooled["counts"].to(torch.float64)
+    w = n_pool / n_pool.sum()
+    dev = pm - pooled["mean"].to(torch.float64)
+    between = float((w * (dev.pow(2).sum(1) - dim * pooled["sums_noise_var"] / n_pool ** 2)).sum())
+    total = float(pooled["var"])
+    s2 = max(total - max(between, 0.0), 0.25 * total) / dim
+    tau2 = client["sums_noise_var"] / n_i ** 2 + s2 / n_i  # [K]
+    # a class whose noisy count is at the floor (2 count-noise stds) is not resolved: its mean carries the
+    # client's noisy overall mean (_moments), not its records; it keeps the pool's and takes no part in the test
+    # compared in the counts' own dtype: a count floored at the float64 floor and stored as float32 can round above it
+    # (float32(33.159968…) = 33.159969…), and then every floored class took part in the test (all 100 clients of a
+    # label-skewed run at ε = 1 read as domains, mean f 0.20; benchmarks/results/release_defaults.md, "counts floor")
+    counts = client["counts"]
+    resolved = counts > torch.tensor(float(client.get("counts_floor", 0.0)), dtype=counts.dtype)
+    return d, dt, tau2, resolved, n_i, n_pool
+
+
 def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" = None) -> dict:
     """One client's DP moments pulled toward the pooled ones, class by class, from a heterogeneity test.
 
@@ -210,31 +239,13 @@ def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" 
     (f_ik, [K] float64) and ``cov_shrinkage`` (f_i).
     """
     out = dict(client)
-    cm, pm = client["class_means"].to(torch.float64), pooled["class_means"].to(torch.float64)
-    d = cm - pm  # [K, D]
-    # the test discounts the part of the deviation that the client's clipping explains under the pool
-    # (ClipShift.relative); the shrunk means keep the client's own deviation d
-    dt = d if clip_shift is None else d - clip_shift
-    k, dim = d.shape
+    pm = pooled["class_means"].to(torch.float64)
     if not float(client["sums_noise_var"]) > 0:  # no DP: the client's own statistics (as shrink_toward)
-        out["mean_shrinkage"] = torch.ones(k, dtype=torch.float64)
+        out["mean_shrinkage"] = torch.ones(client["class_means"].shape[0], dtype=torch.float64)
         out["cov_shrinkage"] = 1.0
         return out
-    n_i = client["counts"].to(torch.float64)
-    n_pool = pooled["counts"].to(torch.float64)
-    w = n_pool / n_pool.sum()
-    dev = pm - pooled["mean"].to(torch.float64)
-    between = float((w * (dev.pow(2).sum(1) - dim * pooled["sums_noise_var"] / n_pool ** 2)).sum())
-    total = float(pooled["var"])
-    s2 = max(total - max(between, 0.0), 0.25 * total) / dim
-    tau2 = client["sums_noise_var"] / n_i ** 2 + s2 / n_i  # [K]
-    # a class whose noisy count is at the floor (2 count-noise stds) is not resolved: its mean carries the
-    # client's noisy overall mean (_moments), not its records; it keeps the pool's and takes no part in the test
-    # compared in the counts' own dtype: a count floored at the float64 floor and stored as float32 can round above it
-    # (float32(33.159968…) = 33.159969…), and then every floored class took part in the test (all 100 clients of a
-    # label-skewed run at ε = 1 read as domains, mean f 0.20; benchmarks/results/release_defaults.md, "counts floor")
-    counts = client["counts"]
-    resolved = counts > torch.tensor(float(client.get("counts_floor", 0.0)), dtype=counts.dtype)
+    d, dt, tau2, resolved, n_i, n_pool = _deviations(client, pooled, clip_shift)
+    dim = d.shape[1]
     a = paule_mandel(dt[resolved].pow(2).sum(1) / dim, tau2[resolved]) if bool(resolved.any()) else 0.0
     f = torch.where(resolved, a / (a + tau2), torch.zeros_like(tau2))  # [K]
     out["class_means"] = (pm + f[:, None] * d).to(torch.float32)
@@ -251,6 +262,68 @@ def shrink_client(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" 
         out["cov"], out["var"] = _shrunk_cov(client, pooled, out, f_cov)
         out["offdiag_var"] = f_cov ** 2 * float(client["offdiag_var"]) + (1.0 - f_cov) ** 2 * float(pooled["offdiag_var"])
     out["cov_shrinkage"] = f_cov
+    return out
+
+
+#: r: the leading eigenvectors of the pooled DP total covariance that form the first block of
+#: :func:`shrink_client_subspace` (chosen on the validation splits among 16 / 32 / 64:
+#: benchmarks/results/client_subspace.md)
+SUBSPACE_RANK = 32
+
+
+def shrink_client_subspace(client: dict, pooled: dict, clip_shift: "torch.Tensor | None" = None) -> dict:
+    """:func:`shrink_client`, with the class-mean deviations shrunk per block of the pooled covariance's eigenbasis
+    (``model.client_shrinkage = "subspace"``).
+
+    :func:`shrink_client` gives each class of a client one factor f_ik = A_i/(A_i + τ²_ik) for all D coordinates,
+    A_i the client's signal variance per coordinate averaged over all of them. A domain's offset from the pool
+    lies mostly along the directions in which the data varies (it is part of the pooled total covariance), while
+    the DP noise of the client's class sums is isotropic: averaged over D = 384 coordinates the signal is diluted,
+    and f_ik (0.2–0.5 on the digits domains at ε = 1) keeps that share of the noise in every direction. Here the
+    deviation d_ik = μ̂_ik − μ̂_k is split by the leading ``rank`` eigenvectors U of the pooled DP total covariance
+    (post-processing of the release) into d_ik = U Uᵀ d_ik + (I − U Uᵀ) d_ik, and each block b (of D_b coordinates)
+    gets its own signal variance A_ib (:func:`paule_mandel` on ‖P_b d_ik‖²/D_b, the same noise τ²_ik per
+    coordinate) and factor f_ikb = A_ib/(A_ib + τ²_ik): the Bayes factor of :func:`shrink_client` with a prior
+    variance per block (Efron & Morris 1975, Sec. 3), as James–Stein estimation per subspace of a fixed
+    decomposition is (Efron & Morris 1973, Sec. 2). The means become μ' = μ̂_k + Σ_b f_ikb P_b d_ik; their noise
+    variance per coordinate is the blocks' average of f² τ²_DP,ik + (1 − f)² τ²_pool,k. The covariance moves as in
+    :func:`shrink_client` (by the count-weighted factor of its isotropic test).
+
+    On the digits domains (validation split, mixture code, 3 seeds; benchmarks/results/client_subspace.md) the top
+    block keeps f ≈ 0.8–0.97 and the rest ≈ 0; the mixture's MMD² falls at every ε at level TSTR. Post-processing of
+    DP outputs (no ε); without DP noise the client's own moments (as :func:`shrink_client`).
+
+    Returns the dict of :func:`shrink_client` with ``mean_shrinkage`` [K] float64 the coordinate-weighted mean of
+    the block factors and ``block_shrinkage`` [B, K] float64 (B = 2 blocks, ``block_sizes`` their D_b).
+    """
+    out = shrink_client(client, pooled, clip_shift)
+    if not float(client["sums_noise_var"]) > 0 or pooled.get("cov") is None:
+        return out
+    d, dt, tau2, resolved, n_i, n_pool = _deviations(client, pooled, clip_shift)
+    k, dim = d.shape
+    cov = pooled["cov"].to(torch.float64)
+    vec = torch.linalg.eigh((cov + cov.T) / 2)[1].flip(1)  # [D, D], leading eigenvector first
+    rank = min(SUBSPACE_RANK, dim - 1)
+    shrunk, factors, sizes = torch.zeros_like(d), [], []
+    for basis in (vec[:, :rank], vec[:, rank:]):
+        part, tested = d @ basis, dt @ basis  # [K, D_b]
+        a = paule_mandel(tested[resolved].pow(2).sum(1) / basis.shape[1], tau2[resolved]) if bool(resolved.any()) else 0.0
+        f = torch.where(resolved, a / (a + tau2), torch.zeros_like(tau2))  # [K]
+        shrunk += (f[:, None] * part) @ basis.T
+        factors.append(f)
+        sizes.append(basis.shape[1])
+    pm = pooled["class_means"].to(torch.float64)
+    out["class_means"] = (pm + shrunk).to(torch.float32)
+    mean_noise = sum(size * (f ** 2 * client["sums_noise_var"] / n_i ** 2
+                             + (1.0 - f) ** 2 * pooled["sums_noise_var"] / n_pool ** 2)
+                     for size, f in zip(sizes, factors)) / dim
+    out["sums_noise_var"] = n_i ** 2 * mean_noise  # [K]
+    wi = n_i / n_i.sum()
+    out["mean"] = (wi @ (pm + shrunk)).to(torch.float32)
+    out["mean_shrinkage"] = sum(size * f for size, f in zip(sizes, factors)) / dim
+    out["block_shrinkage"], out["block_sizes"] = torch.stack(factors), sizes
+    if client["cov"] is not None:  # the covariance target's between-class part follows the new means
+        out["cov"], out["var"] = _shrunk_cov(client, pooled, out, float(out["cov_shrinkage"]))
     return out
 
 
@@ -315,7 +388,8 @@ def shrink_client_cov(client: dict, pooled: dict, clip_shift: "torch.Tensor | No
 
 #: ``model.client_shrinkage`` values (:data:`fedhype.models.config.CLIENT_SHRINKAGE`) → the shrinkage of a
 #: client's moments (None: its own release)
-SHRINKAGE = {"none": None, "class": shrink_toward, "client": shrink_client, "client-cov": shrink_client_cov}
+SHRINKAGE = {"none": None, "class": shrink_toward, "client": shrink_client, "client-cov": shrink_client_cov,
+             "subspace": shrink_client_subspace}
 
 
 def shrinkage_mode(value) -> str:

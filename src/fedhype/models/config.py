@@ -14,7 +14,7 @@ from fedhype.errors import ValidationError
 
 #: the values of ``ModelConfig.client_shrinkage`` (besides true / false = "class" / "none"); each names
 #: a rule of :data:`fedhype.federated.client_shrinkage.SHRINKAGE`
-CLIENT_SHRINKAGE = ("none", "class", "client", "client-cov")
+CLIENT_SHRINKAGE = ("none", "class", "client", "client-cov", "subspace")
 #: the values of ``ModelConfig.residual``: where the variance the DP release cannot locate goes
 #: (:func:`fedhype.federated.covariance.covariance_estimate`)
 RESIDUALS = ("auto", "latent", "isotropic", "located")
@@ -321,7 +321,11 @@ class ModelConfig:
             ``"client"`` with the covariance moved by no more than its own heterogeneity test allows
             (:func:`fedhype.federated.client_shrinkage.shrink_client_cov`): higher precision and coverage on
             label-skewed clients for a little TSTR (``benchmarks/results/release_defaults.md``, "client
-            covariance test"). Without DP every mode keeps the client's own statistics.
+            covariance test"); ``"subspace"`` is ``"client"`` with each class-mean deviation shrunk per block
+            of the pooled DP covariance's eigenbasis (its leading 32 directions, the rest;
+            :func:`fedhype.federated.client_shrinkage.shrink_client_subspace`): the noise the isotropic factor
+            kept in every direction goes, the domain offsets along the data's leading directions stay
+            (``benchmarks/results/client_subspace.md``). Without DP every mode keeps the client's own statistics.
         residual: with ``linear_path``, where the variance the DP release cannot locate (the trace left
             after the covariance spikes above the noise edge) goes: ``"latent"`` into the model's free
             latent directions along the next eigenvectors of the DP covariance (the default), or
