@@ -7,7 +7,8 @@ draws 300 per class from the mixture of client codes, and scores TSTR, MMD², pr
 **validation** split (the test split is not read). ``--ranks`` sets the leading block's size r
 (:data:`fedhype.federated.client_shrinkage.SUBSPACE_RANK`) for the runs of this script only; ``dp-gaussian`` (the
 release alone, neutral code) is the floor. Rows go to ``runs/bench-client-subspace[-dataset]/rows.jsonl`` (a rerun
-runs only the missing ones) and the table to ``benchmarks/results/client_subspace.{md,json}``.
+runs only the missing ones; without it, the committed json's rows count as run) and the table to
+``benchmarks/results/client_subspace[-dataset].{md,json}``.
 
     .venv/bin/python benchmarks/client_subspace.py                       # digits, ε 1 / 4 / 8, seeds 0-2 (~6 min alone)
     .venv/bin/python benchmarks/client_subspace.py --dataset fashion     # configs/fashion-mnist.toml (~20 min)
@@ -75,6 +76,9 @@ def main() -> None:
     log = ROOT / "runs" / f"bench-client-subspace{tag}" / "rows.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(x) for x in (log.read_text().splitlines() if log.exists() else []) if x.strip()]
+    saved = ROOT / "benchmarks" / "results" / f"client_subspace{tag}.json"
+    if not rows and saved.exists():  # a fresh checkout: the committed rows count as run
+        rows = json.loads(saved.read_text())["rows"]
     variants = ["client", *[f"subspace-{r}" for r in a.ranks], "dp-gaussian"]
     t0, ran = time.perf_counter(), 0
     for seed in a.seeds:

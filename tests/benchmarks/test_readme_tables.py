@@ -217,3 +217,22 @@ def test_a_job_folder_of_other_settings_is_moved_aside_and_the_job_runs_fresh(tm
     monkeypatch.setattr(job_mod, "run_job", failing)
     row = mod.run_one(None, "dp-gaussian", "4", 0, tmp_path, [])
     assert "model.latent must be ≥ 1" in row["error"] and not (tmp_path / "dp-gaussian-eps4-s0.stale").exists()
+
+
+def test_the_subspace_table_is_its_own_output_beside_the_committed_grid_rows():
+    """benchmarks/results/option-subspace.md (model.client_shrinkage = "subspace", chosen on validation, not the
+    default): the table is option_test.py's output from the pairs it keeps, each grid row is the committed digits
+    grid's own row of that cell, and the README quotes the test split's ε = 1 TSTR and MMD² of both sides."""
+    mod = _module("option_test")
+    saved = json.loads((RESULTS / "option-subspace.json").read_text())
+    assert mod.table(saved["pairs"], saved["label"]) in (RESULTS / "option-subspace.md").read_text()
+    grid = json.loads(mod.grid_file("digits").read_text())["rows"]
+    for p in saved["pairs"]:
+        assert p["option"]["extra"] == ['model.client_shrinkage="subspace"']
+        assert _undated(p["grid"]) in [_undated(r) for r in grid]
+    one = [p for p in saved["pairs"] if p["option"]["eps_target"] == "1"]
+    assert len(one) == 3
+    mean = lambda side, key: sum(p[side][key] for p in one) / len(one)  # noqa: E731
+    quoted = (f"{mean('grid', 'tstr_accuracy'):.3f} → {mean('option', 'tstr_accuracy'):.3f}, MMD² "
+              f"{mean('grid', 'mmd2'):.4f} → {mean('option', 'mmd2'):.4f}")
+    assert quoted in (ROOT / "README.md").read_text()
