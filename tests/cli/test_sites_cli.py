@@ -613,7 +613,7 @@ def test_splitting_again_from_a_store_of_other_records_is_refused_unless_same_re
     # another site's records with --same-records: they share none of the split's records, so its ledger cannot be
     # kept for them (a new user's probe moved hospital_a's ledger onto hospital_b's records without a word)
     r = runner.invoke(app, [*base, "--same-records", "--json"])
-    assert r.exit_code == 2 and "holds none of the" in r.output and "records of the previous split" in r.output
+    assert r.exit_code == 2 and "holds none of the" in r.output and "of the previous split" in r.output
     assert {p.name for p in site.iterdir()} >= {"site-ledger.json"}
     # the same site's records with some removed (a new digest): kept, and how many are shared is said
     from fedhype.data.store import EmbeddingStore
@@ -625,8 +625,39 @@ def test_splitting_again_from_a_store_of_other_records_is_refused_unless_same_re
                             str(site), "--overwrite", "--same-records", "--json"])
     got = _json(r)
     assert got["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
-    assert f"{len(store_b) - 3:,} of its {len(store_b) - 3:,} records are among the previous split's " \
-           f"{len(store_b):,}" in r.stderr
+    assert f"{len(store_b) - 3:,} of its {len(store_b) - 3:,} records are images of the previous split's " \
+           f"{len(store_b):,} (by their embeddings)" in r.stderr
+    # another site's images under this site's file names (ids are relative paths: `one/000.png` at both sites): the
+    # names match, the images do not, and the ledger stays with this site's images (a helper's site_b store was
+    # taken as site_a's records, "220 of its 221 records are among the previous split's")
+    store_a = EmbeddingStore.load(other)
+    n = min(len(store_a), len(store_b) - 3)
+    named = tmp_path / "named.safetensors"
+    EmbeddingStore(store_a.embeddings[:n], store_a.labels[:n], store_b.domains[:n], store_b.sample_ids[:n],
+                   store_b.class_names, store_b.domain_names, store_b.meta).save(named)
+    files = {p.name: p.read_text() for p in site.iterdir()}
+    r = runner.invoke(app, ["site", "--store", str(named), "--name", "hospital_b", "--min-records", "5", "--out",
+                            str(site), "--overwrite", "--same-records", "--json"])
+    assert r.exit_code == 2 and "holds none of the" in r.output and "names alone do not make the same records" in r.output
+    assert {p.name: p.read_text() for p in site.iterdir()} == files
+    # this site's images under new names (moved into other folders): the same records by their embeddings
+    renamed = tmp_path / "renamed.safetensors"
+    fewer_b = EmbeddingStore.load(fewer)
+    fewer_b = fewer_b.subset(list(range(len(fewer_b) - 1)))  # another digest: the store is compared record by record
+    EmbeddingStore(fewer_b.embeddings, fewer_b.labels, fewer_b.domains, [f"moved/{i}" for i in fewer_b.sample_ids],
+                   fewer_b.class_names, fewer_b.domain_names, fewer_b.meta).save(renamed)
+    r = runner.invoke(app, ["site", "--store", str(renamed), "--name", "hospital_b", "--min-records", "5", "--out",
+                            str(site), "--overwrite", "--same-records", "--json"])
+    assert _json(r)["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
+    assert f"{len(fewer_b):,} of its {len(fewer_b):,} records are images of the previous split's" in r.stderr
+    # the previous split's store gone: matched by names only, and said so
+    less = tmp_path / "less.safetensors"
+    EmbeddingStore.load(renamed).subset(list(range(len(fewer_b) - 1))).save(less)
+    renamed.unlink()
+    r = runner.invoke(app, ["site", "--store", str(less), "--name", "hospital_b", "--min-records", "5", "--out",
+                            str(site), "--overwrite", "--same-records", "--json"])
+    assert _json(r)["spent_epsilon"] == pytest.approx(spent, rel=1e-9)
+    assert "by their names only" in r.stderr and "make sure they are the same images" in r.stderr
 
 
 def test_a_class_only_announced_is_worded_so_and_the_python_api_names_its_argument(consortium, tmp_path):

@@ -105,7 +105,7 @@ def site(
             raise ValidationError("--same-records says that --store holds the records of the site folder being split "
                                   "again: give it with --overwrite")
         ledger_args = _ledger_args(out, name, max_epsilon, delta, len(s.split.train), store, emb.digest(),
-                                   same_records, emb.sample_ids)  # checked before anything is written
+                                   same_records, emb.sample_ids, emb)  # checked before anything is written
         s.ledger = True
         kept = None
         if (out / SITE_FILE).exists():  # --overwrite: keep the previous split (runs trained on it evaluate with it)
@@ -150,15 +150,40 @@ def site(
     run_command(body, json_mode, _render)
 
 
+#: --same-records: a record of the new store is one of the previous split's images where their embeddings (on the unit
+#: sphere) are this close, and twice as close as to the next (:func:`fedhype.data.store.same_images`); the same image
+#: embedded in bfloat16 and in float32 is ≤ 0.03 apart, two distinct digits of the bundled set ≥ 0.117
+SAME_RECORD_TOL = 0.06
+
+
+def _previous_store(out: Path, new_store) -> tuple:
+    """The store the previous split of site folder ``out`` was made from, if it can still be read and its embeddings
+    can be compared with ``new_store``'s (the same encoder, weights, pooling, preprocessing and D), else None, with
+    why not (a phrase)."""
+    from fedhype.data.sites import Site, encoder_of
+    from fedhype.errors import FedhypeError
+
+    try:
+        prev = Site.load(out).store()
+    except (FedhypeError, OSError, ValueError) as e:
+        return None, f"the previous split's store cannot be read: {str(e).split(';')[0]}"
+    if encoder_of(prev) != encoder_of(new_store):
+        return None, "the previous split's store was embedded otherwise, so their embeddings cannot be compared"
+    return prev, ""
+
+
 def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, n_train: int, store: Path,
-                 digest: str | None = None, same_records: bool = False, sample_ids=None) -> tuple:
+                 digest: str | None = None, same_records: bool = False, sample_ids=None, new_store=None) -> tuple:
     """Check the site ledger's settings before anything is written: ``(max_epsilon or KEEP, δ or None, expected)``.
 
     A new site starts its ledger at ``delta``; a site split again (--overwrite) keeps its ledger, its δ unless
     --delta is given, and its cap unless --max-epsilon is; its name cannot change (the ledger is the records').
     The ledger is the previous split's records': a store (``digest``) other than the one the previous split was
     made from is refused while the ledger holds charges, unless ``same_records`` (--same-records: the same records
-    re-embedded); a larger δ under a cap needs the cap restated.
+    re-embedded); a larger δ under a cap needs the cap restated. With ``same_records`` the records ``new_store`` (the
+    loaded --store) shares with the previous split are counted by their embeddings where the previous split's store
+    can be read and was embedded alike (:data:`SAME_RECORD_TOL`), else by their ids (relative file names), and none
+    shared is refused.
 
     Raises:
         ValidationError: a bad cap or δ, a cap below what was spent, a new name for a site with a ledger, a store
@@ -213,16 +238,39 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
                   for i in (c.get(k) or [])}
         now = {opaque_id(str(i)) for i in sample_ids} if sample_ids is not None else set()
         shared = len(before & now)
-        if before and sample_ids is not None and not shared:
-            raise ValidationError(
-                f"--same-records: --store {store} holds none of the {len(before):,} records of the previous split of "
-                f"{out} (by their ids): its ledger across runs is those records' spending and cannot be kept for "
-                "other records (nothing was written). Give another --out for a site of other records, or the store "
-                "of this site's records")
-        console.print(f"--same-records: the site's ledger across runs is kept for the records of --store {store} "
-                      f"(the previous split's store: {old_store})"
-                      + (f"; {shared:,} of its {len(now):,} records are among the previous split's {len(before):,}"
-                         if before and sample_ids is not None else ""), highlight=False)
+        # ids are relative file names: another site's `one/000.png` is not this site's (a helper moved site_a's ledger
+        # onto site_b's images, "220 of its 221 records are among the previous split's"); where the previous split's
+        # store can still be read, the records are matched by their embeddings
+        prev, why = _previous_store(out, new_store) if new_store is not None else (None, "no store to compare")
+        if prev is not None:
+            from fedhype.data.store import same_images
+
+            same = same_images(new_store, prev, SAME_RECORD_TOL)
+            if not same:
+                raise ValidationError(
+                    f"--same-records: --store {store} holds none of the {len(prev):,} images of the previous split of "
+                    f"{out} (no embedding within {SAME_RECORD_TOL} of one of theirs on the unit sphere and closer to it "
+                    "than half the distance to the next"
+                    + (f"; {shared:,} of its record names are theirs, but names alone do not make the same records"
+                       if shared else "") + "): its ledger across runs is those records' spending and cannot be kept "
+                    "for other records (nothing was written). Give another --out for a site of other records, or the "
+                    "store of this site's records")
+            console.print(f"--same-records: the site's ledger across runs is kept for the records of --store {store} "
+                          f"(the previous split's store: {old_store}); {same:,} of its {len(new_store):,} records are "
+                          f"images of the previous split's {len(prev):,} (by their embeddings)",
+                          highlight=False)
+        else:
+            if before and sample_ids is not None and not shared:
+                raise ValidationError(
+                    f"--same-records: --store {store} holds none of the {len(before):,} records of the previous split of "
+                    f"{out} (by their ids): its ledger across runs is those records' spending and cannot be kept for "
+                    "other records (nothing was written). Give another --out for a site of other records, or the store "
+                    "of this site's records")
+            console.print(f"--same-records: the site's ledger across runs is kept for the records of --store {store} "
+                          f"(the previous split's store: {old_store})"
+                          + (f"; {shared:,} of its {len(now):,} records are among the previous split's {len(before):,}"
+                             f" by their names only ({why}): make sure they are the same images"
+                             if before and sample_ids is not None else ""), highlight=False)
     if old is not None and site_of(old) != name:
         raise ValidationError(f"--name {name}: this site folder's ledger across runs is site {site_of(old)!r}'s (the "
                               f"spending of these records); keep --name {site_of(old)}, or give another --out for a new "

@@ -178,7 +178,9 @@ def check_not_test_records(real_test: EmbeddingStore, synthetic: EmbeddingStore,
         # the same images embedded again under other names (a helper's renamed copy scored TSTR 1.000): rows within
         # 1e-4 of a test record's embedding on the unit sphere; distinct images are far from that (the nearest pair
         # of distinct records of the tests' 800 real digits is 0.117 apart)
-        shared = _near_duplicates(real_test, synthetic, 1e-4)
+        from fedhype.data.store import near_duplicates
+
+        shared = near_duplicates(real_test, synthetic, 1e-4)
         how = "embeddings within 1e-4 of theirs: the same images embedded again"
     if shared:
         from fedhype.errors import ValidationError
@@ -188,22 +190,6 @@ def check_not_test_records(real_test: EmbeddingStore, synthetic: EmbeddingStore,
             f"records of {real_name} ({how}): its classifier would be trained on the test records "
             "themselves, so TSTR, MMD² and PRDC would measure nothing; give a synthetic store, or, for a real-vs-real "
             "reference, real records disjoint from the test split (the partition's train split)")
-
-
-def _near_duplicates(a: EmbeddingStore, b: EmbeddingStore, tol: float, chunk: int = 4096) -> int:
-    """How many rows of ``a`` have a row of ``b`` within Euclidean distance ``tol`` once both are scaled to unit
-    norm (both [N, D], compared in float32 in chunks of ``chunk`` rows)."""
-    import torch
-    from torch.nn.functional import normalize
-
-    x, y = normalize(a.embeddings.to(torch.float32), dim=1), normalize(b.embeddings.to(torch.float32), dim=1)
-    if x.shape[1] != y.shape[1]:
-        return 0
-    hit = torch.zeros(len(x), dtype=torch.bool)
-    for i in range(0, len(x), chunk):
-        for j in range(0, len(y), chunk):
-            hit[i:i + chunk] |= (torch.cdist(x[i:i + chunk], y[j:j + chunk]) <= tol).any(1)
-    return int(hit.sum())
 
 
 #: embedding provenance fields compared between a real store and a synthetic one (fedhype.data.sites.encoder_of)
