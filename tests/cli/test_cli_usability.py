@@ -927,3 +927,19 @@ def test_an_empty_or_repeated_classes_list_is_refused_not_taken_as_not_given(fil
     r = _invoke("train", "--store", files / "digits.safetensors", "--partition", files / "part.json", "--classes",
                 classes, "--out", tmp_path / "run", "--json")
     assert r.exit_code == 2 and "use it with --site" in _one_json(r)["error"], r.output
+
+
+def test_run_takes_epsilon_as_train_does(tmp_path):
+    """`fedhype run --epsilon 2` said "No such option '--epsilon'. Did you mean '--json'?" (a helper's); it is
+    train's --epsilon, the shortcut of --set train.epsilon, and contradicting --set is refused before anything runs."""
+    from fedhype.cli.run_cmd import _refuse_shortcut_contradictions
+    from fedhype.errors import ValidationError
+
+    _refuse_shortcut_contradictions(["train.epsilon=2"], None, None, None, 2.0)
+    with pytest.raises(ValidationError, match=r"--set train.epsilon=3 and --epsilon 2 contradict"):
+        _refuse_shortcut_contradictions(["train.epsilon=3"], None, None, None, 2.0)
+    r = _invoke("run", "--epsilon", "2", "--set", "train.epsilon=3", "--out", str(tmp_path / "o"), "--json")
+    assert r.exit_code == 2 and "contradict each other" in _one_json(r)["error"], r.output
+    r = _invoke("run", "--epsilon", "0", "--out", str(tmp_path / "o"), "--json")
+    assert r.exit_code == 2 and "train.epsilon, the target ε, must be a finite number > 0" in _one_json(r)["error"]
+    assert not (tmp_path / "o").exists()

@@ -113,7 +113,7 @@ def test_evaluate_site_runs_the_provenance_checks_of_evaluate_site(files, real_s
     (["--site", "{site}", "--partition", "{part}"], "give --site, or --store"),
     (["--site", "{site}", "--site", "{site}"], "--site given 2 times"),
     ([], "give the real held-out data: --store"),
-    (["--site", "{root}"], "site file not found"),
+    (["--site", "{root}"], "no site.json there; give a site folder written by `fedhype site`"),
 ])
 def test_evaluate_site_usage_errors(files, args, message):
     root = files["root"]

@@ -791,3 +791,15 @@ def test_a_site_folder_without_its_site_json_keeps_its_ledger(consortium, tmp_pa
     assert "A new folder would start them at ε = 0" in json.loads(r.stdout)["error"]
     got = _json(runner.invoke(app, [*base, "--overwrite", "--same-records", "--json"]))
     assert got["spent_epsilon"] == pytest.approx(spent, rel=1e-9) and (site / "site.json").is_file()
+
+
+def test_a_folder_without_site_json_given_as_site_is_a_usage_error_everywhere(consortium, tmp_path):
+    """A release folder given as --site: evaluate exited 4 ("artifact", "site file not found") where budget said
+    exit 2 and what to give (a helper's)."""
+    root = consortium["root"]
+    for args in (["evaluate", "--site", str(root / "release"), "--synthetic", str(root / "synthetic.safetensors")],
+                 ["budget", "--site", str(root / "release")],
+                 ["audit", "--run", str(root / "release"), "--site", str(tmp_path / "nowhere")]):
+        r = runner.invoke(app, [*args, "--json"])
+        assert r.exit_code == 2, (args, r.output)
+        assert "give a site folder written by `fedhype site`" in json.loads(r.stdout)["error"], r.output

@@ -46,7 +46,8 @@ def _interrupted_text(config: Optional[Path], sets: list[str]) -> str:
 
 
 def _refuse_shortcut_contradictions(sets: list[str], secure_aggregation: Optional[bool],
-                                    dropout_tolerance: Optional[int], method: Optional[str]) -> None:
+                                    dropout_tolerance: Optional[int], method: Optional[str],
+                                    epsilon: Optional[float] = None) -> None:
     """Refuse a shortcut flag of ``fedhype run`` and a ``--set`` of the same ``train.*`` key with another value.
 
     The flags are appended after the ``--set`` items, so the flag won silently whichever came last (a probe:
@@ -61,7 +62,8 @@ def _refuse_shortcut_contradictions(sets: list[str], secure_aggregation: Optiona
     given = {"secure_aggregation": (secure_aggregation, "--secure-aggregation" if secure_aggregation
                                     else "--no-secure-aggregation"),
              "dropout_tolerance": (dropout_tolerance, f"--dropout-tolerance {dropout_tolerance}"),
-             "method": (method, f"--method {method}")}
+             "method": (method, f"--method {method}"),
+             "epsilon": (epsilon, f"--epsilon {epsilon:g}" if epsilon is not None else "")}
     for item in sets:
         key, eq, value = item.partition("=")
         section, _, name = key.strip().partition(".")
@@ -91,19 +93,23 @@ def register(app: typer.Typer) -> None:
         method: Optional[str] = typer.Option(
             None, "--method", click_type=choice(METHODS),
             help="Shortcut for --set train.method=NAME (as `fedhype train --method`): " + _METHOD_HELP),
+        epsilon: Optional[float] = typer.Option(
+            None, "--epsilon", help="Shortcut for --set train.epsilon=E (as `fedhype train --epsilon`): the job's "
+                                    "target ε; σ is calibrated for the plan run."),
         json_out: bool = JsonOpt,
     ) -> None:
         """Run the whole job on real data and write report.json, report.md and plots."""
 
         flags = ([f"train.secure_aggregation={str(secure_aggregation).lower()}"] if secure_aggregation is not None else []) + (
             [f"train.dropout_tolerance={dropout_tolerance}"] if dropout_tolerance is not None else []) + (
-            [f'train.method="{method}"'] if method is not None else [])
+            [f'train.method="{method}"'] if method is not None else []) + (
+            [f"train.epsilon={epsilon!r}"] if epsilon is not None else [])
 
         def body() -> dict:
             from fedhype.pipeline.config import resolve
             from fedhype.pipeline.job import run_job
 
-            _refuse_shortcut_contradictions(set_, secure_aggregation, dropout_tolerance, method)
+            _refuse_shortcut_contradictions(set_, secure_aggregation, dropout_tolerance, method, epsilon)
             check_out_dir(out, "run", "give a new folder, or the folder of the job to resume")
             check_out_kind(out, "run", ("job",))  # never into a training run, a model or a folder of other files
             conf = resolve(config, [*set_, *flags], warn=lambda m: typer.echo(f"warning: {m}", err=True))

@@ -261,8 +261,14 @@ class Site:
         """Read ``site.json`` (or a site folder holding one).
 
         Raises:
-            ArtifactError: missing file, another format, a missing or bad field.
+            ValidationError: no such path, or a folder without ``site.json`` (a wrong argument, as ``budget --site``
+                says; ``evaluate --site`` exited 4, "artifact", for a release folder given as a site).
+            ArtifactError: an unreadable file, another format, a missing or bad field.
         """
+        where = Path(path)
+        if not where.exists() or (where.is_dir() and not (where / SITE_FILE).is_file()):
+            raise ValidationError(f"{where}: {'no such path' if not where.exists() else f'no {SITE_FILE} there'}; give "
+                                  "a site folder written by `fedhype site` (or a site.json / archived site.<key>.json)")
         path, raw = _read(path, SITE_FILE, SITE_FORMAT, "site file")
         try:
             part = Partition.from_dict(raw["partition"], where=str(path))
