@@ -258,7 +258,7 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
             console.print(f"--same-records: the site's ledger across runs is kept for the records of --store {store} "
                           f"(the previous split's store: {old_store}); {same:,} of its {len(new_store):,} records are "
                           f"images of the previous split's {len(prev):,} (by their embeddings)",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)  # one line: what it says is read, and tested
         else:
             if before and sample_ids is not None and not shared:
                 raise ValidationError(
@@ -270,7 +270,7 @@ def _ledger_args(out: Path, name: str, max_epsilon: float | None, delta: float, 
                           f"(the previous split's store: {old_store})"
                           + (f"; {shared:,} of its {len(now):,} records are among the previous split's {len(before):,}"
                              f" by their names only ({why}): make sure they are the same images"
-                             if before and sample_ids is not None else ""), highlight=False)
+                             if before and sample_ids is not None else ""), highlight=False, soft_wrap=True)
     if old is not None and site_of(old) != name:
         raise ValidationError(f"--name {name}: this site folder's ledger across runs is site {site_of(old)!r}'s (the "
                               f"spending of these records); keep --name {site_of(old)}, or give another --out for a new "
