@@ -104,3 +104,26 @@ def test_a_store_given_as_a_json_file_is_named_as_such(real_store, tmp_path):
     (tmp_path / "bad.json").write_text('{"format": ')
     with pytest.raises(ArtifactError, match="is not valid JSON"):  # a broken JSON file is still called that
         Partition.load(tmp_path / "bad.json")
+
+
+def test_the_same_images_are_found_by_their_embeddings_and_distinct_ones_are_not(real_store):
+    """near_duplicates / same_images (evaluate's test-record check; site --same-records): every record of a store
+    is its own duplicate at 1e-4 (float32 cdist's matrix-product path put rows ~3e-4 from themselves, so a store
+    against itself found only some), a copy with bfloat16-sized perturbations is the same images, another half of
+    the store is not."""
+    import torch
+
+    from fedhype.data.store import near_duplicates, same_images
+
+    half = len(real_store) // 2
+    first, second = real_store.subset(list(range(half))), real_store.subset(list(range(half, len(real_store))))
+    assert near_duplicates(first, first, 1e-4) == half
+    assert near_duplicates(first, second, 1e-4) == 0
+    g = torch.Generator().manual_seed(0)
+    noisy = first.subset(list(range(half)))
+    unit = torch.nn.functional.normalize(noisy.embeddings, dim=1)
+    step = torch.randn(unit.shape, generator=g)
+    noisy.embeddings = torch.nn.functional.normalize(unit + 0.02 * step / step.norm(dim=1, keepdim=True), dim=1)
+    assert same_images(noisy, first, 0.06) == half  # 0.02 apart: a re-embedding in another dtype
+    assert same_images(second, first, 0.06) == 0
+    assert same_images(first, first.subset([]), 0.06) == 0

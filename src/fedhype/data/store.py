@@ -296,22 +296,33 @@ class EmbeddingStore:
         }
 
 
+def _nearest_two(a: "EmbeddingStore", b: "EmbeddingStore", chunk: int = 4096) -> "torch.Tensor | None":
+    """For each row of ``a``, the Euclidean distances [N_a, 2] float64 to its nearest and second-nearest rows of ``b``
+    (inf where ``b`` has fewer), both scaled to unit norm, computed in chunks of ``chunk`` rows; None where the
+    dimensions differ or ``b`` is empty. In float64: ``torch.cdist``'s matrix-product path in float32 puts a row
+    ~3e-4 from itself (a store against itself found 24 of its 36 rows within 1e-4)."""
+    from torch.nn.functional import normalize
+
+    x, y = normalize(a.embeddings.to(torch.float64), dim=1), normalize(b.embeddings.to(torch.float64), dim=1)
+    if x.shape[1] != y.shape[1] or not len(y):
+        return None
+    out = torch.full((len(x), 2), float("inf"), dtype=torch.float64)
+    for i in range(0, len(x), chunk):
+        best = out[i:i + chunk]
+        for j in range(0, len(y), chunk):
+            best = torch.cat([best, torch.cdist(x[i:i + chunk], y[j:j + chunk])], 1).topk(2, dim=1, largest=False).values
+        out[i:i + chunk] = best
+    return out
+
+
 def near_duplicates(a: "EmbeddingStore", b: "EmbeddingStore", tol: float, chunk: int = 4096) -> int:
     """How many rows of ``a`` have a row of ``b`` within Euclidean distance ``tol`` once both are scaled to unit
-    norm: the same images, embedded again or renamed (both [N, D], compared in float32 in chunks of ``chunk``
+    norm: the same images, embedded again or renamed (both [N, D], compared in float64 in chunks of ``chunk``
     rows; 0 where the dimensions differ). Scale of ``tol``: the bundled DINOv2's bfloat16 and float32 embeddings of
     one image are ≤ 0.03 apart (cosine ≥ 0.99957, benchmarks/results/embed_dtype.md), the nearest two distinct
     records of the bundled digits' test split 0.117."""
-    from torch.nn.functional import normalize
-
-    x, y = normalize(a.embeddings.to(torch.float32), dim=1), normalize(b.embeddings.to(torch.float32), dim=1)
-    if x.shape[1] != y.shape[1]:
-        return 0
-    hit = torch.zeros(len(x), dtype=torch.bool)
-    for i in range(0, len(x), chunk):
-        for j in range(0, len(y), chunk):
-            hit[i:i + chunk] |= (torch.cdist(x[i:i + chunk], y[j:j + chunk]) <= tol).any(1)
-    return int(hit.sum())
+    d = _nearest_two(a, b, chunk)
+    return 0 if d is None else int((d[:, 0] <= tol).sum())
 
 
 def same_images(a: "EmbeddingStore", b: "EmbeddingStore", tol: float, ratio: float = 0.5,
@@ -320,19 +331,7 @@ def same_images(a: "EmbeddingStore", b: "EmbeddingStore", tol: float, ratio: flo
     ``b`` (Euclidean, both scaled to unit norm) *and* at most ``ratio`` times as far from it as from the second
     nearest (Lowe's ratio test, Lowe 2004, Sec. 7.1): a distance alone cannot tell the same image from a near one
     where an encoder maps distinct images close together (a random tiny DINOv2 put two sites' distinct digits
-    0.0095 apart, less than their own nearest pairs). Both [N, D], float32, in chunks of ``chunk`` rows; 0 where the
+    0.0095 apart, less than their own nearest pairs). Both [N, D], compared in float64, in chunks of ``chunk`` rows; 0 where the
     dimensions differ. Exact duplicates within ``b`` (both at distance 0) still count."""
-    from torch.nn.functional import normalize
-
-    x, y = normalize(a.embeddings.to(torch.float32), dim=1), normalize(b.embeddings.to(torch.float32), dim=1)
-    if x.shape[1] != y.shape[1] or not len(y):
-        return 0
-    hits = 0
-    for i in range(0, len(x), chunk):
-        best = torch.full((len(x[i:i + chunk]), 2), float("inf"))
-        for j in range(0, len(y), chunk):
-            d = torch.cdist(x[i:i + chunk], y[j:j + chunk])
-            best = torch.cat([best, d], 1).topk(2, dim=1, largest=False).values if d.shape[1] else best
-        d1, d2 = best[:, 0], best[:, 1]
-        hits += int(((d1 <= tol) & (d1 <= ratio * d2)).sum())
-    return hits
+    d = _nearest_two(a, b, chunk)
+    return 0 if d is None else int(((d[:, 0] <= tol) & (d[:, 0] <= ratio * d[:, 1])).sum())
